@@ -1,0 +1,90 @@
+"""Causal LM architectures a policy can have, built tiny and random or loaded from a checkpoint.
+
+Architectures are a registry (``ARCHITECTURES``): each entry turns a ``PolicyConfig`` plus the
+policy's tokenizer facts into a transformers config. The embedded default pairs a Llama-style and
+a Qwen2-style model so two genuinely different families train side by side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from mutualrl.config import PolicyConfig
+from mutualrl.registry import Registry
+
+
+@dataclass(frozen=True)
+class TokenizerFacts:
+    """What a model config needs to know about its tokenizer."""
+
+    vocab_size: int
+    bos_token_id: int | None
+    eos_token_id: int
+    pad_token_id: int
+
+    @classmethod
+    def of(cls, tokenizer) -> TokenizerFacts:
+        return cls(len(tokenizer), tokenizer.bos_token_id, tokenizer.eos_token_id,
+                   tokenizer.pad_token_id)
+
+
+ARCHITECTURES: Registry[Callable[[PolicyConfig, TokenizerFacts], object]] = Registry("architecture")
+
+
+def _common(p: PolicyConfig, t: TokenizerFacts) -> dict:
+    return dict(
+        vocab_size=t.vocab_size, hidden_size=p.hidden_size,
+        intermediate_size=p.intermediate_size or 4 * p.hidden_size,
+        num_hidden_layers=p.num_layers, num_attention_heads=p.num_heads,
+        num_key_value_heads=p.num_heads, max_position_embeddings=512,
+        # Tied input/output embeddings: with 32k-129k vocabularies the embedding dominates a tiny
+        # model, and tying halves both its memory and its optimizer state.
+        tie_word_embeddings=True,
+        bos_token_id=t.bos_token_id, eos_token_id=t.eos_token_id, pad_token_id=t.pad_token_id,
+    )
+
+
+@ARCHITECTURES.register("llama")
+def _llama(p: PolicyConfig, t: TokenizerFacts):
+    from transformers import LlamaConfig
+    return LlamaConfig(**_common(p, t))
+
+
+@ARCHITECTURES.register("qwen2")
+def _qwen2(p: PolicyConfig, t: TokenizerFacts):
+    from transformers import Qwen2Config
+    return Qwen2Config(**_common(p, t))
+
+
+@ARCHITECTURES.register("mistral")
+def _mistral(p: PolicyConfig, t: TokenizerFacts):
+    from transformers import MistralConfig
+    return MistralConfig(**_common(p, t), sliding_window=None)
+
+
+def build_model(p: PolicyConfig, facts: TokenizerFacts, seed: int) -> torch.nn.Module:
+    """A randomly initialised model (seeded), or the checkpoint at ``p.checkpoint``."""
+    from transformers import AutoModelForCausalLM
+
+    if p.checkpoint:
+        return AutoModelForCausalLM.from_pretrained(p.checkpoint, dtype=torch.float32)
+    config = ARCHITECTURES.get(p.architecture)(p, facts)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return AutoModelForCausalLM.from_config(config)
+
+
+def count_parameters(p: PolicyConfig, vocab_size: int) -> int:
+    """Exact parameter count without allocating weights (built on the meta device)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if p.checkpoint:
+        config = AutoConfig.from_pretrained(p.checkpoint)
+    else:
+        config = ARCHITECTURES.get(p.architecture)(p, TokenizerFacts(vocab_size, None, 0, 0))
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return sum(t.numel() for t in model.parameters())
