@@ -83,6 +83,7 @@ class Subscription:
                     return
             self._queue.append(delivery)
             self.delivered += 1
+            self._cond.notify_all()  # wake a consumer waiting in get()
 
     def drain_deliveries(self, max_items: int | None = None) -> list[Delivery]:
         """Take queued deliveries (records with their envelope metadata), without blocking."""

@@ -15,6 +15,7 @@ from collections import Counter
 
 import msgspec
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from mutualrl.exchange.errors import ExchangeError
@@ -42,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         segments = log_segments(args.run_dir)
         _read(args, stats)
     except (FileNotFoundError, ExchangeError) as exc:
-        console.print(f"[bold red]error:[/] {exc}")
+        console.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True, highlight=False)
         return 2
     _print_summary(console, args.run_dir, len(segments), stats)
     problems = (stats.damaged_frames + stats.truncated_frames + stats.oversize_frames
@@ -89,7 +90,7 @@ def _print_summary(console: Console, run_dir: str, segments: int, stats: ReadSta
         skipped.add_row(name, str(value))
     console.print(skipped)
     for message in stats.errors:
-        console.print(f"[yellow]skipped:[/] {message}", markup=True, highlight=False)
+        console.print(f"[yellow]skipped:[/] {escape(message)}", soft_wrap=True, highlight=False)
 
 
 def _fmt_counter(counter: Counter[str]) -> str:
