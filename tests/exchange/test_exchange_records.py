@@ -72,7 +72,7 @@ def test_group_stats_match_numpy_population_variance() -> None:
 rewards_lists = st.lists(st.floats(-10, 10, allow_nan=False), min_size=0, max_size=20)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, derandomize=True)
 @given(rewards_lists, rewards_lists)
 def test_merge_equals_stats_of_the_union(a: list[float], b: list[float]) -> None:
     pid = prompt_id("p")
@@ -157,3 +157,35 @@ def test_records_are_frozen_and_finite_stats() -> None:
     g = GroupStats.from_rewards(prompt_id=r.prompt_id, producer="a", policy_version=0,
                                 rewards=[0.0, 0.0])
     assert g.std == 0.0 and math.isfinite(g.std)
+
+
+class PluginRecord(msgspec.Struct, frozen=True, kw_only=True):
+    score: float
+
+
+def test_entry_point_registered_type_decodes(monkeypatch) -> None:
+    from importlib.metadata import EntryPoint
+
+    import mutualrl.registry as registry_module
+    from mutualrl.exchange import Delivery
+    from mutualrl.exchange.codec import RecordCodec
+
+    ep = EntryPoint(name="plugin.score", group="mutualrl.experience_types",
+                    value=f"{__name__}:PluginRecord")
+    monkeypatch.setattr(registry_module, "entry_points",
+                        lambda group: [ep] if group == "mutualrl.experience_types" else [])
+    reg: Registry = Registry("experience type", entry_point_group="mutualrl.experience_types")
+    codec = RecordCodec(reg)
+    rec = PluginRecord(score=0.5)
+    env = codec.envelope(rec, kind=codec.kind_of(rec), producer="p", version=0, seq=0)
+    assert env.kind == "plugin.score"
+    assert codec.decode_record(env, where="mem") == rec
+
+
+def test_frame_codec_refuses_a_kind_that_does_not_match_the_record() -> None:
+    from mutualrl.exchange import Delivery
+
+    with pytest.raises(ValueError, match="kind 'rollout' but record is a Residuals"):
+        FrameCodec().encode([Delivery(kind="rollout", producer="p", producer_version=0, seq=0,
+                                      record=Residuals(prompt_id="x", mismatch_bytes=0,
+                                                       length_ratio=1.0))])

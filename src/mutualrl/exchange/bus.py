@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter, deque
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any, Literal
 
 import msgspec
@@ -35,7 +35,7 @@ class Subscription:
     def __init__(self, *, name: str, kinds: Collection[str] | None,
                  producers: Collection[str] | None, prompt_ids: Collection[str] | None,
                  maxsize: int, overflow: Overflow, timeout: float,
-                 on_close: Any = None) -> None:
+                 on_close: Callable[[Subscription], None] | None = None) -> None:
         if maxsize < 1:
             raise ValueError(f"subscription {name!r}: maxsize must be >= 1, got {maxsize}")
         if overflow not in ("block", "drop_oldest"):

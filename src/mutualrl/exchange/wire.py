@@ -32,9 +32,14 @@ class FrameCodec:
 
     def encode(self, deliveries: Sequence[Delivery]) -> bytes:
         """One frame holding ``deliveries`` (envelopes at the current schema version)."""
-        envelopes = [self._codec.envelope(d.record, kind=d.kind, producer=d.producer,
-                                          version=d.producer_version, seq=d.seq)
-                     for d in deliveries]
+        envelopes = []
+        for d in deliveries:
+            if self._codec.kind_of(d.record) != d.kind:
+                raise ValueError(f"delivery seq {d.seq} from {d.producer!r}: kind {d.kind!r} "
+                                 f"but record is a {type(d.record).__name__} "
+                                 f"({self._codec.kind_of(d.record)!r})")
+            envelopes.append(self._codec.envelope(d.record, kind=d.kind, producer=d.producer,
+                                                  version=d.producer_version, seq=d.seq))
         return encode_frame(self._codec.encode_batch(envelopes), self._compressor,
                             max_frame_bytes=self.max_frame_bytes)
 
