@@ -164,3 +164,14 @@ def test_attach_log_later(tmp_path) -> None:
     bus.publish(Watermark(producer="a", version=1), producer="a", version=1)
     bus.close()
     assert [d.seq for d in read_log(tmp_path)] == [1]
+
+
+def test_a_record_readers_would_refuse_is_refused_at_publish(tmp_path) -> None:
+    from mutualrl.exchange import RecordDecodeError
+
+    bus = ExperienceBus(log=ExperienceLog(tmp_path))
+    with pytest.raises(RecordDecodeError, match=r"'watermark' record seq 0 from 'a' would not be "
+                                                r"readable: .*\$\.version"):
+        bus.publish(Watermark(producer="a", version=-1), producer="a", version=0)
+    assert bus.publish(Watermark(producer="a", version=1), producer="a", version=1) == 0
+    assert bus.stats()["published"] == 1

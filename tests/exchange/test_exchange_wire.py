@@ -143,6 +143,17 @@ def test_future_major_with_a_new_envelope_shape_is_still_recognised() -> None:
         seqs(data, on_error="skip")
 
 
+def test_unknown_frame_format_is_refused() -> None:
+    import struct
+    import zlib
+
+    data = bytearray(FrameCodec().encode([mark(0)]))
+    data[4] = 2  # frame format 2, with a header CRC that checks out
+    data[20:24] = struct.pack("<I", zlib.crc32(bytes(data[:20])))
+    with pytest.raises(UnsupportedVersionError, match="mem @ byte 0: frame format 2"):
+        seqs(bytes(data), on_error="skip")
+
+
 def test_newer_minor_with_extra_fields_is_read() -> None:
     payload = {"producer": "a", "version": 7, "added_in_1_1": [1, 2]}
     data = frame_of([envelope(payload, version=(1, 1))])

@@ -139,15 +139,14 @@ class _SeenSeqs:
         self.floor = 0
         self.above: set[int] = set()
 
-    def add(self, seq: int) -> bool:
-        """Record ``seq``; False if it was seen before."""
-        if seq < self.floor or seq in self.above:
-            return False
+    def __contains__(self, seq: int) -> bool:
+        return seq < self.floor or seq in self.above
+
+    def add(self, seq: int) -> None:
         self.above.add(seq)
         while self.floor in self.above:
             self.above.remove(self.floor)
             self.floor += 1
-        return True
 
 
 class ExperienceBus:
@@ -190,14 +189,18 @@ class ExperienceBus:
             kind = self._codec.kind_of(record)
             if seq is None:
                 seq = self._next_seq.get(producer, 0)
-            if not self._seen.setdefault(producer, _SeenSeqs()).add(seq):
+            seen = self._seen.setdefault(producer, _SeenSeqs())
+            if seq in seen:
                 self._duplicates += 1
                 return None
+            # Encode (and so validate) before anything is counted: a refused record leaves no trace.
+            envelope = None if self._log is None else self._codec.envelope(
+                record, kind=kind, producer=producer, version=version, seq=seq)
+            seen.add(seq)
             self._next_seq[producer] = max(self._next_seq.get(producer, 0), seq + 1)
             self._published[kind] += 1
             if self._log is not None:
-                self._log.append(self._codec.envelope(record, kind=kind, producer=producer,
-                                                      version=version, seq=seq))
+                self._log.append(envelope)
             targets = [s for s in self._subs.values() if s.matches(kind, producer, record)]
         # Outside the bus lock: a blocking subscriber must not stall unrelated publishers.
         delivery = Delivery(kind=kind, producer=producer, producer_version=version, seq=seq,

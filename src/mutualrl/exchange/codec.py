@@ -94,10 +94,20 @@ class RecordCodec:
 
     def envelope(self, record: msgspec.Struct, *, kind: str, producer: str, version: int,
                  seq: int) -> Envelope:
-        """Wrap ``record`` (payload encoded now) in a current-version envelope."""
+        """Wrap ``record`` (payload encoded now) in a current-version envelope.
+
+        The payload is decoded back once: msgspec checks types and constraints only when
+        decoding, so a record built with a bad value (say ``policy_version=-1``) is refused here,
+        at its producer, instead of turning up as an invalid record in every reader.
+        """
+        payload = self._encoder.encode(record)
+        try:
+            self._decoder(kind).decode(payload)
+        except msgspec.ValidationError as exc:
+            raise RecordDecodeError(f"{kind!r} record seq {seq} from {producer!r} would not be "
+                                    f"readable: {exc}") from exc
         return Envelope(schema_version=SCHEMA_VERSION, kind=kind, producer=producer,
-                        producer_version=version, seq=seq,
-                        payload=msgspec.Raw(self._encoder.encode(record)))
+                        producer_version=version, seq=seq, payload=msgspec.Raw(payload))
 
     def encode_batch(self, envelopes: Sequence[Envelope]) -> bytes:
         """A batch of envelopes as one msgpack array (the uncompressed frame payload)."""
@@ -110,7 +120,7 @@ class RecordCodec:
         payload is not a msgpack array at all.
         """
         try:
-            envelopes: list[Envelope | RecordDecodeError] = list(self._batch_decoder.decode(data))
+            envelopes: list[Envelope | RecordDecodeError] = self._batch_decoder.decode(data)
         except (msgspec.ValidationError, msgspec.DecodeError):
             envelopes = self._decode_one_by_one(data, where)
         for env in envelopes:
@@ -145,17 +155,20 @@ class RecordCodec:
 
         Raises ``RecordDecodeError`` naming kind, producer, seq and msgspec's field path.
         """
-        decoder = self._decoders.get(env.kind)
-        if decoder is None:
-            if env.kind not in self.registry:
-                return None
-            cls = self.registry.get(env.kind)
-            check_record_type(env.kind, cls)  # entry points bypass the decorator's check
-            decoder = self._decoders[env.kind] = msgspec.msgpack.Decoder(cls)
+        if env.kind not in self._decoders and env.kind not in self.registry:
+            return None
         try:
-            return decoder.decode(env.payload)
+            return self._decoder(env.kind).decode(env.payload)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             raise RecordDecodeError(
                 f"{where}: {env.kind!r} record seq {env.seq} from {env.producer!r} does not match "
                 f"its type: {exc}"
             ) from exc
+
+    def _decoder(self, kind: str) -> msgspec.msgpack.Decoder:
+        decoder = self._decoders.get(kind)
+        if decoder is None:
+            cls = self.registry.get(kind)
+            check_record_type(kind, cls)  # entry points bypass the decorator's check
+            decoder = self._decoders[kind] = msgspec.msgpack.Decoder(cls)
+        return decoder

@@ -141,8 +141,6 @@ class FrameReader:
         while pos < end:
             try:
                 payload, nxt = self._read_at(buf, pos)
-            except UnsupportedVersionError:
-                raise
             except FrameError as exc:
                 if self.on_error == "raise":
                     raise
