@@ -1,0 +1,87 @@
+"""``mutualrl plan``: print the resource plan of a run config without running anything."""
+
+from __future__ import annotations
+
+import argparse
+
+from mutualrl.allocation.config import GIB
+from mutualrl.allocation.planner import Assignment, GpuSlot, Plan
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, help="TOML run config (see configs/)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="dotted override, e.g. --set allocation.inventory.nodes=4 (repeatable)")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON instead")
+
+
+def format_devices(gpus: tuple[GpuSlot, ...]) -> str:
+    """``n0:g0-3``, ``n0:g2 (40%)``, ``n0:g6-7 + n1:g0-1``; ``cpu`` when there are none."""
+    if not gpus:
+        return "cpu"
+    by_node: dict[int, list[GpuSlot]] = {}
+    for s in gpus:
+        by_node.setdefault(s.node, []).append(s)
+    parts = []
+    for node, slots in sorted(by_node.items()):
+        idx = sorted(s.gpu for s in slots)
+        contiguous = idx == list(range(idx[0], idx[-1] + 1))
+        span = f"g{idx[0]}-{idx[-1]}" if contiguous and len(idx) > 1 else ",".join(f"g{i}" for i in idx)
+        frac = slots[0].fraction
+        parts.append(f"n{node}:{span}" + (f" ({frac:.0%})" if frac < 1 else ""))
+    return " + ".join(parts)
+
+
+def _params(n: int) -> str:
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return str(n)
+
+
+def _row(a: Assignment) -> list[str]:
+    return [a.worker, a.role, a.policy or "-", _params(a.num_parameters) if a.num_parameters else "-",
+            f"{a.tokens_per_step:,}", f"{a.cost_share:.1%}", format_devices(a.gpus),
+            str(a.threads) if a.threads else "driver", f"{a.memory_bytes / GIB:.2f} GiB"]
+
+
+def plan_table(p: Plan):
+    """The plan as a rich Table (one row per worker)."""
+    from rich.table import Table
+
+    inv = p.inventory
+    what = (f"{inv.nodes} node(s) x {inv.gpus_per_node} GPU(s) of {inv.gpu_memory_bytes / GIB:.0f} "
+            f"GiB" if inv.gpus_per_node else f"{inv.nodes} node(s), CPU only, "
+            f"{inv.host_memory_bytes / GIB:.0f} GiB RAM")
+    table = Table(title=f"plan ({p.mode}): {what}, {inv.cpus_per_node} cores/node ({inv.source})")
+    for col, justify in (("worker", "left"), ("role", "left"), ("policy", "left"),
+                         ("params", "right"), ("tokens/step", "right"), ("cost share", "right"),
+                         ("devices", "left"), ("threads", "right"), ("memory", "right")):
+        table.add_column(col, justify=justify)
+    for a in p.assignments:
+        table.add_row(*_row(a))
+    return table
+
+
+def run(args) -> int:
+    import msgspec
+    from rich.console import Console
+
+    from mutualrl.allocation.config import parse_allocation
+    from mutualrl.allocation.planner import plan
+    from mutualrl.allocation.specs import resolve_inventory, worker_specs_from_config
+    from mutualrl.config import load_config
+
+    cfg = load_config(args.config, list(args.set))
+    alloc = parse_allocation(cfg.allocation)
+    specs = worker_specs_from_config(cfg, alloc)
+    p = plan(specs, resolve_inventory(alloc), alloc.memory.usable_memory_fraction)
+    if args.json:
+        print(msgspec.json.format(msgspec.json.encode(p).decode()))
+        return 0
+    # Piped output defaults to 80 columns, which would elide worker names; tables need ~140.
+    console = Console(width=max(Console().width, 150))
+    console.print(plan_table(p))
+    for note in p.notes:
+        console.print(f"note: {note}")
+    return 0

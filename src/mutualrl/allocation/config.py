@@ -1,0 +1,131 @@
+"""The ``[allocation]`` table of a run config: how workers are sized, placed, run and paced.
+
+Everything here has a default, so ``[allocation]`` may be absent. ``parse_allocation`` validates
+the table once and raises ``ConfigError`` naming the field path (``$.allocation.inventory.nodes``),
+the same convention as ``mutualrl.config``.
+
+Memory model (bytes per parameter) — the defaults describe plain fp32 training with Adam, the
+way the embedded CPU default runs:
+
+* learner   = params x (weight_bytes + grad_bytes + optimizer_bytes) [+ params x weight_bytes for a
+  frozen reference when grpo.beta > 0]; with LoRA only the frozen base weights are counted (the
+  adapter and its optimizer state are small and the reference is the adapter switched off);
+* generator = params x weight_bytes + KV cache, where the KV cache holds every sequence of a step
+  at once (or ``generation_batch_tokens`` of them): 2 (K and V) x layers x hidden x weight_bytes
+  x tokens. Grouped-query attention would shrink it; PolicyConfig has no KV-head count, so this
+  errs on the safe side.
+Activations are not modelled: micro-batching and activation checkpointing bound them, and
+``usable_memory_fraction`` keeps headroom for them. Clusters in bf16 set ``weight_bytes = 2``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from mutualrl.config import ConfigError
+
+GIB = 1024**3
+
+
+class _Base(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    pass
+
+
+def _check(cond: bool, msg: str) -> None:
+    # Raised inside __post_init__, msgspec re-raises it as a ValidationError with the field path.
+    if not cond:
+        raise ValueError(msg)
+
+
+class InventoryConfig(_Base):
+    """A described cluster; when ``[allocation.inventory]`` is absent the machine is detected."""
+
+    nodes: int = 1
+    gpus_per_node: int = 0
+    gpu_memory_gb: float = 80.0       # per GPU, GiB
+    cpus_per_node: int = 8
+    host_memory_gb: float = 64.0      # per node, GiB; the memory budget of CPU-only inventories
+
+    def __post_init__(self) -> None:
+        _check(self.nodes >= 1, "nodes must be >= 1")
+        _check(self.gpus_per_node >= 0, "gpus_per_node must be >= 0")
+        _check(self.gpu_memory_gb > 0, "gpu_memory_gb must be > 0")
+        _check(self.cpus_per_node >= 1, "cpus_per_node must be >= 1")
+        _check(self.host_memory_gb > 0, "host_memory_gb must be > 0")
+
+
+class MemoryModel(_Base):
+    """Bytes per parameter for each kind of state (see the module docstring)."""
+
+    weight_bytes: int = 4             # fp32; 2 for bf16 weights
+    grad_bytes: int = 4
+    optimizer_bytes: int = 8          # Adam: two fp32 moments
+    usable_memory_fraction: float = 0.9  # headroom for activations, allocator fragmentation
+
+    def __post_init__(self) -> None:
+        _check(self.weight_bytes >= 1, "weight_bytes must be >= 1")
+        _check(self.grad_bytes >= 0 and self.optimizer_bytes >= 0, "byte counts must be >= 0")
+        _check(0 < self.usable_memory_fraction <= 1, "usable_memory_fraction must be in (0, 1]")
+
+
+class WorkerOverride(_Base):
+    """Replace estimated facts of one worker (``[allocation.workers."<policy>/learner"]``)."""
+
+    num_parameters: int | None = None
+    tokens_per_step: int | None = None
+    memory_gb: float | None = None
+
+    def __post_init__(self) -> None:
+        _check(self.num_parameters is None or self.num_parameters >= 1, "num_parameters must be >= 1")
+        _check(self.tokens_per_step is None or self.tokens_per_step >= 0, "tokens_per_step must be >= 0")
+        _check(self.memory_gb is None or self.memory_gb >= 0, "memory_gb must be >= 0")
+
+
+class AllocationConfig(_Base):
+    """How the run's workers are planned (sizes, placement), executed and paced."""
+
+    executor: str = "local"           # a registered executor kind (allocation.EXECUTORS)
+    local_mode: Literal["threads", "sequential"] = "threads"
+    on_failure: Literal["stop", "continue", "restart"] = "stop"
+    max_restarts: int = 1             # per worker, when on_failure = "restart"
+    call_timeout_s: float = 600.0     # every executor call and every paced step is bounded
+    placement_timeout_s: float = 60.0 # Ray: how long all placement groups may take to be ready
+    max_staleness: int = 1            # versions a policy may run ahead of the slowest live one
+    colocate: bool = True             # a policy's learner and generator share devices
+    prompt_length_estimate: int = 32  # tokens; prompts are not known before the run starts
+    # Tokens resident in a generator's KV cache at once. None: every token of a step (what the
+    # HF generate backend does with one batch); paged engines (vLLM) batch, which this caps.
+    generation_batch_tokens: int | None = None
+    verifier_threads: int = 0         # 0: verification runs on the driver (no dedicated core)
+    gpu_resource: str = "GPU"         # Ray resource name for GPUs (tests use a fake one)
+    ray_address: str | None = None    # None: join a running cluster or start a local one
+    memory: MemoryModel = msgspec.field(default_factory=MemoryModel)
+    inventory: InventoryConfig | None = None
+    # Parameter count per policy name, for checkpoints that cannot be loaded where `plan` runs.
+    num_parameters: dict[str, int] = msgspec.field(default_factory=dict)
+    workers: dict[str, WorkerOverride] = msgspec.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check(self.max_restarts >= 0, "max_restarts must be >= 0")
+        _check(self.call_timeout_s > 0, "call_timeout_s must be > 0")
+        _check(self.placement_timeout_s > 0, "placement_timeout_s must be > 0")
+        _check(self.max_staleness >= 0, "max_staleness must be >= 0")
+        _check(self.prompt_length_estimate >= 1, "prompt_length_estimate must be >= 1")
+        _check(self.generation_batch_tokens is None or self.generation_batch_tokens >= 1,
+               "generation_batch_tokens must be >= 1")
+        _check(self.verifier_threads >= 0, "verifier_threads must be >= 0")
+        _check(all(n >= 1 for n in self.num_parameters.values()), "num_parameters must be >= 1")
+
+
+def parse_allocation(d: dict[str, Any] | None) -> AllocationConfig:
+    """Validate the ``[allocation]`` table; errors name the path, e.g. ``$.allocation.nodes``."""
+    try:
+        return msgspec.convert(d or {}, AllocationConfig, strict=True)
+    except msgspec.ValidationError as exc:
+        # msgspec paths start at "$"; the table lives under "$.allocation" in the run config.
+        msg = str(exc).replace("`$.", "`$.allocation.").replace("`$`", "`$.allocation`")
+        if "$.allocation" not in msg:
+            msg = f"{msg} - at `$.allocation`"
+        raise ConfigError(f"allocation: {msg}") from None

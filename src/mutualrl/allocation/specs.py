@@ -1,0 +1,182 @@
+"""What the planner plans for: worker specs (who needs what) and an inventory (what there is).
+
+The cost and memory estimates are pure functions; ``worker_specs_from_config`` and
+``detect_inventory`` are the only places that look at a run config or at the machine.
+
+Cost model: a forward pass costs about 2·N FLOPs per token and forward+backward about 6·N (the
+usual dense-transformer estimate, attention ignored), so generation costs 2·N·tokens and learning
+6·N·tokens per pass over the step's tokens (x num_iterations). The verifier is not modelled as
+compute (the built-in verifiers are string checks).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Literal
+
+import msgspec
+
+from mutualrl.allocation.config import GIB, AllocationConfig, InventoryConfig, MemoryModel
+from mutualrl.config import RunConfig
+
+Role = Literal["learner", "generator", "verifier"]
+
+# FLOPs per parameter per token, by role (see the module docstring).
+FLOPS_PER_PARAM_TOKEN: dict[str, int] = {"generator": 2, "learner": 6, "verifier": 0}
+
+
+class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """One worker to place. ``group``: workers with the same group share devices (colocation)."""
+
+    name: str                         # "<policy>/<role>", or "verifier"
+    role: Role
+    policy: str | None
+    num_parameters: int
+    tokens_per_step: int
+    memory_bytes: int                 # on its devices (GPU) or in host RAM (CPU-only)
+    group: str                        # colocation group; a worker alone has group == name
+    min_threads: int = 1              # dedicated CPU threads it cannot work without
+    uses_accelerator: bool = True     # False: CPU only even on a GPU inventory (the verifier)
+
+    @property
+    def cost(self) -> float:
+        """Estimated FLOPs per step (the weight of this worker in the proportional split)."""
+        return float(FLOPS_PER_PARAM_TOKEN[self.role]) * self.num_parameters * self.tokens_per_step
+
+
+class Inventory(msgspec.Struct, frozen=True, kw_only=True):
+    """Homogeneous nodes: each has the same GPUs, cores and host memory."""
+
+    nodes: int
+    gpus_per_node: int
+    gpu_memory_bytes: int
+    cpus_per_node: int
+    host_memory_bytes: int
+    source: str = "described"         # "described" (config) or "detected" (this machine)
+
+    @property
+    def total_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def cpu_only(self) -> bool:
+        return self.gpus_per_node == 0
+
+
+def inventory_from_config(inv: InventoryConfig) -> Inventory:
+    return Inventory(nodes=inv.nodes, gpus_per_node=inv.gpus_per_node,
+                     gpu_memory_bytes=int(inv.gpu_memory_gb * GIB), cpus_per_node=inv.cpus_per_node,
+                     host_memory_bytes=int(inv.host_memory_gb * GIB), source="described")
+
+
+def detect_inventory() -> Inventory:
+    """This machine as a one-node inventory (CUDA GPUs via torch, cores we may run on, RAM)."""
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    # Heterogeneous GPUs on one node: plan with the smallest so every placement fits.
+    mem = min((torch.cuda.get_device_properties(i).total_memory for i in range(gpus)), default=0)
+    try:
+        cpus = len(os.sched_getaffinity(0))  # honours taskset/cgroup pinning, unlike cpu_count
+    except AttributeError:
+        cpus = os.cpu_count() or 1
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return Inventory(nodes=1, gpus_per_node=gpus, gpu_memory_bytes=mem or GIB, cpus_per_node=cpus,
+                     host_memory_bytes=host, source="detected")
+
+
+def resolve_inventory(alloc: AllocationConfig) -> Inventory:
+    return inventory_from_config(alloc.inventory) if alloc.inventory else detect_inventory()
+
+
+# ---- memory estimates (pure) --------------------------------------------------------------------
+
+def learner_memory_bytes(num_parameters: int, mem: MemoryModel, *, reference: bool,
+                         lora: bool) -> int:
+    """Weights + gradients + optimizer state (+ a frozen reference copy when KL is on)."""
+    if lora:
+        # Only adapters train; the reference is the base with adapters disabled, so it is free.
+        return num_parameters * mem.weight_bytes
+    per_param = mem.weight_bytes + mem.grad_bytes + mem.optimizer_bytes
+    return num_parameters * (per_param + (mem.weight_bytes if reference else 0))
+
+
+def kv_cache_bytes(num_layers: int, hidden_size: int, tokens: int, mem: MemoryModel) -> int:
+    """K and V for every layer and token resident at once (no grouped-query sharing assumed)."""
+    return 2 * num_layers * hidden_size * mem.weight_bytes * tokens
+
+
+def generator_memory_bytes(num_parameters: int, kv_bytes: int, mem: MemoryModel) -> int:
+    return num_parameters * mem.weight_bytes + kv_bytes
+
+
+def tokens_per_step(prompts_per_step: int, num_generations: int, prompt_length: int,
+                    completion_length: int) -> int:
+    """Every completion of the step carries its prompt: B x G x (prompt + completion)."""
+    return prompts_per_step * num_generations * (prompt_length + completion_length)
+
+
+# ---- from a run config --------------------------------------------------------------------------
+
+def _default_counter(policy, vocab_size: int) -> int:
+    from mutualrl.policies.models import count_parameters
+    return count_parameters(policy, vocab_size)
+
+
+def _default_vocab(tokenizer: str) -> int:
+    from mutualrl.retokenize.loaders import load_tokenizer
+    return load_tokenizer(tokenizer).vocab_size
+
+
+def _apply_override(spec: WorkerSpec, alloc: AllocationConfig) -> WorkerSpec:
+    o = alloc.workers.get(spec.name)
+    if o is None:
+        return spec
+    changes: dict = {}
+    if o.num_parameters is not None:
+        changes["num_parameters"] = o.num_parameters
+    if o.tokens_per_step is not None:
+        changes["tokens_per_step"] = o.tokens_per_step
+    if o.memory_gb is not None:
+        changes["memory_bytes"] = int(o.memory_gb * GIB)
+    return msgspec.structs.replace(spec, **changes)
+
+
+def worker_specs_from_config(
+    cfg: RunConfig,
+    alloc: AllocationConfig | None = None,
+    *,
+    count_params: Callable[[object, int], int] = _default_counter,
+    vocab_size: Callable[[str], int] = _default_vocab,
+) -> list[WorkerSpec]:
+    """One learner and one generator per policy (a colocation group unless ``colocate=false``),
+    then a verifier. Parameter counts come from ``[allocation.num_parameters]`` when given (real
+    checkpoints not on this machine), else from the architecture on the meta device; the vocabulary
+    size is only needed then. ``count_params``/``vocab_size`` are injectable for tests."""
+    from mutualrl.allocation.config import parse_allocation
+
+    alloc = alloc or parse_allocation(cfg.allocation)
+    g = cfg.grpo
+    tokens = tokens_per_step(g.prompts_per_step, g.num_generations, alloc.prompt_length_estimate,
+                             g.max_completion_length)
+    mem = alloc.memory
+    specs: list[WorkerSpec] = []
+    for p in cfg.policies:
+        n = alloc.num_parameters.get(p.name) or count_params(p, vocab_size(p.tokenizer))
+        resident = min(tokens, alloc.generation_batch_tokens or tokens)
+        kv = kv_cache_bytes(p.num_layers, p.hidden_size, resident, mem)
+        learner_mem = learner_memory_bytes(n, mem, reference=g.beta > 0, lora=p.lora is not None)
+        for role, role_tokens, memory in (
+            ("learner", tokens * g.num_iterations, learner_mem),
+            ("generator", tokens, generator_memory_bytes(n, kv, mem)),
+        ):
+            name = f"{p.name}/{role}"
+            specs.append(WorkerSpec(name=name, role=role, policy=p.name, num_parameters=n,
+                                    tokens_per_step=role_tokens, memory_bytes=memory,
+                                    group=p.name if alloc.colocate else name))
+    specs.append(WorkerSpec(name="verifier", role="verifier", policy=None, num_parameters=0,
+                            tokens_per_step=tokens * len(cfg.policies), memory_bytes=0,
+                            group="verifier", min_threads=alloc.verifier_threads,
+                            uses_accelerator=False))
+    return [_apply_override(s, alloc) for s in specs]
