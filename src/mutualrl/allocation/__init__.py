@@ -1,0 +1,60 @@
+"""Multi-Worker Resource Allocation: plan who gets which devices, run workers, pace them.
+
+* ``plan(specs, inventory)`` — the pure planner (``planner``); ``worker_specs_from_config`` and
+  ``resolve_inventory`` build its inputs from a run config and the machine (``specs``).
+* ``make_executor(alloc)`` — ``local`` (threads or sequential, default) or ``ray`` executors.
+* ``VersionGate``, ``is_fresh``, ``run_paced``, ``starvation_report`` — bounded-staleness pacing.
+
+The Ray executor lives in ``ray_executor`` and is imported only when asked for (extra ``ray``).
+"""
+
+from mutualrl.allocation.config import (
+    AllocationConfig,
+    InventoryConfig,
+    MemoryModel,
+    WorkerOverride,
+    parse_allocation,
+)
+from mutualrl.allocation.executors import (
+    EXECUTORS,
+    CallResult,
+    Executor,
+    LocalExecutor,
+    WorkerFailedError,
+    WorkerFailure,
+    make_executor,
+)
+from mutualrl.allocation.paced import PacedReport, StepWorker, run_paced
+from mutualrl.allocation.pacing import (
+    Channel,
+    PacedRecord,
+    QueueChannel,
+    VersionGate,
+    is_fresh,
+    starvation_report,
+)
+from mutualrl.allocation.planner import (
+    Assignment,
+    GpuSlot,
+    Plan,
+    PlanError,
+    largest_remainder,
+    plan,
+)
+from mutualrl.allocation.specs import (
+    Inventory,
+    WorkerSpec,
+    detect_inventory,
+    inventory_from_config,
+    resolve_inventory,
+    worker_specs_from_config,
+)
+
+__all__ = [
+    "AllocationConfig", "InventoryConfig", "MemoryModel", "WorkerOverride", "parse_allocation",
+    "EXECUTORS", "CallResult", "Executor", "LocalExecutor", "WorkerFailedError", "WorkerFailure",
+    "make_executor", "PacedReport", "StepWorker", "run_paced", "Channel", "PacedRecord",
+    "QueueChannel", "VersionGate", "is_fresh", "starvation_report", "Assignment", "GpuSlot",
+    "Plan", "PlanError", "largest_remainder", "plan", "Inventory", "WorkerSpec",
+    "detect_inventory", "inventory_from_config", "resolve_inventory", "worker_specs_from_config",
+]

@@ -1,0 +1,233 @@
+"""Run independently-paced workers, each in its own step loop, sharing experience as they go.
+
+``run_paced`` gives every worker a daemon thread that repeats: wait at the staleness gate, take
+its incoming records (fresh ones handed over, stale ones dropped and counted), ``step(k,
+incoming) -> outgoing``, publish the outgoing records to every live peer, advance the gate. The
+calling thread supervises: a step that raises is reported with its traceback; a step that runs
+past ``step_timeout_s`` is declared hung, reported with the stack where it hangs, and abandoned
+(its thread is daemonic; a late result is discarded). The failed worker leaves the gate so the
+others go on without its experience. Then ``on_failure``: ``stop`` ends the run cleanly (steps
+in flight finish and publish; everything so far is in the report), ``continue`` goes on without
+it, ``restart`` rebuilds it from its factory (``load_checkpoint()`` contract as in
+``executors``) and it resumes at the step after its last completed one.
+
+Accounting invariant (checked by ``PacedReport.balanced``): every delivery of a record to a
+recipient is either consumed, dropped as stale, or left undelivered when the run ended.
+"""
+
+from __future__ import annotations
+
+import queue
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any, Literal, Protocol
+
+import msgspec
+
+from mutualrl.allocation.executors import WorkerFailure, build_worker, failure_from_exception
+from mutualrl.allocation.pacing import Channel, PacedRecord, QueueChannel, VersionGate, is_fresh
+
+
+class StepWorker(Protocol):
+    def step(self, k: int, incoming: list[PacedRecord]) -> list[Any]: ...
+
+
+class PacedReport(msgspec.Struct, kw_only=True):
+    steps_completed: dict[str, int]
+    failures: list[WorkerFailure]
+    restarts: dict[str, int]
+    produced: dict[str, int]          # records each worker published
+    deliveries: int                   # records x recipients
+    consumed: dict[str, int]          # records handed to each worker's step
+    dropped_stale: dict[str, int]     # records each worker received too old to use
+    undelivered: int                  # still queued when the run ended (e.g. for a failed worker)
+    busy_s: dict[str, float]          # time inside step()
+    wait_s: dict[str, float]          # time blocked at the staleness gate
+    wall_s: float
+    stopped: bool                     # ended early because of a failure under "stop"
+
+    def balanced(self) -> bool:
+        return self.deliveries == (sum(self.consumed.values()) + sum(self.dropped_stale.values())
+                                   + self.undelivered)
+
+
+class _Run:
+    """Shared state of one paced run; every field touched by several threads is under ``lock``."""
+
+    def __init__(self, names: list[str], steps: int, gate: VersionGate, channel: Channel,
+                 step_timeout_s: float, max_age: int | None = None) -> None:
+        self.steps, self.gate, self.channel, self.step_timeout_s = steps, gate, channel, step_timeout_s
+        self.max_age = gate.max_staleness if max_age is None else max_age
+        self.lock = threading.Lock()
+        self.events: queue.SimpleQueue = queue.SimpleQueue()
+        self.stop = threading.Event()
+        self.tokens = {n: 0 for n in names}            # bumped to disown an abandoned thread
+        self.threads: dict[str, threading.Thread] = {}
+        self.in_step: dict[str, float | None] = {n: None for n in names}  # step start time
+        self.produced = {n: 0 for n in names}
+        self.consumed = {n: 0 for n in names}
+        self.dropped = {n: 0 for n in names}
+        self.busy = {n: 0.0 for n in names}
+        self.deliveries = 0
+
+    def owns(self, name: str, token: int) -> bool:
+        with self.lock:
+            return self.tokens[name] == token
+
+    def consume(self, name: str, k: int) -> list[PacedRecord]:
+        records = self.channel.take(name)
+        fresh = [r for r in records if is_fresh(r.version, k, self.max_age)]
+        with self.lock:
+            self.consumed[name] += len(fresh)
+            self.dropped[name] += len(records) - len(fresh)
+        return fresh
+
+    def finish_step(self, name: str, token: int, k: int, t0: float, payloads: list[Any]) -> bool:
+        """Publish a step's records and advance, atomically with the ownership check, so a
+        disowned thread can never publish after the report has been drained."""
+        with self.lock:
+            if self.tokens[name] != token:
+                return False  # declared hung meanwhile: this late result is not ours to publish
+            self.in_step[name] = None
+            self.busy[name] += time.monotonic() - t0
+            peers = sorted(self.gate.live() - {name})
+            for p in payloads:
+                # Stamped k + 1: the producer's version once this step is done, so under the
+                # gate a lock-step peer's latest experience has age 0 and never looks stale.
+                self.channel.publish(PacedRecord(name, k + 1, p), peers)
+            self.produced[name] += len(payloads)
+            self.deliveries += len(payloads) * len(peers)
+            self.gate.advance(name)
+            return True
+
+
+def _loop(run: _Run, name: str, token: int, worker: StepWorker) -> None:
+    try:
+        for k in range(run.gate.version(name), run.steps):
+            while not run.gate.wait_to_advance(name, timeout_s=run.step_timeout_s):
+                if run.stop.is_set() or not run.owns(name, token):
+                    return
+            if run.stop.is_set() or not run.owns(name, token):
+                return
+            incoming = run.consume(name, k)
+            t0 = time.monotonic()
+            with run.lock:
+                run.in_step[name] = t0
+            out = list(worker.step(k, incoming) or [])
+            if not run.finish_step(name, token, k, t0, out):
+                return
+        run.events.put(("done", name, token, None))
+    except BaseException as exc:  # reported by the supervisor, never swallowed
+        run.events.put(("failed", name, token, exc))
+
+
+def _launch(run: _Run, name: str, worker: StepWorker) -> None:
+    with run.lock:
+        run.tokens[name] += 1
+        token = run.tokens[name]
+        run.in_step[name] = None
+    t = threading.Thread(target=_loop, args=(run, name, token, worker), daemon=True,
+                         name=f"mutualrl-paced-{name}")
+    run.threads[name] = t
+    t.start()
+
+
+def _hung(run: _Run) -> list[WorkerFailure]:
+    now, out = time.monotonic(), []
+    with run.lock:
+        for name, t0 in run.in_step.items():
+            if t0 is not None and now - t0 > run.step_timeout_s:
+                run.tokens[name] += 1      # disown the thread: its late output is discarded
+                run.in_step[name] = None
+                frame = sys._current_frames().get(run.threads[name].ident or -1)
+                where = "".join(traceback.format_stack(frame)) if frame is not None else ""
+                out.append(WorkerFailure(
+                    worker=name, method="step", exc_type="TimeoutError", kind="timeout",
+                    message=f"step ran past {run.step_timeout_s:g} s; its thread is abandoned",
+                    traceback=f"where it was when abandoned:\n{where}"))
+    return out
+
+
+def run_paced(
+    workers: dict[str, StepWorker],
+    steps: int,
+    gate: VersionGate,
+    channel: Channel | None = None,
+    *,
+    step_timeout_s: float,
+    on_failure: Literal["stop", "continue", "restart"] = "stop",
+    factories: dict[str, Callable[[], StepWorker]] | None = None,
+    max_restarts: int = 1,
+    max_age: int | None = None,
+    poll_s: float = 0.01,
+) -> PacedReport:
+    """Run ``steps`` steps of every worker under ``gate``; see the module docstring.
+
+    ``max_age``: the freshness bound at consumption (None: the gate's ``max_staleness``); a
+    consumer that has completed k steps uses records stamped v only if k - v <= max_age."""
+    if on_failure == "restart" and not factories:
+        raise ValueError("run_paced: on_failure='restart' needs factories to rebuild workers")
+    names = list(workers)
+    run = _Run(names, steps, gate, channel or QueueChannel(names), step_timeout_s, max_age)
+    failures: list[WorkerFailure] = []
+    restarts = {n: 0 for n in names}
+    active = set(names)
+    t_start = time.monotonic()
+    for n in names:
+        _launch(run, n, workers[n])
+    while active and not run.stop.is_set():
+        new = _hung(run)
+        try:
+            kind, name, token, exc = run.events.get(timeout=poll_s)
+            if run.owns(name, token):
+                if kind == "done":
+                    active.discard(name)
+                    gate.remove(name)
+                else:
+                    new.append(failure_from_exception(name, "step", exc))
+        except queue.Empty:
+            pass
+        for f in new:
+            failures.append(f)
+            gate.remove(f.worker)
+            if on_failure == "restart" and restarts[f.worker] < max_restarts:
+                restarts[f.worker] += 1
+                try:
+                    rebuilt = build_worker(factories[f.worker], restarted=True)
+                    gate.rejoin(f.worker)
+                    _launch(run, f.worker, rebuilt)
+                    continue
+                except Exception as exc:
+                    failures.append(failure_from_exception(f.worker, "restart", exc))
+            active.discard(f.worker)
+            if on_failure != "continue":
+                run.stop.set()
+    stopped = run.stop.is_set()
+    _wind_down(run, active)
+    return _report(run, failures, restarts, stopped, time.monotonic() - t_start)
+
+
+def _wind_down(run: _Run, active: set[str]) -> None:
+    """Stop: wake gate waiters, let steps in flight finish (bounded), disown the rest."""
+    run.stop.set()
+    run.gate.close()
+    deadline = time.monotonic() + run.step_timeout_s
+    for name in sorted(active):
+        run.threads[name].join(timeout=max(0.0, deadline - time.monotonic()))
+    with run.lock:
+        for name in run.tokens:
+            run.tokens[name] += 1  # anything still running is abandoned; no late publishes
+
+
+def _report(run: _Run, failures: list[WorkerFailure], restarts: dict[str, int], stopped: bool,
+            wall_s: float) -> PacedReport:
+    with run.lock:
+        leftovers = run.channel.drain()
+        return PacedReport(
+            steps_completed=run.gate.versions(), failures=failures, restarts=restarts,
+            produced=dict(run.produced), deliveries=run.deliveries, consumed=dict(run.consumed),
+            dropped_stale=dict(run.dropped), undelivered=sum(len(v) for v in leftovers.values()),
+            busy_s=dict(run.busy), wait_s=dict(run.gate.wait_s), wall_s=wall_s, stopped=stopped)

@@ -1,0 +1,134 @@
+"""The local executor: concurrency, failures with tracebacks, timeouts, failure policies."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from mutualrl.allocation import (
+    EXECUTORS,
+    AllocationConfig,
+    LocalExecutor,
+    WorkerFailedError,
+    make_executor,
+)
+
+
+class Echo:
+    def __init__(self, name: str, delay_s: float = 0.0) -> None:
+        self.name, self.delay_s, self.calls, self.loaded = name, delay_s, 0, False
+
+    def work(self, x: int) -> tuple[str, int]:
+        time.sleep(self.delay_s)
+        self.calls += 1
+        return self.name, x * 2
+
+    def boom(self) -> None:
+        raise RuntimeError(f"{self.name} exploded")
+
+    def load_checkpoint(self) -> None:
+        self.loaded = True
+
+
+class Hangs(Echo):
+    def __init__(self, name: str, release: threading.Event) -> None:
+        super().__init__(name)
+        self.release = release
+
+    def work(self, x: int) -> tuple[str, int]:
+        self.release.wait()  # never set during the call: a hung worker
+        return self.name, x
+
+
+def _ex(mode="threads", **kw) -> LocalExecutor:
+    return LocalExecutor(AllocationConfig(local_mode=mode, call_timeout_s=5.0, **kw))
+
+
+def test_threads_and_sequential_give_the_same_results():
+    results = {}
+    for mode in ("threads", "sequential"):
+        ex = _ex(mode)
+        ex.start({n: (lambda n=n: Echo(n)) for n in ("a", "b", "c")})
+        out = ex.call("work", {"a": {"x": 1}, "b": {"x": 2}, "c": {"x": 3}})
+        results[mode] = {n: r.value for n, r in out.items()}
+        ex.shutdown()
+    assert results["threads"] == results["sequential"] == {"a": ("a", 2), "b": ("b", 4),
+                                                           "c": ("c", 6)}
+
+
+def test_calls_run_concurrently_in_threads_mode():
+    ex = _ex()
+    ex.start({n: (lambda n=n: Echo(n, delay_s=0.2)) for n in ("a", "b", "c", "d")})
+    t0 = time.monotonic()
+    out = ex.call("work", {n: {"x": 0} for n in ("a", "b", "c", "d")})
+    assert all(r.ok for r in out.values()) and time.monotonic() - t0 < 0.6  # not 4 x 0.2 s
+    ex.shutdown()
+
+
+def test_a_raising_worker_reports_its_traceback_and_stop_raises_with_all_results():
+    ex = _ex(on_failure="stop")
+    ex.start({"a": lambda: Echo("a"), "b": lambda: Echo("b")})
+    with pytest.raises(WorkerFailedError) as err:
+        ex.call("boom", {"a": {}})
+    f = err.value.failures[0]
+    assert (f.worker, f.method, f.kind, f.exc_type) == ("a", "boom", "raised", "RuntimeError")
+    assert "a exploded" in f.message and "in boom" in f.traceback
+    assert "a exploded" in str(err.value)
+    ex.shutdown()
+
+
+def test_a_hung_worker_times_out_while_the_others_results_come_back():
+    release = threading.Event()
+    ex = _ex(on_failure="continue")
+    ex.start({"fast": lambda: Echo("fast"), "hung": lambda: Hangs("hung", release)})
+    t0 = time.monotonic()
+    out = ex.call("work", {"fast": {"x": 1}, "hung": {"x": 1}}, timeout_s=0.5)
+    assert time.monotonic() - t0 < 2.0
+    assert out["fast"].value == ("fast", 2)
+    f = out["hung"].failure
+    assert f.kind == "timeout" and "release.wait()" in f.traceback  # where it hangs
+    # "continue": the hung worker is removed, later calls say so and the rest go on.
+    again = ex.call("work", {"fast": {"x": 2}, "hung": {"x": 2}}, timeout_s=0.5)
+    assert again["fast"].value == ("fast", 4) and again["hung"].failure.kind == "unavailable"
+    assert ex.live_workers() == ["fast"]
+    release.set()
+    ex.shutdown()
+
+
+def test_restart_rebuilds_from_the_factory_and_loads_the_checkpoint():
+    built = []
+
+    def factory():
+        built.append(Echo("a"))
+        return built[-1]
+
+    ex = _ex(on_failure="restart", max_restarts=1)
+    ex.start({"a": factory})
+    out = ex.call("boom", {"a": {}})
+    assert out["a"].failure.kind == "raised"  # the failed call is reported, not retried
+    assert len(built) == 2 and built[1].loaded and not built[0].loaded
+    assert ex.call("work", {"a": {"x": 5}})["a"].value == ("a", 10)
+    with pytest.raises(WorkerFailedError):  # restart budget spent: as "stop"
+        ex.call("boom", {"a": {}})
+    ex.shutdown()
+
+
+def test_constructor_failures_and_unknown_names_are_explained():
+    ex = _ex()
+    with pytest.raises(WorkerFailedError, match="__init__"):
+        ex.start({"bad": lambda: 1 / 0})
+    ex = _ex()
+    ex.start({"a": lambda: Echo("a")})
+    with pytest.raises(ValueError, match=r"unknown worker\(s\) \['z'\]; started: \['a'\]"):
+        ex.call("work", {"z": {"x": 1}})
+    with pytest.raises(WorkerFailedError, match="has no method 'nope'"):
+        ex.call("nope", {"a": {}})
+    assert ex.put(obj := object()) is obj
+    ex.shutdown()
+
+
+def test_executor_registry_has_local_and_ray():
+    assert {"local", "ray"} <= set(EXECUTORS.names())
+    assert isinstance(make_executor(AllocationConfig()), LocalExecutor)
