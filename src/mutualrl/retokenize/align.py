@@ -1,0 +1,173 @@
+"""Align two tokenizations of the same bytes by their common token boundaries, vectorised.
+
+Each side is given as the cumulative byte *end* of every token (non-decreasing; the last equals
+the text length). Token ``i`` covers bytes ``[end[i-1], end[i])`` — so whitespace a tokenizer
+has no token for (WordPiece) belongs to the next token, exactly like a byte-level ``Ġ``. A group
+closes wherever both sides have a boundary: the common boundaries are the values present in both
+end arrays, and the token range of each group on each side is found with ``searchsorted``. This is
+the classic two-pointer walk over end offsets, done as O((n + m) log) numpy operations.
+
+Zero-length tokens (none after specials are stripped, but tolerated) join the group their end
+falls in. Every group has at least one token on each side, except when one side is empty: then
+the whole text is a single group with no tokens on that side.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class AlignmentGroups:
+    """Aligned groups; all arrays are int64 of length ``len(self)``, ranges half-open.
+
+    ``src_start:src_end`` are indices into the source ids as given by the caller,
+    ``tgt_start:tgt_end`` indices into the target ids, ``byte_start:byte_end`` offsets into the
+    UTF-8 bytes of the text. A trailing end-of-sequence group, when present, has an empty byte
+    range at the end of the text.
+    """
+
+    src_start: np.ndarray
+    src_end: np.ndarray
+    tgt_start: np.ndarray
+    tgt_end: np.ndarray
+    byte_start: np.ndarray
+    byte_end: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.src_start.shape[0])
+
+    @classmethod
+    def empty(cls) -> AlignmentGroups:
+        return cls(_EMPTY, _EMPTY, _EMPTY, _EMPTY, _EMPTY, _EMPTY)
+
+    def source_sizes(self) -> np.ndarray:
+        return self.src_end - self.src_start
+
+    def target_sizes(self) -> np.ndarray:
+        return self.tgt_end - self.tgt_start
+
+    def target_group_index(self, n_target: int) -> np.ndarray:
+        """Group id of every target token (``-1`` for tokens in no group, e.g. none today)."""
+        out = np.full(n_target, -1, dtype=np.int64)
+        sizes = self.target_sizes()
+        pos = np.repeat(self.tgt_start, sizes) + _ranks(sizes)
+        out[pos] = np.repeat(np.arange(len(self), dtype=np.int64), sizes)
+        return out
+
+    def source_group_index(self, n_source: int) -> np.ndarray:
+        """Group id of every source token; ``-1`` for stripped special tokens outside any group."""
+        out = np.full(n_source, -1, dtype=np.int64)
+        sizes = self.source_sizes()
+        pos = np.repeat(self.src_start, sizes) + _ranks(sizes)
+        out[pos] = np.repeat(np.arange(len(self), dtype=np.int64), sizes)
+        return out
+
+    def slice(self, stop: int) -> AlignmentGroups:
+        """The first ``stop`` groups."""
+        return AlignmentGroups(self.src_start[:stop], self.src_end[:stop], self.tgt_start[:stop],
+                               self.tgt_end[:stop], self.byte_start[:stop], self.byte_end[:stop])
+
+
+def _ranks(sizes: np.ndarray) -> np.ndarray:
+    """[0..s0-1, 0..s1-1, ...] for a vector of sizes, without a Python loop."""
+    total = int(sizes.sum())
+    starts = np.cumsum(sizes) - sizes
+    return np.arange(total, dtype=np.int64) - np.repeat(starts, sizes)
+
+
+def common_boundaries(src_ends: np.ndarray, tgt_ends: np.ndarray) -> np.ndarray:
+    """Sorted unique byte offsets that end a token on both sides."""
+    if src_ends.size == 0 or tgt_ends.size == 0:
+        return _EMPTY
+    idx = np.searchsorted(tgt_ends, src_ends)
+    np.minimum(idx, tgt_ends.size - 1, out=idx)
+    both = src_ends[tgt_ends[idx] == src_ends]
+    if both.size > 1:
+        keep = np.empty(both.size, dtype=bool)
+        keep[0] = True
+        np.not_equal(both[1:], both[:-1], out=keep[1:])
+        both = both[keep]
+    return both
+
+
+def align_ends(src_ends: np.ndarray, tgt_ends: np.ndarray, total: int) -> AlignmentGroups:
+    """Group tokens of two tokenizations of ``total`` bytes; see the module docstring."""
+    n, m = src_ends.size, tgt_ends.size
+    if n == 0 or m == 0:
+        if n == 0 and m == 0 and total == 0:
+            return AlignmentGroups.empty()
+        one = lambda v: np.array([v], dtype=np.int64)  # noqa: E731 - tiny local constructor
+        return AlignmentGroups(one(0), one(n), one(0), one(m), one(0), one(total))
+    bounds = common_boundaries(src_ends, tgt_ends)
+    src_end = np.searchsorted(src_ends, bounds, side="right")
+    tgt_end = np.searchsorted(tgt_ends, bounds, side="right")
+    return AlignmentGroups(
+        src_start=_shift(src_end), src_end=src_end, tgt_start=_shift(tgt_end), tgt_end=tgt_end,
+        byte_start=_shift(bounds), byte_end=bounds)
+
+
+def _shift(ends: np.ndarray) -> np.ndarray:
+    """Starts of consecutive ranges given their ends (first start is 0)."""
+    starts = np.empty_like(ends)
+    if ends.size:
+        starts[0] = 0
+        starts[1:] = ends[:-1]
+    return starts
+
+
+def byte_iou(src_ends: np.ndarray, tgt_ends: np.ndarray, n_common: int) -> float:
+    """|common boundaries| / |union of boundaries| (1.0 when both sides are empty)."""
+    n_src = _n_unique_sorted(src_ends)
+    n_tgt = _n_unique_sorted(tgt_ends)
+    union = n_src + n_tgt - n_common
+    return 1.0 if union == 0 else n_common / union
+
+
+def _n_unique_sorted(values: np.ndarray) -> int:
+    if values.size == 0:
+        return 0
+    return int(np.count_nonzero(values[1:] != values[:-1])) + 1
+
+
+def align_many(src_ends: list[np.ndarray], tgt_ends: list[np.ndarray],
+               totals: list[int]) -> list[AlignmentGroups]:
+    """``align_ends`` for many texts in one vectorised pass.
+
+    Texts are laid end to end with a one-byte gap, so every text end is a boundary on both sides
+    and no group can span two texts; groups are then shifted back to per-text coordinates. Texts
+    with an empty side are aligned on their own (their single group has no common boundary).
+    """
+    n = len(totals)
+    out: list[AlignmentGroups | None] = [None] * n
+    full = [k for k in range(n) if src_ends[k].size and tgt_ends[k].size]
+    for k in range(n):
+        if not (src_ends[k].size and tgt_ends[k].size):
+            out[k] = align_ends(src_ends[k], tgt_ends[k], totals[k])
+    if not full:
+        return out  # type: ignore[return-value]
+    tot = np.array([totals[k] for k in full], dtype=np.int64)
+    byte_off = np.cumsum(tot + 1) - (tot + 1)
+    s_sizes = np.array([src_ends[k].size for k in full], dtype=np.int64)
+    t_sizes = np.array([tgt_ends[k].size for k in full], dtype=np.int64)
+    s_all = np.concatenate([src_ends[k] for k in full]) + np.repeat(byte_off, s_sizes)
+    t_all = np.concatenate([tgt_ends[k] for k in full]) + np.repeat(byte_off, t_sizes)
+    g = align_ends(s_all, t_all, int(byte_off[-1] + tot[-1]))
+    split = np.searchsorted(g.byte_end, byte_off + tot, side="right")
+    item = np.repeat(np.arange(len(full)), np.diff(split, prepend=0))
+    s_off = (np.cumsum(s_sizes) - s_sizes)[item]
+    t_off = (np.cumsum(t_sizes) - t_sizes)[item]
+    b_off = byte_off[item]
+    # The first group of each text starts where the previous text ended: its local start is 0.
+    local = (g.src_start - s_off, g.src_end - s_off, g.tgt_start - t_off, g.tgt_end - t_off,
+             np.maximum(g.byte_start - b_off, 0), g.byte_end - b_off)
+    lo = 0
+    for j, k in enumerate(full):
+        hi = int(split[j])
+        out[k] = AlignmentGroups(*(a[lo:hi] for a in local))
+        lo = hi
+    return out  # type: ignore[return-value]

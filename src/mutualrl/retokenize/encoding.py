@@ -1,0 +1,175 @@
+"""One side's encoding of a text: ids plus the byte end of every token, and a bounded LRU cache.
+
+Byte ends come from the profile's per-id byte-length table when the tokenizer is lossless and its
+pieces spell the text exactly (the usual case: one table lookup and a cumsum). Otherwise —
+WordPiece, or a lossless tokenizer whose normaliser rewrote this particular text — they come from
+the fast tokenizer's *character* offsets converted to byte offsets, made non-decreasing, with the
+last end pinned to the text length so the tokens still tile every byte exactly once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from mutualrl.retokenize.profile import TokenizerProfile
+from mutualrl.retokenize.residuals import byte_edit_distance
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """A text encoded by one tokenizer in continuation mode (no specials, no prefix space)."""
+
+    ids: np.ndarray            # int64, read-only
+    ends: np.ndarray           # int64 byte end of each token, read-only
+    mismatch: bool             # the tokenizer's rendering of ``ids`` differs from the text
+    edit_distance: int         # byte Levenshtein distance of that rendering to the text
+    normalizer_changed: bool   # the normaliser rewrote the text (WordPiece)
+
+
+def utf8(text: str, field: str = "text") -> bytes:
+    """UTF-8 bytes of ``text``; a lone surrogate is an error naming the field."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{field}: expected valid Unicode text, got {exc.reason} "
+                         f"at character {exc.start}") from exc
+    except AttributeError as exc:
+        raise TypeError(f"{field}: expected str, got {type(text).__name__}") from exc
+
+
+def char_to_byte(text: str) -> np.ndarray:
+    """Byte offset of every character boundary of ``text`` (length ``len(text) + 1``)."""
+    cps = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+    lens = 1 + (cps >= 0x80).astype(np.int64) + (cps >= 0x800) + (cps >= 0x10000)
+    out = np.zeros(cps.size + 1, dtype=np.int64)
+    np.cumsum(lens, out=out[1:])
+    return out
+
+
+def ends_from_offsets(offsets, text: str, n_bytes: int,
+                      piece_len: np.ndarray | None = None) -> np.ndarray:
+    """Token byte ends from character offsets, tiling ``[0, n_bytes)`` exactly.
+
+    Several tokens that split one character (byte fallback, byte-level BPE) all report that
+    character's offsets; given ``piece_len`` (bytes per token) the character's bytes are shared
+    out among them in order, as far as the character reaches.
+    """
+    if not offsets:
+        return np.zeros(0, dtype=np.int64)
+    spans = np.array(offsets, dtype=np.int64)
+    if n_bytes != len(text):  # non-ASCII: character offsets are not byte offsets
+        spans = char_to_byte(text)[spans]
+    starts, ends = spans[:, 0], spans[:, 1]
+    if piece_len is not None and ends.size > 1:
+        same = (starts[1:] == starts[:-1]) & (ends[1:] == ends[:-1])
+        if same.any():
+            ends = _split_shared_spans(starts, ends, same, piece_len)
+    ends = np.maximum.accumulate(ends)
+    return pin_last(ends, n_bytes)
+
+
+def _split_shared_spans(starts, ends, same, piece_len) -> np.ndarray:
+    """Within each run of tokens reporting the same span, end token k at start + its run cumsum."""
+    new_run = np.concatenate(([True], ~same))
+    run_id = np.cumsum(new_run) - 1
+    cum = np.cumsum(piece_len)
+    before_run = (cum - piece_len)[new_run][run_id]  # bytes before each token's run
+    last_in_run = np.concatenate((~same, [True]))
+    split = np.minimum(ends, starts + (cum - before_run))
+    return np.where(last_in_run, ends, split)
+
+
+def pin_last(ends: np.ndarray, n_bytes: int) -> np.ndarray:
+    """Extend the last token (and zero-width tokens sharing its end) to the end of the text.
+
+    Trailing bytes no token covers (whitespace for WordPiece) join the last token; moving the whole
+    final run of equal ends keeps a character split into several zero-width tokens (Hangul
+    syllables become jamo under WordPiece's NFD) inside one token span.
+    """
+    if ends.size:
+        ends[ends == ends[-1]] = n_bytes
+    return ends
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
+
+
+def encode_from(profile: TokenizerProfile, enc, text: str, data: bytes) -> Encoded:
+    """Build an ``Encoded`` from a Rust ``Encoding`` of ``text`` (whose UTF-8 is ``data``)."""
+    ids_list = enc.ids
+    ids = np.array(ids_list, dtype=np.int64)
+    if profile.lossless:
+        rendered = profile.text_bytes(ids_list)
+        if rendered == data:
+            return Encoded(_frozen(ids), _frozen(np.cumsum(profile.piece_len[ids])), False, 0,
+                           False)
+    else:
+        rendered = profile.continuation.decode(ids_list, skip_special_tokens=False).encode()
+    ends = ends_from_offsets(enc.offsets, text, len(data), profile.piece_len[ids])
+    normalizer = profile.continuation.normalizer
+    changed = normalizer is not None and normalizer.normalize_str(text) != text
+    distance = byte_edit_distance(rendered, data)
+    return Encoded(_frozen(ids), _frozen(ends), distance > 0, distance, changed)
+
+
+class EncodingCache:
+    """Bounded LRU of ``Encoded`` keyed by (text hash, tokenizer fingerprint); size 0 disables."""
+
+    def __init__(self, size: int) -> None:
+        if size < 0:
+            raise ValueError(f"cache_size: expected an integer >= 0, got {size}")
+        self.size = size
+        self._items: OrderedDict[tuple[bytes, str], Encoded] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    @staticmethod
+    def key(data: bytes, fingerprint: str) -> tuple[bytes, str]:
+        return hashlib.blake2b(data, digest_size=16).digest(), fingerprint
+
+    def get(self, key) -> Encoded | None:
+        if self.size == 0:
+            return None
+        item = self._items.get(key)
+        if item is None:
+            self.misses += 1
+            return None
+        self._items.move_to_end(key)
+        self.hits += 1
+        return item
+
+    def put(self, key, item: Encoded) -> None:
+        if self.size == 0:
+            return
+        self._items[key] = item
+        self._items.move_to_end(key)
+        while len(self._items) > self.size:
+            self._items.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+def encode_texts(profile: TokenizerProfile, texts: list[str], datas: list[bytes],
+                 cache: EncodingCache) -> list[Encoded]:
+    """Encode many texts with one profile, batching cache misses into one Rust ``encode_batch``."""
+    keys = [cache.key(d, profile.fingerprint) for d in datas] if cache.size else [None] * len(texts)
+    out: list[Encoded | None] = [cache.get(k) if k else None for k in keys]
+    todo = [i for i, item in enumerate(out) if item is None]
+    if len(todo) == 1:
+        encs = [profile.continuation.encode(texts[todo[0]], add_special_tokens=False)]
+    elif todo:
+        encs = profile.continuation.encode_batch([texts[i] for i in todo], add_special_tokens=False)
+    else:
+        encs = []
+    for i, enc in zip(todo, encs):
+        out[i] = encode_from(profile, enc, texts[i], datas[i])
+        if keys[i] is not None:
+            cache.put(keys[i], out[i])
+    return out  # type: ignore[return-value]

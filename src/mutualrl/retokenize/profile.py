@@ -1,0 +1,191 @@
+"""Per-tokenizer tables that turn token ids into UTF-8 byte spans without per-token Python.
+
+A ``TokenizerProfile`` is built once per tokenizer (a per-vocabulary Python loop is fine there)
+and holds:
+
+* ``pieces[id]``  the exact bytes a token contributes to the text, and ``piece_len`` as a numpy
+  array, so a sequence's byte ends are ``np.cumsum(piece_len[ids])``. Byte-level BPE pieces are
+  decoded through the GPT-2 ``bytes_to_unicode`` map; SentencePiece pieces map ``▁`` to a space
+  and ``<0xNN>`` to the single byte ``NN``; special tokens contribute no bytes.
+* ``lossless``   whether the concatenated pieces of an encoding reproduce the input text
+  byte-for-byte (byte-level BPE, or SentencePiece with byte fallback, and no text-changing
+  normaliser). WordPiece is never lossless: its normaliser may lower-case, strip accents and drop
+  control characters, and whitespace has no token at all. For such tokenizers byte spans come from
+  the fast tokenizer's character offsets instead (see ``Retokenizer``).
+* two Rust backends: ``standard`` (the tokenizer as shipped, minus padding/truncation) for prompts,
+  and ``continuation`` which also never prepends a prefix space (SentencePiece ``Metaspace``
+  ``prepend_scheme``, ``ByteLevel`` ``add_prefix_space``, a ``Prepend`` normaliser). A completion
+  continues a prompt, so a receiver generating it would never have emitted that dummy space.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from mutualrl.retokenize.loaders import TokenizerHandle
+
+SP_SPACE = "\u2581"  # SentencePiece's visible space '▁'
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character map used by byte-level BPE vocabularies."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    table = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+_BYTE_DECODER = {ch: b for b, ch in bytes_to_unicode().items()}
+
+
+def _walk_types(node, kind: str):
+    """Yield every dict in a serialized tokenizer component whose ``type`` is ``kind``."""
+    if isinstance(node, dict):
+        if node.get("type") == kind:
+            yield node
+        for value in node.values():
+            yield from _walk_types(value, kind)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _walk_types(value, kind)
+
+
+def _drop_prepend(normalizer):
+    """Remove ``Prepend`` normalisers (legacy Llama/Mistral dummy prefix) from a normaliser tree."""
+    if not isinstance(normalizer, dict):
+        return normalizer
+    if normalizer.get("type") == "Prepend":
+        return None
+    if normalizer.get("type") == "Sequence":
+        kept = [_drop_prepend(n) for n in normalizer.get("normalizers", [])]
+        normalizer["normalizers"] = [n for n in kept if n is not None]
+    return normalizer
+
+
+def build_backends(handle: TokenizerHandle) -> tuple[Tokenizer, Tokenizer, dict]:
+    """Return (standard, continuation) Rust tokenizers and the serialized config they came from."""
+    config = json.loads(handle.backend.to_str())
+    # A shared tokenizer may carry padding/truncation settings (the packaged BERT pads to 128);
+    # either would corrupt byte spans, so our private copies never pad or truncate.
+    config["padding"] = None
+    config["truncation"] = None
+    standard = Tokenizer.from_str(json.dumps(config))
+    cont = json.loads(json.dumps(config))
+    for node in _walk_types(cont.get("pre_tokenizer"), "Metaspace"):
+        node["prepend_scheme"] = "never"
+        node["add_prefix_space"] = False
+    for node in _walk_types(cont.get("pre_tokenizer"), "ByteLevel"):
+        node["add_prefix_space"] = False
+    cont["normalizer"] = _drop_prepend(cont.get("normalizer"))
+    continuation = Tokenizer.from_str(json.dumps(cont))
+    # Completion text is literal: a "</s>" typed by another model is text, not this model's EOS.
+    continuation.encode_special_tokens = True
+    return standard, continuation, config
+
+
+def _is_byte_level(config: dict) -> bool:
+    return any(True for _ in _walk_types(config.get("pre_tokenizer"), "ByteLevel"))
+
+
+def _normalizer_changes_text(config: dict) -> bool:
+    """True unless the normaliser is absent, an empty sequence, or only a Prepend/Replace('▁')."""
+    norm = config.get("normalizer")
+    if norm is None:
+        return False
+    parts = norm.get("normalizers", []) if norm.get("type") == "Sequence" else [norm]
+    for part in parts:
+        if part.get("type") == "Prepend":
+            continue
+        if part.get("type") == "Replace" and part.get("content") == SP_SPACE:
+            continue  # legacy SentencePiece: ' ' -> '▁', undone by our piece map
+        return True
+    return False
+
+
+def _piece_bytes(token: str, byte_level: bool, byte_fallback: bool, wordpiece_prefix: str | None):
+    """The bytes one vocabulary entry contributes to the text (None: not representable)."""
+    if byte_level:
+        if all(ch in _BYTE_DECODER for ch in token):
+            return bytes(_BYTE_DECODER[ch] for ch in token)
+        return None
+    if byte_fallback and len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
+        try:
+            return bytes([int(token[3:5], 16)])
+        except ValueError:
+            pass
+    if wordpiece_prefix and token.startswith(wordpiece_prefix):
+        token = token[len(wordpiece_prefix):]
+    return token.replace(SP_SPACE, " ").encode("utf-8")
+
+
+@dataclass
+class TokenizerProfile:
+    """Byte tables and private backends for one tokenizer; build with ``TokenizerProfile.build``."""
+
+    handle: TokenizerHandle
+    standard: Tokenizer
+    continuation: Tokenizer
+    pieces: list[bytes]
+    piece_len: np.ndarray       # int64 [vocab]: bytes each id contributes (0 for specials)
+    special: np.ndarray         # bool [vocab]: added tokens flagged special (BOS/EOS/PAD/...)
+    byte_fallback: np.ndarray   # bool [vocab]: SentencePiece <0xNN> tokens
+    unk_id: int | None
+    eos_id: int | None          # end-of-sequence by role: eos_token, else sep_token (BERT)
+    lossless: bool
+    family: str = field(default="unknown")
+
+    @property
+    def fingerprint(self) -> str:
+        return self.handle.fingerprint
+
+    @classmethod
+    def build(cls, handle: TokenizerHandle) -> TokenizerProfile:
+        standard, cont, config = build_backends(handle)
+        model = config.get("model", {})
+        byte_level = _is_byte_level(config)
+        byte_fallback = bool(model.get("byte_fallback"))
+        wp_prefix = model.get("continuing_subword_prefix") if model.get("type") == "WordPiece" else None
+        vocab = standard.get_vocab(with_added_tokens=True)
+        size = max(vocab.values()) + 1
+        pieces: list[bytes] = [b""] * size
+        special = np.zeros(size, dtype=bool)
+        fallback = np.zeros(size, dtype=bool)
+        representable = True
+        added = standard.get_added_tokens_decoder()
+        for token, idx in vocab.items():
+            if idx in added:
+                # Added tokens are matched before the model runs: literal text unless special.
+                special[idx] = added[idx].special
+                pieces[idx] = b"" if added[idx].special else token.encode("utf-8")
+                continue
+            piece = _piece_bytes(token, byte_level, byte_fallback, wp_prefix)
+            if piece is None:
+                representable, piece = False, token.encode("utf-8")
+            pieces[idx] = piece
+            fallback[idx] = byte_fallback and len(piece) == 1 and token.startswith("<0x")
+        unk = model.get("unk_token")
+        unk_id = vocab.get(unk) if unk else None
+        if unk_id is not None:
+            special[unk_id] = False  # [UNK] stands for content: it is aligned, never stripped
+        piece_len = np.fromiter(map(len, pieces), dtype=np.int64, count=size)
+        lossless = (representable and model.get("type") != "WordPiece"
+                    and (byte_level or byte_fallback) and not _normalizer_changes_text(config))
+        tok = handle.tokenizer
+        eos = tok.eos_token_id if tok.eos_token_id is not None else getattr(tok, "sep_token_id", None)
+        return cls(handle=handle, standard=standard, continuation=cont, pieces=pieces,
+                   piece_len=piece_len, special=special, byte_fallback=fallback,
+                   unk_id=unk_id, eos_id=eos, lossless=lossless,
+                   family=handle.family)
+
+    def text_bytes(self, ids) -> bytes:
+        """The bytes a sequence of ids spells (specials contribute nothing)."""
+        return b"".join(map(self.pieces.__getitem__, ids))

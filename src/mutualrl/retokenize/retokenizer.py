@@ -1,0 +1,366 @@
+"""Move completions from a source tokenizer into a target (receiver) tokenizer.
+
+What "the text" is: the completion string as given (the source's own decode of its sampled ids,
+without special tokens), as UTF-8 bytes. Groups tile those bytes exactly once, in order.
+
+How a completion is tokenised for the receiver: on its own, with no special tokens, no
+BOS, and *no* dummy prefix space (SentencePiece ``▁`` / ``add_prefix_space``) — i.e. the way the
+receiver would have emitted it as the continuation of a prompt, where generation starts at the
+prompt/completion boundary. Special-token strings inside the completion are literal text. The
+prompt is encoded separately in the receiver's own format (``encode_prompt``); the receiver's
+sequence is ``prompt_ids + target_ids``.
+
+Special tokens by role: source specials (BOS, chat markers, ...) are stripped and counted. If
+``ends_with_eos`` the target ids end with the receiver's end-of-sequence token (``eos_token``,
+else ``sep_token``), and a trailing source EOS id, if present, is paired with it as a 1:1 group
+with an empty byte range, so its log-prob mass has a home.
+
+Log-probs: ``group_logprob_sums[g]`` is the sum of the source log-probs of group ``g``'s source
+tokens. A group's text is identical on both sides, so its total log-probability is the quantity
+that is comparable across the two tokenizations (a receiver-side importance ratio per group is
+``exp(target_group_sum - group_logprob_sums)``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from mutualrl.retokenize.align import AlignmentGroups, align_ends, align_many, byte_iou, common_boundaries
+from mutualrl.retokenize.encoding import Encoded, EncodingCache, encode_texts, pin_last, utf8
+from mutualrl.retokenize.loaders import TokenizerHandle
+from mutualrl.retokenize.profile import TokenizerProfile
+from mutualrl.retokenize.residuals import AlignmentResiduals, byte_edit_distance
+
+
+_NO_TOKENS = np.zeros(0, dtype=np.int64)
+_NO_TOKENS.flags.writeable = False
+
+
+@dataclass(frozen=True)
+class RetokenizedTrajectory:
+    """One completion in the receiver's tokens.
+
+    ``target_ids``          int64 receiver ids of the completion (+ EOS if ``ends_with_eos``),
+                            cut on a group boundary to at most ``max_length``.
+    ``groups``              ``AlignmentGroups`` (token ranges per side and byte ranges).
+    ``group_logprob_sums``  float64 per group, or None when no source log-probs were given.
+    ``residuals``           ``AlignmentResiduals``.
+    """
+
+    text: str
+    target_ids: np.ndarray
+    groups: AlignmentGroups
+    group_logprob_sums: np.ndarray | None
+    residuals: AlignmentResiduals
+
+    def target_group_index(self) -> np.ndarray:
+        """Group id of every target token."""
+        return self.groups.target_group_index(self.target_ids.shape[0])
+
+
+@dataclass(frozen=True)
+class _Source:
+    """One trajectory's source side with specials separated out."""
+
+    ids: np.ndarray                 # as given (or as encoded from the text)
+    kept_index: np.ndarray | None   # positions of non-special ids; None = all kept
+    ends: np.ndarray                # byte ends of the kept tokens
+    eos_index: int | None           # a terminal source EOS that may pair with the target EOS
+    n_specials: int                 # special ids in ``ids`` (including ``eos_index``)
+    logprobs: np.ndarray | None
+    mismatch: bool
+    edit_distance: int
+
+
+class Retokenizer:
+    """Retokenize completions into one receiver's tokenizer; holds byte tables and an LRU cache.
+
+    ``max_length`` bounds ``len(target_ids)`` (None: no bound). ``cache_size`` bounds the number of
+    cached encodings, keyed by (text hash, tokenizer fingerprint); 0 disables caching. Not
+    thread-safe: use one per thread.
+    """
+
+    def __init__(self, target: TokenizerHandle, *, max_length: int | None = None,
+                 cache_size: int = 4096) -> None:
+        if max_length is not None and max_length < 1:
+            raise ValueError(f"max_length: expected None or an integer >= 1, got {max_length}")
+        self.target = target
+        self.max_length = max_length
+        self.profile = TokenizerProfile.build(target)
+        self.cache = EncodingCache(cache_size)
+        self._profiles: dict[str, TokenizerProfile] = {target.fingerprint: self.profile}
+
+    def __repr__(self) -> str:
+        return (f"Retokenizer(target={self.target.name!r}, max_length={self.max_length}, "
+                f"cache={len(self.cache)}/{self.cache.size})")
+
+    def profile_for(self, handle: TokenizerHandle) -> TokenizerProfile:
+        """The (cached) byte tables of a source tokenizer."""
+        prof = self._profiles.get(handle.fingerprint)
+        if prof is None:
+            prof = self._profiles[handle.fingerprint] = TokenizerProfile.build(handle)
+        return prof
+
+    def encode_prompt(self, prompt: str | list[dict], *, add_generation_prompt: bool = True
+                      ) -> np.ndarray:
+        """Receiver ids of a prompt in its own format: a chat template for a list of messages
+        (``{"role", "content"}``), otherwise the text with the receiver's special tokens (BOS)."""
+        if isinstance(prompt, str):
+            return np.array(self.profile.standard.encode(prompt, add_special_tokens=True).ids,
+                            dtype=np.int64)
+        tok = self.target.tokenizer
+        if not getattr(tok, "chat_template", None):
+            raise ValueError(f"prompt: tokenizer {self.target.name!r} has no chat template; "
+                             "expected a str prompt, not a list of messages")
+        ids = tok.apply_chat_template(prompt, tokenize=True,
+                                      add_generation_prompt=add_generation_prompt)
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return np.asarray(ids, dtype=np.int64)
+
+    def encode_completion(self, text: str) -> np.ndarray:
+        """Receiver ids of a completion as a continuation (no specials, no prefix space)."""
+        return encode_texts(self.profile, [text], [utf8(text)], self.cache)[0].ids.copy()
+
+    def retokenize(self, text: str, *, source: TokenizerHandle | None = None,
+                   source_ids: Sequence[int] | np.ndarray | None = None,
+                   source_logprobs: Sequence[float] | np.ndarray | None = None,
+                   ends_with_eos: bool = False) -> RetokenizedTrajectory:
+        """Retokenize one completion; see the module docstring for the conventions.
+
+        ``source`` is the sender's tokenizer (None: no alignment, only target ids and target-side
+        residuals). ``source_ids`` are the sampled ids (None: the text is encoded with ``source``);
+        ``source_logprobs`` one per source id.
+        """
+        return self.retokenize_batch(
+            [text], source=source, source_ids=None if source_ids is None else [source_ids],
+            source_logprobs=None if source_logprobs is None else [source_logprobs],
+            ends_with_eos=[ends_with_eos])[0]
+
+    def retokenize_batch(self, texts: Sequence[str], *, source: TokenizerHandle | None = None,
+                         source_ids: Sequence | None = None,
+                         source_logprobs: Sequence | None = None,
+                         ends_with_eos: bool | Sequence[bool] = False
+                         ) -> list[RetokenizedTrajectory]:
+        """Retokenize many completions from one sender; encodings are batched in Rust."""
+        texts = list(texts)
+        n = len(texts)
+        flags = [bool(ends_with_eos)] * n if isinstance(ends_with_eos, bool) else list(ends_with_eos)
+        _check_len("source_ids", source_ids, n)
+        _check_len("source_logprobs", source_logprobs, n)
+        _check_len("ends_with_eos", flags, n)
+        if source is None and (source_ids is not None or source_logprobs is not None):
+            raise ValueError("source: expected the sender's TokenizerHandle when source_ids or "
+                             "source_logprobs are given")
+        datas = [utf8(t, f"texts[{i}]") for i, t in enumerate(texts)]
+        targets = encode_texts(self.profile, texts, datas, self.cache)
+        sources: list[_Source | None] = [None] * n
+        if source is not None:
+            sources = self._sources(self.profile_for(source), texts, datas, source_ids,
+                                    source_logprobs, flags)
+        aligned = [AlignmentGroups.empty()] * n
+        if source is not None and n == 1:  # one text: skip the batch bookkeeping
+            aligned = [align_ends(sources[0].ends, targets[0].ends, len(datas[0]))]
+        elif source is not None:
+            aligned = align_many([src.ends for src in sources], [t.ends for t in targets],
+                                 [len(d) for d in datas])
+        return [self._assemble(texts[i], len(datas[i]), targets[i], sources[i], aligned[i],
+                               flags[i]) for i in range(n)]
+
+    def _sources(self, prof, texts, datas, source_ids, source_logprobs, flags) -> list[_Source]:
+        if source_ids is None:
+            encs = encode_texts(prof, texts, datas, self.cache)
+            out = []
+            for i, enc in enumerate(encs):
+                lp = None if source_logprobs is None else _as_logprobs(
+                    source_logprobs[i], enc.ids.size, f"source_logprobs[{i}]")
+                out.append(_Source(enc.ids, None, enc.ends, None, 0, lp, False, 0))
+            return out
+        return [self._source_from_ids(
+            prof, texts[i], datas[i], source_ids[i],
+            None if source_logprobs is None else source_logprobs[i], flags[i], i)
+            for i in range(len(texts))]
+
+    def _source_from_ids(self, prof: TokenizerProfile, text: str, data: bytes, ids, lps,
+                         ends_with_eos: bool, i: int) -> _Source:
+        ids = _as_ids(ids, prof, f"source_ids[{i}]")
+        lp = None if lps is None else _as_logprobs(lps, ids.size, f"source_logprobs[{i}]")
+        special = prof.special[ids]
+        n_special = int(np.count_nonzero(special))
+        kept, kept_index, eos_index = ids, None, None
+        if n_special:
+            kept_index = np.flatnonzero(~special)
+            kept = ids[kept_index]
+            if ends_with_eos and int(ids[-1]) == prof.eos_id:
+                eos_index = ids.size - 1
+        ends, mismatch, distance = self._source_ends(prof, kept, text, data)
+        return _Source(ids, kept_index, ends, eos_index, n_special, lp, mismatch, distance)
+
+    def _source_ends(self, prof: TokenizerProfile, kept: np.ndarray, text: str, data: bytes):
+        """Byte ends of the source tokens, whether they fail to spell the text, and by how much.
+
+        Exact from the byte table when the ids spell the text. Otherwise, if the ids are what the
+        source itself makes of the text (WordPiece; SentencePiece given a literal '▁'), from that
+        encoding's offsets; else clipped to the text (approximate).
+        """
+        rendered = None
+        if prof.lossless:
+            rendered = prof.text_bytes(kept.tolist())
+            if rendered == data:
+                return np.cumsum(prof.piece_len[kept]), False, 0
+        enc = encode_texts(prof, [text], [data], self.cache)[0]
+        if np.array_equal(enc.ids, kept):
+            # WordPiece cannot spell text by design (that is the receiver-side residual); a
+            # lossless tokenizer that could not is a real source mismatch.
+            return enc.ends, rendered is not None, enc.edit_distance if rendered is not None else 0
+        if rendered is None:
+            rendered = prof.continuation.decode(kept.tolist()).encode()
+            data = prof.continuation.decode(enc.ids.tolist()).encode()
+        ends = (enc.ends if enc.ids.size == kept.size
+                else _clip_ends(np.cumsum(prof.piece_len[kept]), len(text.encode())))
+        return ends, True, byte_edit_distance(rendered, data)
+
+    def _assemble(self, text: str, total: int, tgt: Encoded, src: _Source | None,
+                  groups: AlignmentGroups, ends_with_eos: bool) -> RetokenizedTrajectory:
+        src_ends = src.ends if src is not None else _NO_TOKENS
+        if src is not None and src.kept_index is not None and src.kept_index.size:
+            groups = _remap_source(groups, src.kept_index)
+        target_ids = tgt.ids
+        eos_id = self.profile.eos_id
+        paired = False
+        if ends_with_eos and eos_id is not None:
+            paired = src is not None and src.eos_index is not None
+            start = src.eos_index if paired else (src.ids.size if src is not None else 0)
+            groups = _append_group(groups, start, start + int(paired), target_ids.size, total)
+            target_ids = np.append(target_ids, np.int64(eos_id))
+        sums, lp_total, stripped_mass = _group_sums(src, groups, paired)
+        mass_error = abs(lp_total - float(sums.sum())) if sums is not None else 0.0
+        n_all = target_ids.size
+        groups, target_ids, truncated_mass = self._truncate(groups, target_ids, sums)
+        if sums is not None:
+            sums = sums[: len(groups)]
+        residuals = _residuals(self.profile, tgt, src, src_ends, groups, total, n_all,
+                               target_ids, paired, ends_with_eos,
+                               mass_error, stripped_mass + truncated_mass)
+        return RetokenizedTrajectory(text, target_ids.copy(), groups, sums, residuals)
+
+    def _truncate(self, groups: AlignmentGroups, target_ids: np.ndarray, sums):
+        """Cut at the last group boundary that fits ``max_length``; return the dropped mass."""
+        if self.max_length is None or target_ids.size <= self.max_length:
+            return groups, target_ids, 0.0
+        keep = int(np.searchsorted(groups.tgt_end, self.max_length, side="right"))
+        cut = int(groups.tgt_end[keep - 1]) if keep else 0
+        lost = 0.0 if sums is None else abs(float(sums[keep:].sum()))
+        return groups.slice(keep), target_ids[:cut], lost
+
+
+def _check_len(field: str, values, n: int) -> None:
+    if values is not None and len(values) != n:
+        raise ValueError(f"{field}: expected one entry per text ({n}), got {len(values)}")
+
+
+def _as_ids(ids, prof: TokenizerProfile, field: str) -> np.ndarray:
+    arr = np.asarray(ids)
+    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
+        raise ValueError(f"{field}: expected a 1-D sequence of integer token ids, "
+                         f"got shape {arr.shape} dtype {arr.dtype}")
+    arr = arr.astype(np.int64, copy=False)
+    if arr.size and (arr.min() < 0 or arr.max() >= prof.piece_len.size):
+        raise ValueError(f"{field}: expected ids in [0, {prof.piece_len.size}) for tokenizer "
+                         f"{prof.handle.name!r}, got range [{arr.min()}, {arr.max()}]")
+    return arr
+
+
+def _as_logprobs(lps, n: int, field: str) -> np.ndarray:
+    arr = np.asarray(lps, dtype=np.float64)
+    if arr.shape != (n,):
+        raise ValueError(f"{field}: expected {n} log-probs (one per source id), got shape "
+                         f"{arr.shape}")
+    return arr
+
+
+def _clip_ends(ends: np.ndarray, total: int) -> np.ndarray:
+    # Whatever the source ids did not spell joins the last token.
+    return pin_last(np.minimum(ends, total), total)
+
+
+def _remap_source(groups: AlignmentGroups, kept_index: np.ndarray) -> AlignmentGroups:
+    """Map source ranges over non-special tokens back to positions in the ids as given."""
+    nonempty = groups.src_end > groups.src_start
+    start = np.where(nonempty, kept_index[np.minimum(groups.src_start, kept_index.size - 1)], 0)
+    end = np.where(nonempty, kept_index[np.maximum(groups.src_end - 1, 0)] + 1, 0)
+    return AlignmentGroups(start, end, groups.tgt_start, groups.tgt_end, groups.byte_start,
+                           groups.byte_end)
+
+
+def _append_group(groups: AlignmentGroups, s0: int, s1: int, t0: int, byte: int):
+    add = lambda a, v: np.append(a, np.int64(v))  # noqa: E731 - tiny local helper
+    return AlignmentGroups(add(groups.src_start, s0), add(groups.src_end, s1),
+                           add(groups.tgt_start, t0), add(groups.tgt_end, t0 + 1),
+                           add(groups.byte_start, byte), add(groups.byte_end, byte))
+
+
+def _group_sums(src: _Source | None, groups: AlignmentGroups, paired: bool):
+    """(per-group sums, assigned total, |mass of stripped specials|); sums None without lps."""
+    if src is None or src.logprobs is None:
+        return None, 0.0, 0.0
+    lp = src.logprobs
+    stripped = 0.0
+    if src.n_specials:
+        lp = lp.copy()
+        mask = np.ones(lp.size, dtype=bool)
+        if src.kept_index is not None:
+            mask[src.kept_index] = False
+        if paired:
+            mask[src.eos_index] = False
+        stripped = abs(float(lp[mask].sum()))
+        lp[mask] = 0.0
+    sums = np.zeros(len(groups), dtype=np.float64)
+    nonempty = groups.src_end > groups.src_start
+    if lp.size and nonempty.any():
+        # reduceat sums start[i]..start[i+1]-1; any gap in between holds only zeroed specials.
+        sums[nonempty] = np.add.reduceat(lp, groups.src_start[nonempty])
+    return sums, float(lp.sum()), stripped
+
+
+def _cardinality(groups: AlignmentGroups):
+    ns, nt = groups.source_sizes(), groups.target_sizes()
+    one_s, one_t = ns == 1, nt == 1
+    c11 = int(np.count_nonzero(one_s & one_t))
+    c1n = int(np.count_nonzero(one_s & (nt > 1)))
+    cn1 = int(np.count_nonzero((ns > 1) & one_t))
+    return c11, c1n, cn1, len(groups) - c11 - c1n - cn1, ns, nt
+
+
+def _residuals(prof, tgt: Encoded, src: _Source | None, src_ends, groups, total, n_all,
+               target_ids, paired, ends_with_eos, mass_error, unassigned
+               ) -> AlignmentResiduals:
+    c11, c1n, cn1, cnm, ns, nt = _cardinality(groups)
+    m = tgt.ids.size
+    n_src = src_ends.size
+    n_common = common_boundaries(src_ends, tgt.ends).size if src is not None else 0
+    extra_target_special = int(ends_with_eos and prof.eos_id is not None and not paired)
+    return AlignmentResiduals(
+        n_bytes=total, n_source_tokens=n_src, n_target_tokens=m, n_groups=len(groups),
+        roundtrip_mismatch=tgt.mismatch, roundtrip_edit_distance=tgt.edit_distance,
+        normalizer_changed_text=tgt.normalizer_changed,
+        source_mismatch=bool(src is not None and src.mismatch),
+        source_edit_distance=src.edit_distance if src is not None else 0,
+        boundary_iou=byte_iou(src_ends, tgt.ends, n_common) if src is not None else 0.0,
+        groups_1_1=c11, groups_1_n=c1n, groups_n_1=cn1, groups_n_m=cnm,
+        largest_group_source_tokens=int(ns.max()) if ns.size else 0,
+        largest_group_target_tokens=int(nt.max()) if nt.size else 0,
+        largest_group_bytes=int((groups.byte_end - groups.byte_start).max()) if len(groups) else 0,
+        length_ratio=m / n_src if n_src else 0.0,
+        unknown_rate=(float(np.count_nonzero(tgt.ids == prof.unk_id)) / m
+                      if m and prof.unk_id is not None else 0.0),
+        byte_fallback_rate=float(np.count_nonzero(prof.byte_fallback[tgt.ids])) / m if m else 0.0,
+        specials_stripped=(src.n_specials - int(paired)) if src is not None else 0,
+        specials_added=extra_target_special, eos_paired=paired,
+        truncated_tokens=n_all - target_ids.size,
+        truncated_bytes=total - (int(groups.byte_end[-1]) if len(groups) else 0)
+        if n_all != target_ids.size else 0,
+        logprob_mass_error=mass_error, logprob_mass_unassigned=unassigned)
