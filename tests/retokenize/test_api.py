@@ -1,0 +1,102 @@
+"""Batch API, cache, prompt encoding, errors, residual aggregation and serialisation."""
+
+from __future__ import annotations
+
+import msgspec
+import numpy as np
+import pytest
+
+from mutualrl.retokenize import AlignmentResiduals, Retokenizer, aggregate_residuals
+
+from .helpers import source_ids
+
+TEXTS = ["First completion. 1 + 1 = 2", "Второй ответ 😀", "", "def g():\n    return 3\n"]
+
+
+def test_batch_matches_single(retokenizers, handles):
+    rt = retokenizers["mistral-v1"]
+    ids = [source_ids(retokenizers, "deepseek-v3", t) for t in TEXTS]
+    lps = [-np.arange(1, i.size + 1) / 10 for i in ids]
+    eos = [True, False, True, False]
+    batch = rt.retokenize_batch(TEXTS, source=handles["deepseek-v3"], source_ids=ids,
+                                source_logprobs=lps, ends_with_eos=eos)
+    for k, text in enumerate(TEXTS):
+        one = rt.retokenize(text, source=handles["deepseek-v3"], source_ids=ids[k],
+                            source_logprobs=lps[k], ends_with_eos=eos[k])
+        assert np.array_equal(one.target_ids, batch[k].target_ids)
+        assert np.array_equal(one.group_logprob_sums, batch[k].group_logprob_sums)
+        assert one.residuals == batch[k].residuals
+
+
+def test_cache_is_bounded_and_keyed_by_fingerprint(handles):
+    rt = Retokenizer(handles["deepseek-v3"], cache_size=2)
+    rt.retokenize("alpha", source=handles["mistral-v1"])
+    rt.retokenize("alpha", source=handles["mistral-v1"])
+    assert rt.cache.hits == 2  # target and source encodings of the same text
+    for text in ("b", "c", "d"):
+        rt.encode_completion(text)
+    assert len(rt.cache) == 2
+    off = Retokenizer(handles["deepseek-v3"], cache_size=0)
+    off.encode_completion("x")
+    assert len(off.cache) == 0
+    # Returned ids are the caller's to modify; the cached arrays are not.
+    ids = rt.encode_completion("d")
+    ids[0] = -1
+    assert rt.encode_completion("d")[0] != -1
+
+
+def test_encode_prompt_uses_receiver_format(retokenizers):
+    ids = retokenizers["mistral-v1"].encode_prompt("Solve 2 + 2.")
+    assert ids[0] == retokenizers["mistral-v1"].target.tokenizer.bos_token_id
+    with pytest.raises(ValueError, match="prompt: .*no chat template"):
+        retokenizers["mistral-v1"].encode_prompt([{"role": "user", "content": "hi"}])
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"source_ids": [1, 2, 3], "source_logprobs": [-1.0]}, r"source_logprobs\[0\]: expected 3"),
+    ({"source_ids": [10**9]}, r"source_ids\[0\]: expected ids in \[0, "),
+    ({"source_ids": [[1, 2]]}, r"source_ids\[0\]: expected a 1-D sequence"),
+])
+def test_errors_name_the_field(retokenizers, handles, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        retokenizers["deepseek-v3"].retokenize("abc", source=handles["mistral-v1"], **kwargs)
+
+
+def test_errors_for_bad_text_and_settings(retokenizers, handles):
+    with pytest.raises(ValueError, match=r"texts\[0\]: expected valid Unicode"):
+        retokenizers["deepseek-v3"].retokenize("bad \ud800", source=handles["mistral-v1"])
+    with pytest.raises(ValueError, match="source: expected the sender"):
+        retokenizers["deepseek-v3"].retokenize("abc", source_ids=[1])
+    with pytest.raises(ValueError, match="max_length"):
+        Retokenizer(handles["deepseek-v3"], max_length=0)
+    with pytest.raises(ValueError, match="ends_with_eos: expected one entry"):
+        retokenizers["deepseek-v3"].retokenize_batch(["a"], ends_with_eos=[True, False])
+
+
+def test_without_source_only_target_side(retokenizers):
+    out = retokenizers["deepseek-v3"].retokenize("no sender", ends_with_eos=True)
+    assert out.group_logprob_sums is None and out.residuals.specials_added == 1
+
+
+def test_residuals_serialise_and_aggregate(retokenizers, handles):
+    outs = retokenizers["bert-wordpiece"].retokenize_batch(TEXTS, source=handles["mistral-v1"])
+    res = [o.residuals for o in outs]
+    wire = msgspec.msgpack.encode(res[0])
+    assert msgspec.msgpack.decode(wire, type=AlignmentResiduals) == res[0]
+    agg = aggregate_residuals(res)
+    assert agg["count"] == 4.0
+    assert 0.0 <= agg["boundary_iou_mean"] <= 1.0
+    assert agg["frac_groups_1_1"] + agg["frac_groups_1_n"] + agg["frac_groups_n_1"] + \
+        agg["frac_groups_n_m"] == pytest.approx(1.0)
+    assert all(isinstance(v, float) for v in agg.values())
+    assert aggregate_residuals([]) == {"count": 0.0}
+
+
+def test_group_index_views(retokenizers, handles):
+    text = "group ids 漢字"
+    ids = source_ids(retokenizers, "mistral-v1", text)
+    out = retokenizers["deepseek-v3"].retokenize(text, source=handles["mistral-v1"], source_ids=ids)
+    tgi = out.target_group_index()
+    assert tgi.size == out.target_ids.size and (np.diff(tgi) >= 0).all() and tgi.min() == 0
+    sgi = out.groups.source_group_index(ids.size)
+    assert sgi[-1] == tgi[-1] == len(out.groups) - 1
