@@ -1,0 +1,120 @@
+"""``mutualrl`` command line: train, compare, plan, exchange inspect, bench retokenize."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from mutualrl.config import ConfigError
+
+
+def _strategy_names() -> str:
+    from mutualrl.strategies import STRATEGIES
+    return ", ".join(STRATEGIES.names())
+
+
+def _add_train(sub) -> None:
+    p = sub.add_parser("train", help="train several policies at once with a sharing strategy",
+                       description="Train the run's policies with GRPO and a sharing strategy.")
+    p.add_argument("--config", required=True, help="TOML run config (see configs/)")
+    p.add_argument("--strategy", help=f"sharing strategy; registered: {_strategy_names()}")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="dotted override, e.g. --set grpo.beta=0.01 (repeatable)")
+    p.add_argument("--output-dir", help="run directory (overrides output_dir)")
+    p.add_argument("--steps", type=int, help="number of GRPO steps (overrides steps)")
+    p.add_argument("--peer-log", action="append", default=[], metavar="RUN_DIR",
+                   help="replay a recorded experience log as a frozen peer (prp, sgt)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_run_train)
+
+
+def _overrides(args) -> list[str]:
+    sets = list(args.set)
+    if getattr(args, "strategy", None):
+        sets.append(f"strategy={args.strategy!r}".replace("'", '"'))
+    if getattr(args, "output_dir", None):
+        sets.append(f'output_dir="{args.output_dir}"')
+    if getattr(args, "steps", None) is not None:
+        sets.append(f"steps={args.steps}")
+    for i, log in enumerate(getattr(args, "peer_log", []) or []):
+        sets.append(f'exchange.peer_logs=["{log}"]' if i == 0 else "")
+    return [s for s in sets if s]
+
+
+def _run_train(args) -> int:
+    from rich.console import Console
+
+    from mutualrl.config import load_config
+    from mutualrl.progress import RunProgress
+    from mutualrl.strategies import STRATEGIES, build_strategy
+    from mutualrl.train import train
+
+    cfg = load_config(args.config, _overrides(args))
+    if cfg.strategy not in STRATEGIES:
+        raise ConfigError(f"--strategy: unknown strategy {cfg.strategy!r}; known: {_strategy_names()}")
+    build_strategy(cfg)  # validates its parameters before anything is built
+    console = Console(stderr=True)
+    with RunProgress(enabled=not args.no_progress, console=console) as progress:
+        summary = train(cfg, progress)
+    console.print(f"[bold]done[/] in {summary.wall_time_s:.0f}s -> {summary.output_dir}")
+    for name in summary.reward_first:
+        console.print(f"  {name}: train reward {summary.reward_first[name]:.3f} -> "
+                      f"{summary.reward_last[name]:.3f}; held-out pass@1 "
+                      f"{summary.final_eval.get(f'policy/{name}/heldout/pass@1', float('nan')):.3f}")
+    return 0
+
+
+# Subcommands implemented by their layers: (command path, module, help).
+_DELEGATED = [
+    (("plan",), "mutualrl.allocation.cli", "print the resource plan for a config without running"),
+    (("exchange", "inspect"), "mutualrl.exchange.cli", "summarise or dump a run's experience log"),
+    (("bench", "retokenize"), "mutualrl.retokenize.bench_cli", "benchmark retokenization across tokenizers"),
+    (("compare",), "mutualrl.compare", "run several strategies x seeds and write a report"),
+]
+
+
+def _add_delegated(sub) -> None:
+    groups: dict[str, argparse._SubParsersAction] = {}
+    for path, module, help_text in _DELEGATED:
+        try:
+            mod = importlib.import_module(module)
+        except ImportError:
+            continue  # that layer is not installed in this build
+        parent = sub
+        if len(path) == 2:
+            if path[0] not in groups:
+                g = sub.add_parser(path[0], help=f"{path[0]} commands")
+                groups[path[0]] = g.add_subparsers(dest=f"{path[0]}_command", required=True)
+            parent = groups[path[0]]
+        p = parent.add_parser(path[-1], help=help_text, description=help_text)
+        mod.configure(p)
+        p.set_defaults(func=mod.run)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mutualrl",
+        description="Mutual RL post-training of heterogeneous LLM policies with shared experience. "
+                    f"Strategies: {_strategy_names()}.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_train(sub)
+    _add_delegated(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (ConfigError, ValueError, FileNotFoundError) as exc:
+        print(f"mutualrl: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("mutualrl: interrupted; everything written so far is kept", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

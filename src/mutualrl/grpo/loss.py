@@ -1,0 +1,102 @@
+"""The GRPO objective: per-token clipped surrogate, k3 KL, and loss aggregation. Pure functions.
+
+Shapes: B sequences, T completion positions, V vocabulary. ``mask`` (B, T) is 1 on completion
+tokens that count (not padding; optionally not truncated completions).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+def selective_log_softmax(logits: Tensor, targets: Tensor) -> Tensor:
+    """log p(target) per position: (B, T, V), (B, T) -> (B, T), without keeping a (B,T,V) log-softmax."""
+    picked = torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(logits, dim=-1)
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Entropy per position: (B, T, V) -> (B, T)."""
+    logp = torch.log_softmax(logits, dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def k3_kl(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """Schulman's k3 estimator of KL(pi || ref) per token, unbiased and >= 0: (B,T),(B,T)->(B,T)."""
+    delta = ref_logp - logp
+    return torch.exp(delta) - delta - 1
+
+
+def aggregate(per_token: Tensor, mask: Tensor, loss_type: str, max_completion_length: int) -> Tensor:
+    """Reduce a (B, T) per-token loss to a scalar.
+
+    grpo:    mean over each sequence's tokens, then mean over sequences (the original GRPO; longer
+             sequences get smaller per-token weight).
+    dr_grpo: sum over all tokens / (B * max_completion_length): a constant normaliser, no length bias.
+    dapo:    mean over all tokens in the batch (token-level, DAPO).
+    """
+    mask = mask.to(per_token.dtype)
+    if loss_type == "grpo":
+        per_seq = (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+        return per_seq.mean()
+    if loss_type == "dr_grpo":
+        return (per_token * mask).sum() / (per_token.shape[0] * max_completion_length)
+    if loss_type == "dapo":
+        return (per_token * mask).sum() / mask.sum().clamp(min=1)
+    raise ValueError(f"loss_type must be 'grpo', 'dr_grpo' or 'dapo', got {loss_type!r}")
+
+
+@dataclass(frozen=True)
+class LossOutput:
+    loss: Tensor                # scalar
+    clip_low_frac: Tensor       # scalar: share of masked tokens clipped at 1 - epsilon (A < 0)
+    clip_high_frac: Tensor      # scalar: share clipped at 1 + epsilon_high (A > 0)
+    kl: Tensor                  # scalar: mean k3 KL over masked tokens (0 when no reference)
+
+
+def clipped_surrogate(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *,
+                      epsilon: float, epsilon_high: float | None, loss_type: str,
+                      max_completion_length: int, ref_logp: Tensor | None = None, beta: float = 0.0,
+                      sample_weight: Tensor | None = None) -> LossOutput:
+    """GRPO/PPO clipped objective.
+
+    logp, old_logp, mask: (B, T); advantages: (B,); ref_logp: (B, T) or None;
+    sample_weight: (B,) detached per-sequence weights (e.g. a truncated off-policy ratio for
+    pooled peer samples), multiplying each sequence's per-token loss; None means 1.
+    """
+    eps_high = epsilon if epsilon_high is None else epsilon_high
+    ratio = torch.exp(logp - old_logp)                                   # (B, T)
+    adv = advantages.unsqueeze(-1)                                       # (B, 1)
+    unclipped = ratio * adv
+    clipped = torch.clamp(ratio, 1 - epsilon, 1 + eps_high) * adv
+    per_token = -torch.min(unclipped, clipped)                           # (B, T)
+    kl = torch.zeros_like(logp)
+    if ref_logp is not None and beta > 0:
+        kl = k3_kl(logp, ref_logp)
+        per_token = per_token + beta * kl
+    if sample_weight is not None:
+        per_token = per_token * sample_weight.detach().unsqueeze(-1)
+    loss = aggregate(per_token, mask, loss_type, max_completion_length)
+    m = mask.to(logp.dtype)
+    n = m.sum().clamp(min=1)
+    with torch.no_grad():
+        low = ((ratio < 1 - epsilon) & (adv < 0)).to(logp.dtype)
+        high = ((ratio > 1 + eps_high) & (adv > 0)).to(logp.dtype)
+        return LossOutput(loss=loss, clip_low_frac=(low * m).sum() / n,
+                          clip_high_frac=(high * m).sum() / n, kl=(kl.detach() * m).sum() / n)
+
+
+def completion_mask(completion_ids: Tensor, lengths: Tensor, truncated: Tensor,
+                    mask_truncated: bool) -> Tensor:
+    """(B, T) mask of real completion tokens; rows of truncated completions zeroed if asked.
+
+    completion_ids: (B, T); lengths: (B,) tokens generated incl. EOS; truncated: (B,) bool.
+    """
+    positions = torch.arange(completion_ids.shape[1]).unsqueeze(0)       # (1, T)
+    mask = positions < lengths.unsqueeze(-1)                             # (B, T)
+    if mask_truncated:
+        mask = mask & ~truncated.unsqueeze(-1)
+    return mask

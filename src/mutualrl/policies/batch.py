@@ -1,0 +1,94 @@
+"""Training data in one policy's own tokenization, and its collation into padded tensors.
+
+Strategies build ``TrainBatch``es out of ``TrainSequence``s (own samples, pooled peer samples,
+SFT examples); the policy turns them into tensors. Layout: prompts left-padded, completions
+right-padded after them, so every completion occupies the last T positions and the model only
+has to produce logits there (``logits_to_keep``) — with 32k-129k vocabularies the LM head is
+most of a tiny model's cost.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class TrainSequence:
+    prompt_ids: tuple[int, ...]
+    completion_ids: tuple[int, ...]        # includes EOS when the completion stopped
+    advantage: float
+    # Behaviour log-probs per completion token in *this* policy's tokenization; None when the
+    # sample came from elsewhere (a peer): then the current policy's own log-probs stand in, and
+    # any off-policy correction travels in ``weight``.
+    old_logprobs: tuple[float, ...] | None = None
+    weight: float = 1.0
+    truncated: bool = False
+    source: str = ""                       # producing policy; "" for the policy itself
+
+
+@dataclass(frozen=True)
+class SFTExample:
+    prompt_ids: tuple[int, ...]
+    completion_ids: tuple[int, ...]
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class TrainBatch:
+    """One optimizer update: GRPO on ``sequences`` plus ``sft_coef`` x mean-token NLL on ``sft``."""
+
+    sequences: tuple[TrainSequence, ...] = ()
+    sft: tuple[SFTExample, ...] = ()
+    sft_coef: float = 0.0
+    tag: str = "grpo"                      # "grpo" or "sft" (an SFT-only step), for metrics
+
+
+@dataclass(frozen=True)
+class Collated:
+    input_ids: torch.Tensor       # (B, P+T)
+    attention_mask: torch.Tensor  # (B, P+T)
+    position_ids: torch.Tensor    # (B, P+T)
+    completion_ids: torch.Tensor  # (B, T)
+    lengths: torch.Tensor         # (B,)
+    extras: dict = field(default_factory=dict)
+
+    @property
+    def completion_len(self) -> int:
+        return self.completion_ids.shape[1]
+
+
+def collate(prompts: list[tuple[int, ...]], completions: list[tuple[int, ...]], pad_id: int) -> Collated:
+    B = len(prompts)
+    P = max(len(p) for p in prompts)
+    T = max(max(len(c) for c in completions), 1)
+    input_ids = torch.full((B, P + T), pad_id, dtype=torch.long)
+    attention = torch.zeros((B, P + T), dtype=torch.long)
+    for i, (p, c) in enumerate(zip(prompts, completions)):
+        input_ids[i, P - len(p):P] = torch.tensor(p, dtype=torch.long)
+        attention[i, P - len(p):P] = 1
+        if c:
+            input_ids[i, P:P + len(c)] = torch.tensor(c, dtype=torch.long)
+            attention[i, P:P + len(c)] = 1
+    position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
+    lengths = torch.tensor([len(c) for c in completions], dtype=torch.long)
+    return Collated(input_ids, attention, position_ids, input_ids[:, P:], lengths)
+
+
+def collate_sequences(seqs: tuple[TrainSequence, ...], pad_id: int) -> Collated:
+    c = collate([s.prompt_ids for s in seqs], [s.completion_ids for s in seqs], pad_id)
+    T = c.completion_len
+    old = torch.full((len(seqs), T), float("nan"))
+    for i, s in enumerate(seqs):
+        if s.old_logprobs is not None:
+            old[i, :len(s.old_logprobs)] = torch.tensor(s.old_logprobs)
+    c.extras.update(
+        advantages=torch.tensor([s.advantage for s in seqs], dtype=torch.float32),
+        weights=torch.tensor([s.weight for s in seqs], dtype=torch.float32),
+        truncated=torch.tensor([s.truncated for s in seqs], dtype=torch.bool),
+        has_old=torch.tensor([s.old_logprobs is not None for s in seqs], dtype=torch.bool),
+        old_logprobs=old,
+        is_peer=torch.tensor([bool(s.source) for s in seqs], dtype=torch.bool),
+    )
+    return c

@@ -1,0 +1,246 @@
+"""A policy: model + tokenizer + optimizer (+ frozen reference), and what can be done with it.
+
+It samples completions with behaviour log-probs, takes GRPO (+SFT) updates on ``TrainBatch``es,
+evaluates pass@k, and saves/loads itself. It knows nothing of strategies or other policies.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from mutualrl.config import GRPOConfig, PolicyConfig
+from mutualrl.grpo import clipped_surrogate, completion_mask, entropy_from_logits, selective_log_softmax
+from mutualrl.policies.batch import SFTExample, TrainBatch, collate, collate_sequences
+from mutualrl.policies.models import TokenizerFacts, build_model
+from mutualrl.retokenize.loaders import TokenizerHandle, load_tokenizer
+from mutualrl.tasks.base import Prompt
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One completion of one prompt by one policy."""
+
+    prompt: Prompt
+    prompt_ids: tuple[int, ...]
+    completion_ids: tuple[int, ...]   # includes EOS when finish_reason == "stop"
+    logprobs: tuple[float, ...]       # behaviour log-probs at the sampling temperature
+    text: str                         # completion text, special tokens removed
+    finish_reason: str                # "stop" | "length"
+    group: int                        # index of the prompt within the step
+    reward: float = 0.0
+
+
+class Policy:
+    def __init__(self, cfg: PolicyConfig, grpo: GRPOConfig, seed: int, device: str = "cpu",
+                 handle: TokenizerHandle | None = None) -> None:
+        self.cfg = cfg
+        self.name = cfg.name
+        self.grpo = grpo
+        self.device = torch.device(device)
+        self.handle = handle or load_tokenizer(cfg.tokenizer)
+        self.tokenizer = self.handle.tokenizer
+        self.model = build_model(cfg, TokenizerFacts.of(self.tokenizer), seed).to(self.device)
+        if cfg.lora is not None:
+            from peft import LoraConfig, get_peft_model
+            self.model = get_peft_model(self.model, LoraConfig(
+                r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
+                target_modules=list(cfg.lora.target_modules), task_type="CAUSAL_LM"))
+        # beta == 0 builds no reference at all; a LoRA policy's reference is its adapter disabled.
+        self.reference = None
+        if grpo.beta > 0 and cfg.lora is None:
+            self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad],
+                                           lr=cfg.learning_rate or grpo.learning_rate)
+        self.generator = torch.Generator().manual_seed(seed)
+        self.version = 0
+        self.skipped_nan_steps = 0
+
+    # ---- encoding -------------------------------------------------------------------------
+    @property
+    def pad_id(self) -> int:
+        return self.tokenizer.pad_token_id
+
+    def encode_prompt(self, text: str) -> tuple[int, ...]:
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        bos = self.tokenizer.bos_token_id
+        return tuple(([bos] if bos is not None else []) + ids)
+
+    def encode_completion(self, text: str, eos: bool = True) -> tuple[int, ...]:
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return tuple(ids + ([self.tokenizer.eos_token_id] if eos else []))
+
+    # ---- sampling -------------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(self, prompts: list[Prompt], num_generations: int, max_new_tokens: int,
+                 temperature: float) -> list[Sample]:
+        """Sample ``num_generations`` completions per prompt; temperature 0 is greedy.
+
+        A hand-written KV-cache loop rather than ``model.generate`` so that sampling draws from
+        this policy's own ``torch.Generator`` (reproducible when policies run concurrently in
+        threads) and the log-probs are exactly those of the distribution sampled from.
+        """
+        self.model.eval()
+        prompt_ids = [self.encode_prompt(p.text) for p in prompts for _ in range(num_generations)]
+        groups = [g for g in range(len(prompts)) for _ in range(num_generations)]
+        c = collate(prompt_ids, [()] * len(prompt_ids), self.pad_id)
+        P = c.input_ids.shape[1] - 1
+        ids, attn = c.input_ids[:, :P].to(self.device), c.attention_mask[:, :P].to(self.device)
+        pos = c.position_ids[:, :P].to(self.device)
+        B, eos = ids.shape[0], self.tokenizer.eos_token_id
+        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True,
+                         logits_to_keep=1)
+        tokens, logps = [], []
+        finished = torch.zeros(B, dtype=torch.bool, device=self.device)
+        next_pos = pos[:, -1:] + 1
+        for _ in range(max_new_tokens):
+            logits = out.logits[:, -1].float()
+            if temperature > 0:
+                logp_all = torch.log_softmax(logits / temperature, -1)
+                tok = torch.multinomial(logp_all.exp().cpu(), 1, generator=self.generator).squeeze(-1).to(self.device)
+            else:
+                logp_all = torch.log_softmax(logits, -1)
+                tok = logits.argmax(-1)
+            lp = logp_all.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+            tok = torch.where(finished, torch.full_like(tok, self.pad_id), tok)
+            tokens.append(tok)
+            logps.append(torch.where(finished, torch.zeros_like(lp), lp))
+            finished = finished | (tok == eos)
+            if bool(finished.all()):
+                break
+            attn = torch.cat([attn, torch.ones((B, 1), dtype=attn.dtype, device=self.device)], 1)
+            out = self.model(input_ids=tok.unsqueeze(-1), attention_mask=attn, position_ids=next_pos,
+                             past_key_values=out.past_key_values, use_cache=True)
+            next_pos = next_pos + 1
+        return self._to_samples(prompts, prompt_ids, groups, torch.stack(tokens, 1).cpu(),
+                                torch.stack(logps, 1).cpu())
+
+    def _to_samples(self, prompts, prompt_ids, groups, tokens, logps) -> list[Sample]:
+        eos, out = self.tokenizer.eos_token_id, []
+        for i in range(tokens.shape[0]):
+            row = tokens[i].tolist()
+            stop = row.index(eos) + 1 if eos in row else len(row)
+            ids = tuple(row[:stop])
+            out.append(Sample(
+                prompt=prompts[groups[i]], prompt_ids=prompt_ids[i], completion_ids=ids,
+                logprobs=tuple(logps[i, :stop].tolist()),
+                text=self.tokenizer.decode(ids, skip_special_tokens=True),
+                finish_reason="stop" if eos in ids else "length", group=groups[i]))
+        return out
+
+    # ---- log-probs ------------------------------------------------------------------------
+    def completion_logits(self, c, model=None) -> torch.Tensor:
+        """Logits predicting each completion token: (B, T, V), computed only at those positions."""
+        model = model or self.model
+        T = c.completion_len
+        out = model(input_ids=c.input_ids.to(self.device), attention_mask=c.attention_mask.to(self.device),
+                    position_ids=c.position_ids.to(self.device), logits_to_keep=T + 1)
+        return out.logits[:, :-1].float() / self.grpo.temperature
+
+    @torch.no_grad()
+    def sequence_logprobs(self, prompts: list[tuple[int, ...]], completions: list[tuple[int, ...]]) -> torch.Tensor:
+        """Total log-prob of each completion under the current policy: (B,). Used for off-policy ratios."""
+        self.model.eval()
+        c = collate(prompts, completions, self.pad_id)
+        logp = selective_log_softmax(self.completion_logits(c), c.completion_ids.to(self.device))
+        mask = completion_mask(c.completion_ids, c.lengths, torch.zeros_like(c.lengths, dtype=torch.bool), False)
+        return (logp.cpu() * mask).sum(-1)
+
+    def _reference_logp(self, c) -> torch.Tensor | None:
+        if self.grpo.beta == 0:
+            return None
+        with torch.no_grad():
+            if self.reference is not None:
+                logits = self.completion_logits(c, self.reference)
+            else:
+                with self.model.disable_adapter():
+                    logits = self.completion_logits(c)
+            return selective_log_softmax(logits, c.completion_ids.to(self.device))
+
+    # ---- updates --------------------------------------------------------------------------
+    def sft_loss(self, examples: tuple[SFTExample, ...]) -> torch.Tensor:
+        """Mean token negative log-likelihood of ``examples`` (completion tokens only)."""
+        c = collate([e.prompt_ids for e in examples], [e.completion_ids for e in examples], self.pad_id)
+        logp = selective_log_softmax(self.completion_logits(c) * self.grpo.temperature,
+                                     c.completion_ids.to(self.device))
+        mask = completion_mask(c.completion_ids, c.lengths, torch.zeros_like(c.lengths, dtype=torch.bool), False)
+        return -(logp * mask.to(self.device)).sum() / mask.sum().clamp(min=1)
+
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """One update (``num_iterations`` optimizer steps) on a batch; NaN losses are skipped, counted."""
+        self.model.train()
+        g, stats, t0 = self.grpo, {}, time.perf_counter()
+        c = collate_sequences(batch.sequences, self.pad_id) if batch.sequences else None
+        if c is not None:
+            mask = completion_mask(c.completion_ids, c.lengths, c.extras["truncated"],
+                                   g.mask_truncated_completions).to(self.device)
+            ref_logp = self._reference_logp(c)
+            old = c.extras["old_logprobs"].to(self.device)
+        for _ in range(g.num_iterations):
+            loss = torch.zeros((), device=self.device)
+            if c is not None:
+                logits = self.completion_logits(c)
+                logp = selective_log_softmax(logits, c.completion_ids.to(self.device))
+                # Rows without behaviour log-probs (peer samples) use the current policy's,
+                # detached: ratio 1 on the first pass; their correction is in ``weights``.
+                old_i = torch.where(torch.isnan(old), logp.detach(), old)
+                out = clipped_surrogate(
+                    logp, old_i, c.extras["advantages"].to(self.device), mask, epsilon=g.epsilon,
+                    epsilon_high=g.epsilon_high, loss_type=g.loss_type,
+                    max_completion_length=g.max_completion_length, ref_logp=ref_logp, beta=g.beta,
+                    sample_weight=c.extras["weights"].to(self.device))
+                loss = loss + out.loss
+                with torch.no_grad():
+                    ent = (entropy_from_logits(logits) * mask).sum() / mask.sum().clamp(min=1)
+                stats.update(kl=float(out.kl), clip_ratio_low=float(out.clip_low_frac),
+                             clip_ratio_high=float(out.clip_high_frac), entropy=float(ent),
+                             grpo_loss=float(out.loss))
+            if batch.sft and batch.sft_coef > 0:
+                sft = self.sft_loss(batch.sft)
+                loss = loss + batch.sft_coef * sft
+                stats["sft_loss"] = float(sft)
+            stats.update(self._apply(loss))
+        self.version += 1
+        stats["step_time_s"] = time.perf_counter() - t0
+        return stats
+
+    def _apply(self, loss: torch.Tensor) -> dict[str, float]:
+        self.optimizer.zero_grad(set_to_none=True)
+        if not torch.isfinite(loss):
+            self.skipped_nan_steps += 1
+            return {"loss": float("nan"), "skipped_nan": 1.0}
+        loss.backward()
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, self.grpo.max_grad_norm or math.inf)
+        if not torch.isfinite(norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            self.skipped_nan_steps += 1
+            return {"loss": float(loss), "skipped_nan": 1.0}
+        self.optimizer.step()
+        return {"loss": float(loss), "grad_norm": float(norm), "skipped_nan": 0.0}
+
+    def sft_step(self, examples: tuple[SFTExample, ...], learning_rate: float | None = None) -> float:
+        """A plain supervised step (warm start); ``learning_rate`` overrides the optimizer's for it."""
+        self.model.train()
+        saved = [grp["lr"] for grp in self.optimizer.param_groups]
+        if learning_rate is not None:
+            for grp in self.optimizer.param_groups:
+                grp["lr"] = learning_rate
+        loss = self.sft_loss(examples)
+        self._apply(loss)
+        for grp, lr in zip(self.optimizer.param_groups, saved):
+            grp["lr"] = lr
+        return float(loss)
+
+    # ---- persistence ----------------------------------------------------------------------
+    def save(self, directory: str | Path) -> Path:
+        path = Path(directory) / self.name
+        path.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+        return path

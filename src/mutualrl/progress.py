@@ -1,0 +1,35 @@
+"""Progress display for long jobs (rich), silent when disabled (tests, non-terminals)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+
+class RunProgress:
+    def __init__(self, enabled: bool = True, console: Console | None = None) -> None:
+        self.enabled = enabled
+        self._progress = None
+        self._task = None
+        if enabled:
+            self._progress = Progress(TextColumn("[bold]{task.fields[phase]}"), BarColumn(),
+                                      MofNCompleteColumn(), TimeElapsedColumn(),
+                                      TextColumn("{task.description}"),
+                                      console=console or Console(stderr=True), transient=False)
+
+    def __enter__(self) -> RunProgress:
+        if self._progress is not None:
+            self._progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+    def start_phase(self, phase: str, total: int) -> None:
+        if self._progress is not None:
+            self._task = self._progress.add_task("", total=total, phase=phase)
+
+    def advance(self, description: str = "") -> None:
+        if self._progress is not None and self._task is not None:
+            self._progress.update(self._task, advance=1, description=description)

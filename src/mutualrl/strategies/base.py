@@ -1,0 +1,96 @@
+"""The strategy contract: how experience is shared between policies, as a plug-in.
+
+The loop calls a strategy at three fixed points of every step:
+
+1. ``observe(ctx, samples)``    after all policies sampled and were verified (fill buffers,
+                                 pool statistics, read peer experience from the exchange);
+2. ``build_batches(ctx, receiver, own)``  when a receiver's update is assembled: its own GRPO
+                                 sequences, possibly adapted peer sequences (retokenized through
+                                 THL, with importance weights) and extra loss terms (SFT);
+3. ``after_update(ctx, receiver)`` after that receiver's update (age buffers, etc.).
+
+Strategies transform data and add loss terms; they never own models, optimizers or devices.
+Each strategy validates its own parameters (``[strategies.<name>]`` in the run config) when built,
+so a bad parameter fails before any work starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import msgspec
+import numpy as np
+
+from mutualrl.config import ConfigError, GRPOConfig, RunConfig
+from mutualrl.policies.batch import TrainBatch
+from mutualrl.policies.policy import Sample
+from mutualrl.registry import Registry
+
+
+@dataclass
+class StrategyContext:
+    """What a strategy may see and use during one step."""
+
+    step: int
+    grpo: GRPOConfig
+    policy_names: list[str]
+    rng: np.random.Generator                       # seeded per step: same seed, same choices
+    encode_prompt: dict[str, Callable[[str], tuple[int, ...]]]
+    encode_completion: dict[str, Callable[[str, bool], tuple[int, ...]]]
+    sequence_logprobs: dict[str, Callable[[list, list], Any]]  # receiver-side log p(text)
+    retokenize: Callable[..., Any] | None = None   # THL entry: (text, source, receiver, ...) -> result
+    peer_experience: list[Any] = field(default_factory=list)   # records from the exchange / peer logs
+    metrics: dict[str, dict[str, float]] = field(default_factory=dict)  # per receiver
+
+    def log(self, receiver: str, key: str, value: float) -> None:
+        self.metrics.setdefault(receiver, {})[key] = float(value)
+
+
+class Strategy(Protocol):
+    name: str
+
+    def observe(self, ctx: StrategyContext, samples: dict[str, list[Sample]]) -> None: ...
+
+    def build_batches(self, ctx: StrategyContext, receiver: str, own: list[Sample]) -> list[TrainBatch]: ...
+
+    def after_update(self, ctx: StrategyContext, receiver: str) -> None: ...
+
+
+StrategyFactory = Callable[[Any, RunConfig], Strategy]
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    """A registered strategy: its parameter struct and a factory taking (params, run config)."""
+
+    params: type
+    factory: StrategyFactory
+    summary: str
+
+
+STRATEGIES: Registry[StrategySpec] = Registry("strategy", entry_point_group="mutualrl.strategies")
+
+
+def register_strategy(name: str, params: type, summary: str):
+    """Decorator: ``@register_strategy("mine", MyParams, "one line")`` on a factory."""
+    def decorator(factory: StrategyFactory) -> StrategyFactory:
+        STRATEGIES.register(name, StrategySpec(params=params, factory=factory, summary=summary))
+        return factory
+    return decorator
+
+
+def build_strategy(cfg: RunConfig, name: str | None = None) -> Strategy:
+    """Build the run's strategy with its validated parameters (errors name ``$.strategies.<name>``)."""
+    name = name or cfg.strategy
+    try:
+        spec = STRATEGIES.get(name)
+    except KeyError as exc:
+        raise ConfigError(f"strategy: {exc}") from None
+    raw = cfg.strategies.get(name, {})
+    try:
+        params = msgspec.convert(raw, spec.params, strict=True)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"strategies.{name}: {exc}".replace("at `$", f"at `$.strategies.{name}")) from None
+    return spec.factory(params, cfg)

@@ -1,0 +1,239 @@
+"""The training loop. One iteration, top to bottom:
+
+    sample prompts -> each policy generates -> verify -> publish experience
+    -> the strategy routes and adapts peer experience -> each policy updates -> log
+
+Policies learn from verifiable rewards with GRPO; the strategy decides what, if anything, they
+share. The loop never branches on a strategy's name.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import torch
+
+from mutualrl.config import RunConfig, to_dict
+from mutualrl.evaluation import evaluate_policy, greedy_accuracy
+from mutualrl.metrics import MetricsWriter, namespaced
+from mutualrl.policies.batch import SFTExample
+from mutualrl.policies.policy import Policy, Sample
+from mutualrl.progress import RunProgress
+from mutualrl.strategies import Strategy, StrategyContext, build_strategy
+from mutualrl.tasks import GuardedVerifier, Task, build_task
+
+
+@dataclass
+class Run:
+    """Everything one run holds; built once by ``build_run``."""
+
+    cfg: RunConfig
+    out: Path
+    task: Task
+    verifier: GuardedVerifier
+    policies: dict[str, Policy]
+    strategy: Strategy
+    writer: MetricsWriter
+    progress: RunProgress
+    history: dict[str, list[float]] = field(default_factory=dict)
+
+
+def seed_everything(seed: int) -> None:
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+
+
+def build_run(cfg: RunConfig, progress: RunProgress | None = None) -> Run:
+    """Validate and build everything before any training work (fail fast, write nothing odd)."""
+    seed_everything(cfg.seed)
+    if cfg.torch_threads:
+        torch.set_num_threads(cfg.torch_threads)
+    strategy = build_strategy(cfg)           # bad strategy parameters fail here, first
+    task = build_task(cfg.task)
+    for p in cfg.policies:
+        bad = [f for f in p.warmup_families if f not in task.families]
+        if bad:
+            raise ValueError(f"policies.{p.name}.warmup_families: {bad} not in task families {list(task.families)}")
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
+    policies = {p.name: Policy(p, cfg.grpo, seed=cfg.seed * 1000 + i, device=cfg.device)
+                for i, p in enumerate(cfg.policies)}
+    return Run(cfg=cfg, out=out, task=task,
+               verifier=GuardedVerifier(task.verifier, cfg.task.verifier_timeout_s),
+               policies=policies, strategy=strategy, writer=MetricsWriter(out / "metrics.jsonl"),
+               progress=progress or RunProgress(enabled=False))
+
+
+# ---- warm start ---------------------------------------------------------------------------
+def warm_start(run: Run) -> None:
+    """Supervised warm start of each policy on its own families, until a target accuracy.
+
+    Part of every run (not a hidden artefact): its steps and accuracies are in metrics.jsonl.
+    """
+    w = run.cfg.warmup
+    rng = np.random.default_rng([run.cfg.seed, 1])
+    for name, policy in run.policies.items():
+        families = policy.cfg.warmup_families
+        if not families or w.max_steps == 0:
+            continue
+        probe = run.task.sample(np.random.default_rng([run.cfg.seed, 2]), w.eval_prompts, "train", families)
+        acc, step = 0.0, 0
+        run.progress.start_phase(f"warm start {name}", w.max_steps)
+        while step < w.max_steps:
+            prompts = run.task.sample(rng, w.batch_size, "train", families)
+            examples = tuple(SFTExample(policy.encode_prompt(p.text),
+                                        policy.encode_completion(run.task.demonstration(p)))
+                             for p in prompts)
+            loss = policy.sft_step(examples, w.learning_rate)
+            step += 1
+            if step % w.eval_every == 0:
+                acc = greedy_accuracy(policy, probe, run.verifier, run.cfg.grpo.max_completion_length)
+                run.writer.write({"phase": "warmup", "step": step, "policy": name,
+                                  **namespaced(name, {"loss": loss, "accuracy": acc}, "warmup/")})
+                if acc >= w.target_accuracy:
+                    break
+            run.progress.advance(f"warm start {name}: loss {loss:.3f} acc {acc:.2f}")
+        run.writer.write({"phase": "warmup_done", "policy": name, "step": step,
+                          **namespaced(name, {"steps": step, "accuracy": acc}, "warmup/")})
+
+
+# ---- one iteration, phase by phase --------------------------------------------------------
+def sample_prompts(run: Run, step: int):
+    rng = np.random.default_rng([run.cfg.seed, 3, step])
+    return run.task.sample(rng, run.cfg.grpo.prompts_per_step, "train")
+
+
+def verify(run: Run, samples: dict[str, list[Sample]]) -> dict[str, list[Sample]]:
+    return {name: [replace(s, reward=run.verifier(s.prompt, s.text)) for s in ss]
+            for name, ss in samples.items()}
+
+
+def make_context(run: Run, step: int) -> StrategyContext:
+    ps = run.policies
+    return StrategyContext(
+        step=step, grpo=run.cfg.grpo, policy_names=list(ps),
+        rng=np.random.default_rng([run.cfg.seed, 4, step]),
+        encode_prompt={n: p.encode_prompt for n, p in ps.items()},
+        encode_completion={n: p.encode_completion for n, p in ps.items()},
+        sequence_logprobs={n: p.sequence_logprobs for n, p in ps.items()})
+
+
+def update(run: Run, ctx: StrategyContext, samples: dict[str, list[Sample]]) -> dict[str, dict]:
+    stats: dict[str, dict] = {}
+    for name, policy in run.policies.items():
+        merged: dict[str, float] = {}
+        for batch in run.strategy.build_batches(ctx, name, samples[name]):
+            for k, v in policy.train_step(batch).items():
+                merged[k if batch.tag == "grpo" else f"{batch.tag}/{k}"] = v
+        run.strategy.after_update(ctx, name)
+        merged["skipped_nan_total"] = policy.skipped_nan_steps
+        stats[name] = merged
+    return stats
+
+
+def sample_metrics(samples: list[Sample], elapsed: float, g) -> dict[str, float]:
+    rewards = np.array([s.reward for s in samples])
+    groups = rewards.reshape(-1, g.num_generations)
+    lengths = np.array([len(s.completion_ids) for s in samples])
+    out = {"reward/mean": rewards.mean(), "reward/std": rewards.std(),
+           "frac_reward_zero_std": float((groups.std(1) == 0).mean()),
+           "completion_length": lengths.mean(),
+           "truncated_frac": float(np.mean([s.finish_reason == "length" for s in samples])),
+           "tokens_per_s": lengths.sum() / max(elapsed, 1e-9)}
+    for fam in sorted({s.prompt.family for s in samples}):
+        out[f"reward/{fam}/mean"] = float(np.mean([s.reward for s in samples if s.prompt.family == fam]))
+    return out
+
+
+def log_step(run: Run, step: int, samples, gen_time, update_stats, ctx, step_time) -> None:
+    record: dict = {"phase": "train", "step": step, "time_s": step_time}
+    for name, ss in samples.items():
+        m = sample_metrics(ss, gen_time[name], run.cfg.grpo)
+        m.update(update_stats.get(name, {}))
+        m.update(ctx.metrics.get(name, {}))
+        record.update(namespaced(name, m))
+        run.history.setdefault(name, []).append(m["reward/mean"])
+    c = run.verifier.counters
+    record.update({"verifier/errors": c.errors, "verifier/timeouts": c.timeouts})
+    run.writer.write(record)
+
+
+def evaluate(run: Run, step: int) -> dict[str, float]:
+    e, g = run.cfg.eval, run.cfg.grpo
+    prompts = []
+    for fam in run.task.families:
+        prompts += run.task.sample(np.random.default_rng([run.cfg.seed, 5]), e.num_prompts, "heldout", [fam])
+    record: dict = {"phase": "eval", "step": step}
+    for name, p in run.policies.items():
+        record.update(namespaced(name, evaluate_policy(p, prompts, run.verifier, k=e.k,
+                                                        max_new_tokens=g.max_completion_length,
+                                                        temperature=g.temperature)))
+    run.writer.write(record)
+    return record
+
+
+def train_loop(run: Run) -> None:
+    run.progress.start_phase("train", run.cfg.steps)
+    for step in range(run.cfg.steps):
+        t0 = time.perf_counter()
+        prompts = sample_prompts(run, step)
+        gen_time, samples = {}, {}
+        for name in run.policies:                      # timed per policy for tokens/s
+            t = time.perf_counter()
+            samples.update(generate_one(run, name, prompts))
+            gen_time[name] = time.perf_counter() - t
+        samples = verify(run, samples)
+        ctx = make_context(run, step)
+        run.strategy.observe(ctx, samples)
+        stats = update(run, ctx, samples)
+        log_step(run, step, samples, gen_time, stats, ctx, time.perf_counter() - t0)
+        if run.cfg.eval.every and (step + 1) % run.cfg.eval.every == 0 and step + 1 < run.cfg.steps:
+            evaluate(run, step + 1)
+        run.progress.advance(" | ".join(f"{n} r={np.mean(h[-5:]):.2f}" for n, h in run.history.items()))
+
+
+def generate_one(run: Run, name: str, prompts) -> dict[str, list[Sample]]:
+    g = run.cfg.grpo
+    return {name: run.policies[name].generate(prompts, g.num_generations, g.max_completion_length,
+                                              g.temperature)}
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    output_dir: str
+    reward_first: dict[str, float]
+    reward_last: dict[str, float]
+    final_eval: dict[str, float]
+    wall_time_s: float
+
+
+def summarize(run: Run, final_eval: dict, wall: float) -> RunSummary:
+    window = max(1, min(5, len(next(iter(run.history.values()), [])) // 4 or 1))
+    first = {n: float(np.mean(h[:window])) for n, h in run.history.items()}
+    last = {n: float(np.mean(h[-window:])) for n, h in run.history.items()}
+    summary = RunSummary(str(run.out), first, last,
+                         {k: v for k, v in final_eval.items() if k not in ("phase", "step")}, wall)
+    (run.out / "summary.json").write_bytes(msgspec.json.format(msgspec.json.encode(summary), indent=2))
+    return summary
+
+
+def train(cfg: RunConfig, progress: RunProgress | None = None) -> RunSummary:
+    """Run the whole job: build, warm start, train, evaluate, save. Metrics are kept on failure."""
+    t0 = time.perf_counter()
+    run = build_run(cfg, progress)
+    try:
+        warm_start(run)
+        train_loop(run)
+        final = evaluate(run, cfg.steps)
+        for p in run.policies.values():
+            p.save(run.out / "policies")
+        return summarize(run, final, time.perf_counter() - t0)
+    finally:
+        run.writer.close()
+        run.verifier.close()
