@@ -1,0 +1,119 @@
+"""``mutualrl bench retokenize``: run the retokenization benchmark, print a table, write JSON.
+
+The main CLI wires this module as a subcommand through ``configure(parser)`` and ``run(args)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+from mutualrl.retokenize.benchmark import DEFAULT_PAIRS, run_benchmark
+
+_ROWS = ("encode", "encode_batch", "align", "align_per_text", "end_to_end", "end_to_end_batch",
+         "align_trl", "align_spacy", "align_naive")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--corpus", default=None,
+                        help="folder of *.jsonl files with a 'completion' field "
+                             "(default: benchmarks/corpus)")
+    parser.add_argument("--pairs", default=None,
+                        help="comma-separated SOURCE:TARGET tokenizer pairs "
+                             "(default: both directions of deepseek-v3, mistral-v1, bert-wordpiece)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed passes per measurement")
+    parser.add_argument("--naive-texts", type=int, default=8,
+                        help="texts given to the quadratic decode-prefix baseline (0: skip it)")
+    parser.add_argument("--no-peers", action="store_true", help="skip TRL/spacy/naive peers")
+    parser.add_argument("--output", default="bench-results/retokenize.json",
+                        help="where to write the JSON results")
+
+
+def _parse_pairs(text: str | None) -> tuple[tuple[str, str], ...]:
+    if not text:
+        return DEFAULT_PAIRS
+    pairs = []
+    for item in text.split(","):
+        src, sep, tgt = item.strip().partition(":")
+        if not sep or not src or not tgt:
+            raise ValueError(f"--pairs: expected SOURCE:TARGET items separated by commas, "
+                             f"got {item!r}")
+        pairs.append((src, tgt))
+    return tuple(pairs)
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=5, cwd=Path(__file__).resolve().parent)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def machine_info() -> dict:
+    """Where the numbers were taken (no torch import: the benchmark does not need it)."""
+    import numpy
+    import tokenizers
+
+    return {"platform": platform.platform(), "machine": platform.machine(),
+            "processor": platform.processor(), "cpu_count": os.cpu_count(),
+            "python": sys.version.split()[0], "numpy": numpy.__version__,
+            "tokenizers": tokenizers.__version__}
+
+
+def _print_table(results: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    for pair in results["pairs"]:
+        table = Table(title=f"{pair['source']} -> {pair['target']}  "
+                            f"({pair['target_tokens']} target tokens, {pair['bytes']} bytes)")
+        for col in ("measurement", "median ms", "spread ms (min-max)", "target tok/s", "note"):
+            table.add_column(col, justify="left" if col in ("measurement", "note") else "right")
+        for name in _ROWS:
+            t = pair["timings"].get(name)
+            if t is not None:
+                table.add_row(name, f"{t['median_s'] * 1e3:.2f}",
+                              f"{t['min_s'] * 1e3:.2f}-{t['max_s'] * 1e3:.2f}",
+                              f"{t['tokens_per_s']:,.0f}", t["note"])
+        console.print(table)
+        console.print("  ratios: " + ", ".join(f"{k}={v:.2f}" for k, v in pair["ratios"].items()))
+        console.print("  residuals: " + ", ".join(f"{k}={v:.3g}"
+                                                  for k, v in pair["residuals"].items()))
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        pairs = _parse_pairs(args.pairs)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    results = run_benchmark(pairs, corpus=args.corpus, repeats=args.repeats,
+                            naive_texts=0 if args.no_peers else args.naive_texts,
+                            peers=not args.no_peers)
+    results = {"benchmark": "retokenize", "machine": machine_info(), "git_commit": _git_commit(),
+               **results}
+    _print_table(results)
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+    print(f"wrote {out}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand-alone entry: ``python -m mutualrl.retokenize.bench_cli``."""
+    parser = argparse.ArgumentParser(prog="mutualrl bench retokenize", description=__doc__)
+    configure(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,231 @@
+"""Retokenization benchmark: encode vs alignment vs end to end, ours vs peers, per tokenizer pair.
+
+Used by ``mutualrl bench retokenize`` (``bench_cli.py``) and ``benchmarks/bench_retokenize.py``.
+Throughput is always *receiver (target) tokens per second* over the whole corpus, so every row of
+a pair is directly comparable. Each measurement is a full pass over the corpus, repeated; we report
+the median pass time and its spread (min, max, interquartile range), after one warm-up pass.
+
+Measurements per (source -> target) pair:
+
+* ``encode`` / ``encode_batch``  the receiver's Rust encode alone (per text / one batch call).
+* ``align`` / ``align_per_text``  our vectorised alignment from byte-end arrays (one call for the
+  corpus / one per text); inputs precomputed, as for every aligner below.
+* ``align_trl``  TRL's Python walk over the same byte offsets (as ``(start, end)`` lists).
+* ``align_spacy``  spacy-alignments over the two token-string lists.
+* ``align_naive``  decode-prefix + two-pointer walk, on the first ``naive_texts`` texts only
+  (it is quadratic); its inputs are the ids, since finding ends *is* its cost.
+* ``end_to_end`` / ``end_to_end_batch``  ``Retokenizer.retokenize`` / ``retokenize_batch`` with
+  the cache off: target encode + source spans + alignment + log-prob sums + residuals.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from mutualrl.retokenize import baselines
+from mutualrl.retokenize.align import align_ends, align_many
+from mutualrl.retokenize.encoding import encode_texts, utf8
+from mutualrl.retokenize.loaders import TokenizerHandle, load_tokenizer
+from mutualrl.retokenize.residuals import aggregate_residuals
+from mutualrl.retokenize.retokenizer import Retokenizer
+
+DEFAULT_PAIRS = (("deepseek-v3", "mistral-v1"), ("mistral-v1", "deepseek-v3"),
+                 ("deepseek-v3", "bert-wordpiece"), ("bert-wordpiece", "deepseek-v3"),
+                 ("mistral-v1", "bert-wordpiece"), ("bert-wordpiece", "mistral-v1"))
+RESIDUAL_KEYS = ("frac_groups_1_1", "boundary_iou_mean", "roundtrip_mismatch_frac",
+                 "roundtrip_edit_rate", "largest_group_bytes_max", "length_ratio_pooled",
+                 "unknown_rate", "byte_fallback_rate", "logprob_mass_error_max")
+
+
+def default_corpus_dir() -> Path:
+    """``benchmarks/corpus`` of the source checkout, else of the current directory."""
+    here = Path(__file__).resolve().parents[3] / "benchmarks" / "corpus"
+    return here if here.is_dir() else Path.cwd() / "benchmarks" / "corpus"
+
+
+def load_corpus(path: Path | str | None = None) -> list[str]:
+    """The ``completion`` field of every line of every ``*.jsonl`` file in ``path``, in order."""
+    folder = Path(path) if path is not None else default_corpus_dir()
+    files = sorted(folder.glob("*.jsonl"))
+    if not files:
+        raise FileNotFoundError(f"corpus folder {folder}: expected *.jsonl files with a "
+                                "'completion' field, found none")
+    texts = []
+    for file in files:
+        for n, line in enumerate(file.read_text(encoding="utf-8").splitlines(), start=1):
+            if line.strip():
+                try:
+                    texts.append(json.loads(line)["completion"])
+                except (json.JSONDecodeError, KeyError) as exc:
+                    raise ValueError(f"{file}:{n}: expected a JSON object with a 'completion' "
+                                     f"string ({exc})") from exc
+    return texts
+
+
+@dataclass
+class Timing:
+    """Pass times (seconds) of one measurement and the receiver tokens one pass processes."""
+
+    name: str
+    seconds: list[float]
+    tokens: int
+    note: str = ""
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.seconds)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.median if self.median > 0 else float("inf")
+
+    def to_dict(self) -> dict:
+        q = np.percentile(self.seconds, [25, 75])
+        return {"median_s": self.median, "min_s": min(self.seconds), "max_s": max(self.seconds),
+                "iqr_s": float(q[1] - q[0]), "repeats": len(self.seconds),
+                "tokens": self.tokens, "tokens_per_s": self.tokens_per_s, "note": self.note}
+
+
+def time_passes(fn: Callable[[], object], repeats: int) -> list[float]:
+    """Wall time of ``repeats`` calls of ``fn`` after one warm-up call."""
+    fn()
+    out = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - start)
+    return out
+
+
+@dataclass
+class PairData:
+    """Everything precomputed for one pair, so each timed pass measures one thing only."""
+
+    texts: list[str]
+    src: Retokenizer                # profile of the source tokenizer (its own Retokenizer)
+    tgt: Retokenizer                # the receiver, cache off
+    src_ids: list[np.ndarray]
+    src_lps: list[np.ndarray]
+    src_ends: list[np.ndarray]
+    tgt_ids: list[np.ndarray]
+    tgt_ends: list[np.ndarray]
+    totals: list[int]
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, src: Retokenizer, tgt: Retokenizer, texts: list[str]) -> PairData:
+        datas = [utf8(t) for t in texts]
+        s = encode_texts(src.profile, texts, datas, src.cache)
+        t = encode_texts(tgt.profile, texts, datas, tgt.cache)
+        rng = np.random.default_rng(0)
+        return cls(texts, src, tgt, [e.ids for e in s],
+                   [-rng.exponential(size=e.ids.size) for e in s], [e.ends for e in s],
+                   [e.ids for e in t], [e.ends for e in t], [len(d) for d in datas])
+
+    @property
+    def target_tokens(self) -> int:
+        return int(sum(ids.size for ids in self.tgt_ids))
+
+
+def _offsets(ends: np.ndarray) -> list[tuple[int, int]]:
+    starts = np.concatenate(([0], ends[:-1]))
+    return list(zip(starts.tolist(), ends.tolist()))
+
+
+def _token_strings(prof, ids: np.ndarray) -> list[str]:
+    return [prof.pieces[i].decode("utf-8", errors="replace") for i in ids.tolist()]
+
+
+def _bench_ours(d: PairData, repeats: int) -> list[Timing]:
+    backend, n = d.tgt.profile.continuation, d.target_tokens
+    source = d.src.target
+    return [
+        Timing("encode", time_passes(lambda: [backend.encode(t, add_special_tokens=False).ids
+                                              for t in d.texts], repeats), n),
+        Timing("encode_batch", time_passes(lambda: [e.ids for e in backend.encode_batch(
+            d.texts, add_special_tokens=False)], repeats), n),
+        Timing("align", time_passes(lambda: align_many(d.src_ends, d.tgt_ends, d.totals),
+                                    repeats), n),
+        Timing("align_per_text", time_passes(lambda: [
+            align_ends(a, b, c) for a, b, c in zip(d.src_ends, d.tgt_ends, d.totals)],
+            repeats), n),
+        Timing("end_to_end", time_passes(lambda: [
+            d.tgt.retokenize(t, source=source, source_ids=i, source_logprobs=lp)
+            for t, i, lp in zip(d.texts, d.src_ids, d.src_lps)], repeats), n),
+        Timing("end_to_end_batch", time_passes(lambda: d.tgt.retokenize_batch(
+            d.texts, source=source, source_ids=d.src_ids, source_logprobs=d.src_lps),
+            repeats), n),
+    ]
+
+
+def _bench_peers(d: PairData, repeats: int, naive_texts: int) -> list[Timing]:
+    out = []
+    n = d.target_tokens
+    trl = baselines.trl_align_fn()
+    if trl is not None:
+        s_off = [_offsets(e) for e in d.src_ends]
+        t_off = [_offsets(e) for e in d.tgt_ends]
+        out.append(Timing("align_trl", time_passes(
+            lambda: [trl(a, b) for a, b in zip(s_off, t_off)], repeats), n))
+    spacy = baselines.spacy_align_fn()
+    if spacy is not None:
+        s_tok = [_token_strings(d.src.profile, ids) for ids in d.src_ids]
+        t_tok = [_token_strings(d.tgt.profile, ids) for ids in d.tgt_ids]
+        out.append(Timing("align_spacy", time_passes(
+            lambda: [spacy(a, b) for a, b in zip(s_tok, t_tok)], repeats), n))
+    if naive_texts > 0:
+        k = min(naive_texts, len(d.texts))
+        sdec, tdec = d.src.profile.continuation.decode, d.tgt.profile.continuation.decode
+        s_ids = [ids.tolist() for ids in d.src_ids[:k]]
+        t_ids = [ids.tolist() for ids in d.tgt_ids[:k]]
+        out.append(Timing("align_naive", time_passes(lambda: [
+            baselines.naive_decode_prefix_align(sdec, a, tdec, b) for a, b in zip(s_ids, t_ids)],
+            max(1, repeats // 2)), int(sum(len(b) for b in t_ids)), note=f"first {k} texts"))
+    return out
+
+
+def bench_pair(src: Retokenizer, tgt: Retokenizer, texts: list[str], *, repeats: int = 5,
+               naive_texts: int = 8, peers: bool = True) -> dict:
+    """All measurements, speed ratios and a residual summary for one (source -> target) pair."""
+    d = PairData.build(src, tgt, texts)
+    timings = _bench_ours(d, repeats) + (_bench_peers(d, repeats, naive_texts) if peers else [])
+    by = {t.name: t for t in timings}
+    outs = tgt.retokenize_batch(d.texts, source=src.target, source_ids=d.src_ids,
+                                source_logprobs=d.src_lps)
+    agg = aggregate_residuals([o.residuals for o in outs])
+    ratios = {
+        "end_to_end_over_encode": by["end_to_end"].median / by["encode"].median,
+        "end_to_end_batch_over_encode_batch":
+            by["end_to_end_batch"].median / by["encode_batch"].median,
+    }
+    for peer in ("align_trl", "align_spacy", "align_naive"):
+        if peer in by:  # per token, since the naive peer runs on a subset
+            ratios[f"align_speedup_vs_{peer[6:]}"] = by["align"].tokens_per_s / by[peer].tokens_per_s
+    return {"source": src.target.name, "target": tgt.target.name, "texts": len(texts),
+            "bytes": int(sum(d.totals)), "source_tokens": int(sum(i.size for i in d.src_ids)),
+            "target_tokens": d.target_tokens,
+            "timings": {t.name: t.to_dict() for t in timings}, "ratios": ratios,
+            "residuals": {k: agg[k] for k in RESIDUAL_KEYS}}
+
+
+def run_benchmark(pairs=DEFAULT_PAIRS, *, corpus: Path | str | None = None, repeats: int = 5,
+                  naive_texts: int = 8, peers: bool = True,
+                  handles: dict[str, TokenizerHandle] | None = None) -> dict:
+    """Benchmark every pair; tokenizers are loaded (or taken from ``handles``) once each."""
+    texts = load_corpus(corpus)
+    handles = dict(handles or {})
+    for name in {n for pair in pairs for n in pair}:
+        if name not in handles:
+            handles[name] = load_tokenizer(name)
+    rts = {name: Retokenizer(h, cache_size=0) for name, h in handles.items()}
+    results = [bench_pair(rts[s], rts[t], texts, repeats=repeats, naive_texts=naive_texts,
+                          peers=peers) for s, t in pairs]
+    return {"corpus": {"texts": len(texts), "bytes": sum(len(t.encode()) for t in texts)},
+            "peers": baselines.available() if peers else {}, "pairs": results}
