@@ -1,0 +1,118 @@
+"""The Ray executor on a local CPU cluster with two fake GPUs (resource "GPU_fake")."""
+
+from __future__ import annotations
+
+import pytest
+
+ray = pytest.importorskip("ray", reason="the ray extra is not installed")
+
+from mutualrl.allocation import AllocationConfig, Inventory, WorkerSpec, plan  # noqa: E402
+
+pytestmark = pytest.mark.ray
+GIB = 1024**3
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray.init(num_cpus=2, resources={"GPU_fake": 2}, include_dashboard=False,
+             log_to_driver=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+def _classes():
+    # Defined inside a function so cloudpickle ships them by value: Ray's worker processes
+    # cannot import this test module.
+    import time
+
+    class Worker:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def produce(self, n: int) -> list[int]:
+            return list(range(n))
+
+        def consume(self, items: list[int]) -> tuple[str, int]:
+            return self.name, sum(items)
+
+        def boom(self) -> None:
+            raise ValueError(f"{self.name} refuses")
+
+        def load_checkpoint(self) -> None:
+            self.name += "+restored"
+
+        def sleep(self, s: float) -> None:
+            time.sleep(s)
+
+    return Worker
+
+
+def _plan(cpus: int = 2, gpus: int = 2):
+    specs = [WorkerSpec(name=f"{p}/{r}", role=r, policy=p, num_parameters=1000, tokens_per_step=10,
+                        memory_bytes=GIB, group=p)
+             for p in ("a", "b") for r in ("learner", "generator")]
+    inv = Inventory(nodes=1, gpus_per_node=gpus, gpu_memory_bytes=80 * GIB, cpus_per_node=cpus,
+                    host_memory_bytes=8 * GIB)
+    return plan(specs, inv)
+
+
+def _executor(**kw):
+    from mutualrl.allocation.ray_executor import RayExecutor
+    opts = dict(executor="ray", gpu_resource="GPU_fake", placement_timeout_s=5.0,
+                call_timeout_s=30.0) | kw
+    return RayExecutor(AllocationConfig(**opts))
+
+
+def test_actors_in_placement_groups_call_results_failures_and_refs(cluster):
+    Worker = _classes()
+    p = _plan()
+    ex = _executor(on_failure="continue")
+    names = [a.worker for a in p.assignments]
+    ex.start({n: (lambda n=n: Worker(n)) for n in names}, p)
+    try:
+        out = ex.call("consume", {n: {"items": [1, 2]} for n in names})
+        assert {n: r.value for n, r in out.items()} == {n: (n, 3) for n in names}
+        # experience as object refs: produced on one actor, consumed on another, not via us
+        refs = ex.call("produce", {"a/generator": {"n": 4}}, fetch=False)
+        ref = refs["a/generator"].value
+        assert isinstance(ref, ray.ObjectRef)
+        got = ex.call("consume", {"b/learner": {"items": ref},
+                                  "a/learner": {"items": ex.put([10, 20])}})
+        assert got["b/learner"].value == ("b/learner", 6) and got["a/learner"].value[1] == 30
+        bad = ex.call("boom", {"a/learner": {}, "b/learner": {}})
+        assert all(r.failure.kind == "raised" and "refuses" in r.failure.message for r in bad.values())
+        assert "in boom" in bad["a/learner"].failure.traceback
+        slow = ex.call("sleep", {"b/generator": {"s": 30.0}, "a/generator": {"s": 0.0}}, timeout_s=1.0)
+        assert slow["b/generator"].failure.kind == "timeout" and slow["a/generator"].ok
+        assert set(ex.live_workers()) == {"a/generator"}
+    finally:
+        ex.shutdown()
+    assert all(t["state"] == "REMOVED" for t in ray.util.placement_group_table().values())
+
+
+def test_unplaceable_gangs_are_all_or_nothing_with_a_diagnostic(cluster):
+    from mutualrl.allocation.ray_executor import PlacementError
+
+    Worker = _classes()
+    p = _plan(cpus=2, gpus=4)  # the plan believes in 4 GPUs; the cluster has 2 fake ones
+    ex = _executor(placement_timeout_s=1.0)
+    with pytest.raises(PlacementError) as err:
+        ex.start({a.worker: (lambda n=a.worker: Worker(n)) for a in p.assignments}, p)
+    msg = str(err.value)
+    assert "gang 'a'" in msg or "gang 'b'" in msg
+    assert "GPU_fake" in msg and "available now" in msg and "none are kept" in msg
+    assert all(t["state"] == "REMOVED" for t in ray.util.placement_group_table().values())
+
+
+def test_restart_rebuilds_the_actor_in_its_placement_group(cluster):
+    Worker = _classes()
+    p = _plan()
+    ex = _executor(on_failure="restart", max_restarts=1)
+    ex.start({a.worker: (lambda n=a.worker: Worker(n)) for a in p.assignments}, p)
+    try:
+        assert ex.call("boom", {"a/learner": {}})["a/learner"].failure.kind == "raised"
+        again = ex.call("consume", {"a/learner": {"items": [1]}, "b/learner": {"items": [2]}})
+        assert again["a/learner"].value == ("a/learner+restored", 1)  # load_checkpoint() ran
+        assert again["b/learner"].value == ("b/learner", 2)
+    finally:
+        ex.shutdown()
