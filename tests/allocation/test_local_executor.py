@@ -59,11 +59,18 @@ def test_threads_and_sequential_give_the_same_results():
 
 
 def test_calls_run_concurrently_in_threads_mode():
+    # Four workers meet at a barrier inside their calls: only possible if they run at once.
+    barrier = threading.Barrier(4, timeout=2.0)
+
+    class Meets(Echo):
+        def work(self, x: int) -> tuple[str, int]:
+            barrier.wait()
+            return super().work(x)
+
     ex = _ex()
-    ex.start({n: (lambda n=n: Echo(n, delay_s=0.2)) for n in ("a", "b", "c", "d")})
-    t0 = time.monotonic()
+    ex.start({n: (lambda n=n: Meets(n)) for n in ("a", "b", "c", "d")})
     out = ex.call("work", {n: {"x": 0} for n in ("a", "b", "c", "d")})
-    assert all(r.ok for r in out.values()) and time.monotonic() - t0 < 0.6  # not 4 x 0.2 s
+    assert all(r.ok for r in out.values()), out
     ex.shutdown()
 
 

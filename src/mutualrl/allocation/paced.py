@@ -151,6 +151,21 @@ def _hung(run: _Run) -> list[WorkerFailure]:
     return out
 
 
+def _finished_or_failed(run: _Run, active: set[str], poll_s: float) -> list[WorkerFailure]:
+    """Wait (at most ``poll_s``) for one worker thread to report; finished ones leave the gate."""
+    try:
+        kind, name, token, exc = run.events.get(timeout=poll_s)
+    except queue.Empty:
+        return []
+    if not run.owns(name, token):
+        return []  # an abandoned thread reporting late
+    if kind == "done":
+        active.discard(name)
+        run.gate.remove(name)
+        return []
+    return [failure_from_exception(name, "step", exc)]
+
+
 def run_paced(
     workers: dict[str, StepWorker],
     steps: int,
@@ -179,18 +194,7 @@ def run_paced(
     for n in names:
         _launch(run, n, workers[n])
     while active and not run.stop.is_set():
-        new = _hung(run)
-        try:
-            kind, name, token, exc = run.events.get(timeout=poll_s)
-            if run.owns(name, token):
-                if kind == "done":
-                    active.discard(name)
-                    gate.remove(name)
-                else:
-                    new.append(failure_from_exception(name, "step", exc))
-        except queue.Empty:
-            pass
-        for f in new:
+        for f in _hung(run) + _finished_or_failed(run, active, poll_s):
             failures.append(f)
             gate.remove(f.worker)
             if on_failure == "restart" and restarts[f.worker] < max_restarts:
