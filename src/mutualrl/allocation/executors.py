@@ -317,7 +317,11 @@ def _done_future(job: Callable[[], Any]) -> Future:
 
 
 def _make_ray(alloc: AllocationConfig) -> Executor:
-    from mutualrl.allocation.ray_executor import RayExecutor  # needs the `ray` extra
+    try:
+        from mutualrl.allocation.ray_executor import RayExecutor
+    except ImportError as exc:
+        raise ImportError("executor 'ray' needs Ray: pip install 'mutualrl[ray]' "
+                          f"(or: pip install 'ray>=2.40'); import failed: {exc}") from exc
     return RayExecutor(alloc)
 
 
