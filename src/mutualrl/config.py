@@ -126,6 +126,23 @@ class EvalConfig(_Base):
     k: int = 4                        # pass@k samples per prompt
 
 
+class ExchangeConfig(_Base):
+    """How experience moves: the bus, the run's experience log, recorded peers."""
+
+    log: bool = True                  # write RUN_DIR/experience/ (replayable, `mutualrl exchange inspect`)
+    queue_size: int = 65536           # per subscriber; overflow is counted, never silent
+    overflow: Literal["block", "drop_oldest"] = "drop_oldest"
+    block_timeout_s: float = 30.0
+    success_threshold: float = 1.0    # rewards >= this are also published as VerifiedSuccess
+    # Experience logs of earlier runs replayed as frozen peers ("teacher pool"): their rollouts
+    # for the current prompts join the peer experience with their recorded rewards.
+    peer_logs: list[str] = msgspec.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        _check(self.queue_size >= 1, "queue_size must be >= 1")
+        _check(self.block_timeout_s > 0, "block_timeout_s must be > 0")
+
+
 class RunConfig(_Base):
     """The whole run. ``strategies`` holds per-strategy parameter tables, checked by each strategy."""
 
@@ -142,7 +159,7 @@ class RunConfig(_Base):
     eval: EvalConfig = msgspec.field(default_factory=EvalConfig)
     strategies: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
     allocation: dict[str, Any] = msgspec.field(default_factory=dict)
-    exchange: dict[str, Any] = msgspec.field(default_factory=dict)
+    exchange: ExchangeConfig = msgspec.field(default_factory=ExchangeConfig)
 
     def __post_init__(self) -> None:
         _check(len(self.policies) >= 1, "policies must list at least one policy")
@@ -186,9 +203,17 @@ def apply_override(data: dict[str, Any], dotted: str) -> None:
 
 def config_from_dict(data: dict[str, Any], source: str = "<config>") -> RunConfig:
     try:
-        return msgspec.convert(data, RunConfig, strict=True)
+        cfg = msgspec.convert(data, RunConfig, strict=True)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"{source}: {exc}") from None
+    # The allocation section is typed by its own layer; imported here, not at module level,
+    # because that layer imports this module.
+    from mutualrl.allocation.config import parse_allocation
+    try:
+        parse_allocation(cfg.allocation)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    return cfg
 
 
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:

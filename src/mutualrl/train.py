@@ -18,8 +18,14 @@ import msgspec
 import numpy as np
 import torch
 
+from mutualrl.allocation import make_executor, plan, resolve_inventory, worker_specs_from_config
+from mutualrl.allocation.config import parse_allocation
 from mutualrl.config import RunConfig, to_dict
 from mutualrl.evaluation import evaluate_policy, greedy_accuracy
+from mutualrl.exchange import ExperienceBus
+from mutualrl.experience import PeerLogPool, open_bus, publish_step
+from mutualrl.exchange import prompt_id as hash_prompt
+from mutualrl.retokenize import Retokenizer
 from mutualrl.metrics import MetricsWriter, namespaced
 from mutualrl.policies.batch import SFTExample
 from mutualrl.policies.policy import Policy, Sample
@@ -40,6 +46,11 @@ class Run:
     strategy: Strategy
     writer: MetricsWriter
     progress: RunProgress
+    bus: ExperienceBus
+    subscription: object
+    retokenizers: dict[str, Retokenizer]
+    executor: object = None
+    peer_logs: PeerLogPool | None = None
     history: dict[str, list[float]] = field(default_factory=dict)
 
 
@@ -62,12 +73,34 @@ def build_run(cfg: RunConfig, progress: RunProgress | None = None) -> Run:
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
+    peer_logs = PeerLogPool(cfg.exchange.peer_logs) if cfg.exchange.peer_logs else None
     policies = {p.name: Policy(p, cfg.grpo, seed=cfg.seed * 1000 + i, device=cfg.device)
                 for i, p in enumerate(cfg.policies)}
+    bus, sub = open_bus(out, cfg.exchange)
+    executor = start_executor(cfg, out, policies)
     return Run(cfg=cfg, out=out, task=task,
                verifier=GuardedVerifier(task.verifier, cfg.task.verifier_timeout_s),
                policies=policies, strategy=strategy, writer=MetricsWriter(out / "metrics.jsonl"),
-               progress=progress or RunProgress(enabled=False))
+               progress=progress or RunProgress(enabled=False), bus=bus, subscription=sub,
+               retokenizers={n: Retokenizer(p.handle, max_length=cfg.grpo.max_completion_length)
+                             for n, p in policies.items()},
+               peer_logs=peer_logs, executor=executor)
+
+
+def start_executor(cfg: RunConfig, out: Path, policies: dict[str, Policy]):
+    """Plan resources for the run's workers, record the plan, and start the executor on it.
+
+    Policies are built on the driver (their tokenizers and encoders also serve the strategy);
+    the executor runs their generate/update calls concurrently within the plan's threads.
+    """
+    alloc = parse_allocation(cfg.allocation)
+    vocab = {p.cfg.tokenizer: p.handle.vocab_size for p in policies.values()}
+    specs = worker_specs_from_config(cfg, alloc, vocab_size=vocab.__getitem__)
+    the_plan = plan(specs, resolve_inventory(alloc), alloc.memory.usable_memory_fraction)
+    (out / "plan.json").write_bytes(msgspec.json.format(msgspec.json.encode(the_plan), indent=2))
+    executor = make_executor(alloc)
+    executor.start({n: (lambda p=p: p) for n, p in policies.items()}, the_plan)
+    return executor
 
 
 # ---- warm start ---------------------------------------------------------------------------
@@ -109,32 +142,52 @@ def sample_prompts(run: Run, step: int):
     return run.task.sample(rng, run.cfg.grpo.prompts_per_step, "train")
 
 
+def generate(run: Run, prompts) -> tuple[dict[str, list[Sample]], dict[str, float]]:
+    """Every live policy samples its group for each prompt, concurrently through the executor."""
+    g = run.cfg.grpo
+    kwargs = dict(prompts=prompts, num_generations=g.num_generations,
+                  max_new_tokens=g.max_completion_length, temperature=g.temperature)
+    t0 = time.perf_counter()
+    results = run.executor.call("generate", {n: kwargs for n in run.executor.live_workers()})
+    elapsed = time.perf_counter() - t0
+    samples = {n: r.value for n, r in results.items() if r.ok}
+    return samples, {n: elapsed for n in samples}
+
+
 def verify(run: Run, samples: dict[str, list[Sample]]) -> dict[str, list[Sample]]:
     return {name: [replace(s, reward=run.verifier(s.prompt, s.text)) for s in ss]
             for name, ss in samples.items()}
 
 
-def make_context(run: Run, step: int) -> StrategyContext:
+def publish(run: Run, samples: dict[str, list[Sample]]) -> None:
+    v = run.task.verifier
+    publish_step(run.bus, run.policies, samples, v.verifier_id, v.version,
+                 run.cfg.exchange.success_threshold)
+
+
+def make_context(run: Run, step: int, prompts) -> StrategyContext:
+    """The strategy's view of this step: peer experience comes from the exchange only."""
     ps = run.policies
+    experience = run.subscription.drain_deliveries()
+    if run.peer_logs is not None:
+        experience += run.peer_logs.for_prompts(hash_prompt(p.text) for p in prompts)
     return StrategyContext(
         step=step, grpo=run.cfg.grpo, policy_names=list(ps),
         rng=np.random.default_rng([run.cfg.seed, 4, step]),
         encode_prompt={n: p.encode_prompt for n, p in ps.items()},
-        encode_completion={n: p.encode_completion for n, p in ps.items()},
-        sequence_logprobs={n: p.sequence_logprobs for n, p in ps.items()})
+        sequence_logprobs={n: p.sequence_logprobs for n, p in ps.items()},
+        retokenizers=run.retokenizers,
+        tokenizers={p.handle.fingerprint: p.handle for p in ps.values()},
+        peer_experience=experience)
 
 
 def update(run: Run, ctx: StrategyContext, samples: dict[str, list[Sample]]) -> dict[str, dict]:
-    stats: dict[str, dict] = {}
-    for name, policy in run.policies.items():
-        merged: dict[str, float] = {}
-        for batch in run.strategy.build_batches(ctx, name, samples[name]):
-            for k, v in policy.train_step(batch).items():
-                merged[k if batch.tag == "grpo" else f"{batch.tag}/{k}"] = v
+    """The strategy assembles each receiver's batches; the policies train on them concurrently."""
+    batches = {name: run.strategy.build_batches(ctx, name, own) for name, own in samples.items()}
+    results = run.executor.call("train_steps", {n: {"batches": b} for n, b in batches.items()})
+    for name in results:
         run.strategy.after_update(ctx, name)
-        merged["skipped_nan_total"] = policy.skipped_nan_steps
-        stats[name] = merged
-    return stats
+    return {n: r.value for n, r in results.items() if r.ok}
 
 
 def sample_metrics(samples: list[Sample], elapsed: float, g) -> dict[str, float]:
@@ -161,6 +214,10 @@ def log_step(run: Run, step: int, samples, gen_time, update_stats, ctx, step_tim
         run.history.setdefault(name, []).append(m["reward/mean"])
     c = run.verifier.counters
     record.update({"verifier/errors": c.errors, "verifier/timeouts": c.timeouts})
+    bus = run.bus.stats()
+    record.update({"exchange/published": bus["published"], "exchange/bytes": bus["bytes_written"],
+                   "exchange/raw_bytes": bus["raw_bytes_written"], "exchange/dropped": bus["dropped"],
+                   "exchange/duplicates": bus["duplicates"]})
     run.writer.write(record)
 
 
@@ -183,13 +240,10 @@ def train_loop(run: Run) -> None:
     for step in range(run.cfg.steps):
         t0 = time.perf_counter()
         prompts = sample_prompts(run, step)
-        gen_time, samples = {}, {}
-        for name in run.policies:                      # timed per policy for tokens/s
-            t = time.perf_counter()
-            samples.update(generate_one(run, name, prompts))
-            gen_time[name] = time.perf_counter() - t
+        samples, gen_time = generate(run, prompts)
         samples = verify(run, samples)
-        ctx = make_context(run, step)
+        publish(run, samples)
+        ctx = make_context(run, step, prompts)
         run.strategy.observe(ctx, samples)
         stats = update(run, ctx, samples)
         log_step(run, step, samples, gen_time, stats, ctx, time.perf_counter() - t0)
@@ -198,10 +252,6 @@ def train_loop(run: Run) -> None:
         run.progress.advance(" | ".join(f"{n} r={np.mean(h[-5:]):.2f}" for n, h in run.history.items()))
 
 
-def generate_one(run: Run, name: str, prompts) -> dict[str, list[Sample]]:
-    g = run.cfg.grpo
-    return {name: run.policies[name].generate(prompts, g.num_generations, g.max_completion_length,
-                                              g.temperature)}
 
 
 @dataclass(frozen=True)
@@ -229,11 +279,14 @@ def train(cfg: RunConfig, progress: RunProgress | None = None) -> RunSummary:
     run = build_run(cfg, progress)
     try:
         warm_start(run)
+        evaluate(run, 0)       # the starting point every later evaluation is compared with
         train_loop(run)
         final = evaluate(run, cfg.steps)
         for p in run.policies.values():
             p.save(run.out / "policies")
         return summarize(run, final, time.perf_counter() - t0)
     finally:
+        run.executor.shutdown()
+        run.bus.close()           # flushes the experience log
         run.writer.close()
         run.verifier.close()

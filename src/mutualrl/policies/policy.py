@@ -181,25 +181,18 @@ class Policy:
                                    g.mask_truncated_completions).to(self.device)
             ref_logp = self._reference_logp(c)
             old = c.extras["old_logprobs"].to(self.device)
+        if c is not None and batch.diagnose_sources:
+            stats.update(self._source_gradients(c, mask, old, ref_logp))
         for _ in range(g.num_iterations):
             loss = torch.zeros((), device=self.device)
             if c is not None:
-                logits = self.completion_logits(c)
-                logp = selective_log_softmax(logits, c.completion_ids.to(self.device))
-                # Rows without behaviour log-probs (peer samples) use the current policy's,
-                # detached: ratio 1 on the first pass; their correction is in ``weights``.
-                old_i = torch.where(torch.isnan(old), logp.detach(), old)
-                out = clipped_surrogate(
-                    logp, old_i, c.extras["advantages"].to(self.device), mask, epsilon=g.epsilon,
-                    epsilon_high=g.epsilon_high, loss_type=g.loss_type,
-                    max_completion_length=g.max_completion_length, ref_logp=ref_logp, beta=g.beta,
-                    sample_weight=c.extras["weights"].to(self.device))
+                out, logits = self._grpo_loss(c, mask, old, ref_logp, c.extras["weights"])
                 loss = loss + out.loss
                 with torch.no_grad():
                     ent = (entropy_from_logits(logits) * mask).sum() / mask.sum().clamp(min=1)
                 stats.update(kl=float(out.kl), clip_ratio_low=float(out.clip_low_frac),
                              clip_ratio_high=float(out.clip_high_frac), entropy=float(ent),
-                             grpo_loss=float(out.loss))
+                             grpo_loss=float(out.loss.detach()))
             if batch.sft and batch.sft_coef > 0:
                 sft = self.sft_loss(batch.sft)
                 loss = loss + batch.sft_coef * sft
@@ -208,6 +201,50 @@ class Policy:
         self.version += 1
         stats["step_time_s"] = time.perf_counter() - t0
         return stats
+
+    def train_steps(self, batches: list[TrainBatch]) -> dict[str, float]:
+        """Every batch of one step in order; later batches' stats are prefixed by their tag."""
+        merged: dict[str, float] = {}
+        for batch in batches:
+            for k, v in self.train_step(batch).items():
+                merged[k if batch.tag == "grpo" else f"{batch.tag}/{k}"] = v
+        merged["skipped_nan_total"] = self.skipped_nan_steps
+        return merged
+
+    def _grpo_loss(self, c, mask, old, ref_logp, weights):
+        g = self.grpo
+        logits = self.completion_logits(c)
+        logp = selective_log_softmax(logits, c.completion_ids.to(self.device))
+        # Rows without behaviour log-probs (peer samples) use the current policy's, detached:
+        # ratio 1 on the first pass; their off-policy correction travels in ``weights``.
+        old_i = torch.where(torch.isnan(old), logp.detach(), old)
+        out = clipped_surrogate(
+            logp, old_i, c.extras["advantages"].to(self.device), mask, epsilon=g.epsilon,
+            epsilon_high=g.epsilon_high, loss_type=g.loss_type,
+            max_completion_length=g.max_completion_length, ref_logp=ref_logp, beta=g.beta,
+            sample_weight=weights.to(self.device))
+        return out, logits
+
+    def _source_gradients(self, c, mask, old, ref_logp) -> dict[str, float]:
+        """Gradient norms of the own and the peer samples' loss terms, and their cosine.
+
+        Each part keeps the full batch's normaliser (rows of the other source weighted 0), so
+        the two gradients sum to the gradient of the full loss.
+        """
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        is_peer = c.extras["is_peer"]
+        grads = []
+        for keep in (~is_peer, is_peer):
+            self.optimizer.zero_grad(set_to_none=True)
+            out, _ = self._grpo_loss(c, mask, old, ref_logp, c.extras["weights"] * keep.float())
+            out.loss.backward()
+            grads.append(torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten()
+                                    for p in params]))
+        self.optimizer.zero_grad(set_to_none=True)
+        own, peer = grads
+        cos = torch.nn.functional.cosine_similarity(own, peer, dim=0) if peer.norm() > 0 else torch.tensor(0.0)
+        return {"grad/own_norm": float(own.norm()), "grad/peer_norm": float(peer.norm()),
+                "grad/own_peer_cosine": float(cos)}
 
     def _apply(self, loss: torch.Tensor) -> dict[str, float]:
         self.optimizer.zero_grad(set_to_none=True)
@@ -220,9 +257,9 @@ class Policy:
         if not torch.isfinite(norm):
             self.optimizer.zero_grad(set_to_none=True)
             self.skipped_nan_steps += 1
-            return {"loss": float(loss), "skipped_nan": 1.0}
+            return {"loss": float(loss.detach()), "skipped_nan": 1.0}
         self.optimizer.step()
-        return {"loss": float(loss), "grad_norm": float(norm), "skipped_nan": 0.0}
+        return {"loss": float(loss.detach()), "grad_norm": float(norm), "skipped_nan": 0.0}
 
     def sft_step(self, examples: tuple[SFTExample, ...], learning_rate: float | None = None) -> float:
         """A plain supervised step (warm start); ``learning_rate`` overrides the optimizer's for it."""

@@ -37,11 +37,12 @@ class StrategyContext:
     grpo: GRPOConfig
     policy_names: list[str]
     rng: np.random.Generator                       # seeded per step: same seed, same choices
-    encode_prompt: dict[str, Callable[[str], tuple[int, ...]]]
-    encode_completion: dict[str, Callable[[str, bool], tuple[int, ...]]]
-    sequence_logprobs: dict[str, Callable[[list, list], Any]]  # receiver-side log p(text)
-    retokenize: Callable[..., Any] | None = None   # THL entry: (text, source, receiver, ...) -> result
-    peer_experience: list[Any] = field(default_factory=list)   # records from the exchange / peer logs
+    encode_prompt: dict[str, Callable[[str], tuple[int, ...]]]   # receiver's own prompt format
+    sequence_logprobs: dict[str, Callable[[list, list], Any]]    # receiver-side log p(text), (B,)
+    retokenizers: dict[str, Any] = field(default_factory=dict)   # THL Retokenizer per receiver
+    tokenizers: dict[str, Any] = field(default_factory=dict)     # TokenizerHandle by fingerprint
+    # Deliveries (kind, producer, record) from the exchange this step, live peers and replayed logs.
+    peer_experience: list[Any] = field(default_factory=list)
     metrics: dict[str, dict[str, float]] = field(default_factory=dict)  # per receiver
 
     def log(self, receiver: str, key: str, value: float) -> None:

@@ -31,3 +31,41 @@ def sequences_from_samples(samples: list[Sample], advantages: torch.Tensor, zero
                                  advantage=a, old_logprobs=s.logprobs,
                                  truncated=s.finish_reason == "length"))
     return out
+
+
+def peer_rollouts(ctx, receiver: str, prompt_ids: set[str] | None = None) -> list:
+    """Deliveries of other producers' rollouts (live peers or replayed logs), optionally for some prompts."""
+    return [d for d in ctx.peer_experience
+            if d.kind == "rollout" and d.producer != receiver
+            and (prompt_ids is None or d.record.prompt_id in prompt_ids)]
+
+
+def adapt_to_receiver(ctx, receiver: str, deliveries: list) -> list[tuple[object, object]]:
+    """Retokenize peer rollouts into the receiver's tokenizer through THL.
+
+    Returns (delivery, RetokenizedTrajectory) pairs in input order and logs the THL residuals of
+    what was moved under ``thl/<residual>``. Rollouts from a tokenizer this run does not know
+    (a replayed log of other tokenizers) are re-encoded from their text alone.
+    """
+    from mutualrl.retokenize import aggregate_residuals
+
+    if not deliveries:
+        return []
+    rt = ctx.retokenizers[receiver]
+    by_source: dict[str, list[int]] = {}
+    for i, d in enumerate(deliveries):
+        by_source.setdefault(d.record.tokenizer_id, []).append(i)
+    out: list = [None] * len(deliveries)
+    for fp, idx in by_source.items():
+        recs = [deliveries[i].record for i in idx]
+        source = ctx.tokenizers.get(fp)
+        results = rt.retokenize_batch(
+            [r.completion for r in recs], source=source,
+            source_ids=[r.token_array for r in recs] if source else None,
+            source_logprobs=[r.logprob_array for r in recs] if source else None,
+            ends_with_eos=[r.finish_reason == "stop" for r in recs])
+        for i, res in zip(idx, results):
+            out[i] = (deliveries[i], res)
+    for k, v in aggregate_residuals([res.residuals for _, res in out]).items():
+        ctx.log(receiver, f"thl/{k}", v)
+    return out

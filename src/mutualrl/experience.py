@@ -1,0 +1,78 @@
+"""The loop's side of the Shared Experience Exchange: publish a step's experience, replay peers.
+
+Every rollout, every group's reward statistics, every verified success and each producer's
+version watermark go through the ``ExperienceBus`` (and so into the run's experience log);
+strategies read peer experience back from a subscription, never from another policy's memory.
+A recorded log can stand in for a live peer (a frozen, reproducible "teacher pool").
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+
+from mutualrl.exchange import (Delivery, ExperienceBus, ExperienceLog, GroupStats, Rollout,
+                               VerifiedSuccess, Watermark, read_log)
+from mutualrl.exchange import prompt_id as hash_prompt
+from mutualrl.retokenize.residuals import AlignmentResiduals
+from mutualrl.exchange.kinds import EXPERIENCE_TYPES, experience_type
+
+# THL's residual record is an experience type of the protocol (kind "alignment_residuals").
+if "alignment_residuals" not in EXPERIENCE_TYPES:
+    experience_type("alignment_residuals")(AlignmentResiduals)
+
+
+def open_bus(run_dir: Path, cfg) -> tuple[ExperienceBus, object]:
+    """A bus with the run's log attached (if enabled) and the loop's subscription to it."""
+    bus = ExperienceBus(log=ExperienceLog(run_dir) if cfg.log else None)
+    sub = bus.subscribe(kinds={"rollout", "group_stats", "verified_success"}, name="strategy",
+                        maxsize=cfg.queue_size, overflow=cfg.overflow, timeout=cfg.block_timeout_s)
+    return bus, sub
+
+
+def publish_step(bus: ExperienceBus, policies: dict, samples: dict, verifier_id: str,
+                 verifier_version: int, success_threshold: float) -> None:
+    """Publish each policy's rollouts, per-prompt group stats, successes and watermark."""
+    for name, ss in samples.items():
+        policy = policies[name]
+        version = policy.version
+        by_group: dict[int, list] = defaultdict(list)
+        for j, s in enumerate(ss):
+            by_group[s.group].append(s)
+            pid = hash_prompt(s.prompt.text)
+            bus.publish(Rollout.create(
+                prompt_id=pid, prompt=s.prompt.text, completion=s.text, producer=name,
+                tokenizer_id=policy.handle.fingerprint, token_ids=list(s.completion_ids),
+                logprobs=list(s.logprobs), reward=float(s.reward), verifier_id=verifier_id,
+                policy_version=version, finish_reason=s.finish_reason, family=s.prompt.family,
+                group_index=s.group, sample_index=j), producer=name, version=version)
+            if s.reward >= success_threshold:
+                bus.publish(VerifiedSuccess(
+                    prompt_id=pid, prompt=s.prompt.text, completion=s.text, reward=float(s.reward),
+                    verifier_id=verifier_id, verifier_version=str(verifier_version), source=name,
+                    policy_version=version, family=s.prompt.family), producer=name, version=version)
+        for group in by_group.values():
+            bus.publish(GroupStats.from_rewards(
+                prompt_id=hash_prompt(group[0].prompt.text), producer=name, policy_version=version,
+                rewards=[s.reward for s in group]), producer=name, version=version)
+        bus.publish(Watermark(producer=name, version=version), producer=name, version=version)
+
+
+class PeerLogPool:
+    """Rollouts of recorded runs, indexed by prompt id, replayed as peers named ``log:<producer>``."""
+
+    def __init__(self, run_dirs: Iterable[str]) -> None:
+        self.by_prompt: dict[str, list[Delivery]] = defaultdict(list)
+        for run_dir in run_dirs:
+            path = Path(run_dir)
+            if not (path / "experience").is_dir():
+                raise FileNotFoundError(f"exchange.peer_logs: no experience log in {path} "
+                                        f"(expected {path / 'experience'}/)")
+            for d in read_log(path, kinds={"rollout"}):
+                renamed = Delivery(kind=d.kind, producer=f"log:{d.producer}",
+                                   producer_version=d.producer_version, seq=d.seq, record=d.record)
+                self.by_prompt[d.record.prompt_id].append(renamed)
+
+    def for_prompts(self, prompt_ids: Iterable[str]) -> list[Delivery]:
+        return [d for pid in dict.fromkeys(prompt_ids) for d in self.by_prompt.get(pid, ())]

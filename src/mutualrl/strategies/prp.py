@@ -1,0 +1,117 @@
+"""``prp`` — Peer Rollout Pooling (data level).
+
+Peers' rollouts for the same prompt are retokenized into the receiver's tokenizer (THL) and join
+its group as extra trajectories; advantages are computed over the mixed group. The behaviour
+policy of a pooled sample is the peer, so its ratio is off-policy:
+
+* ``truncated_is``: sequence-level ``w = min(exp(log p_recv(text) - log p_peer(text)), ratio_cap)``,
+  detached, multiplying that sequence's loss. Sequence level because per-token ratios do not exist
+  across tokenizations; the text's total log-prob is the one quantity both sides define.
+* ``on_receiver``: ``w = 1`` (advantage-weighted imitation of the peer's text).
+
+Inside the clipped objective a pooled sample's token ratio is taken against the receiver's own
+current log-probs (ratio 1 at the first iteration), so clipping acts only on later iterations.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+import numpy as np
+import torch
+
+from mutualrl.exchange import prompt_id as hash_prompt
+from mutualrl.grpo import group_advantages
+from mutualrl.policies.batch import TrainBatch, TrainSequence
+from mutualrl.strategies.base import StrategyContext, register_strategy
+from mutualrl.strategies.common import adapt_to_receiver, peer_rollouts
+
+
+class PRPParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    peer_ratio: Literal["truncated_is", "on_receiver"] = "truncated_is"
+    ratio_cap: float = 2.0                 # truncation of the sequence-level ratio
+    max_peer_per_group: int | None = None  # None: every peer sample for the prompt
+    grad_diagnostic: bool = False          # per-source gradient norms and cosine (2 extra backwards)
+
+    def __post_init__(self) -> None:
+        if self.ratio_cap <= 0:
+            raise ValueError("ratio_cap must be > 0")
+        if self.max_peer_per_group is not None and self.max_peer_per_group < 0:
+            raise ValueError("max_peer_per_group must be >= 0")
+
+
+def truncated_ratio(logp_receiver: torch.Tensor, logp_peer: torch.Tensor, cap: float) -> torch.Tensor:
+    """Sequence-level importance weights (B,), (B,) -> (B,): min(exp(recv - peer), cap)."""
+    return torch.exp(logp_receiver - logp_peer).clamp(max=cap)
+
+
+class PeerRolloutPooling:
+    name = "prp"
+
+    def __init__(self, params: PRPParams) -> None:
+        self.p = params
+
+    def observe(self, ctx: StrategyContext, samples) -> None:
+        return None
+
+    def _select(self, ctx, receiver, own):
+        pid_group = {hash_prompt(s.prompt.text): s.group for s in own}
+        peers = peer_rollouts(ctx, receiver, set(pid_group))
+        if self.p.max_peer_per_group is not None:
+            kept, count = [], {}
+            for d in peers:
+                pid = d.record.prompt_id
+                if count.get(pid, 0) < self.p.max_peer_per_group:
+                    kept.append(d)
+                    count[pid] = count.get(pid, 0) + 1
+            peers = kept
+        return pid_group, peers
+
+    def build_batches(self, ctx: StrategyContext, receiver: str, own) -> list[TrainBatch]:
+        pid_group, peers = self._select(ctx, receiver, own)
+        adapted = adapt_to_receiver(ctx, receiver, peers)
+        prompts = [ctx.encode_prompt[receiver](d.record.prompt) for d, _ in adapted]
+        completions = [tuple(int(t) for t in res.target_ids) for _, res in adapted]
+        weights = self._weights(ctx, receiver, adapted, prompts, completions)
+        rewards = torch.tensor([s.reward for s in own] + [d.record.reward for d, _ in adapted])
+        groups = torch.tensor([s.group for s in own] + [pid_group[d.record.prompt_id] for d, _ in adapted])
+        adv = group_advantages(rewards, groups, len(pid_group), scale=ctx.grpo.scale_rewards,
+                               estimator=ctx.grpo.advantage_estimator)
+        seqs = [TrainSequence(s.prompt_ids, s.completion_ids, float(a), s.logprobs,
+                              truncated=s.finish_reason == "length")
+                for s, a in zip(own, adv.advantages[:len(own)].tolist())]
+        seqs += [TrainSequence(p, c, float(a), None, weight=float(w), source=d.producer,
+                               truncated=d.record.finish_reason == "length")
+                 for (d, _), p, c, a, w in zip(adapted, prompts, completions,
+                                               adv.advantages[len(own):].tolist(), weights.tolist())]
+        if ctx.grpo.skip_zero_std_groups:
+            seqs = [s for s, z in zip(seqs, adv.zero_std.tolist()) if not z]
+        ctx.log(receiver, "prp/peer_share", len(adapted) / max(len(own) + len(adapted), 1))
+        ctx.log(receiver, "prp/peer_samples", len(adapted))
+        ctx.log(receiver, "prp/frac_reward_zero_std_mixed",
+                float(adv.zero_std[:len(own)].float().mean()) if own else 0.0)
+        return [TrainBatch(sequences=tuple(seqs), diagnose_sources=self.p.grad_diagnostic)] if seqs else []
+
+    def _weights(self, ctx, receiver, adapted, prompts, completions) -> torch.Tensor:
+        if not adapted:
+            return torch.zeros(0)
+        if self.p.peer_ratio == "on_receiver":
+            return torch.ones(len(adapted))
+        recv = ctx.sequence_logprobs[receiver](prompts, completions).to(torch.float64)
+        peer = torch.tensor([float(np.sum(d.record.logprob_array, dtype=np.float64)) for d, _ in adapted])
+        w = truncated_ratio(recv, peer, self.p.ratio_cap)
+        raw = torch.exp(recv - peer)
+        ctx.log(receiver, "prp/density_ratio_var", float(w.var(unbiased=False)))
+        ctx.log(receiver, "prp/density_ratio_mean", float(w.mean()))
+        ctx.log(receiver, "prp/log_ratio_mean", float((recv - peer).mean()))
+        ctx.log(receiver, "prp/truncated_frac", float((raw > self.p.ratio_cap).double().mean()))
+        return w.to(torch.float32)
+
+    def after_update(self, ctx: StrategyContext, receiver: str) -> None:
+        return None
+
+
+@register_strategy("prp", PRPParams, "peer rollout pooling: retokenized peer samples join the group")
+def _make_prp(params: PRPParams, cfg) -> PeerRolloutPooling:
+    return PeerRolloutPooling(params)

@@ -1,0 +1,170 @@
+"""``sgt`` — Success-Gated Transfer (outcome level).
+
+Every verified success (reward >= ``tau``) enters a shared success buffer with its source.
+Hygiene: exact duplicates per prompt are dropped, each prompt keeps at most ``max_per_prompt``
+(newest kept), and entries older than ``max_age`` steps age out. A receiver learns from *peer*
+successes (source != receiver), by default only for prompts where its own group had no success
+(``gate = "receiver_failed"``, the rescue set), each success used at most once per receiver.
+
+* ``interval == 1``: each step's loss is ``L_GRPO + alpha * L_SFT``, the SFT term a mean token NLL
+  on ``min(sft_batch_size, available)`` peer successes, retokenized into the receiver (THL).
+* ``interval > 1``: every ``interval`` steps, up to ``sft_steps`` SFT-only steps on such batches,
+  stopping early when none is available.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import msgspec
+
+from mutualrl.exchange import prompt_id as hash_prompt
+from mutualrl.policies.batch import SFTExample, TrainBatch
+from mutualrl.strategies.base import StrategyContext, register_strategy
+from mutualrl.strategies.common import adapt_to_receiver, own_advantages, sequences_from_samples
+
+
+class SGTParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    tau: float = 1.0                  # success threshold; built-in verifiers reward in [0, 1]
+    gate: Literal["receiver_failed", "always"] = "receiver_failed"
+    interval: int = 1                 # s
+    alpha: float = 0.5                # SFT weight when interval == 1
+    sft_batch_size: int = 16
+    sft_steps: int = 4                # SFT-only steps every `interval` steps when interval > 1
+    max_per_prompt: int = 4
+    max_age: int = 20                 # steps
+
+    def __post_init__(self) -> None:
+        if not 0 < self.tau <= 1:
+            raise ValueError("tau must be in (0, 1], the reward range of the built-in verifiers")
+        if self.alpha < 0:
+            raise ValueError("alpha must be >= 0")
+        for name in ("interval", "sft_batch_size", "sft_steps", "max_per_prompt", "max_age"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+
+
+@dataclass
+class Success:
+    delivery: object                  # the rollout's Delivery (producer, record)
+    step: int
+    used_by: set[str] = field(default_factory=set)
+
+    @property
+    def source(self) -> str:
+        return self.delivery.producer
+
+
+class SuccessBuffer:
+    """Successes per prompt id, deduplicated, capped and aged."""
+
+    def __init__(self, max_per_prompt: int, max_age: int) -> None:
+        self.max_per_prompt, self.max_age = max_per_prompt, max_age
+        self.by_prompt: dict[str, list[Success]] = {}
+        self.duplicates = 0
+
+    def add(self, delivery, step: int) -> None:
+        rec = delivery.record
+        entries = self.by_prompt.setdefault(rec.prompt_id, [])
+        if any(e.delivery.record.completion == rec.completion and e.source == delivery.producer
+               for e in entries):
+            self.duplicates += 1
+            return
+        entries.append(Success(delivery, step))
+        del entries[:-self.max_per_prompt]    # keep the newest
+
+    def age(self, step: int) -> None:
+        for pid in list(self.by_prompt):
+            kept = [e for e in self.by_prompt[pid] if step - e.step < self.max_age]
+            if kept:
+                self.by_prompt[pid] = kept
+            else:
+                del self.by_prompt[pid]
+
+    def available(self, receiver: str, prompt_ids: set[str] | None) -> list[Success]:
+        return [e for pid, entries in self.by_prompt.items()
+                if prompt_ids is None or pid in prompt_ids
+                for e in entries if e.source != receiver and receiver not in e.used_by]
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self.by_prompt.values())
+
+
+class SuccessGatedTransfer:
+    name = "sgt"
+
+    def __init__(self, params: SGTParams) -> None:
+        self.p = params
+        self.buffer = SuccessBuffer(params.max_per_prompt, params.max_age)
+        self.failed: dict[str, set[str]] = {}   # receiver -> prompts whose latest own group failed
+
+    def observe(self, ctx: StrategyContext, samples) -> None:
+        for d in ctx.peer_experience:
+            if d.kind == "rollout" and d.record.reward >= self.p.tau:
+                self.buffer.add(d, ctx.step)
+        for name, own in samples.items():
+            solved: dict[str, bool] = {}
+            for s in own:
+                pid = hash_prompt(s.prompt.text)
+                solved[pid] = solved.get(pid, False) or s.reward >= self.p.tau
+            failed = self.failed.setdefault(name, set())
+            failed.difference_update(p for p, ok in solved.items() if ok)
+            failed.update(p for p, ok in solved.items() if not ok)
+
+    def _draw(self, ctx: StrategyContext, receiver: str) -> list[Success]:
+        gate = self.failed.get(receiver, set()) if self.p.gate == "receiver_failed" else None
+        pool = self.buffer.available(receiver, gate)
+        if not pool:
+            return []
+        take = min(self.p.sft_batch_size, len(pool))
+        chosen = [pool[i] for i in sorted(ctx.rng.choice(len(pool), take, replace=False))]
+        for e in chosen:
+            e.used_by.add(receiver)
+        return chosen
+
+    def _examples(self, ctx: StrategyContext, receiver: str, chosen: list[Success]) -> tuple[SFTExample, ...]:
+        adapted = adapt_to_receiver(ctx, receiver, [e.delivery for e in chosen])
+        for e in chosen:
+            key = f"sgt/received/{e.source}"
+            ctx.metrics.setdefault(receiver, {})[key] = ctx.metrics.get(receiver, {}).get(key, 0.0) + 1
+        return tuple(SFTExample(ctx.encode_prompt[receiver](d.record.prompt),
+                                tuple(int(t) for t in res.target_ids), d.producer)
+                     for d, res in adapted)
+
+    def build_batches(self, ctx: StrategyContext, receiver: str, own) -> list[TrainBatch]:
+        adv, zero = own_advantages(own, ctx.grpo)
+        seqs = tuple(sequences_from_samples(own, adv, zero, ctx.grpo))
+        batches: list[TrainBatch] = []
+        rescued: set[str] = set()
+        if self.p.interval == 1:
+            chosen = self._draw(ctx, receiver)
+            rescued |= {e.delivery.record.prompt_id for e in chosen}
+            sft = self._examples(ctx, receiver, chosen) if chosen else ()
+            if seqs or sft:
+                batches.append(TrainBatch(sequences=seqs, sft=sft, sft_coef=self.p.alpha))
+        else:
+            if seqs:
+                batches.append(TrainBatch(sequences=seqs))
+            if ctx.step % self.p.interval == 0:
+                for _ in range(self.p.sft_steps):
+                    chosen = self._draw(ctx, receiver)
+                    if not chosen:
+                        break          # early stop: nothing (left) to learn from
+                    rescued |= {e.delivery.record.prompt_id for e in chosen}
+                    batches.append(TrainBatch(sft=self._examples(ctx, receiver, chosen),
+                                              sft_coef=1.0, tag="sft"))
+        ctx.log(receiver, "sgt/buffer_size", len(self.buffer))
+        ctx.log(receiver, "sgt/rescued_prompts", len(rescued))
+        ctx.log(receiver, "sgt/sft_examples", sum(len(b.sft) for b in batches))
+        ctx.log(receiver, "sgt/duplicates_dropped", self.buffer.duplicates)
+        return batches
+
+    def after_update(self, ctx: StrategyContext, receiver: str) -> None:
+        if receiver == ctx.policy_names[-1]:   # once per step, after the last receiver
+            self.buffer.age(ctx.step + 1)
+
+
+@register_strategy("sgt", SGTParams, "success-gated transfer: SFT on peers' verified successes")
+def _make_sgt(params: SGTParams, cfg) -> SuccessGatedTransfer:
+    return SuccessGatedTransfer(params)

@@ -1,0 +1,94 @@
+"""``xgrpo`` — cross-policy advantage sharing (value level).
+
+Only scalar statistics cross: each policy's baseline for a prompt is computed over the union of
+all policies' rewards for it, and each policy still updates only on its own samples. For the
+z-score the union's moments are the exact merge of every producer's published ``GroupStats``
+(count, mean, M2); the rank estimator needs the rewards themselves and reads peers' rollouts.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+import torch
+
+from mutualrl.exchange import merge
+from mutualrl.exchange import prompt_id as hash_prompt
+from mutualrl.grpo import group_moments, normalize, within_group_ranks
+from mutualrl.policies.batch import TrainBatch, TrainSequence
+from mutualrl.strategies.base import StrategyContext, register_strategy
+
+
+class XGRPOParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    estimator: Literal["zscore", "rank"] = "zscore"
+
+
+def pooled_stats(deliveries, prompt_ids: set[str]) -> dict[str, object]:
+    """prompt id -> the exact merge of every producer's latest GroupStats for it."""
+    out: dict[str, object] = {}
+    for d in deliveries:
+        if d.kind == "group_stats" and d.record.prompt_id in prompt_ids:
+            pid = d.record.prompt_id
+            out[pid] = d.record if pid not in out else merge(out[pid], d.record, producer="pooled")
+    return out
+
+
+class CrossPolicyAdvantages:
+    name = "xgrpo"
+
+    def __init__(self, params: XGRPOParams) -> None:
+        self.p = params
+
+    def observe(self, ctx: StrategyContext, samples) -> None:
+        return None
+
+    def build_batches(self, ctx: StrategyContext, receiver: str, own) -> list[TrainBatch]:
+        if not own:
+            return []
+        pids = [hash_prompt(s.prompt.text) for s in own]
+        rewards = torch.tensor([s.reward for s in own], dtype=torch.float64)
+        if self.p.estimator == "zscore":
+            stats = pooled_stats(ctx.peer_experience, set(pids))
+            mean = torch.tensor([stats[p].mean for p in pids], dtype=torch.float64)
+            std = torch.tensor([stats[p].std for p in pids], dtype=torch.float64)
+            adv = normalize(rewards, mean, std, ctx.grpo.scale_rewards)
+        else:
+            adv, std = self._rank(ctx, pids, rewards)
+        zero = std == 0
+        adv = torch.where(zero, torch.zeros_like(adv), adv)
+        own_std = group_moments(rewards, torch.tensor([s.group for s in own]), max(s.group for s in own) + 1).std
+        rescued = sum(1 for g in {s.group for s in own}
+                      if own_std[g] == 0 and not bool(zero[[s.group for s in own].index(g)]))
+        ctx.log(receiver, "xgrpo/frac_pooled_zero_std", float(zero.double().mean()))
+        ctx.log(receiver, "xgrpo/groups_with_signal_from_peers", rescued)
+        seqs = [TrainSequence(s.prompt_ids, s.completion_ids, float(a), s.logprobs,
+                              truncated=s.finish_reason == "length")
+                for s, a, z in zip(own, adv.tolist(), zero.tolist())
+                if not (z and ctx.grpo.skip_zero_std_groups)]
+        return [TrainBatch(sequences=tuple(seqs))] if seqs else []
+
+    def _rank(self, ctx, pids, rewards):
+        """Ranks of own rewards within the union of all policies' rewards for each prompt."""
+        index = {p: i for i, p in enumerate(dict.fromkeys(pids))}
+        # The exchange carries every producer's rollouts, the receiver's own included, so these
+        # are exactly the union of all policies' rewards for the step's prompts.
+        peer = [(d.record.prompt_id, d.record.reward) for d in ctx.peer_experience
+                if d.kind == "rollout" and d.record.prompt_id in index]
+        values = torch.tensor([r for _, r in peer], dtype=torch.float64)
+        groups = torch.tensor([index[p] for p, _ in peer])
+        ranks = within_group_ranks(values, groups, len(index))
+        m = group_moments(ranks, groups, len(index))
+        # each own reward takes the rank its value has in the union (ties share a rank)
+        own_rank = torch.stack([ranks[(groups == index[p]) & (values == r)][0]
+                                for p, r in zip(pids, rewards.tolist())])
+        g = torch.tensor([index[p] for p in pids])
+        return normalize(own_rank, m.mean[g], m.std[g], ctx.grpo.scale_rewards), m.std[g]
+
+    def after_update(self, ctx: StrategyContext, receiver: str) -> None:
+        return None
+
+
+@register_strategy("xgrpo", XGRPOParams, "cross-policy advantages: baselines over all policies' rewards")
+def _make_xgrpo(params: XGRPOParams, cfg) -> CrossPolicyAdvantages:
+    return CrossPolicyAdvantages(params)
