@@ -1,0 +1,100 @@
+"""The training loop end to end on configs/tiny.toml: metrics, summary, saved policies, seeding."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from mutualrl.config import ConfigError, load_config
+from mutualrl.metrics import read_metrics
+from mutualrl.train import train
+
+TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.toml"
+POLICIES = ("llama-mistral", "qwen-deepseek")
+PER_POLICY = ("reward/mean", "frac_reward_zero_std", "kl", "clip_ratio_low", "entropy",
+              "completion_length", "tokens_per_s", "step_time_s")
+TIMING = ("time_s", "tokens_per_s", "step_time_s")
+
+
+def run_tiny(out: Path, *overrides: str):
+    return train(load_config(TINY, [f'output_dir="{out}"', *overrides]))
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory, fast_run_builds_module):
+    out = tmp_path_factory.mktemp("tiny") / "run"
+    return out, run_tiny(out)
+
+
+def train_records(out: Path) -> list[dict]:
+    return [r for r in read_metrics(out / "metrics.jsonl") if r["phase"] == "train"]
+
+
+def untimed(record: dict) -> dict:
+    return {k: v for k, v in record.items() if not k.endswith(TIMING)}
+
+
+def test_tiny_run_writes_metrics_for_both_policies(tiny_run):
+    out, _ = tiny_run
+    records = train_records(out)
+    assert [r["step"] for r in records] == [0, 1]
+    for r in records:
+        for name in POLICIES:
+            for key in PER_POLICY:
+                value = r[f"policy/{name}/{key}"]
+                assert isinstance(value, (int, float)) and math.isfinite(value), (name, key, value)
+            assert 0 <= r[f"policy/{name}/reward/mean"] <= 1
+            assert 0 <= r[f"policy/{name}/frac_reward_zero_std"] <= 1
+            assert 1 <= r[f"policy/{name}/completion_length"] <= 4
+            assert r[f"policy/{name}/entropy"] > 0
+            assert r[f"policy/{name}/kl"] == 0.0     # beta 0: no reference
+        assert r["verifier/errors"] == 0 and r["verifier/timeouts"] == 0
+    phases = [r["phase"] for r in read_metrics(out / "metrics.jsonl")]
+    assert phases.count("warmup_done") == 2          # the warm start is part of the run
+    assert phases[-1] == "eval"                      # eval every 0: only at the end
+
+
+def test_tiny_run_writes_summary_config_and_policies(tiny_run):
+    out, summary = tiny_run
+    data = json.loads((out / "summary.json").read_text())
+    assert data["output_dir"] == str(out) == summary.output_dir
+    assert set(data["reward_first"]) == set(data["reward_last"]) == set(POLICIES)
+    for name in POLICIES:
+        assert f"policy/{name}/heldout/pass@1" in data["final_eval"]
+        assert f"policy/{name}/heldout/first/pass@2" in data["final_eval"]   # k = 2
+        saved = out / "policies" / name
+        assert (saved / "config.json").is_file() and (saved / "tokenizer.json").is_file()
+        assert any(saved.glob("*.safetensors"))
+    config = json.loads((out / "config.json").read_text())
+    assert config["output_dir"] == str(out) and config["steps"] == 2
+
+
+def test_same_seed_same_metrics(tiny_run, tmp_path, fast_run_builds):
+    first, _ = tiny_run
+    run_tiny(tmp_path / "again")
+    a, b = train_records(first), train_records(tmp_path / "again")
+    assert [untimed(r) for r in a] == [untimed(r) for r in b]
+    for name in POLICIES:  # sampled quantities, not only all-zero rewards, were compared
+        assert f"policy/{name}/entropy" in untimed(a[0])
+        assert f"policy/{name}/loss" in untimed(a[0])
+
+
+def test_unknown_strategy_fails_before_anything_is_written(tmp_path):
+    out = tmp_path / "never"
+    cfg = load_config(TINY, [f'output_dir="{out}"', 'strategy="bogus"'])
+    with pytest.raises(ConfigError) as info:
+        train(cfg)
+    text = str(info.value)
+    assert "bogus" in text and "known:" in text and "none" in text
+    assert not out.exists()
+
+
+def test_bad_warmup_family_fails_before_training(tmp_path):
+    out = tmp_path / "never"
+    cfg = load_config(TINY, [f'output_dir="{out}"', 'policies.0.warmup_families=["third"]'])
+    with pytest.raises(ValueError, match="warmup_families"):
+        train(cfg)
+    assert not out.exists()
