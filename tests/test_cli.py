@@ -92,8 +92,6 @@ def test_flags_become_overrides():
     assert _overrides(_args(steps=0)) == ["steps=0"]   # 0 is a value, not "unset"
 
 
-@pytest.mark.xfail(strict=True, reason="cli._overrides keeps only the first --peer-log of several "
-                                       "(src/mutualrl/cli.py, the peer_log loop)")
 def test_every_peer_log_flag_is_kept():
     from mutualrl.config import apply_override
 

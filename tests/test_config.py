@@ -125,9 +125,6 @@ def test_config_error_is_a_value_error():
     assert issubclass(ConfigError, ValueError)
 
 
-@pytest.mark.xfail(strict=True, reason="EvalConfig, TaskConfig and parts of WarmupConfig have no "
-                                       "validation: these pass load_config and fail (or silently "
-                                       "misbehave) only once the run is under way")
 @pytest.mark.parametrize("override, path", [
     ("eval.num_prompts=0", "$.eval"),       # crashes in the final evaluation, after training
     ("eval.k=0", "$.eval"),                 # reports a meaningless pass@0

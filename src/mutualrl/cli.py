@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import importlib
 import sys
 
@@ -37,9 +38,10 @@ def _overrides(args) -> list[str]:
         sets.append(f'output_dir="{args.output_dir}"')
     if getattr(args, "steps", None) is not None:
         sets.append(f"steps={args.steps}")
-    for i, log in enumerate(getattr(args, "peer_log", []) or []):
-        sets.append(f'exchange.peer_logs=["{log}"]' if i == 0 else "")
-    return [s for s in sets if s]
+    logs = getattr(args, "peer_log", []) or []
+    if logs:
+        sets.append("exchange.peer_logs=[" + ", ".join(json.dumps(log) for log in logs) + "]")
+    return sets
 
 
 def _run_train(args) -> int:

@@ -82,6 +82,8 @@ class WarmupConfig(_Base):
         _check(self.batch_size >= 1, "batch_size must be >= 1")
         _check(0 <= self.target_accuracy <= 1, "target_accuracy must be in [0, 1]")
         _check(self.eval_every >= 1, "eval_every must be >= 1")
+        _check(self.eval_prompts >= 1, "eval_prompts must be >= 1")
+        _check(self.learning_rate > 0, "learning_rate must be > 0")
 
 
 class LoraConfig(_Base):
@@ -119,11 +121,20 @@ class TaskConfig(_Base):
     num_words: int = 4                # pointer task: words per prompt
     verifier_timeout_s: float = 5.0
 
+    def __post_init__(self) -> None:
+        _check(self.verifier_timeout_s > 0, "verifier_timeout_s must be > 0")
+        _check(self.num_words >= 2, "num_words must be >= 2")
+
 
 class EvalConfig(_Base):
     every: int = 10                   # held-out evaluation every N steps (0: only at the end)
     num_prompts: int = 64             # per family
     k: int = 4                        # pass@k samples per prompt
+
+    def __post_init__(self) -> None:
+        _check(self.every >= 0, "every must be >= 0 (0: only at the start and the end)")
+        _check(self.num_prompts >= 1, "num_prompts must be >= 1")
+        _check(self.k >= 1, "k must be >= 1")
 
 
 class ExchangeConfig(_Base):
@@ -221,8 +232,8 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     path = Path(path)
     try:
         data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"config file not found: {path}") from None
+    except (FileNotFoundError, IsADirectoryError):
+        raise ConfigError(f"config file not found: {path} (expected a TOML file)") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     for item in overrides:

@@ -248,6 +248,9 @@ class Policy:
 
     def _apply(self, loss: torch.Tensor) -> dict[str, float]:
         self.optimizer.zero_grad(set_to_none=True)
+        if not loss.requires_grad:
+            # nothing in the batch depends on the parameters (no sequences, SFT weight 0)
+            return {"loss": float(loss), "skipped_empty": 1.0}
         if not torch.isfinite(loss):
             self.skipped_nan_steps += 1
             return {"loss": float("nan"), "skipped_nan": 1.0}
@@ -272,12 +275,17 @@ class Policy:
         self._apply(loss)
         for grp, lr in zip(self.optimizer.param_groups, saved):
             grp["lr"] = lr
-        return float(loss)
+        return float(loss.detach())
 
     # ---- persistence ----------------------------------------------------------------------
     def save(self, directory: str | Path) -> Path:
         path = Path(directory) / self.name
         path.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(path)
+        model = self.model
+        if self.cfg.lora is not None and not self.cfg.checkpoint:
+            # A random base exists nowhere else: saving only the adapter would lose it. Merge the
+            # adapter into a copy and save a whole model.
+            model = copy.deepcopy(self.model).merge_and_unload()
+        model.save_pretrained(path)
         self.tokenizer.save_pretrained(path)
         return path

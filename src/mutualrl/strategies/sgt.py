@@ -4,7 +4,8 @@ Every verified success (reward >= ``tau``) enters a shared success buffer with i
 Hygiene: exact duplicates per prompt are dropped, each prompt keeps at most ``max_per_prompt``
 (newest kept), and entries older than ``max_age`` steps age out. A receiver learns from *peer*
 successes (source != receiver), by default only for prompts where its own group had no success
-(``gate = "receiver_failed"``, the rescue set), each success used at most once per receiver.
+(``gate = "receiver_failed"``, the rescue set). A success stays available until it ages out,
+so it can be drawn at several steps; ``max_uses`` caps how often one receiver uses it.
 
 * ``interval == 1``: each step's loss is ``L_GRPO + alpha * L_SFT``, the SFT term a mean token NLL
   on ``min(sft_batch_size, available)`` peer successes, retokenized into the receiver (THL).
@@ -34,6 +35,7 @@ class SGTParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     sft_steps: int = 4                # SFT-only steps every `interval` steps when interval > 1
     max_per_prompt: int = 4
     max_age: int = 20                 # steps
+    max_uses: int | None = None       # per success and receiver; None: until it ages out
 
     def __post_init__(self) -> None:
         if not 0 < self.tau <= 1:
@@ -43,13 +45,15 @@ class SGTParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         for name in ("interval", "sft_batch_size", "sft_steps", "max_per_prompt", "max_age"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
+        if self.max_uses is not None and self.max_uses < 1:
+            raise ValueError("max_uses must be >= 1 (or absent: unlimited)")
 
 
 @dataclass
 class Success:
     delivery: object                  # the rollout's Delivery (producer, record)
     step: int
-    used_by: set[str] = field(default_factory=set)
+    uses: dict[str, int] = field(default_factory=dict)   # receiver -> times drawn
 
     @property
     def source(self) -> str:
@@ -82,10 +86,12 @@ class SuccessBuffer:
             else:
                 del self.by_prompt[pid]
 
-    def available(self, receiver: str, prompt_ids: set[str] | None) -> list[Success]:
+    def available(self, receiver: str, prompt_ids: set[str] | None,
+                  max_uses: int | None = None) -> list[Success]:
         return [e for pid, entries in self.by_prompt.items()
                 if prompt_ids is None or pid in prompt_ids
-                for e in entries if e.source != receiver and receiver not in e.used_by]
+                for e in entries if e.source != receiver
+                and (max_uses is None or e.uses.get(receiver, 0) < max_uses)]
 
     def __len__(self) -> int:
         return sum(len(v) for v in self.by_prompt.values())
@@ -114,13 +120,13 @@ class SuccessGatedTransfer:
 
     def _draw(self, ctx: StrategyContext, receiver: str) -> list[Success]:
         gate = self.failed.get(receiver, set()) if self.p.gate == "receiver_failed" else None
-        pool = self.buffer.available(receiver, gate)
+        pool = self.buffer.available(receiver, gate, self.p.max_uses)
         if not pool:
             return []
         take = min(self.p.sft_batch_size, len(pool))
         chosen = [pool[i] for i in sorted(ctx.rng.choice(len(pool), take, replace=False))]
         for e in chosen:
-            e.used_by.add(receiver)
+            e.uses[receiver] = e.uses.get(receiver, 0) + 1
         return chosen
 
     def _examples(self, ctx: StrategyContext, receiver: str, chosen: list[Success]) -> tuple[SFTExample, ...]:
