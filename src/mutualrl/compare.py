@@ -1,0 +1,335 @@
+"""``mutualrl compare``: every strategy x seed on one config, then a report side by side.
+
+Each seed is a paired experiment: the config's ``seed`` is replaced by the seed index, and the loop
+derives prompts and initial weights from it, so ``none-seed0`` and ``sgt-seed0`` start from the same
+weights and see the same prompts. Only the sharing differs.
+
+Runs go sequentially into ``<report>/runs/<strategy>-seed<s>/``. The compare's own state
+(``compare.json``: what was asked, the commit, each run's status) is rewritten after every change,
+so ``--resume`` continues an interrupted compare: a run is finished when its ``summary.json``
+exists; anything else is cleared and redone. The report is built only from what runs wrote
+(``mutualrl.report``), so ``--report-only`` can rebuild it at any time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mutualrl.config import ConfigError
+from mutualrl.progress import RunProgress
+
+STATE_FILE = "compare.json"
+STATE_VERSION = 1
+# What must match for --resume to continue a compare rather than start a different one.
+_RESUME_KEYS = ("strategies", "seeds", "config_path", "overrides", "config_digest")
+
+
+# ---- command line -----------------------------------------------------------------------------
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="TOML run config (see configs/); required unless --report-only")
+    parser.add_argument("--strategies", default=None,
+                        help="comma-separated strategies to compare (default: all registered: "
+                             f"{_known_names()})")
+    parser.add_argument("--seeds", type=int, default=3,
+                        help="number of seeds; seed s (0..N-1) replaces the config's seed (default 3)")
+    parser.add_argument("--output-dir", help="report directory (default reports/compare-<config name>)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="dotted override applied to every run, e.g. --set grpo.beta=0.01")
+    parser.add_argument("--steps", type=int, help="GRPO steps per run (overrides steps)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue an interrupted compare in --output-dir; finished runs are kept")
+    parser.add_argument("--report-only", action="store_true",
+                        help="rebuild the report from the runs already in --output-dir; run nothing")
+    parser.add_argument("--no-progress", action="store_true", help="no progress display")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    overrides = list(args.set) + ([f"steps={args.steps}"] if args.steps is not None else [])
+    if not args.config and not (args.report_only and args.output_dir):
+        raise ConfigError("compare: --config is required (or --report-only with --output-dir)")
+    out = Path(args.output_dir or f"reports/compare-{Path(args.config).stem}")
+    if args.report_only:
+        from mutualrl.report import write_report
+        path = write_report(out, read_state(out))
+        console.print(f"report: {path}")
+        return 0
+    strategies = parse_strategies(args.strategies)
+    with CompareProgress(enabled=not args.no_progress, console=console) as progress:
+        report = compare(args.config, strategies, args.seeds, out, overrides=overrides,
+                         resume=args.resume, progress=progress)
+    console.print(f"[bold]report[/]: {report}")
+    return 0
+
+
+def _known_names() -> str:
+    from mutualrl.strategies import STRATEGIES
+    return ", ".join(STRATEGIES.names())
+
+
+def parse_strategies(text: str | None) -> list[str]:
+    """``"none, sgt,none"`` -> ``["none", "sgt"]``; ``None`` -> every registered strategy."""
+    from mutualrl.strategies import STRATEGIES
+    if text is None:
+        return list(STRATEGIES.names())
+    names = list(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    if not names:
+        raise ConfigError(f"--strategies: no strategy named; known: {_known_names()}")
+    return names
+
+
+# ---- planning ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PlannedRun:
+    strategy: str
+    seed: int
+    cfg: Any                          # RunConfig with seed, strategy and output_dir set
+
+    @property
+    def name(self) -> str:
+        return run_name(self.strategy, self.seed)
+
+
+def run_name(strategy: str, seed: int) -> str:
+    return f"{strategy}-seed{seed}"
+
+
+def _toml_str(text: str) -> str:
+    return json.dumps(text)  # a JSON string is a valid TOML basic string
+
+
+def plan_runs(config_path: str | Path, strategies: Sequence[str], seeds: int,
+              out: Path, overrides: Sequence[str]) -> list[PlannedRun]:
+    """Load and validate every run's config and strategy parameters before anything runs.
+
+    Seed-major order, so an interrupted compare has whole seeds (every strategy) done first.
+    """
+    from mutualrl.config import load_config
+    from mutualrl.strategies import STRATEGIES, build_strategy
+
+    unknown = [s for s in strategies if s not in STRATEGIES]
+    if unknown:
+        raise ConfigError(f"--strategies: unknown {', '.join(map(repr, unknown))}; "
+                          f"known: {_known_names()}")
+    if seeds < 1:
+        raise ConfigError(f"--seeds must be >= 1, got {seeds}")
+    runs = []
+    for seed in range(seeds):
+        for strategy in strategies:
+            run_dir = out / "runs" / run_name(strategy, seed)
+            cfg = load_config(config_path, [*overrides, f"seed={seed}",
+                                            f"strategy={_toml_str(strategy)}",
+                                            f"output_dir={_toml_str(str(run_dir))}"])
+            if seed == 0:
+                build_strategy(cfg)   # bad [strategies.<name>] parameters fail here, first
+            runs.append(PlannedRun(strategy, seed, cfg))
+    return runs
+
+
+def config_digest(config_path: str | Path, overrides: Sequence[str]) -> str:
+    """Hash of the resolved config (not the file's bytes: comments may change, values may not)."""
+    import hashlib
+
+    from mutualrl.config import load_config, to_dict
+    data = to_dict(load_config(config_path, [*overrides, "seed=0", 'output_dir=""']))
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def git_commit(where: Path | None = None) -> str:
+    """The commit the code came from (``+dirty`` if tracked files differ); "unknown" outside git."""
+    where = where or Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True,
+                              text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--"], cwd=where,
+                               capture_output=True, timeout=10).returncode != 0
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "") if head else "unknown"
+
+
+# ---- the compare's own state --------------------------------------------------------------------
+def read_state(out: Path) -> dict[str, Any]:
+    path = out / STATE_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no compare here (run `mutualrl compare` first)")
+    return json.loads(path.read_text())
+
+
+def write_state(out: Path, state: dict[str, Any]) -> None:
+    tmp = out / (STATE_FILE + ".tmp")
+    tmp.write_text(json.dumps(state, indent=2))
+    os.replace(tmp, out / STATE_FILE)  # atomic: an interrupt never leaves half a state file
+
+
+def _new_state(config_path, strategies, seeds, overrides, runs) -> dict[str, Any]:
+    return {"version": STATE_VERSION, "config_path": str(config_path),
+            "overrides": list(overrides), "config_digest": config_digest(config_path, overrides),
+            "strategies": list(strategies), "seeds": seeds, "commit": git_commit(),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "runs": {r.name: {"strategy": r.strategy, "seed": r.seed, "status": "pending"}
+                     for r in runs}}
+
+
+def open_state(out: Path, fresh: dict[str, Any], resume: bool) -> dict[str, Any]:
+    """The state to continue from: the fresh one, or (``--resume``) the recorded one if it matches."""
+    existing = out / STATE_FILE
+    if not resume:
+        if existing.exists() or (out / "runs").exists():
+            raise ConfigError(f"{out} already holds a compare; pass --resume to continue it, "
+                              "or choose another --output-dir")
+        return fresh
+    if not existing.exists():
+        return fresh               # nothing to resume: start it
+    old = read_state(out)
+    diff = [k for k in _RESUME_KEYS if old.get(k) != fresh[k]]
+    if diff:
+        detail = "; ".join(f"{k}: recorded {old.get(k)!r}, now {fresh[k]!r}" for k in diff)
+        raise ConfigError(f"--resume: {out} holds a different compare ({detail})")
+    old["commit"] = fresh["commit"]
+    return old
+
+
+# ---- progress ---------------------------------------------------------------------------------
+class CompareProgress:
+    """One rich display: runs done / total and the current run's phase (warm start, train)."""
+
+    def __init__(self, enabled: bool = True, console=None) -> None:
+        self.enabled = enabled
+        self._progress = None
+        self._overall = None
+        if enabled:
+            from rich.console import Console
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                                       TimeElapsedColumn)
+            self._progress = Progress(TextColumn("[bold]{task.fields[phase]}"), BarColumn(),
+                                      MofNCompleteColumn(), TimeElapsedColumn(),
+                                      TextColumn("{task.description}"),
+                                      console=console or Console(stderr=True))
+
+    def __enter__(self) -> CompareProgress:
+        if self._progress is not None:
+            self._progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+    def start(self, total: int, done: int) -> None:
+        if self._progress is not None:
+            self._overall = self._progress.add_task("", total=total, completed=done, phase="runs")
+
+    def run_started(self, name: str) -> RunProgress:
+        if self._progress is None:
+            return RunProgress(enabled=False)
+        self._progress.update(self._overall, description=f"running {name}")
+        return _NestedRunProgress(self._progress)
+
+    def run_finished(self, name: str, line: str) -> None:
+        if self._progress is not None:
+            self._progress.update(self._overall, advance=1, description=f"finished {name}")
+            self._progress.console.print(line)
+
+
+class _NestedRunProgress(RunProgress):
+    """A run's phases as rows of the compare's display; a phase's row goes when the next starts."""
+
+    def __init__(self, progress) -> None:
+        super().__init__(enabled=False)
+        self._shared = progress
+        self._row = None
+
+    def start_phase(self, phase: str, total: int) -> None:
+        self._drop_row()
+        self._row = self._shared.add_task("", total=total, phase=f"  {phase}")
+
+    def advance(self, description: str = "") -> None:
+        if self._row is not None:
+            self._shared.update(self._row, advance=1, description=description)
+
+    def _drop_row(self) -> None:
+        if self._row is not None:
+            self._shared.remove_task(self._row)
+            self._row = None
+
+    def close(self) -> None:
+        self._drop_row()
+
+
+# ---- the compare ------------------------------------------------------------------------------
+@dataclass
+class _Runner:
+    out: Path
+    state: dict[str, Any]
+    progress: CompareProgress
+    train_fn: Callable
+    redone: list[str] = field(default_factory=list)
+
+    def finished(self, r: PlannedRun) -> bool:
+        return (self.out / "runs" / r.name / "summary.json").exists()
+
+    def set_status(self, r: PlannedRun, **fields) -> None:
+        self.state["runs"].setdefault(r.name, {"strategy": r.strategy, "seed": r.seed}).update(fields)
+        write_state(self.out, self.state)
+
+    def execute(self, r: PlannedRun) -> None:
+        run_dir = self.out / "runs" / r.name
+        if run_dir.exists():
+            shutil.rmtree(run_dir)   # an unfinished run: its partial metrics would mix with the redo
+        self.set_status(r, status="running", commit=self.state["commit"], error=None)
+        rp = self.progress.run_started(r.name)
+        try:
+            summary = self.train_fn(r.cfg, rp)
+        except BaseException as exc:
+            status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+            self.set_status(r, status=status, error=f"{type(exc).__name__}: {exc}")
+            raise
+        finally:
+            if isinstance(rp, _NestedRunProgress):
+                rp.close()
+        self.set_status(r, status="done", wall_time_s=summary.wall_time_s)
+        self.redone.append(r.name)
+        evals = ", ".join(f"{n} pass@1 {summary.final_eval.get(f'policy/{n}/heldout/pass@1', float('nan')):.2f}"
+                          for n in summary.reward_first)
+        self.progress.run_finished(r.name, f"  {r.name}: {summary.wall_time_s:.0f}s; {evals}")
+
+
+def compare(config_path: str | Path, strategies: Sequence[str], seeds: int, output_dir: str | Path,
+            *, overrides: Sequence[str] = (), resume: bool = False,
+            progress: CompareProgress | None = None, train_fn: Callable | None = None) -> Path:
+    """Run every strategy x seed (skipping finished ones on ``resume``) and write the report.
+
+    Returns the path of ``report.md``. Everything is validated before the first run starts.
+    ``train_fn(cfg, progress) -> RunSummary`` defaults to ``mutualrl.train.train``.
+    """
+    from mutualrl.report import write_report
+
+    out = Path(output_dir)
+    runs = plan_runs(config_path, strategies, seeds, out, overrides)
+    state = open_state(out, _new_state(config_path, strategies, seeds, overrides, runs), resume)
+    out.mkdir(parents=True, exist_ok=True)
+    write_state(out, state)
+    if train_fn is None:
+        from mutualrl.train import train as train_fn
+    runner = _Runner(out, state, progress or CompareProgress(enabled=False), train_fn)
+    todo = [r for r in runs if not runner.finished(r)]
+    for r in runs:
+        if runner.finished(r):
+            state["runs"][r.name]["status"] = "done"
+    write_state(out, state)
+    runner.progress.start(len(runs), len(runs) - len(todo))
+    for r in todo:
+        runner.execute(r)
+    return write_report(out, state)
