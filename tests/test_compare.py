@@ -1,0 +1,250 @@
+"""`mutualrl compare`: strategies x seeds, the report, and --resume.
+
+One compare trains for real through the CLI (`none` and one sharing strategy, 2 seeds, a shrunken
+tiny config). Every registered strategy, the table's shape and --resume are checked with a
+stand-in trainer that writes what `train` writes (config.json, metrics.jsonl, summary.json): the
+compare's bookkeeping does not depend on how a run learns, and real runs cost seconds each.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from mutualrl.cli import main
+from mutualrl.compare import compare, read_state
+from mutualrl.config import ConfigError, to_dict
+from mutualrl.metrics import MetricsWriter
+from mutualrl.strategies import STRATEGIES
+from mutualrl.train import RunSummary
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "configs" / "tiny.toml"
+# Fallback if configs/tiny.toml is absent: the same shape built from default.toml.
+TINY_FROM_DEFAULT = ["steps=2", "warmup.max_steps=3", "grpo.prompts_per_step=2",
+                     "grpo.num_generations=4", "eval.every=0", "eval.num_prompts=4", "eval.k=2",
+                     "policies.0.hidden_size=32", "policies.1.hidden_size=32"]
+# Smaller still, so a few real runs fit a CPU test.
+SHRINK = ["warmup.max_steps=1", "warmup.eval_every=1", "warmup.eval_prompts=2",
+          "warmup.batch_size=4", "eval.num_prompts=2", "policies.0.hidden_size=16",
+          "policies.1.hidden_size=16", "policies.0.num_layers=1", "policies.1.num_layers=1"]
+SEEDS = 2
+ALL = list(STRATEGIES.names())
+# The real compare: the control and one sharing strategy (prp logs THL residuals when present).
+REAL = ["none"] + ([s for s in ALL if s == "prp"] or [s for s in ALL if s != "none"])[:1]
+
+
+def _config() -> tuple[str, list[str]]:
+    if TINY.exists():
+        return str(TINY), list(SHRINK)
+    return str(ROOT / "configs" / "default.toml"), TINY_FROM_DEFAULT + SHRINK
+
+
+def fake_train(cfg, progress) -> RunSummary:
+    """Writes a run's files as `train` does, with numbers that depend on strategy and seed."""
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(to_dict(cfg)))
+    bump = 0.1 * (cfg.strategy != "none") + 0.01 * cfg.seed
+    names = [p.name for p in cfg.policies]
+    writer = MetricsWriter(out / "metrics.jsonl")
+    evals = {}
+    for step in range(cfg.steps + 1):
+        ev = {"phase": "eval", "step": step}
+        for n in names:
+            for fam in ("first", "last"):
+                ev[f"policy/{n}/heldout/{fam}/pass@1"] = min(1.0, 0.2 * step + bump)
+                ev[f"policy/{n}/heldout/{fam}/pass@{cfg.eval.k}"] = min(1.0, 0.3 * step + bump)
+            ev[f"policy/{n}/heldout/pass@1"] = min(1.0, 0.2 * step + bump)
+        writer.write(ev)
+        evals = ev
+        if step == cfg.steps:
+            break
+        rec = {"phase": "train", "step": step, "exchange/bytes": 1000 * (step + 1)}
+        for n in names:
+            rec[f"policy/{n}/reward/mean"] = 0.1 * step + bump
+            rec[f"policy/{n}/completion_length"] = 3.0
+            if cfg.strategy == "prp":
+                rec[f"policy/{n}/thl/boundary_iou_mean"] = 0.5
+                rec[f"policy/{n}/prp/density_ratio_var"] = 0.2 + cfg.seed
+        writer.write(rec)
+    writer.close()
+    final = {k: v for k, v in evals.items() if k not in ("phase", "step")}
+    summary = RunSummary(str(out), {n: 0.0 for n in names}, {n: 0.5 for n in names}, final, 1.5)
+    (out / "summary.json").write_bytes(msgspec.json.encode(summary))
+    return summary
+
+
+class Counting:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def __call__(self, cfg, progress) -> RunSummary:
+        self.calls.append(Path(cfg.output_dir).name)
+        return fake_train(cfg, progress)
+
+
+def _summaries(out: Path) -> dict[str, int]:
+    return {p.parent.name: p.stat().st_mtime_ns for p in (out / "runs").glob("*/summary.json")}
+
+
+def _names(strategies, seeds=SEEDS) -> set[str]:
+    return {f"{s}-seed{i}" for s in strategies for i in range(seeds)}
+
+
+# ---- a real compare through the CLI ---------------------------------------------------------
+@pytest.fixture(scope="module")
+def real_report(tmp_path_factory, request) -> Path:
+    try:   # reuse the session's tokenizers and THL tables across runs (tests/conftest.py)
+        request.getfixturevalue("fast_run_builds_module")
+    except pytest.FixtureLookupError:
+        pass
+    out = tmp_path_factory.mktemp("compare") / "report"
+    config, sets = _config()
+    argv = ["compare", "--config", config, "--strategies", ",".join(REAL), "--seeds", str(SEEDS),
+            "--output-dir", str(out), "--no-progress"]
+    for s in sets:
+        argv += ["--set", s]
+    assert main(argv) == 0
+    return out
+
+
+def test_real_compare_writes_runs_plots_and_report(real_report):
+    assert set(_summaries(real_report)) == _names(REAL)
+    for name in _names(REAL):
+        run = real_report / "runs" / name
+        assert (run / "metrics.jsonl").stat().st_size > 0
+        cfg = json.loads((run / "config.json").read_text())
+        assert cfg["seed"] == int(name.rsplit("seed", 1)[1])        # seed index replaces seed
+        assert cfg["strategy"] == name.rsplit("-seed", 1)[0]
+    assert {r["status"] for r in read_state(real_report)["runs"].values()} == {"done"}
+    md = (real_report / "report.md").read_text()
+    pngs = sorted((real_report / "plots").glob("*.png"))
+    assert any(p.name.startswith("reward-") for p in pngs)
+    assert any(p.name.startswith("heldout-") for p in pngs)
+    for png in pngs:                                   # every plot is embedded by relative path
+        assert png.stat().st_size > 10_000 and f"](plots/{png.name})" in md
+    assert "## How to read this" in md and "commit `" in md
+    data = json.loads((real_report / "report.json").read_text())
+    assert [(r["policy"], r["strategy"]) for r in data["rows"]] == \
+        [(p, s) for p in data["policies"] for s in REAL]
+    for col in ["pass@1/first", "pass@1/last", "pass@1", "pass@2/first", "pass@2/last"]:
+        assert col in data["accuracy_columns"]
+    for row in data["rows"]:
+        assert row["columns"]["tokens"]["mean"] > 0 and row["columns"]["wall_time_s"]["mean"] > 0
+        assert row["columns"]["bytes_exchanged"]["n"] == SEEDS
+
+
+# ---- every registered strategy, the table, resume -------------------------------------------
+@pytest.fixture
+def fake_report(tmp_path) -> tuple[Path, Counting]:
+    config, sets = _config()
+    trainer = Counting()
+    out = tmp_path / "report"
+    compare(config, ALL, SEEDS, out, overrides=sets, train_fn=trainer)
+    return out, trainer
+
+
+def test_table_has_one_row_per_policy_and_strategy_with_accuracy_and_cost(fake_report):
+    out, trainer = fake_report
+    assert sorted(trainer.calls) == sorted(_names(ALL))
+    assert trainer.calls[:len(ALL)] == [f"{s}-seed0" for s in ALL]     # whole seeds first
+    data = json.loads((out / "report.json").read_text())
+    policies = data["policies"]
+    assert len(policies) == 2
+    assert [(r["policy"], r["strategy"]) for r in data["rows"]] == [(p, s) for p in policies for s in ALL]
+    expected = ["pass@1/first", "pass@1/last", "pass@1", "pass@2/first", "pass@2/last"]
+    assert data["accuracy_columns"][:5] == expected
+    assert data["cost_columns"][:3] == ["wall_time_s", "tokens", "bytes_exchanged"]
+    for row in data["rows"]:
+        cols = row["columns"]
+        assert row["seeds"] == list(range(SEEDS))
+        for col in expected + ["wall_time_s", "tokens", "bytes_exchanged"]:
+            assert cols[col]["n"] == SEEDS and cols[col]["min"] <= cols[col]["mean"] <= cols[col]["max"]
+        assert cols["pass@1/first"]["values"] == pytest.approx([0.4 + 0.1 * (row["strategy"] != "none") + 0.01 * s
+                                                                for s in range(SEEDS)])
+        assert cols["tokens"]["mean"] == 2 * 3.0 * 2 * 4          # steps x length x prompts x G
+        assert cols["bytes_exchanged"]["mean"] == 2000            # the cumulative counter's last value
+        if row["strategy"] != "none":                             # paired by seed
+            assert cols["delta_vs_none/pass@1"]["mean"] == pytest.approx(0.1)
+    md = (out / "report.md").read_text()
+    for p in policies:
+        for s in ALL:
+            assert md.count(f"| {p} | `{s}` | {SEEDS} |") >= 2    # accuracy and cost tables
+    if "prp" in ALL:
+        assert (out / "plots" / f"density-ratio-{policies[0]}.png").exists()
+        assert (out / "plots" / f"thl-{policies[0]}.png").exists()
+    else:
+        assert "no THL plot" in md
+
+
+def test_resume_keeps_finished_runs_and_redoes_exactly_the_unfinished_one(fake_report):
+    out, _ = fake_report
+    config, sets = _config()
+    before = _summaries(out)
+    again = Counting()
+    compare(config, ALL, SEEDS, out, overrides=sets, resume=True, train_fn=again)
+    assert again.calls == [] and _summaries(out) == before
+
+    victim = f"{ALL[-1]}-seed1"
+    (out / "runs" / victim / "summary.json").unlink()           # as if interrupted mid-run
+    (out / "runs" / victim / "stale-marker").write_text("x")
+    compare(config, ALL, SEEDS, out, overrides=sets, resume=True, train_fn=again)
+    assert again.calls == [victim]
+    after = _summaries(out)
+    assert set(after) == set(before)
+    assert {k: v for k, v in after.items() if k != victim} == {k: v for k, v in before.items() if k != victim}
+    assert not (out / "runs" / victim / "stale-marker").exists()   # the unfinished dir was cleared
+    assert read_state(out)["runs"][victim]["status"] == "done"
+
+
+def test_an_interrupted_compare_records_where_it_stopped_and_resumes_there(tmp_path):
+    config, sets = _config()
+    out = tmp_path / "report"
+
+    def interrupted(cfg, progress):
+        if Path(cfg.output_dir).name == "none-seed1":
+            raise KeyboardInterrupt
+        return fake_train(cfg, progress)
+
+    with pytest.raises(KeyboardInterrupt):
+        compare(config, ["none"], 3, out, overrides=sets, train_fn=interrupted)
+    status = {k: v["status"] for k, v in read_state(out)["runs"].items()}
+    assert status == {"none-seed0": "done", "none-seed1": "interrupted", "none-seed2": "pending"}
+    trainer = Counting()
+    compare(config, ["none"], 3, out, overrides=sets, resume=True, train_fn=trainer)
+    assert trainer.calls == ["none-seed1", "none-seed2"]
+
+
+def test_a_different_compare_in_the_same_directory_is_refused(fake_report):
+    out, _ = fake_report
+    config, sets = _config()
+    with pytest.raises(ConfigError, match="--resume"):
+        compare(config, ALL, SEEDS, out, overrides=sets, train_fn=Counting())
+    with pytest.raises(ConfigError, match="seeds"):
+        compare(config, ALL, SEEDS + 1, out, overrides=sets, resume=True, train_fn=Counting())
+    with pytest.raises(ConfigError, match="config_digest"):
+        compare(config, ALL, SEEDS, out, overrides=[*sets, "grpo.beta=0.5"], resume=True,
+                train_fn=Counting())
+
+
+def test_unknown_strategy_fails_before_any_run(tmp_path, capsys):
+    out = tmp_path / "r"
+    config, _ = _config()
+    rc = main(["compare", "--config", config, "--strategies", "none,no-such", "--seeds", "1",
+               "--output-dir", str(out), "--no-progress"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "no-such" in err and all(n in err for n in ALL)
+    assert not out.exists()
+
+
+def test_report_only_rebuilds_the_report_from_the_runs(fake_report):
+    out, _ = fake_report
+    (out / "report.md").unlink()
+    (out / "report.json").unlink()
+    assert main(["compare", "--output-dir", str(out), "--report-only"]) == 0
+    assert (out / "report.md").exists() and (out / "report.json").exists()
