@@ -114,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mutualrl: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("mutualrl: interrupted; everything written so far is kept", file=sys.stderr)
+        print("mutualrl: interrupted; everything written so far is kept "
+              "(an interrupted compare continues with --resume)", file=sys.stderr)
         return 130
 
 

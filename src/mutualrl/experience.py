@@ -15,12 +15,6 @@ from pathlib import Path
 from mutualrl.exchange import (Delivery, ExperienceBus, ExperienceLog, GroupStats, Rollout,
                                VerifiedSuccess, Watermark, read_log)
 from mutualrl.exchange import prompt_id as hash_prompt
-from mutualrl.retokenize.residuals import AlignmentResiduals
-from mutualrl.exchange.kinds import EXPERIENCE_TYPES, experience_type
-
-# THL's residual record is an experience type of the protocol (kind "alignment_residuals").
-if "alignment_residuals" not in EXPERIENCE_TYPES:
-    experience_type("alignment_residuals")(AlignmentResiduals)
 
 
 def open_bus(run_dir: Path, cfg) -> tuple[ExperienceBus, object]:

@@ -20,7 +20,7 @@ import torch
 
 from mutualrl.allocation import make_executor, plan, resolve_inventory, worker_specs_from_config
 from mutualrl.allocation.config import parse_allocation
-from mutualrl.config import RunConfig, to_dict
+from mutualrl.config import ConfigError, RunConfig, to_dict
 from mutualrl.evaluation import evaluate_policy, greedy_accuracy
 from mutualrl.exchange import ExperienceBus
 from mutualrl.experience import PeerLogPool, open_bus, publish_step
@@ -78,12 +78,13 @@ def build_run(cfg: RunConfig, progress: RunProgress | None = None) -> Run:
                 for i, p in enumerate(cfg.policies)}
     bus, sub = open_bus(out, cfg.exchange)
     executor = start_executor(cfg, out, policies)
+    profiles: dict = {}
     return Run(cfg=cfg, out=out, task=task,
                verifier=GuardedVerifier(task.verifier, cfg.task.verifier_timeout_s),
                policies=policies, strategy=strategy, writer=MetricsWriter(out / "metrics.jsonl"),
                progress=progress or RunProgress(enabled=False), bus=bus, subscription=sub,
-               retokenizers={n: Retokenizer(p.handle, max_length=cfg.grpo.max_completion_length)
-                             for n, p in policies.items()},
+               retokenizers={n: Retokenizer(p.handle, max_length=cfg.grpo.max_completion_length,
+                                            profiles=profiles) for n, p in policies.items()},
                peer_logs=peer_logs, executor=executor)
 
 
@@ -94,6 +95,12 @@ def start_executor(cfg: RunConfig, out: Path, policies: dict[str, Policy]):
     the executor runs their generate/update calls concurrently within the plan's threads.
     """
     alloc = parse_allocation(cfg.allocation)
+    if alloc.executor != "local":
+        # Evaluation and receiver-side log-probs read the driver's policies; with weights living
+        # in remote actors they would be stale. Until those calls go through the executor too,
+        # refuse rather than report wrong numbers.
+        raise ConfigError(f"allocation.executor: 'mutualrl train' runs on the local executor; "
+                          f"{alloc.executor!r} is available to the allocation API and `mutualrl plan`")
     vocab = {p.cfg.tokenizer: p.handle.vocab_size for p in policies.values()}
     specs = worker_specs_from_config(cfg, alloc, vocab_size=vocab.__getitem__)
     the_plan = plan(specs, resolve_inventory(alloc), alloc.memory.usable_memory_fraction)
@@ -178,7 +185,9 @@ def make_context(run: Run, step: int, prompts) -> StrategyContext:
         sequence_logprobs={n: p.sequence_logprobs for n, p in ps.items()},
         retokenizers=run.retokenizers,
         tokenizers={p.handle.fingerprint: p.handle for p in ps.values()},
-        peer_experience=experience)
+        peer_experience=experience,
+        publish=lambda record, producer: run.bus.publish(
+            record, producer=producer, version=ps[producer].version))
 
 
 def update(run: Run, ctx: StrategyContext, samples: dict[str, list[Sample]]) -> dict[str, dict]:

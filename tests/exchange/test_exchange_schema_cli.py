@@ -25,7 +25,8 @@ def test_schema_covers_envelope_and_every_builtin_kind() -> None:
     schema = json.loads(SCHEMA_FILE.read_text())
     assert schema["$ref"] == "#/$defs/Envelope"
     assert "schema_version" in schema["$defs"]["Envelope"]["required"]  # no default, always sent
-    assert set(schema["x-kinds"]) == {"rollout", "group_stats", "verified_success", "watermark"}
+    assert set(schema["x-kinds"]) == {"rollout", "group_stats", "verified_success", "watermark",
+                                      "alignment_residuals"}
     assert schema["x-schema-version"] == "1.0"
 
 

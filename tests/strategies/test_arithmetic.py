@@ -217,10 +217,6 @@ def test_prp_without_peers_equals_none(handles):
     assert p.sequences == n.sequences
 
 
-@pytest.mark.xfail(strict=True, reason="prp builds its groups from prompt ids, so a step that samples "
-                   "the same prompt twice (the jsonl task samples with replacement) passes "
-                   "num_groups=len(unique prompts) while group indices go up to the number of "
-                   "groups: index_add_ fails (prp.py:79)")
 def test_prp_handles_a_prompt_sampled_twice_in_one_step(handles):
     own = group(PA, 0, [1.0, 0.0]) + group(PA, 1, [0.0, 0.0])
     ctx = make_ctx(handles, [])
@@ -394,12 +390,6 @@ def test_a_bad_field_type_names_its_full_json_path():
         build_strategy(cfg)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "base.py build_strategy: the `$.strategies.<name>` path is spliced in by replacing msgspec's "
-    "'at `$' suffix, which msgspec only writes for errors below the root; a __post_init__ "
-    "ValueError or an unknown field of the params struct itself carries no path, so the message "
-    "is 'strategies.sgt: alpha must be >= 0' without '- at `$.strategies.sgt`' (RunConfig errors "
-    "do carry '- at `$.grpo`')"))
 @pytest.mark.parametrize("override, name", [
     ("strategies.sgt.alpha=-1", "sgt"),
     ("strategies.sgt.tau=1.5", "sgt"),

@@ -198,4 +198,12 @@ class Watermark(msgspec.Struct, frozen=True, kw_only=True):
 
 
 #: Built-in kinds, in schema order (the checked-in JSON Schema covers exactly these).
-BUILTIN_KINDS: tuple[str, ...] = ("rollout", "group_stats", "verified_success", "watermark")
+BUILTIN_KINDS: tuple[str, ...] = ("rollout", "group_stats", "verified_success", "watermark",
+                                  "alignment_residuals")
+
+
+# THL's per-trajectory residual record (what a retokenization cost) is a built-in kind, so every
+# reader of a run's log knows it; the struct lives with the layer that computes it.
+from mutualrl.retokenize.residuals import AlignmentResiduals  # noqa: E402
+
+experience_type("alignment_residuals")(AlignmentResiduals)

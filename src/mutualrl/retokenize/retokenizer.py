@@ -84,14 +84,17 @@ class Retokenizer:
     """
 
     def __init__(self, target: TokenizerHandle, *, max_length: int | None = None,
-                 cache_size: int = 4096) -> None:
+                 cache_size: int = 4096,
+                 profiles: dict[str, TokenizerProfile] | None = None) -> None:
         if max_length is not None and max_length < 1:
             raise ValueError(f"max_length: expected None or an integer >= 1, got {max_length}")
         self.target = target
         self.max_length = max_length
-        self.profile = TokenizerProfile.build(target)
+        # Byte tables take seconds to build for a 129k vocabulary; several retokenizers of one
+        # run share them by passing the same ``profiles`` dict (keyed by fingerprint).
+        self._profiles: dict[str, TokenizerProfile] = profiles if profiles is not None else {}
+        self.profile = self.profile_for(target)
         self.cache = EncodingCache(cache_size)
-        self._profiles: dict[str, TokenizerProfile] = {target.fingerprint: self.profile}
 
     def __repr__(self) -> str:
         return (f"Retokenizer(target={self.target.name!r}, max_length={self.max_length}, "

@@ -44,6 +44,8 @@ class StrategyContext:
     # Deliveries (kind, producer, record) from the exchange this step, live peers and replayed logs.
     peer_experience: list[Any] = field(default_factory=list)
     metrics: dict[str, dict[str, float]] = field(default_factory=dict)  # per receiver
+    # Publish a record to the exchange on a receiver's behalf (e.g. THL residuals); None: drop.
+    publish: Callable[[Any, str], None] | None = None
 
     def log(self, receiver: str, key: str, value: float) -> None:
         self.metrics.setdefault(receiver, {})[key] = float(value)
@@ -93,5 +95,8 @@ def build_strategy(cfg: RunConfig, name: str | None = None) -> Strategy:
     try:
         params = msgspec.convert(raw, spec.params, strict=True)
     except msgspec.ValidationError as exc:
-        raise ConfigError(f"strategies.{name}: {exc}".replace("at `$", f"at `$.strategies.{name}")) from None
+        msg = str(exc)
+        # msgspec gives a path only for errors inside a field; root-level ones get the table's.
+        msg = msg.replace("at `$", f"at `$.strategies.{name}") if "at `$" in msg else f"{msg} - at `$.strategies.{name}`"
+        raise ConfigError(f"strategies.{name}: {msg}") from None
     return spec.factory(params, cfg)

@@ -68,4 +68,7 @@ def adapt_to_receiver(ctx, receiver: str, deliveries: list) -> list[tuple[object
             out[i] = (deliveries[i], res)
     for k, v in aggregate_residuals([res.residuals for _, res in out]).items():
         ctx.log(receiver, f"thl/{k}", v)
+    if ctx.publish is not None:  # the residual record is an experience type of its own
+        for _, res in out:
+            ctx.publish(res.residuals, receiver)
     return out

@@ -56,7 +56,9 @@ class PeerRolloutPooling:
         return None
 
     def _select(self, ctx, receiver, own):
-        pid_group = {hash_prompt(s.prompt.text): s.group for s in own}
+        pid_group: dict[str, int] = {}
+        for s in own:   # a prompt sampled twice in a step: its peers join the first group
+            pid_group.setdefault(hash_prompt(s.prompt.text), s.group)
         peers = peer_rollouts(ctx, receiver, set(pid_group))
         if self.p.max_peer_per_group is not None:
             kept, count = [], {}
@@ -76,7 +78,8 @@ class PeerRolloutPooling:
         weights = self._weights(ctx, receiver, adapted, prompts, completions)
         rewards = torch.tensor([s.reward for s in own] + [d.record.reward for d, _ in adapted])
         groups = torch.tensor([s.group for s in own] + [pid_group[d.record.prompt_id] for d, _ in adapted])
-        adv = group_advantages(rewards, groups, len(pid_group), scale=ctx.grpo.scale_rewards,
+        num_groups = max(s.group for s in own) + 1 if own else 0
+        adv = group_advantages(rewards, groups, num_groups, scale=ctx.grpo.scale_rewards,
                                estimator=ctx.grpo.advantage_estimator)
         seqs = [TrainSequence(s.prompt_ids, s.completion_ids, float(a), s.logprobs,
                               truncated=s.finish_reason == "length")
@@ -99,7 +102,11 @@ class PeerRolloutPooling:
         if self.p.peer_ratio == "on_receiver":
             return torch.ones(len(adapted))
         recv = ctx.sequence_logprobs[receiver](prompts, completions).to(torch.float64)
-        peer = torch.tensor([float(np.sum(d.record.logprob_array, dtype=np.float64)) for d, _ in adapted])
+        # log p_peer of the text the receiver actually sees: when THL truncated the completion,
+        # only the kept groups' log-prob sums count (whole groups are kept or dropped).
+        peer = torch.tensor([float(np.sum(res.group_logprob_sums)) if res.group_logprob_sums is not None
+                             else float(np.sum(d.record.logprob_array, dtype=np.float64))
+                             for d, res in adapted])
         w = truncated_ratio(recv, peer, self.p.ratio_cap)
         raw = torch.exp(recv - peer)
         ctx.log(receiver, "prp/density_ratio_var", float(w.var(unbiased=False)))

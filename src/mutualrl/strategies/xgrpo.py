@@ -50,8 +50,15 @@ class CrossPolicyAdvantages:
         rewards = torch.tensor([s.reward for s in own], dtype=torch.float64)
         if self.p.estimator == "zscore":
             stats = pooled_stats(ctx.peer_experience, set(pids))
-            mean = torch.tensor([stats[p].mean for p in pids], dtype=torch.float64)
-            std = torch.tensor([stats[p].std for p in pids], dtype=torch.float64)
+            groups = torch.tensor([s.group for s in own])
+            mine = group_moments(rewards, groups, int(groups.max()) + 1)
+            missing = sum(p not in stats for p in set(pids))
+            if missing:   # e.g. dropped by a bounded queue: fall back to the own group's moments
+                ctx.log(receiver, "xgrpo/prompts_without_pooled_stats", missing)
+            mean = torch.tensor([stats[p].mean if p in stats else float(mine.mean[s.group])
+                                 for p, s in zip(pids, own)], dtype=torch.float64)
+            std = torch.tensor([stats[p].std if p in stats else float(mine.std[s.group])
+                                for p, s in zip(pids, own)], dtype=torch.float64)
             adv = normalize(rewards, mean, std, ctx.grpo.scale_rewards)
         else:
             adv, std = self._rank(ctx, pids, rewards)
