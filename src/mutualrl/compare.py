@@ -210,13 +210,8 @@ class CompareProgress:
         self._progress = None
         self._overall = None
         if enabled:
-            from rich.console import Console
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                                       TimeElapsedColumn)
-            self._progress = Progress(TextColumn("[bold]{task.fields[phase]}"), BarColumn(),
-                                      MofNCompleteColumn(), TimeElapsedColumn(),
-                                      TextColumn("{task.description}"),
-                                      console=console or Console(stderr=True))
+            from mutualrl.progress import make_progress
+            self._progress = make_progress(console)
 
     def __enter__(self) -> CompareProgress:
         if self._progress is not None:

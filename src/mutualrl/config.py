@@ -19,18 +19,18 @@ class ConfigError(ValueError):
     """A configuration that cannot be used; the message names the field path."""
 
 
-class _Base(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    pass
+class ConfigStruct(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Base of every config section: frozen, keyword-only, unknown keys rejected."""
 
 
-def _check(cond: bool, msg: str) -> None:
+def check(cond: bool, msg: str) -> None:
     # msgspec turns a ValueError raised in __post_init__ into a ValidationError carrying the
     # field path, which is exactly the error a user needs.
     if not cond:
         raise ValueError(msg)
 
 
-class GRPOConfig(_Base):
+class GRPOConfig(ConfigStruct):
     """The GRPO objective and sampling; names as in TRL's GRPOConfig."""
 
     num_generations: int = 8          # completions sampled per prompt (the group size G)
@@ -50,19 +50,19 @@ class GRPOConfig(_Base):
     mask_truncated_completions: bool = False  # exclude completions cut at max_completion_length
 
     def __post_init__(self) -> None:
-        _check(self.num_generations >= 2, "num_generations must be >= 2 (a group needs a baseline)")
-        _check(self.prompts_per_step >= 1, "prompts_per_step must be >= 1")
-        _check(self.max_completion_length >= 1, "max_completion_length must be >= 1")
-        _check(self.temperature > 0, "temperature must be > 0")
-        _check(self.beta >= 0, "beta must be >= 0")
-        _check(0 < self.epsilon < 1, "epsilon must be in (0, 1)")
-        _check(self.epsilon_high is None or self.epsilon_high > 0, "epsilon_high must be > 0")
-        _check(self.num_iterations >= 1, "num_iterations must be >= 1")
-        _check(self.learning_rate > 0, "learning_rate must be > 0")
-        _check(self.max_grad_norm >= 0, "max_grad_norm must be >= 0")
+        check(self.num_generations >= 2, "num_generations must be >= 2 (a group needs a baseline)")
+        check(self.prompts_per_step >= 1, "prompts_per_step must be >= 1")
+        check(self.max_completion_length >= 1, "max_completion_length must be >= 1")
+        check(self.temperature > 0, "temperature must be > 0")
+        check(self.beta >= 0, "beta must be >= 0")
+        check(0 < self.epsilon < 1, "epsilon must be in (0, 1)")
+        check(self.epsilon_high is None or self.epsilon_high > 0, "epsilon_high must be > 0")
+        check(self.num_iterations >= 1, "num_iterations must be >= 1")
+        check(self.learning_rate > 0, "learning_rate must be > 0")
+        check(self.max_grad_norm >= 0, "max_grad_norm must be >= 0")
 
 
-class WarmupConfig(_Base):
+class WarmupConfig(ConfigStruct):
     """Supervised warm start on each policy's own prompt families, part of every run.
 
     It stops at ``target_accuracy`` on the policy's families (checked every ``eval_every``
@@ -78,22 +78,22 @@ class WarmupConfig(_Base):
     eval_prompts: int = 64
 
     def __post_init__(self) -> None:
-        _check(self.max_steps >= 0, "max_steps must be >= 0")
-        _check(self.batch_size >= 1, "batch_size must be >= 1")
-        _check(0 <= self.target_accuracy <= 1, "target_accuracy must be in [0, 1]")
-        _check(self.eval_every >= 1, "eval_every must be >= 1")
-        _check(self.eval_prompts >= 1, "eval_prompts must be >= 1")
-        _check(self.learning_rate > 0, "learning_rate must be > 0")
+        check(self.max_steps >= 0, "max_steps must be >= 0")
+        check(self.batch_size >= 1, "batch_size must be >= 1")
+        check(0 <= self.target_accuracy <= 1, "target_accuracy must be in [0, 1]")
+        check(self.eval_every >= 1, "eval_every must be >= 1")
+        check(self.eval_prompts >= 1, "eval_prompts must be >= 1")
+        check(self.learning_rate > 0, "learning_rate must be > 0")
 
 
-class LoraConfig(_Base):
+class LoraConfig(ConfigStruct):
     r: int = 8
     alpha: int = 16
     dropout: float = 0.0
     target_modules: list[str] = msgspec.field(default_factory=lambda: ["q_proj", "v_proj"])
 
 
-class PolicyConfig(_Base):
+class PolicyConfig(ConfigStruct):
     """One policy: a model of some architecture on some tokenizer, trained by its own optimizer."""
 
     name: str
@@ -109,12 +109,12 @@ class PolicyConfig(_Base):
     lora: LoraConfig | None = None
 
     def __post_init__(self) -> None:
-        _check(bool(self.name) and "/" not in self.name, "name must be non-empty without '/'")
-        _check(self.hidden_size % self.num_heads == 0, "hidden_size must be divisible by num_heads")
-        _check(self.num_layers >= 1, "num_layers must be >= 1")
+        check(bool(self.name) and "/" not in self.name, "name must be non-empty without '/'")
+        check(self.hidden_size % self.num_heads == 0, "hidden_size must be divisible by num_heads")
+        check(self.num_layers >= 1, "num_layers must be >= 1")
 
 
-class TaskConfig(_Base):
+class TaskConfig(ConfigStruct):
     name: str = "pointer"             # a registered task (tasks.TASKS)
     path: str | None = None           # data file for file-based tasks (e.g. jsonl)
     families: list[str] = msgspec.field(default_factory=list)  # empty: all the task has
@@ -122,22 +122,22 @@ class TaskConfig(_Base):
     verifier_timeout_s: float = 5.0
 
     def __post_init__(self) -> None:
-        _check(self.verifier_timeout_s > 0, "verifier_timeout_s must be > 0")
-        _check(self.num_words >= 2, "num_words must be >= 2")
+        check(self.verifier_timeout_s > 0, "verifier_timeout_s must be > 0")
+        check(self.num_words >= 2, "num_words must be >= 2")
 
 
-class EvalConfig(_Base):
+class EvalConfig(ConfigStruct):
     every: int = 10                   # held-out evaluation every N steps (0: only at the end)
     num_prompts: int = 64             # per family
     k: int = 4                        # pass@k samples per prompt
 
     def __post_init__(self) -> None:
-        _check(self.every >= 0, "every must be >= 0 (0: only at the start and the end)")
-        _check(self.num_prompts >= 1, "num_prompts must be >= 1")
-        _check(self.k >= 1, "k must be >= 1")
+        check(self.every >= 0, "every must be >= 0 (0: only at the start and the end)")
+        check(self.num_prompts >= 1, "num_prompts must be >= 1")
+        check(self.k >= 1, "k must be >= 1")
 
 
-class ExchangeConfig(_Base):
+class ExchangeConfig(ConfigStruct):
     """How experience moves: the bus, the run's experience log, recorded peers."""
 
     log: bool = True                  # write RUN_DIR/experience/ (replayable, `mutualrl exchange inspect`)
@@ -150,11 +150,11 @@ class ExchangeConfig(_Base):
     peer_logs: list[str] = msgspec.field(default_factory=list)
 
     def __post_init__(self) -> None:
-        _check(self.queue_size >= 1, "queue_size must be >= 1")
-        _check(self.block_timeout_s > 0, "block_timeout_s must be > 0")
+        check(self.queue_size >= 1, "queue_size must be >= 1")
+        check(self.block_timeout_s > 0, "block_timeout_s must be > 0")
 
 
-class RunConfig(_Base):
+class RunConfig(ConfigStruct):
     """The whole run. ``strategies`` holds per-strategy parameter tables, checked by each strategy."""
 
     policies: list[PolicyConfig]
@@ -173,10 +173,10 @@ class RunConfig(_Base):
     exchange: ExchangeConfig = msgspec.field(default_factory=ExchangeConfig)
 
     def __post_init__(self) -> None:
-        _check(len(self.policies) >= 1, "policies must list at least one policy")
+        check(len(self.policies) >= 1, "policies must list at least one policy")
         names = [p.name for p in self.policies]
-        _check(len(set(names)) == len(names), f"policy names must be unique, got {names}")
-        _check(self.steps >= 0, "steps must be >= 0")
+        check(len(set(names)) == len(names), f"policy names must be unique, got {names}")
+        check(self.steps >= 0, "steps must be >= 0")
 
 
 def _parse_value(text: str) -> Any:

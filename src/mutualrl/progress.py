@@ -6,16 +6,20 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 
+def make_progress(console: Console | None = None, transient: bool = False) -> Progress:
+    """The project's progress layout: phase, bar, done/total, elapsed, live description."""
+    return Progress(TextColumn("[bold]{task.fields[phase]}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), TextColumn("{task.description}"),
+                    console=console or Console(stderr=True), transient=transient)
+
+
 class RunProgress:
     def __init__(self, enabled: bool = True, console: Console | None = None) -> None:
         self.enabled = enabled
         self._progress = None
         self._task = None
         if enabled:
-            self._progress = Progress(TextColumn("[bold]{task.fields[phase]}"), BarColumn(),
-                                      MofNCompleteColumn(), TimeElapsedColumn(),
-                                      TextColumn("{task.description}"),
-                                      console=console or Console(stderr=True), transient=False)
+            self._progress = make_progress(console)
 
     def __enter__(self) -> RunProgress:
         if self._progress is not None:

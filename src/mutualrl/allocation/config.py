@@ -24,22 +24,14 @@ from typing import Any, Literal
 
 import msgspec
 
-from mutualrl.config import ConfigError
+from mutualrl.config import ConfigError, ConfigStruct, check
 
 GIB = 1024**3
 
 
-class _Base(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    pass
 
 
-def _check(cond: bool, msg: str) -> None:
-    # Raised inside __post_init__, msgspec re-raises it as a ValidationError with the field path.
-    if not cond:
-        raise ValueError(msg)
-
-
-class InventoryConfig(_Base):
+class InventoryConfig(ConfigStruct):
     """A described cluster; when ``[allocation.inventory]`` is absent the machine is detected."""
 
     nodes: int = 1
@@ -49,14 +41,14 @@ class InventoryConfig(_Base):
     host_memory_gb: float = 64.0      # per node, GiB; the memory budget of CPU-only inventories
 
     def __post_init__(self) -> None:
-        _check(self.nodes >= 1, "nodes must be >= 1")
-        _check(self.gpus_per_node >= 0, "gpus_per_node must be >= 0")
-        _check(self.gpu_memory_gb > 0, "gpu_memory_gb must be > 0")
-        _check(self.cpus_per_node >= 1, "cpus_per_node must be >= 1")
-        _check(self.host_memory_gb > 0, "host_memory_gb must be > 0")
+        check(self.nodes >= 1, "nodes must be >= 1")
+        check(self.gpus_per_node >= 0, "gpus_per_node must be >= 0")
+        check(self.gpu_memory_gb > 0, "gpu_memory_gb must be > 0")
+        check(self.cpus_per_node >= 1, "cpus_per_node must be >= 1")
+        check(self.host_memory_gb > 0, "host_memory_gb must be > 0")
 
 
-class MemoryModel(_Base):
+class MemoryModel(ConfigStruct):
     """Bytes per parameter for each kind of state (see the module docstring)."""
 
     weight_bytes: int = 4             # fp32; 2 for bf16 weights
@@ -65,12 +57,12 @@ class MemoryModel(_Base):
     usable_memory_fraction: float = 0.9  # headroom for activations, allocator fragmentation
 
     def __post_init__(self) -> None:
-        _check(self.weight_bytes >= 1, "weight_bytes must be >= 1")
-        _check(self.grad_bytes >= 0 and self.optimizer_bytes >= 0, "byte counts must be >= 0")
-        _check(0 < self.usable_memory_fraction <= 1, "usable_memory_fraction must be in (0, 1]")
+        check(self.weight_bytes >= 1, "weight_bytes must be >= 1")
+        check(self.grad_bytes >= 0 and self.optimizer_bytes >= 0, "byte counts must be >= 0")
+        check(0 < self.usable_memory_fraction <= 1, "usable_memory_fraction must be in (0, 1]")
 
 
-class WorkerOverride(_Base):
+class WorkerOverride(ConfigStruct):
     """Replace estimated facts of one worker (``[allocation.workers."<policy>/learner"]``)."""
 
     num_parameters: int | None = None
@@ -78,12 +70,12 @@ class WorkerOverride(_Base):
     memory_gb: float | None = None
 
     def __post_init__(self) -> None:
-        _check(self.num_parameters is None or self.num_parameters >= 1, "num_parameters must be >= 1")
-        _check(self.tokens_per_step is None or self.tokens_per_step >= 0, "tokens_per_step must be >= 0")
-        _check(self.memory_gb is None or self.memory_gb >= 0, "memory_gb must be >= 0")
+        check(self.num_parameters is None or self.num_parameters >= 1, "num_parameters must be >= 1")
+        check(self.tokens_per_step is None or self.tokens_per_step >= 0, "tokens_per_step must be >= 0")
+        check(self.memory_gb is None or self.memory_gb >= 0, "memory_gb must be >= 0")
 
 
-class AllocationConfig(_Base):
+class AllocationConfig(ConfigStruct):
     """How the run's workers are planned (sizes, placement), executed and paced."""
 
     executor: str = "local"           # a registered executor kind (allocation.EXECUTORS)
@@ -108,15 +100,15 @@ class AllocationConfig(_Base):
     workers: dict[str, WorkerOverride] = msgspec.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _check(self.max_restarts >= 0, "max_restarts must be >= 0")
-        _check(self.call_timeout_s > 0, "call_timeout_s must be > 0")
-        _check(self.placement_timeout_s > 0, "placement_timeout_s must be > 0")
-        _check(self.max_staleness >= 0, "max_staleness must be >= 0")
-        _check(self.prompt_length_estimate >= 1, "prompt_length_estimate must be >= 1")
-        _check(self.generation_batch_tokens is None or self.generation_batch_tokens >= 1,
+        check(self.max_restarts >= 0, "max_restarts must be >= 0")
+        check(self.call_timeout_s > 0, "call_timeout_s must be > 0")
+        check(self.placement_timeout_s > 0, "placement_timeout_s must be > 0")
+        check(self.max_staleness >= 0, "max_staleness must be >= 0")
+        check(self.prompt_length_estimate >= 1, "prompt_length_estimate must be >= 1")
+        check(self.generation_batch_tokens is None or self.generation_batch_tokens >= 1,
                "generation_batch_tokens must be >= 1")
-        _check(self.verifier_threads >= 0, "verifier_threads must be >= 0")
-        _check(all(n >= 1 for n in self.num_parameters.values()), "num_parameters must be >= 1")
+        check(self.verifier_threads >= 0, "verifier_threads must be >= 0")
+        check(all(n >= 1 for n in self.num_parameters.values()), "num_parameters must be >= 1")
 
 
 def parse_allocation(d: dict[str, Any] | None) -> AllocationConfig:
