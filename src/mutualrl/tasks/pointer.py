@@ -57,12 +57,16 @@ class PointerTask:
     def sample(self, rng: np.random.Generator, n: int, split: Split,
                families: Sequence[str] | None = None) -> list[Prompt]:
         fams = tuple(families) if families else self.families
+        # Families are stratified (round robin from a random start), not drawn independently:
+        # with a few prompts per step an unlucky mix would move a policy's mean reward more
+        # than learning does.
+        start = int(rng.integers(len(fams)))
         out: list[Prompt] = []
         while len(out) < n:
             words = [WORDS[i] for i in rng.choice(len(WORDS), self.num_words, replace=False)]
             if _is_heldout(words) != (split == "heldout"):
                 continue
-            family = fams[int(rng.integers(len(fams)))]
+            family = fams[(start + len(out)) % len(fams)]
             out.append(Prompt(text=f"{family}: {' '.join(words)} =",
                               answer=" " + words[POSITIONS[family]], family=family))
         return out
