@@ -100,3 +100,42 @@ def test_group_index_views(retokenizers, handles):
     assert tgi.size == out.target_ids.size and (np.diff(tgi) >= 0).all() and tgi.min() == 0
     sgi = out.groups.source_group_index(ids.size)
     assert sgi[-1] == tgi[-1] == len(out.groups) - 1
+
+
+@pytest.mark.parametrize("pair", [("bert-wordpiece", "mistral-v1"), ("mistral-v1", "bert-wordpiece"),
+                                  ("deepseek-v3", "bert-wordpiece"), ("bert-wordpiece", "deepseek-v3")])
+def test_batch_matches_single_on_the_benchmark_corpus(handles, pair):
+    """The batched path (one encode/decode/normalise per side) equals text-by-text calls."""
+    from mutualrl.retokenize.benchmark import load_corpus
+
+    texts = load_corpus()[::4]
+    src, tgt = pair
+    rt = Retokenizer(handles[tgt], cache_size=0, max_length=64)
+    sprof = rt.profile_for(handles[src])
+    ids = [np.array(sprof.continuation.encode(t, add_special_tokens=False).ids) for t in texts]
+    ids = [np.append(i, sprof.eos_id) if k % 3 == 0 else i for k, i in enumerate(ids)]
+    lps = [-np.linspace(0.1, 2.0, i.size) for i in ids]
+    eos = [k % 2 == 0 for k in range(len(texts))]
+    batch = rt.retokenize_batch(texts, source=handles[src], source_ids=ids, source_logprobs=lps,
+                                ends_with_eos=eos)
+    for k, text in enumerate(texts):
+        one = rt.retokenize(text, source=handles[src], source_ids=ids[k], source_logprobs=lps[k],
+                            ends_with_eos=eos[k])
+        assert np.array_equal(one.target_ids, batch[k].target_ids)
+        for a, b in zip(vars(one.groups).values(),
+                        vars(batch[k].groups).values()):
+            assert np.array_equal(a, b)
+        assert np.array_equal(one.group_logprob_sums, batch[k].group_logprob_sums)
+        assert one.residuals == batch[k].residuals
+
+
+def test_batched_normaliser_check_matches_per_text(retokenizers):
+    from mutualrl.retokenize.encoding import _SEP, normalizer_changes
+
+    prof = retokenizers["bert-wordpiece"].profile
+    texts = ["already lower", "Mixed Case", "café", "\u0301leading mark", "tab\there", "中文",
+             "", "ΣΑΣ", "ok", f"has the separator {_SEP} inside"]
+    norm = prof.continuation.normalizer
+    want = [norm.normalize_str(t) != t for t in texts]
+    assert normalizer_changes(prof, texts) == want
+    assert normalizer_changes(prof, texts[:-1]) == want[:-1]

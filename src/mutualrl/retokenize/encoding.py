@@ -11,23 +11,78 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from dataclasses import dataclass
-
 import numpy as np
 
 from mutualrl.retokenize.profile import TokenizerProfile
 from mutualrl.retokenize.residuals import byte_edit_distance
 
 
-@dataclass(frozen=True)
 class Encoded:
-    """A text encoded by one tokenizer in continuation mode (no specials, no prefix space)."""
+    """A text encoded by one tokenizer in continuation mode (no specials, no prefix space).
 
-    ids: np.ndarray            # int64, read-only
-    ends: np.ndarray           # int64 byte end of each token, read-only
-    mismatch: bool             # the tokenizer's rendering of ``ids`` differs from the text
-    edit_distance: int         # byte Levenshtein distance of that rendering to the text
-    normalizer_changed: bool   # the normaliser rewrote the text (WordPiece)
+    ``ids``                 int64, read-only
+    ``ends``                int64 byte end of each token, read-only
+    ``mismatch``            the tokenizer's rendering of ``ids`` differs from the text
+    ``edit_distance``       byte Levenshtein distance of that rendering to the text
+    ``normalizer_changed``  the normaliser rewrote the text (WordPiece)
+
+    The last three are computed on first use when the encoding did not spell the text exactly
+    (a source side only needs ``ids`` and ``ends``, and never pays for the decode).
+    """
+
+    __slots__ = ("ids", "ends", "_mismatch", "_distance", "_changed", "_lazy")
+
+    def __init__(self, ids: np.ndarray, ends: np.ndarray, mismatch: bool | None = False,
+                 edit_distance: int | None = 0, normalizer_changed: bool | None = False,
+                 lazy: tuple | None = None) -> None:
+        self.ids = ids
+        self.ends = ends
+        self._mismatch = mismatch
+        self._distance = edit_distance
+        self._changed = normalizer_changed
+        self._lazy = lazy  # (profile, text, data, rendered bytes or None)
+
+    def _resolve(self) -> None:
+        profile, text, data, rendered = self._lazy
+        if rendered is None:
+            rendered = profile.continuation.decode(self.ids.tolist(),
+                                                   skip_special_tokens=False).encode()
+        normalizer = profile.continuation.normalizer
+        self._changed = normalizer is not None and normalizer.normalize_str(text) != text
+        self._distance = byte_edit_distance(rendered, data)
+        self._mismatch = self._distance > 0
+        self._lazy = None
+
+    @property
+    def mismatch(self) -> bool:
+        if self._lazy is not None:
+            self._resolve()
+        return self._mismatch
+
+    @property
+    def edit_distance(self) -> int:
+        if self._lazy is not None:
+            self._resolve()
+        return self._distance
+
+    @property
+    def normalizer_changed(self) -> bool:
+        if self._lazy is not None:
+            self._resolve()
+        return self._changed
+
+    def with_rendering(self, rendered: bytes, changed: bool | None = None) -> None:
+        """Supply the rendering (from a batched decode) and, if known, whether the normaliser
+        changed the text (from a batched normalisation), before the residuals are read."""
+        if self._lazy is None:
+            return
+        if changed is None:
+            self._lazy = (*self._lazy[:3], rendered)
+            return
+        self._changed = changed
+        self._distance = byte_edit_distance(rendered, self._lazy[2])
+        self._mismatch = self._distance > 0
+        self._lazy = None
 
 
 def utf8(text: str, field: str = "text") -> bytes:
@@ -104,18 +159,15 @@ def encode_from(profile: TokenizerProfile, enc, text: str, data: bytes) -> Encod
     """Build an ``Encoded`` from a Rust ``Encoding`` of ``text`` (whose UTF-8 is ``data``)."""
     ids_list = enc.ids
     ids = np.array(ids_list, dtype=np.int64)
+    rendered = None
     if profile.lossless:
         rendered = profile.text_bytes(ids_list)
         if rendered == data:
             return Encoded(_frozen(ids), _frozen(np.cumsum(profile.piece_len[ids])), False, 0,
                            False)
-    else:
-        rendered = profile.continuation.decode(ids_list, skip_special_tokens=False).encode()
     ends = ends_from_offsets(enc.offsets, text, len(data), profile.piece_len[ids])
-    normalizer = profile.continuation.normalizer
-    changed = normalizer is not None and normalizer.normalize_str(text) != text
-    distance = byte_edit_distance(rendered, data)
-    return Encoded(_frozen(ids), _frozen(ends), distance > 0, distance, changed)
+    return Encoded(_frozen(ids), _frozen(ends), None, None, None,
+                   lazy=(profile, text, data, rendered))
 
 
 class EncodingCache:
@@ -157,8 +209,12 @@ class EncodingCache:
 
 
 def encode_texts(profile: TokenizerProfile, texts: list[str], datas: list[bytes],
-                 cache: EncodingCache) -> list[Encoded]:
-    """Encode many texts with one profile, batching cache misses into one Rust ``encode_batch``."""
+                 cache: EncodingCache, *, residuals: bool = True) -> list[Encoded]:
+    """Encode many texts with one profile, batching cache misses into one Rust ``encode_batch``.
+
+    With ``residuals`` the renderings that the round-trip residuals need (non-lossless
+    tokenizers) are decoded in one ``decode_batch``; without, they are left to be computed on use.
+    """
     keys = [cache.key(d, profile.fingerprint) for d in datas] if cache.size else [None] * len(texts)
     out: list[Encoded | None] = [cache.get(k) if k else None for k in keys]
     todo = [i for i, item in enumerate(out) if item is None]
@@ -172,4 +228,34 @@ def encode_texts(profile: TokenizerProfile, texts: list[str], datas: list[bytes]
         out[i] = encode_from(profile, enc, texts[i], datas[i])
         if keys[i] is not None:
             cache.put(keys[i], out[i])
+    if residuals and not profile.lossless:
+        lazy = [e for e in out if e._lazy is not None and e._lazy[3] is None]
+        if len(lazy) > 1:
+            decoded = profile.continuation.decode_batch([e.ids.tolist() for e in lazy],
+                                                        skip_special_tokens=False)
+            changed = normalizer_changes(profile, [e._lazy[1] for e in lazy])
+            for e, text, ch in zip(lazy, decoded, changed):
+                e.with_rendering(text.encode(), ch)
     return out  # type: ignore[return-value]
+
+
+# Normalisers that act on each character independently (up to canonical reordering, which a
+# separator that is a Unicode starter blocks): normalising texts joined by such a separator and
+# splitting the result gives each text's own normalisation.
+_PER_CHAR_NORMALIZERS = frozenset({"BertNormalizer", "Lowercase", "NFC", "NFD", "NFKC", "NFKD",
+                                   "StripAccents"})
+_SEP = "\u2e3b"  # THREE-EM DASH: a starter no per-character normaliser above changes
+
+
+def normalizer_changes(profile: TokenizerProfile, texts: list[str]) -> list[bool]:
+    """Whether the continuation normaliser rewrites each text; one Rust call when it is safe."""
+    normalizer = profile.continuation.normalizer
+    if normalizer is None:
+        return [False] * len(texts)
+    if profile.normalizer_types and profile.normalizer_types <= _PER_CHAR_NORMALIZERS:
+        joined = _SEP.join(texts)
+        if joined.count(_SEP) == len(texts) - 1:
+            parts = normalizer.normalize_str(joined).split(_SEP)
+            if len(parts) == len(texts):
+                return [a != b for a, b in zip(parts, texts)]
+    return [normalizer.normalize_str(t) != t for t in texts]

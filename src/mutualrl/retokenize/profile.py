@@ -72,24 +72,61 @@ def _drop_prepend(normalizer):
 
 
 def build_backends(handle: TokenizerHandle) -> tuple[Tokenizer, Tokenizer, dict]:
-    """Return (standard, continuation) Rust tokenizers and the serialized config they came from."""
-    config = json.loads(handle.backend.to_str())
+    """Return (standard, continuation) Rust tokenizers and the serialized config they came from.
+
+    The vocabulary is parsed by Rust from the shipped JSON once per backend; only the small
+    normaliser/pre-tokeniser components are rewritten in Python (through a vocabulary-free
+    tokenizer), so a 129k vocabulary is never re-serialised.
+    """
+    text = handle.backend.to_str()
+    config = json.loads(text)
     # A shared tokenizer may carry padding/truncation settings (the packaged BERT pads to 128);
     # either would corrupt byte spans, so our private copies never pad or truncate.
     config["padding"] = None
     config["truncation"] = None
-    standard = Tokenizer.from_str(json.dumps(config))
-    cont = json.loads(json.dumps(config))
-    for node in _walk_types(cont.get("pre_tokenizer"), "Metaspace"):
+    standard = _without_padding(Tokenizer.from_str(text))
+    pre = json.loads(json.dumps(config.get("pre_tokenizer")))
+    norm = json.loads(json.dumps(config.get("normalizer")))
+    changed = False
+    for node in _walk_types(pre, "Metaspace"):
+        changed |= node.get("prepend_scheme") != "never" or node.get("add_prefix_space") is not False
         node["prepend_scheme"] = "never"
         node["add_prefix_space"] = False
-    for node in _walk_types(cont.get("pre_tokenizer"), "ByteLevel"):
+    for node in _walk_types(pre, "ByteLevel"):
+        changed |= node.get("add_prefix_space") is not False
         node["add_prefix_space"] = False
-    cont["normalizer"] = _drop_prepend(cont.get("normalizer"))
-    continuation = Tokenizer.from_str(json.dumps(cont))
+    norm_before = json.dumps(norm)
+    norm = _drop_prepend(norm)
+    changed |= json.dumps(norm) != norm_before
+    continuation = _without_padding(Tokenizer.from_str(text))
+    if changed:
+        parts = Tokenizer.from_str(json.dumps({
+            "version": config.get("version", "1.0"), "truncation": None, "padding": None,
+            "added_tokens": [], "normalizer": norm, "pre_tokenizer": pre,
+            "post_processor": None, "decoder": None,
+            "model": {"type": "WordLevel", "vocab": {}, "unk_token": "[UNK]"}}))
+        continuation.normalizer = parts.normalizer
+        continuation.pre_tokenizer = parts.pre_tokenizer
     # Completion text is literal: a "</s>" typed by another model is text, not this model's EOS.
     continuation.encode_special_tokens = True
     return standard, continuation, config
+
+
+def _without_padding(tok: Tokenizer) -> Tokenizer:
+    if tok.padding is not None:
+        tok.no_padding()
+    if tok.truncation is not None:
+        tok.no_truncation()
+    return tok
+
+
+def _normalizer_types(normalizer) -> frozenset:
+    """Every component ``type`` of a serialized normaliser (``Sequence`` itself excluded)."""
+    if not isinstance(normalizer, dict):
+        return frozenset()
+    if normalizer.get("type") == "Sequence":
+        return frozenset().union(*(_normalizer_types(n) for n in normalizer.get("normalizers", [])))
+    return frozenset({normalizer.get("type")})
 
 
 def _is_byte_level(config: dict) -> bool:
@@ -142,6 +179,7 @@ class TokenizerProfile:
     eos_id: int | None          # end-of-sequence by role: eos_token, else sep_token (BERT)
     lossless: bool
     family: str = field(default="unknown")
+    normalizer_types: frozenset = field(default=frozenset())  # ``type``s in the normaliser tree
 
     @property
     def fingerprint(self) -> str:
@@ -150,6 +188,7 @@ class TokenizerProfile:
     @classmethod
     def build(cls, handle: TokenizerHandle) -> TokenizerProfile:
         standard, cont, config = build_backends(handle)
+        cont_norm = _drop_prepend(json.loads(json.dumps(config.get("normalizer"))))
         model = config.get("model", {})
         byte_level = _is_byte_level(config)
         byte_fallback = bool(model.get("byte_fallback"))
@@ -184,7 +223,7 @@ class TokenizerProfile:
         return cls(handle=handle, standard=standard, continuation=cont, pieces=pieces,
                    piece_len=piece_len, special=special, byte_fallback=fallback,
                    unk_id=unk_id, eos_id=eos, lossless=lossless,
-                   family=handle.family)
+                   family=handle.family, normalizer_types=_normalizer_types(cont_norm))
 
     def text_bytes(self, ids) -> bytes:
         """The bytes a sequence of ids spells (specials contribute nothing)."""

@@ -175,46 +175,54 @@ class Retokenizer:
 
     def _sources(self, prof, texts, datas, source_ids, source_logprobs, flags) -> list[_Source]:
         if source_ids is None:
-            encs = encode_texts(prof, texts, datas, self.cache)
+            encs = encode_texts(prof, texts, datas, self.cache, residuals=False)
             out = []
             for i, enc in enumerate(encs):
                 lp = None if source_logprobs is None else _as_logprobs(
                     source_logprobs[i], enc.ids.size, f"source_logprobs[{i}]")
                 out.append(_Source(enc.ids, None, enc.ends, None, 0, lp, False, 0))
             return out
-        return [self._source_from_ids(
-            prof, texts[i], datas[i], source_ids[i],
-            None if source_logprobs is None else source_logprobs[i], flags[i], i)
-            for i in range(len(texts))]
+        n = len(texts)
+        parts = []      # (ids, kept_index, eos_index, n_special, logprobs) per text
+        ends: list = [None] * n
+        todo = []       # texts whose ids do not simply spell them: need the source's encoding
+        for i in range(n):
+            ids = _as_ids(source_ids[i], prof, f"source_ids[{i}]")
+            lps = source_logprobs[i] if source_logprobs is not None else None
+            lp = None if lps is None else _as_logprobs(lps, ids.size, f"source_logprobs[{i}]")
+            special = prof.special[ids]
+            n_special = int(np.count_nonzero(special))
+            kept, kept_index, eos_index = ids, None, None
+            if n_special:
+                kept_index = np.flatnonzero(~special)
+                kept = ids[kept_index]
+                if flags[i] and int(ids[-1]) == prof.eos_id:
+                    eos_index = ids.size - 1
+            parts.append((ids, kept, kept_index, eos_index, n_special, lp))
+            rendered = None
+            if prof.lossless:
+                rendered = prof.text_bytes(kept.tolist())
+                if rendered == datas[i]:
+                    ends[i] = (np.cumsum(prof.piece_len[kept]), False, 0)
+                    continue
+            todo.append((i, rendered))
+        if todo:
+            encs = encode_texts(prof, [texts[i] for i, _ in todo], [datas[i] for i, _ in todo],
+                                self.cache, residuals=False)
+            for (i, rendered), enc in zip(todo, encs):
+                ends[i] = self._source_ends(prof, parts[i][1], texts[i], datas[i], enc, rendered)
+        return [_Source(ids, kept_index, e[0], eos_index, n_special, lp, e[1], e[2])
+                for (ids, _, kept_index, eos_index, n_special, lp), e in zip(parts, ends)]
 
-    def _source_from_ids(self, prof: TokenizerProfile, text: str, data: bytes, ids, lps,
-                         ends_with_eos: bool, i: int) -> _Source:
-        ids = _as_ids(ids, prof, f"source_ids[{i}]")
-        lp = None if lps is None else _as_logprobs(lps, ids.size, f"source_logprobs[{i}]")
-        special = prof.special[ids]
-        n_special = int(np.count_nonzero(special))
-        kept, kept_index, eos_index = ids, None, None
-        if n_special:
-            kept_index = np.flatnonzero(~special)
-            kept = ids[kept_index]
-            if ends_with_eos and int(ids[-1]) == prof.eos_id:
-                eos_index = ids.size - 1
-        ends, mismatch, distance = self._source_ends(prof, kept, text, data)
-        return _Source(ids, kept_index, ends, eos_index, n_special, lp, mismatch, distance)
+    @staticmethod
+    def _source_ends(prof: TokenizerProfile, kept: np.ndarray, text: str, data: bytes,
+                     enc: Encoded, rendered: bytes | None):
+        """Byte ends of source tokens that do not spell the text, whether they fail to, by how much.
 
-    def _source_ends(self, prof: TokenizerProfile, kept: np.ndarray, text: str, data: bytes):
-        """Byte ends of the source tokens, whether they fail to spell the text, and by how much.
-
-        Exact from the byte table when the ids spell the text. Otherwise, if the ids are what the
-        source itself makes of the text (WordPiece; SentencePiece given a literal '▁'), from that
-        encoding's offsets; else clipped to the text (approximate).
+        (Exact from the byte table when the ids spell the text: see ``_sources``.) Otherwise, if
+        the ids are what the source itself makes of the text (WordPiece; SentencePiece given a
+        literal '▁'), from that encoding's offsets; else clipped to the text (approximate).
         """
-        rendered = None
-        if prof.lossless:
-            rendered = prof.text_bytes(kept.tolist())
-            if rendered == data:
-                return np.cumsum(prof.piece_len[kept]), False, 0
-        enc = encode_texts(prof, [text], [data], self.cache)[0]
         if np.array_equal(enc.ids, kept):
             # WordPiece cannot spell text by design (that is the receiver-side residual); a
             # lossless tokenizer that could not is a real source mismatch.
