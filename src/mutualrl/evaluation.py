@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mutualrl.policies.policy import Policy
+from mutualrl.policies.policy import Policy, Sample
 from mutualrl.tasks.base import GuardedVerifier, Prompt
 
 
@@ -20,6 +20,13 @@ def evaluate_policy(policy: Policy, prompts: list[Prompt], verifier: GuardedVeri
     """``heldout/<family>/pass@1`` (greedy), ``.../pass@k`` (k samples) and ``heldout/pass@1``."""
     greedy = policy.generate(prompts, 1, max_new_tokens, 0.0)
     sampled = policy.generate(prompts, k, max_new_tokens, temperature) if k > 1 else greedy
+    return score_evaluation(prompts, greedy, sampled, verifier, k=k)
+
+
+def score_evaluation(prompts: list[Prompt], greedy: list[Sample], sampled: list[Sample],
+                     verifier: GuardedVerifier, *, k: int) -> dict[str, float]:
+    """The metrics of ``evaluate_policy`` from its samples: one greedy and k sampled per prompt,
+    generated wherever the policy lives; the verifier runs here."""
     out: dict[str, float] = {}
     families = sorted({p.family for p in prompts})
     correct_greedy = np.array([verifier(s.prompt, s.text) > 0 for s in greedy])
@@ -36,5 +43,9 @@ def evaluate_policy(policy: Policy, prompts: list[Prompt], verifier: GuardedVeri
 
 def greedy_accuracy(policy: Policy, prompts: list[Prompt], verifier: GuardedVerifier,
                     max_new_tokens: int) -> float:
-    samples = policy.generate(prompts, 1, max_new_tokens, 0.0)
+    return accuracy(policy.generate(prompts, 1, max_new_tokens, 0.0), verifier)
+
+
+def accuracy(samples: list[Sample], verifier: GuardedVerifier) -> float:
+    """The fraction of ``samples`` the verifier accepts."""
     return float(np.mean([verifier(s.prompt, s.text) > 0 for s in samples]))

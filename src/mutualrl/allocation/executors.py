@@ -237,6 +237,10 @@ class LocalExecutor:
     def live_workers(self) -> list[str]:
         return [n for n in self._factories if n not in self.policy.removed]
 
+    def worker(self, name: str) -> object:
+        """The object a worker runs (in process). A restart replaces it: read it again after one."""
+        return self._workers[name]
+
     def call(self, method: str, kwargs: dict[str, dict], timeout_s: float | None = None, *,
              fetch: bool = True) -> dict[str, CallResult]:
         check_names(method, kwargs, self._factories)

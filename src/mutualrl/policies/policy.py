@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import math
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,32 +37,18 @@ class Sample:
     reward: float = 0.0
 
 
-class Policy:
-    def __init__(self, cfg: PolicyConfig, grpo: GRPOConfig, seed: int, device: str = "cpu",
-                 handle: TokenizerHandle | None = None) -> None:
+class PolicyView:
+    """The driver's side of a policy: its config, tokenizer and prompt encodings, and the version
+    of its weights as last reported. No model: the loop holds one of these for every policy whose
+    weights live in a worker process; a ``Policy`` is one too (what in-process executors run)."""
+
+    def __init__(self, cfg: PolicyConfig, handle: TokenizerHandle) -> None:
         self.cfg = cfg
         self.name = cfg.name
-        self.grpo = grpo
-        self.device = torch.device(device)
-        self.handle = handle or load_tokenizer(cfg.tokenizer)
-        self.tokenizer = self.handle.tokenizer
-        self.model = build_model(cfg, TokenizerFacts.of(self.tokenizer), seed).to(self.device)
-        if cfg.lora is not None:
-            from peft import LoraConfig, get_peft_model
-            self.model = get_peft_model(self.model, LoraConfig(
-                r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
-                target_modules=list(cfg.lora.target_modules), task_type="CAUSAL_LM"))
-        # beta == 0 builds no reference at all; a LoRA policy's reference is its adapter disabled.
-        self.reference = None
-        if grpo.beta > 0 and cfg.lora is None:
-            self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
-        self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad],
-                                           lr=cfg.learning_rate or grpo.learning_rate)
-        self.generator = torch.Generator().manual_seed(seed)
+        self.handle = handle
+        self.tokenizer = handle.tokenizer
         self.version = 0
-        self.skipped_nan_steps = 0
 
-    # ---- encoding -------------------------------------------------------------------------
     @property
     def pad_id(self) -> int:
         return self.tokenizer.pad_token_id
@@ -74,6 +61,47 @@ class Policy:
     def encode_completion(self, text: str, eos: bool = True) -> tuple[int, ...]:
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         return tuple(ids + ([self.tokenizer.eos_token_id] if eos else []))
+
+
+def load_handles(cfgs: list[PolicyConfig]) -> dict[str, TokenizerHandle]:
+    """Each distinct tokenizer of ``cfgs`` loaded once, by its spec."""
+    return {spec: load_tokenizer(spec) for spec in dict.fromkeys(p.tokenizer for p in cfgs)}
+
+
+# Seeded initialisation draws from torch's global RNG (forked, seeded per policy); policies built
+# concurrently in threads would interleave their draws, so building is serialised.
+_BUILD_LOCK = threading.Lock()
+
+
+class Policy(PolicyView):
+    def __init__(self, cfg: PolicyConfig, grpo: GRPOConfig, seed: int, device: str = "cpu",
+                 handle: TokenizerHandle | None = None) -> None:
+        super().__init__(cfg, handle or load_tokenizer(cfg.tokenizer))
+        self.grpo = grpo
+        self.device = torch.device(device)
+        with _BUILD_LOCK:
+            self.model = self._build_model(seed)
+        # beta == 0 builds no reference at all; a LoRA policy's reference is its adapter disabled.
+        self.reference = None
+        if grpo.beta > 0 and cfg.lora is None:
+            self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad],
+                                           lr=cfg.learning_rate or grpo.learning_rate)
+        self.generator = torch.Generator().manual_seed(seed)
+        self.skipped_nan_steps = 0
+
+    def _build_model(self, seed: int) -> torch.nn.Module:
+        cfg = self.cfg
+        model = build_model(cfg, TokenizerFacts.of(self.tokenizer), seed).to(self.device)
+        if cfg.lora is not None:
+            from peft import LoraConfig, get_peft_model
+            # the adapter's initialisation is seeded by the policy too, wherever it is built
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                model = get_peft_model(model, LoraConfig(
+                    r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
+                    target_modules=list(cfg.lora.target_modules), task_type="CAUSAL_LM"))
+        return model
 
     # ---- sampling -------------------------------------------------------------------------
     @torch.no_grad()
@@ -210,6 +238,10 @@ class Policy:
                 merged[k if batch.tag == "grpo" else f"{batch.tag}/{k}"] = v
         merged["skipped_nan_total"] = self.skipped_nan_steps
         return merged
+
+    def update(self, batches: list[TrainBatch]) -> tuple[dict[str, float], int]:
+        """``train_steps``, and the version of the weights after it (for callers in other processes)."""
+        return self.train_steps(batches), self.version
 
     def _grpo_loss(self, c, mask, old, ref_logp, weights):
         g = self.grpo
