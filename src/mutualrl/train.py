@@ -9,6 +9,7 @@ share. The loop never branches on a strategy's name.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from dataclasses import dataclass, field, replace
@@ -19,16 +20,17 @@ import numpy as np
 import torch
 
 from mutualrl.allocation import make_executor, plan, resolve_inventory, worker_specs_from_config
-from mutualrl.allocation.config import parse_allocation
-from mutualrl.config import ConfigError, RunConfig, to_dict
-from mutualrl.evaluation import evaluate_policy, greedy_accuracy
+from mutualrl.allocation.config import AllocationConfig, parse_allocation
+from mutualrl.allocation.planner import Plan
+from mutualrl.config import RunConfig, to_dict
+from mutualrl.evaluation import accuracy, score_evaluation
 from mutualrl.exchange import ExperienceBus
 from mutualrl.experience import PeerLogPool, open_bus, publish_step
 from mutualrl.exchange import prompt_id as hash_prompt
 from mutualrl.retokenize import Retokenizer
 from mutualrl.metrics import MetricsWriter, namespaced
 from mutualrl.policies.batch import SFTExample
-from mutualrl.policies.policy import Policy, Sample
+from mutualrl.policies.policy import Policy, PolicyView, Sample, load_handles
 from mutualrl.progress import RunProgress
 from mutualrl.strategies import Strategy, StrategyContext, build_strategy
 from mutualrl.tasks import GuardedVerifier, Task, build_task
@@ -36,13 +38,17 @@ from mutualrl.tasks import GuardedVerifier, Task, build_task
 
 @dataclass
 class Run:
-    """Everything one run holds; built once by ``build_run``."""
+    """Everything one run holds; built once by ``build_run``.
+
+    ``policies`` are the driver's views of the policies (tokenizers, encodings, versions); every
+    call that touches weights goes through ``executor``, wherever the policies live.
+    """
 
     cfg: RunConfig
     out: Path
     task: Task
     verifier: GuardedVerifier
-    policies: dict[str, Policy]
+    policies: dict[str, PolicyView]
     strategy: Strategy
     writer: MetricsWriter
     progress: RunProgress
@@ -74,10 +80,10 @@ def build_run(cfg: RunConfig, progress: RunProgress | None = None) -> Run:
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
     peer_logs = PeerLogPool(cfg.exchange.peer_logs) if cfg.exchange.peer_logs else None
-    policies = {p.name: Policy(p, cfg.grpo, seed=cfg.seed * 1000 + i, device=cfg.device)
-                for i, p in enumerate(cfg.policies)}
+    handles = load_handles(cfg.policies)      # each tokenizer once; the driver encodes prompts
     bus, sub = open_bus(out, cfg.exchange)
-    executor = start_executor(cfg, out, policies)
+    executor = start_executor(cfg, out, handles)
+    policies = driver_policies(cfg, executor, handles)
     profiles: dict = {}
     return Run(cfg=cfg, out=out, task=task,
                verifier=GuardedVerifier(task.verifier, cfg.task.verifier_timeout_s),
@@ -88,26 +94,74 @@ def build_run(cfg: RunConfig, progress: RunProgress | None = None) -> Run:
                peer_logs=peer_logs, executor=executor)
 
 
-def start_executor(cfg: RunConfig, out: Path, policies: dict[str, Policy]):
+def start_executor(cfg: RunConfig, out: Path, handles: dict):
     """Plan resources for the run's workers, record the plan, and start the executor on it.
 
-    Policies are built on the driver (their tokenizers and encoders also serve the strategy);
-    the executor runs their generate/update calls concurrently within the plan's threads.
+    Each policy is one worker, built by the executor from its factory (in this process for
+    ``local``, in its own actor for ``ray``); the loop reaches it only through executor calls.
     """
     alloc = parse_allocation(cfg.allocation)
-    if alloc.executor != "local":
-        # Evaluation and receiver-side log-probs read the driver's policies; with weights living
-        # in remote actors they would be stale. Until those calls go through the executor too,
-        # refuse rather than report wrong numbers.
-        raise ConfigError(f"allocation.executor: 'mutualrl train' runs on the local executor; "
-                          f"{alloc.executor!r} is available to the allocation API and `mutualrl plan`")
-    vocab = {p.cfg.tokenizer: p.handle.vocab_size for p in policies.values()}
+    vocab = {spec: h.vocab_size for spec, h in handles.items()}
     specs = worker_specs_from_config(cfg, alloc, vocab_size=vocab.__getitem__)
     the_plan = plan(specs, resolve_inventory(alloc), alloc.memory.usable_memory_fraction)
     (out / "plan.json").write_bytes(msgspec.json.format(msgspec.json.encode(the_plan), indent=2))
     executor = make_executor(alloc)
-    executor.start({n: (lambda p=p: p) for n, p in policies.items()}, the_plan)
+    executor.start(policy_factories(cfg, alloc, handles), policy_plan(the_plan, cfg))
     return executor
+
+
+def policy_factories(cfg: RunConfig, alloc: AllocationConfig, handles: dict) -> dict:
+    """Picklable factories, one per policy. In process they reuse the driver's tokenizers;
+    elsewhere each worker loads its own."""
+    in_process = alloc.executor == "local"
+    return {p.name: functools.partial(Policy, p, cfg.grpo, seed=cfg.seed * 1000 + i, device=cfg.device,
+                                      handle=handles[p.tokenizer] if in_process else None)
+            for i, p in enumerate(cfg.policies)}
+
+
+def policy_plan(the_plan: Plan, cfg: RunConfig) -> Plan:
+    """The plan as the executor sees the loop's workers: a policy's learner and generator are one
+    object, named after the policy, on its learner's devices. Its CPU threads are capped at
+    ``torch_threads`` when that is set, so every executor kind computes with the same count."""
+    names = {p.name for p in cfg.policies}
+    cap = cfg.torch_threads or None
+    merged = tuple(msgspec.structs.replace(a, worker=a.policy, threads=min(a.threads, cap or a.threads))
+                   for a in the_plan.assignments if a.role == "learner" and a.policy in names)
+    return msgspec.structs.replace(the_plan, assignments=merged)
+
+
+def driver_policies(cfg: RunConfig, executor, handles: dict) -> dict[str, PolicyView]:
+    """The driver's view of each policy. An in-process executor's worker is a Policy, which is its
+    own view (tests may reach its model); otherwise a tokenizer-only ``PolicyView``."""
+    worker = getattr(executor, "worker", None)
+    return {p.name: worker(p.name) if worker else PolicyView(p, handles[p.tokenizer])
+            for p in cfg.policies}
+
+
+class WorkerUnavailable(RuntimeError):
+    """A call to one worker failed and ``on_failure`` kept the run going (the worker was removed
+    or rebuilt; under ``stop`` the executor raises ``WorkerFailedError`` instead)."""
+
+
+def call_one(executor, name: str, method: str, **kwargs):
+    """One worker's ``method(**kwargs)``; its value, or ``WorkerUnavailable``."""
+    result = executor.call(method, {name: kwargs})[name]
+    if not result.ok:
+        raise WorkerUnavailable(str(result.failure))
+    return result.value
+
+
+def call_live(run: Run, method: str, **kwargs) -> dict:
+    """``method(**kwargs)`` on every live worker at once; the values of those that succeeded."""
+    results = run.executor.call(method, {n: kwargs for n in run.executor.live_workers()})
+    return {n: r.value for n, r in results.items() if r.ok}
+
+
+def remote_logprobs(executor, name: str):
+    """A policy's ``sequence_logprobs`` for the strategy, computed where its weights are."""
+    def sequence_logprobs(prompts, completions):
+        return call_one(executor, name, "sequence_logprobs", prompts=prompts, completions=completions)
+    return sequence_logprobs
 
 
 # ---- warm start ---------------------------------------------------------------------------
@@ -115,32 +169,42 @@ def warm_start(run: Run) -> None:
     """Supervised warm start of each policy on its own families, until a target accuracy.
 
     Part of every run (not a hidden artefact): its steps and accuracies are in metrics.jsonl.
+    Policies warm up one after another, drawing their prompts from one shared stream.
     """
     w = run.cfg.warmup
     rng = np.random.default_rng([run.cfg.seed, 1])
     for name, policy in run.policies.items():
-        families = policy.cfg.warmup_families
-        if not families or w.max_steps == 0:
+        if not policy.cfg.warmup_families or w.max_steps == 0 or name not in run.executor.live_workers():
             continue
-        probe = run.task.sample(np.random.default_rng([run.cfg.seed, 2]), w.eval_prompts, "train", families)
-        acc, step = 0.0, 0
-        run.progress.start_phase(f"warm start {name}", w.max_steps)
-        while step < w.max_steps:
-            prompts = run.task.sample(rng, w.batch_size, "train", families)
-            examples = tuple(SFTExample(policy.encode_prompt(p.text),
-                                        policy.encode_completion(run.task.demonstration(p)))
-                             for p in prompts)
-            loss = policy.sft_step(examples, w.learning_rate)
-            step += 1
-            if step % w.eval_every == 0:
-                acc = greedy_accuracy(policy, probe, run.verifier, run.cfg.grpo.max_completion_length)
-                run.writer.write({"phase": "warmup", "step": step, "policy": name,
-                                  **namespaced(name, {"loss": loss, "accuracy": acc}, "warmup/")})
-                if acc >= w.target_accuracy:
-                    break
-            run.progress.advance(f"warm start {name}: loss {loss:.3f} acc {acc:.2f}")
-        run.writer.write({"phase": "warmup_done", "policy": name, "step": step,
-                          **namespaced(name, {"steps": step, "accuracy": acc}, "warmup/")})
+        try:
+            warm_start_policy(run, policy, rng)
+        except WorkerUnavailable:
+            continue   # on_failure removed or rebuilt it; the run goes on without its warm start
+
+
+def warm_start_policy(run: Run, policy: PolicyView, rng: np.random.Generator) -> None:
+    w, name, families = run.cfg.warmup, policy.name, policy.cfg.warmup_families
+    probe = run.task.sample(np.random.default_rng([run.cfg.seed, 2]), w.eval_prompts, "train", families)
+    acc, step = 0.0, 0
+    run.progress.start_phase(f"warm start {name}", w.max_steps)
+    while step < w.max_steps:
+        prompts = run.task.sample(rng, w.batch_size, "train", families)
+        examples = tuple(SFTExample(policy.encode_prompt(p.text),
+                                    policy.encode_completion(run.task.demonstration(p)))
+                         for p in prompts)
+        loss = call_one(run.executor, name, "sft_step", examples=examples, learning_rate=w.learning_rate)
+        step += 1
+        if step % w.eval_every == 0:
+            greedy = call_one(run.executor, name, "generate", prompts=probe, num_generations=1,
+                              max_new_tokens=run.cfg.grpo.max_completion_length, temperature=0.0)
+            acc = accuracy(greedy, run.verifier)
+            run.writer.write({"phase": "warmup", "step": step, "policy": name,
+                              **namespaced(name, {"loss": loss, "accuracy": acc}, "warmup/")})
+            if acc >= w.target_accuracy:
+                break
+        run.progress.advance(f"warm start {name}: loss {loss:.3f} acc {acc:.2f}")
+    run.writer.write({"phase": "warmup_done", "policy": name, "step": step,
+                      **namespaced(name, {"steps": step, "accuracy": acc}, "warmup/")})
 
 
 # ---- one iteration, phase by phase --------------------------------------------------------
@@ -155,9 +219,8 @@ def generate(run: Run, prompts) -> tuple[dict[str, list[Sample]], dict[str, floa
     kwargs = dict(prompts=prompts, num_generations=g.num_generations,
                   max_new_tokens=g.max_completion_length, temperature=g.temperature)
     t0 = time.perf_counter()
-    results = run.executor.call("generate", {n: kwargs for n in run.executor.live_workers()})
+    samples = call_live(run, "generate", **kwargs)
     elapsed = time.perf_counter() - t0
-    samples = {n: r.value for n, r in results.items() if r.ok}
     return samples, {n: elapsed for n in samples}
 
 
@@ -182,7 +245,7 @@ def make_context(run: Run, step: int, prompts) -> StrategyContext:
         step=step, grpo=run.cfg.grpo, policy_names=list(ps),
         rng=np.random.default_rng([run.cfg.seed, 4, step]),
         encode_prompt={n: p.encode_prompt for n, p in ps.items()},
-        sequence_logprobs={n: p.sequence_logprobs for n, p in ps.items()},
+        sequence_logprobs={n: remote_logprobs(run.executor, n) for n in ps},
         retokenizers=run.retokenizers,
         tokenizers={p.handle.fingerprint: p.handle for p in ps.values()},
         peer_experience=experience,
@@ -192,11 +255,20 @@ def make_context(run: Run, step: int, prompts) -> StrategyContext:
 
 def update(run: Run, ctx: StrategyContext, samples: dict[str, list[Sample]]) -> dict[str, dict]:
     """The strategy assembles each receiver's batches; the policies train on them concurrently."""
-    batches = {name: run.strategy.build_batches(ctx, name, own) for name, own in samples.items()}
-    results = run.executor.call("train_steps", {n: {"batches": b} for n, b in batches.items()})
+    batches = {}
+    for name, own in samples.items():
+        try:
+            batches[name] = run.strategy.build_batches(ctx, name, own)
+        except WorkerUnavailable:   # its receiver-side call failed; on_failure has dealt with it
+            continue
+    results = run.executor.call("update", {n: {"batches": b} for n, b in batches.items()})
     for name in results:
         run.strategy.after_update(ctx, name)
-    return {n: r.value for n, r in results.items() if r.ok}
+    stats = {}
+    for n, r in results.items():
+        if r.ok:
+            stats[n], run.policies[n].version = r.value
+    return stats
 
 
 def sample_metrics(samples: list[Sample], elapsed: float, g) -> dict[str, float]:
@@ -231,15 +303,21 @@ def log_step(run: Run, step: int, samples, gen_time, update_stats, ctx, step_tim
 
 
 def evaluate(run: Run, step: int) -> dict[str, float]:
+    """Held-out pass@1 (greedy) and pass@k of every live policy; samples come from the workers,
+    the verifier runs here."""
     e, g = run.cfg.eval, run.cfg.grpo
     prompts = []
     for fam in run.task.families:
         prompts += run.task.sample(np.random.default_rng([run.cfg.seed, 5]), e.num_prompts, "heldout", [fam])
+    gen = dict(prompts=prompts, max_new_tokens=g.max_completion_length)
+    greedy = call_live(run, "generate", num_generations=1, temperature=0.0, **gen)
+    sampled = (call_live(run, "generate", num_generations=e.k, temperature=g.temperature, **gen)
+               if e.k > 1 else greedy)
     record: dict = {"phase": "eval", "step": step}
-    for name, p in run.policies.items():
-        record.update(namespaced(name, evaluate_policy(p, prompts, run.verifier, k=e.k,
-                                                        max_new_tokens=g.max_completion_length,
-                                                        temperature=g.temperature)))
+    for name in run.policies:
+        if name in greedy and name in sampled:
+            record.update(namespaced(name, score_evaluation(prompts, greedy[name], sampled[name],
+                                                            run.verifier, k=e.k)))
     run.writer.write(record)
     return record
 
@@ -291,8 +369,7 @@ def train(cfg: RunConfig, progress: RunProgress | None = None) -> RunSummary:
         evaluate(run, 0)       # the starting point every later evaluation is compared with
         train_loop(run)
         final = evaluate(run, cfg.steps)
-        for p in run.policies.values():
-            p.save(run.out / "policies")
+        call_live(run, "save", directory=str(run.out / "policies"))
         return summarize(run, final, time.perf_counter() - t0)
     finally:
         run.executor.shutdown()

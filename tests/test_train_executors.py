@@ -1,0 +1,97 @@
+"""The same tiny run on every executor gives the same numbers.
+
+``mutualrl train`` reaches its policies only through the executor (generate, update, the warm
+start's SFT steps and probes, evaluation, the PRP strategy's receiver-side log-probs, saving), so
+with one seed and one torch thread per worker the sequential and threaded local executors and the
+Ray executor (one actor per policy) must write identical metrics: every record of every phase,
+timing fields aside.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mutualrl.config import load_config
+from mutualrl.metrics import read_metrics
+from mutualrl.allocation import LocalExecutor
+from mutualrl.allocation.config import AllocationConfig
+from mutualrl.train import WorkerUnavailable, call_one, train
+
+TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.toml"
+TIMING = ("time_s", "tokens_per_s", "step_time_s")
+# A described two-core machine: the same plan (one thread per policy) wherever the test runs.
+COMMON = ("torch_threads=1", "allocation.inventory.cpus_per_node=2", "allocation.call_timeout_s=120")
+LOCAL = {"sequential": ('allocation.local_mode="sequential"',),
+         "threads": ('allocation.local_mode="threads"',)}
+
+
+def run_tiny(out: Path, strategy: str, *overrides: str) -> list[dict]:
+    train(load_config(TINY, [f'output_dir="{out}"', f'strategy="{strategy}"', *COMMON, *overrides]))
+    return [{k: v for k, v in r.items() if not k.endswith(TIMING)}
+            for r in read_metrics(out / "metrics.jsonl")]
+
+
+def assert_same(a: list[dict], b: list[dict]) -> None:
+    assert [r["phase"] for r in a] == [r["phase"] for r in b]
+    for ra, rb in zip(a, b):
+        assert ra == rb, json.dumps({k: (ra.get(k), rb.get(k)) for k in ra.keys() | rb.keys()
+                                     if ra.get(k) != rb.get(k)}, default=str)
+
+
+@pytest.fixture(scope="module")
+def local_runs(tmp_path_factory, fast_run_builds_module):
+    root = tmp_path_factory.mktemp("executors")
+    return {(s, mode): run_tiny(root / f"{s}-{mode}", s, *LOCAL[mode])
+            for s in ("none", "prp") for mode in LOCAL}
+
+
+def test_every_phase_is_recorded(local_runs):
+    records = local_runs["prp", "sequential"]
+    phases = [r["phase"] for r in records]
+    assert phases.count("warmup_done") == 2 and phases.count("train") == 2
+    assert phases[-1] == "eval" and "eval" in phases[:-1]        # step 0 and the end
+    train = [r for r in records if r["phase"] == "train"]
+    for name in ("llama-mistral", "qwen-deepseek"):
+        p = f"policy/{name}/"
+        for key in ("reward/mean", "loss", "entropy", "grad_norm", "completion_length"):
+            assert p + key in train[0], key
+        assert train[0][p + "prp/peer_samples"] > 0   # receiver-side log-probs were computed
+
+
+@pytest.mark.parametrize("strategy", ["none", "prp"])
+def test_threads_match_sequential(local_runs, strategy):
+    assert_same(local_runs[strategy, "sequential"], local_runs[strategy, "threads"])
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray", reason="the ray extra is not installed")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("strategy", ["none", "prp"])
+def test_ray_matches_local(local_runs, ray_cluster, tmp_path, strategy):
+    """Policies built inside their actors from picklable factories; the driver keeps tokenizers."""
+    records = run_tiny(tmp_path / "ray", strategy, 'allocation.executor="ray"')
+    assert_same(local_runs[strategy, "sequential"], records)
+    for name in ("llama-mistral", "qwen-deepseek"):
+        assert any((tmp_path / "ray" / "policies" / name).glob("*.safetensors"))
+
+
+class _Flaky:
+    def sequence_logprobs(self, prompts, completions):
+        raise ValueError("no weights here")
+
+
+def test_a_failed_call_kept_going_by_on_failure_is_unavailable_to_the_loop():
+    ex = LocalExecutor(AllocationConfig(on_failure="continue", local_mode="sequential"))
+    ex.start({"a": _Flaky})
+    with pytest.raises(WorkerUnavailable, match="no weights here"):
+        call_one(ex, "a", "sequence_logprobs", prompts=[], completions=[])
+    assert ex.live_workers() == []        # removed, as on_failure says
