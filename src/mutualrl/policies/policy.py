@@ -224,7 +224,7 @@ class Policy(PolicyView):
             if batch.sft and batch.sft_coef > 0:
                 sft = self.sft_loss(batch.sft)
                 loss = loss + batch.sft_coef * sft
-                stats["sft_loss"] = float(sft)
+                stats["sft_loss"] = float(sft.detach())
             stats.update(self._apply(loss))
         self.version += 1
         stats["step_time_s"] = time.perf_counter() - t0
