@@ -22,7 +22,7 @@ import torch
 from mutualrl.allocation import make_executor, plan, resolve_inventory, worker_specs_from_config
 from mutualrl.allocation.config import AllocationConfig, parse_allocation
 from mutualrl.allocation.planner import Plan
-from mutualrl.config import RunConfig, to_dict
+from mutualrl.config import ConfigError, RunConfig, to_dict
 from mutualrl.evaluation import accuracy, score_evaluation
 from mutualrl.exchange import ExperienceBus
 from mutualrl.experience import PeerLogPool, open_bus, publish_step
@@ -75,7 +75,8 @@ def build_run(cfg: RunConfig, progress: RunProgress | None = None) -> Run:
     for p in cfg.policies:
         bad = [f for f in p.warmup_families if f not in task.families]
         if bad:
-            raise ValueError(f"policies.{p.name}.warmup_families: {bad} not in task families {list(task.families)}")
+            raise ConfigError(f"policies.{p.name}.warmup_families: {bad} not in task families "
+                              f"{list(task.families)}")
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
@@ -337,8 +338,6 @@ def train_loop(run: Run) -> None:
         if run.cfg.eval.every and (step + 1) % run.cfg.eval.every == 0 and step + 1 < run.cfg.steps:
             evaluate(run, step + 1)
         run.progress.advance(" | ".join(f"{n} r={np.mean(h[-5:]):.2f}" for n, h in run.history.items()))
-
-
 
 
 @dataclass(frozen=True)
