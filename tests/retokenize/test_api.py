@@ -139,3 +139,39 @@ def test_batched_normaliser_check_matches_per_text(retokenizers):
     want = [norm.normalize_str(t) != t for t in texts]
     assert normalizer_changes(prof, texts) == want
     assert normalizer_changes(prof, texts[:-1]) == want[:-1]
+
+
+@pytest.mark.parametrize("pair", [("deepseek-v3", "mistral-v1"), ("mistral-v1", "bert-wordpiece"),
+                                  ("bert-wordpiece", "deepseek-v3")])
+@pytest.mark.parametrize("variant", ["logprobs", "no_logprobs", "encoded_source"])
+def test_vectorised_batch_residuals_match_single_on_the_corpus(handles, pair, variant):
+    """The whole-batch segment reductions (texts without specials, EOS group or truncation) give
+    the same groups, sums and residuals, bit for bit and type for type, as one text at a time."""
+    from mutualrl.retokenize.benchmark import load_corpus
+
+    texts = load_corpus()[::3] + ["", " ", "x"]
+    src, tgt = pair
+    rt = Retokenizer(handles[tgt], cache_size=0)
+    sprof = rt.profile_for(handles[src])
+    ids = [np.array(sprof.continuation.encode(t, add_special_tokens=False).ids, dtype=np.int64)
+           for t in texts]
+    if sprof.eos_id is not None:  # a few texts keep the per-text path: a special in the middle
+        ids = [np.insert(i, i.size // 2, sprof.eos_id) if k % 5 == 0 else i
+               for k, i in enumerate(ids)]
+    lps = [-np.linspace(0.1, 2.0, i.size) ** 1.5 for i in ids]
+    kw = {"logprobs": dict(source_ids=ids, source_logprobs=lps),
+          "no_logprobs": dict(source_ids=ids), "encoded_source": {}}[variant]
+    batch = rt.retokenize_batch(texts, source=handles[src], **kw)
+    for k, text in enumerate(texts):
+        one = rt.retokenize(text, source=handles[src],
+                            **{key: v[k] for key, v in kw.items()})
+        assert np.array_equal(one.target_ids, batch[k].target_ids)
+        for a, b in zip(vars(one.groups).values(), vars(batch[k].groups).values()):
+            assert np.array_equal(a, b) and a.dtype == b.dtype
+        if one.group_logprob_sums is None:
+            assert batch[k].group_logprob_sums is None
+        else:
+            assert one.group_logprob_sums.tobytes() == batch[k].group_logprob_sums.tobytes()
+        for f in AlignmentResiduals.__struct_fields__:
+            a, b = getattr(one.residuals, f), getattr(batch[k].residuals, f)
+            assert type(a) is type(b) and a == b, (k, f, a, b)

@@ -144,12 +144,46 @@ def align_many(src_ends: list[np.ndarray], tgt_ends: list[np.ndarray],
     """
     n = len(totals)
     out: list[AlignmentGroups | None] = [None] * n
-    full = [k for k in range(n) if src_ends[k].size and tgt_ends[k].size]
+    batch = align_batch(src_ends, tgt_ends, totals)
     for k in range(n):
         if not (src_ends[k].size and tgt_ends[k].size):
             out[k] = align_ends(src_ends[k], tgt_ends[k], totals[k])
-    if not full:
+    if batch is None:
         return out  # type: ignore[return-value]
+    # One (6, G) array; each text's groups are column slices of it (views, one per field).
+    local, split = batch.local, batch.split.tolist()
+    lo = 0
+    for k, hi in zip(batch.full, split):
+        out[k] = AlignmentGroups(*local[:, lo:hi])
+        lo = hi
+    return out  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class BatchAlignment:
+    """The groups of the texts ``full`` (both sides non-empty) of a batch, end to end.
+
+    ``local`` is int64 of shape (6, G): the ``AlignmentGroups`` fields in that order, in per-text
+    coordinates; text ``full[j]`` owns columns ``split[j-1]:split[j]`` (``split[-1] == G``).
+    ``src_offset`` / ``tgt_offset`` give where each text starts in the concatenated ends.
+    """
+
+    full: list[int]
+    local: np.ndarray
+    split: np.ndarray
+    src_offset: np.ndarray
+    tgt_offset: np.ndarray
+    src_all: np.ndarray
+    tgt_all: np.ndarray
+
+
+def align_batch(src_ends: list[np.ndarray], tgt_ends: list[np.ndarray],
+                totals: list[int]) -> BatchAlignment | None:
+    """One alignment over the concatenated ends of the texts with both sides non-empty (None:
+    no such text); see ``align_many``. ``src_all`` / ``tgt_all`` are the shifted ends."""
+    full = [k for k in range(len(totals)) if src_ends[k].size and tgt_ends[k].size]
+    if not full:
+        return None
     tot = np.array([totals[k] for k in full], dtype=np.int64)
     byte_off = np.cumsum(tot + 1) - (tot + 1)
     s_sizes = np.array([src_ends[k].size for k in full], dtype=np.int64)
@@ -159,15 +193,14 @@ def align_many(src_ends: list[np.ndarray], tgt_ends: list[np.ndarray],
     g = align_ends(s_all, t_all, int(byte_off[-1] + tot[-1]))
     split = np.searchsorted(g.byte_end, byte_off + tot, side="right")
     item = np.repeat(np.arange(len(full)), np.diff(split, prepend=0))
-    s_off = (np.cumsum(s_sizes) - s_sizes)[item]
-    t_off = (np.cumsum(t_sizes) - t_sizes)[item]
-    b_off = byte_off[item]
+    s_start, t_start = np.cumsum(s_sizes) - s_sizes, np.cumsum(t_sizes) - t_sizes
+    s_off, t_off, b_off = s_start[item], t_start[item], byte_off[item]
+    local = np.empty((6, len(g)), dtype=np.int64)
+    np.subtract(g.src_start, s_off, out=local[0])
+    np.subtract(g.src_end, s_off, out=local[1])
+    np.subtract(g.tgt_start, t_off, out=local[2])
+    np.subtract(g.tgt_end, t_off, out=local[3])
     # The first group of each text starts where the previous text ended: its local start is 0.
-    local = (g.src_start - s_off, g.src_end - s_off, g.tgt_start - t_off, g.tgt_end - t_off,
-             np.maximum(g.byte_start - b_off, 0), g.byte_end - b_off)
-    lo = 0
-    for j, k in enumerate(full):
-        hi = int(split[j])
-        out[k] = AlignmentGroups(*(a[lo:hi] for a in local))
-        lo = hi
-    return out  # type: ignore[return-value]
+    np.maximum(g.byte_start - b_off, 0, out=local[4])
+    np.subtract(g.byte_end, b_off, out=local[5])
+    return BatchAlignment(full, local, split, s_start, t_start, s_all, t_all)

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mutualrl.retokenize.align import AlignmentGroups, align_ends, align_many, byte_iou, common_boundaries
+from mutualrl.retokenize.align import (AlignmentGroups, BatchAlignment, align_batch, align_ends,
+                                       byte_iou, common_boundaries)
 from mutualrl.retokenize.encoding import Encoded, EncodingCache, encode_texts, pin_last, utf8
 from mutualrl.retokenize.loaders import TokenizerHandle
 from mutualrl.retokenize.profile import TokenizerProfile
@@ -164,14 +165,91 @@ class Retokenizer:
         if source is not None:
             sources = self._sources(self.profile_for(source), texts, datas, source_ids,
                                     source_logprobs, flags)
-        aligned = [AlignmentGroups.empty()] * n
+        totals = [len(d) for d in datas]
+        out: list[RetokenizedTrajectory | None] = [None] * n
+        groups: list[AlignmentGroups | None] = [AlignmentGroups.empty()] * n
         if source is not None and n == 1:  # one text: skip the batch bookkeeping
-            aligned = [align_ends(sources[0].ends, targets[0].ends, len(datas[0]))]
+            groups = [align_ends(sources[0].ends, targets[0].ends, totals[0])]
         elif source is not None:
-            aligned = align_many([src.ends for src in sources], [t.ends for t in targets],
-                                 [len(d) for d in datas])
-        return [self._assemble(texts[i], len(datas[i]), targets[i], sources[i], aligned[i],
-                               flags[i]) for i in range(n)]
+            groups = [None] * n
+            batch = align_batch([src.ends for src in sources], [t.ends for t in targets], totals)
+            if batch is not None:
+                self._assemble_batch(batch, texts, totals, targets, sources, flags, out, groups)
+        for i in range(n):
+            if out[i] is None:
+                g = groups[i]
+                if g is None:  # a side with no tokens: not in the batch alignment
+                    g = align_ends(sources[i].ends, targets[i].ends, totals[i])
+                out[i] = self._assemble(texts[i], totals[i], targets[i], sources[i], g, flags[i])
+        return out  # type: ignore[return-value]
+
+    def _assemble_batch(self, batch: BatchAlignment, texts, totals, targets, sources, flags,
+                        out: list, groups: list) -> None:
+        """Results of the batch texts that need no per-text edit of their groups (no source
+        specials, no EOS group, no truncation), from segment reductions over the whole batch.
+
+        Fills ``out`` for those texts and ``groups`` (views of the batch alignment) for the
+        others, which go through ``_assemble``. Field values equal ``_assemble``'s exactly.
+        """
+        prof, full, local = self.profile, batch.full, batch.local
+        split = batch.split
+        n_groups = np.diff(split, prepend=0)
+        gstart = split - n_groups                      # every batch text has >= 1 group
+        ns, nt = local[1] - local[0], local[3] - local[2]
+        one_s, one_t = ns == 1, nt == 1
+        card = np.add.reduceat(np.stack([one_s & one_t, one_s & (nt > 1), (ns > 1) & one_t]
+                                        ).astype(np.int64), gstart, axis=1)
+        largest = np.maximum.reduceat(np.stack([ns, nt, local[5] - local[4]]), gstart, axis=1)
+        uniq = [np.add.reduceat(_new_value(a, off), off)
+                for a, off in ((batch.src_all, batch.src_offset), (batch.tgt_all, batch.tgt_offset))]
+        tgt_ids = np.concatenate([targets[k].ids for k in full])
+        unk = (np.add.reduceat((tgt_ids == prof.unk_id).astype(np.int64), batch.tgt_offset)
+               if prof.unk_id is not None else None)
+        fallback = np.add.reduceat(prof.byte_fallback[tgt_ids].astype(np.int64), batch.tgt_offset)
+        gsums = None
+        if all(sources[k].logprobs is not None for k in full):
+            # Texts with specials have more log-probs than ends: placeholders keep the layout.
+            lp_all = np.concatenate([sources[k].logprobs if not sources[k].n_specials
+                                     else np.zeros(sources[k].ends.size) for k in full])
+            gsums = np.add.reduceat(lp_all, local[0] + np.repeat(batch.src_offset, n_groups))
+        cols = (n_groups.tolist(), card[0].tolist(), card[1].tolist(), card[2].tolist(),
+                largest[0].tolist(), largest[1].tolist(), largest[2].tolist(),
+                uniq[0].tolist(), uniq[1].tolist(),
+                unk.tolist() if unk is not None else [0] * len(full), fallback.tolist())
+        eos = self.profile.eos_id is not None
+        max_len = self.max_length
+        lo = 0
+        for j, k in enumerate(full):
+            hi = int(split[j])
+            g = AlignmentGroups(*local[:, lo:hi])
+            src, tgt = sources[k], targets[k]
+            m = tgt.ids.size
+            if (src.n_specials or (flags[k] and eos) or (max_len is not None and m > max_len)
+                    or (gsums is None and src.logprobs is not None)):
+                groups[k] = g
+                lo = hi
+                continue
+            ng, c11, c1n, cn1, big_s, big_t, big_b, us, ut, n_unk, n_fb = (c[j] for c in cols)
+            n_src = src.ends.size
+            sums, mass_error = None, 0.0
+            if gsums is not None:
+                sums = gsums[lo:hi]
+                mass_error = abs(float(src.logprobs.sum()) - float(sums.sum()))
+            residuals = AlignmentResiduals(
+                n_bytes=totals[k], n_source_tokens=n_src, n_target_tokens=m, n_groups=ng,
+                roundtrip_mismatch=tgt.mismatch, roundtrip_edit_distance=tgt.edit_distance,
+                normalizer_changed_text=tgt.normalizer_changed,
+                source_mismatch=bool(src.mismatch), source_edit_distance=src.edit_distance,
+                boundary_iou=ng / (us + ut - ng),  # the groups' ends are the common boundaries
+                groups_1_1=c11, groups_1_n=c1n, groups_n_1=cn1, groups_n_m=ng - c11 - c1n - cn1,
+                largest_group_source_tokens=big_s, largest_group_target_tokens=big_t,
+                largest_group_bytes=big_b, length_ratio=m / n_src,
+                unknown_rate=float(n_unk) / m if prof.unk_id is not None else 0.0,
+                byte_fallback_rate=float(n_fb) / m, specials_stripped=0, specials_added=0,
+                eos_paired=False, truncated_tokens=0, truncated_bytes=0,
+                logprob_mass_error=mass_error, logprob_mass_unassigned=0.0)
+            out[k] = RetokenizedTrajectory(texts[k], tgt.ids.copy(), g, sums, residuals)
+            lo = hi
 
     def _sources(self, prof, texts, datas, source_ids, source_logprobs, flags) -> list[_Source]:
         if source_ids is None:
@@ -296,6 +374,14 @@ def _as_logprobs(lps, n: int, field: str) -> np.ndarray:
 def _clip_ends(ends: np.ndarray, total: int) -> np.ndarray:
     # Whatever the source ids did not spell joins the last token.
     return pin_last(np.minimum(ends, total), total)
+
+
+def _new_value(ends: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """1 where an end differs from the previous one or starts a text, else 0 (int64)."""
+    out = np.ones(ends.size, dtype=np.int64)
+    out[1:] = ends[1:] != ends[:-1]
+    out[starts] = 1
+    return out
 
 
 def _remap_source(groups: AlignmentGroups, kept_index: np.ndarray) -> AlignmentGroups:
