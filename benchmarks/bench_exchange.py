@@ -19,12 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import pickle
-import os
-import platform
 import statistics
-import subprocess
-import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +32,7 @@ import zstandard
 from mutualrl.exchange import Delivery, Rollout
 from mutualrl.exchange.framing import HEADER_SIZE
 from mutualrl.exchange.wire import FrameCodec
+from mutualrl.provenance import git_commit, machine_info, time_calls
 
 N_ROLLOUTS = 64
 LEVEL = 3
@@ -139,16 +135,6 @@ def test_decode(benchmark, formats, name) -> None:
 # ---------------------------------------------------------------- script mode
 
 
-def _time(fn: Callable[[], object], repeat: int) -> list[float]:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return times
-
-
 def _summary(times: list[float], n_bytes: int) -> dict:
     q1, med, q3 = np.percentile(times, [25, 50, 75])
     return {"median_s": med, "iqr_s": q3 - q1, "min_s": min(times),
@@ -157,18 +143,8 @@ def _summary(times: list[float], n_bytes: int) -> dict:
 
 
 def _machine() -> dict:
-    def git(*args: str) -> str:
-        try:
-            return subprocess.run(["git", *args], capture_output=True, text=True,
-                                  cwd=Path(__file__).parent, check=True).stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            return "unknown"
-
-    return {"platform": platform.platform(), "processor": platform.processor(),
-            "cpu_count": os.cpu_count(), "python": sys.version.split()[0],
-            "msgspec": msgspec.__version__, "zstandard": zstandard.__version__,
-            "numpy": np.__version__, "git_commit": git("rev-parse", "HEAD"),
-            "git_dirty": bool(git("status", "--porcelain", "--", "."))}
+    return {**machine_info(msgspec=msgspec.__version__, zstandard=zstandard.__version__,
+                           numpy=np.__version__), "git_commit": git_commit()}
 
 
 def run_all(repeat: int) -> dict:
@@ -180,8 +156,8 @@ def run_all(repeat: int) -> dict:
         results[name] = {
             "compressed_bytes_per_rollout": len(data) / N_ROLLOUTS,
             "uncompressed_bytes_per_rollout": fmt.raw_bytes / N_ROLLOUTS,
-            "encode": _summary(_time(fmt.encode, repeat), fmt.raw_bytes),
-            "decode": _summary(_time(lambda: fmt.decode(data), repeat), fmt.raw_bytes),
+            "encode": _summary(time_calls(fmt.encode, repeat), fmt.raw_bytes),
+            "decode": _summary(time_calls(lambda: fmt.decode(data), repeat), fmt.raw_bytes),
         }
     ours = results["mutualrl"]
     ratios = {f"{op}_speedup_vs_{peer}": results[peer][op]["median_s"] / ours[op]["median_s"]

@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from typing import Any
 
 from mutualrl.config import ConfigError
 from mutualrl.progress import RunProgress
+from mutualrl.provenance import git_commit
 
 STATE_FILE = "compare.json"
 STATE_VERSION = 1
@@ -144,19 +144,6 @@ def config_digest(config_path: str | Path, overrides: Sequence[str]) -> str:
     from mutualrl.config import load_config, to_dict
     data = to_dict(load_config(config_path, [*overrides, "seed=0", 'output_dir=""']))
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def git_commit(where: Path | None = None) -> str:
-    """The commit the code came from (``+dirty`` if tracked files differ); "unknown" outside git."""
-    where = where or Path(__file__).resolve().parent
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True,
-                              text=True, timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--"], cwd=where,
-                               capture_output=True, timeout=10).returncode != 0
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return head + ("+dirty" if dirty else "") if head else "unknown"
 
 
 # ---- the compare's own state --------------------------------------------------------------------

@@ -167,7 +167,6 @@ def test_entry_point_registered_type_decodes(monkeypatch) -> None:
     from importlib.metadata import EntryPoint
 
     import mutualrl.registry as registry_module
-    from mutualrl.exchange import Delivery
     from mutualrl.exchange.codec import RecordCodec
 
     ep = EntryPoint(name="plugin.score", group="mutualrl.experience_types",

@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import subprocess
 import sys
 from pathlib import Path
 
+from mutualrl.provenance import git_commit, machine_info
 from mutualrl.retokenize.benchmark import DEFAULT_PAIRS, run_benchmark
 
 _ROWS = ("encode", "encode_batch", "align", "align_per_text", "end_to_end", "end_to_end_batch",
@@ -47,24 +45,12 @@ def _parse_pairs(text: str | None) -> tuple[tuple[str, str], ...]:
     return tuple(pairs)
 
 
-def _git_commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=5, cwd=Path(__file__).resolve().parent)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
-
-
-def machine_info() -> dict:
+def _machine() -> dict:
     """Where the numbers were taken (no torch import: the benchmark does not need it)."""
     import numpy
     import tokenizers
 
-    return {"platform": platform.platform(), "machine": platform.machine(),
-            "processor": platform.processor(), "cpu_count": os.cpu_count(),
-            "python": sys.version.split()[0], "numpy": numpy.__version__,
-            "tokenizers": tokenizers.__version__}
+    return machine_info(numpy=numpy.__version__, tokenizers=tokenizers.__version__)
 
 
 def _print_table(results: dict) -> None:
@@ -98,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     results = run_benchmark(pairs, corpus=args.corpus, repeats=args.repeats,
                             naive_texts=0 if args.no_peers else args.naive_texts,
                             peers=not args.no_peers)
-    results = {"benchmark": "retokenize", "machine": machine_info(), "git_commit": _git_commit(),
+    results = {"benchmark": "retokenize", "machine": _machine(), "git_commit": git_commit(),
                **results}
     _print_table(results)
     out = Path(args.output)

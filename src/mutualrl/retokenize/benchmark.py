@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import json
 import statistics
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from mutualrl.provenance import time_calls
 from mutualrl.retokenize import baselines
 from mutualrl.retokenize.align import align_ends, align_many
 from mutualrl.retokenize.encoding import encode_texts, utf8
@@ -93,17 +92,6 @@ class Timing:
                 "tokens": self.tokens, "tokens_per_s": self.tokens_per_s, "note": self.note}
 
 
-def time_passes(fn: Callable[[], object], repeats: int) -> list[float]:
-    """Wall time of ``repeats`` calls of ``fn`` after one warm-up call."""
-    fn()
-    out = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - start)
-    return out
-
-
 @dataclass
 class PairData:
     """Everything precomputed for one pair, so each timed pass measures one thing only."""
@@ -147,19 +135,19 @@ def _bench_ours(d: PairData, repeats: int) -> list[Timing]:
     backend, n = d.tgt.profile.continuation, d.target_tokens
     source = d.src.target
     return [
-        Timing("encode", time_passes(lambda: [backend.encode(t, add_special_tokens=False).ids
+        Timing("encode", time_calls(lambda: [backend.encode(t, add_special_tokens=False).ids
                                               for t in d.texts], repeats), n),
-        Timing("encode_batch", time_passes(lambda: [e.ids for e in backend.encode_batch(
+        Timing("encode_batch", time_calls(lambda: [e.ids for e in backend.encode_batch(
             d.texts, add_special_tokens=False)], repeats), n),
-        Timing("align", time_passes(lambda: align_many(d.src_ends, d.tgt_ends, d.totals),
+        Timing("align", time_calls(lambda: align_many(d.src_ends, d.tgt_ends, d.totals),
                                     repeats), n),
-        Timing("align_per_text", time_passes(lambda: [
+        Timing("align_per_text", time_calls(lambda: [
             align_ends(a, b, c) for a, b, c in zip(d.src_ends, d.tgt_ends, d.totals)],
             repeats), n),
-        Timing("end_to_end", time_passes(lambda: [
+        Timing("end_to_end", time_calls(lambda: [
             d.tgt.retokenize(t, source=source, source_ids=i, source_logprobs=lp)
             for t, i, lp in zip(d.texts, d.src_ids, d.src_lps)], repeats), n),
-        Timing("end_to_end_batch", time_passes(lambda: d.tgt.retokenize_batch(
+        Timing("end_to_end_batch", time_calls(lambda: d.tgt.retokenize_batch(
             d.texts, source=source, source_ids=d.src_ids, source_logprobs=d.src_lps),
             repeats), n),
     ]
@@ -172,20 +160,20 @@ def _bench_peers(d: PairData, repeats: int, naive_texts: int) -> list[Timing]:
     if trl is not None:
         s_off = [_offsets(e) for e in d.src_ends]
         t_off = [_offsets(e) for e in d.tgt_ends]
-        out.append(Timing("align_trl", time_passes(
+        out.append(Timing("align_trl", time_calls(
             lambda: [trl(a, b) for a, b in zip(s_off, t_off)], repeats), n))
     spacy = baselines.spacy_align_fn()
     if spacy is not None:
         s_tok = [_token_strings(d.src.profile, ids) for ids in d.src_ids]
         t_tok = [_token_strings(d.tgt.profile, ids) for ids in d.tgt_ids]
-        out.append(Timing("align_spacy", time_passes(
+        out.append(Timing("align_spacy", time_calls(
             lambda: [spacy(a, b) for a, b in zip(s_tok, t_tok)], repeats), n))
     if naive_texts > 0:
         k = min(naive_texts, len(d.texts))
         sdec, tdec = d.src.profile.continuation.decode, d.tgt.profile.continuation.decode
         s_ids = [ids.tolist() for ids in d.src_ids[:k]]
         t_ids = [ids.tolist() for ids in d.tgt_ids[:k]]
-        out.append(Timing("align_naive", time_passes(lambda: [
+        out.append(Timing("align_naive", time_calls(lambda: [
             baselines.naive_decode_prefix_align(sdec, a, tdec, b) for a, b in zip(s_ids, t_ids)],
             max(1, repeats // 2)), int(sum(len(b) for b in t_ids)), note=f"first {k} texts"))
     return out

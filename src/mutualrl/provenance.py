@@ -1,0 +1,45 @@
+"""Where a number came from: the commit, the machine, and a plain timing loop.
+
+Benchmarks and compare reports record these so a figure can be traced and compared later.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+
+def git_commit(where: Path | None = None) -> str:
+    """The commit the code came from (``+dirty`` if tracked files differ); "unknown" outside git."""
+    where = where or Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True,
+                              text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--"], cwd=where,
+                               capture_output=True, timeout=10).returncode != 0
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "") if head else "unknown"
+
+
+def machine_info(**versions: str) -> dict[str, object]:
+    """Platform, processor, cores and Python, plus the library ``versions`` a benchmark names."""
+    return {"platform": platform.platform(), "machine": platform.machine(),
+            "processor": platform.processor(), "cpu_count": os.cpu_count(),
+            "python": sys.version.split()[0], **versions}
+
+
+def time_calls(fn: Callable[[], object], repeats: int) -> list[float]:
+    """Wall seconds of ``repeats`` calls of ``fn`` after one warm-up call."""
+    fn()
+    out = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - start)
+    return out
