@@ -129,7 +129,7 @@ def test_config_error_is_a_value_error():
     ("eval.num_prompts=0", "$.eval"),       # crashes in the final evaluation, after training
     ("eval.k=0", "$.eval"),                 # reports a meaningless pass@0
     ("eval.every=-1", "$.eval"),            # (step + 1) % -1 == 0: evaluates every step
-    ("warmup.eval_prompts=0", "$.warmup"),  # greedy_accuracy on no prompts crashes
+    ("warmup.eval_prompts=0", "$.warmup"),  # a warm-start probe of no prompts crashes
     ("warmup.learning_rate=-0.1", "$.warmup"),  # gradient ascent on the demonstrations
     ("task.verifier_timeout_s=0", "$.task"),    # every verifier call times out: reward 0
 ])

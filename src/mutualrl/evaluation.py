@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mutualrl.policies.policy import Policy, Sample
+from mutualrl.policies.policy import Sample
 from mutualrl.tasks.base import GuardedVerifier, Prompt
 
 
@@ -15,18 +15,11 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - float(np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
 
 
-def evaluate_policy(policy: Policy, prompts: list[Prompt], verifier: GuardedVerifier, *, k: int,
-                    max_new_tokens: int, temperature: float) -> dict[str, float]:
-    """``heldout/<family>/pass@1`` (greedy), ``.../pass@k`` (k samples) and ``heldout/pass@1``."""
-    greedy = policy.generate(prompts, 1, max_new_tokens, 0.0)
-    sampled = policy.generate(prompts, k, max_new_tokens, temperature) if k > 1 else greedy
-    return score_evaluation(prompts, greedy, sampled, verifier, k=k)
-
-
 def score_evaluation(prompts: list[Prompt], greedy: list[Sample], sampled: list[Sample],
                      verifier: GuardedVerifier, *, k: int) -> dict[str, float]:
-    """The metrics of ``evaluate_policy`` from its samples: one greedy and k sampled per prompt,
-    generated wherever the policy lives; the verifier runs here."""
+    """``heldout/<family>/pass@1`` (greedy), ``.../pass@k`` and ``heldout/pass@1`` from one greedy
+    and k sampled completions per prompt, generated wherever the policy lives; the verifier runs
+    here."""
     out: dict[str, float] = {}
     families = sorted({p.family for p in prompts})
     correct_greedy = np.array([verifier(s.prompt, s.text) > 0 for s in greedy])
@@ -39,11 +32,6 @@ def score_evaluation(prompts: list[Prompt], greedy: list[Sample], sampled: list[
                                                       for c in correct_k[sel].sum(1)]))
     out["heldout/pass@1"] = float(correct_greedy.mean())
     return out
-
-
-def greedy_accuracy(policy: Policy, prompts: list[Prompt], verifier: GuardedVerifier,
-                    max_new_tokens: int) -> float:
-    return accuracy(policy.generate(prompts, 1, max_new_tokens, 0.0), verifier)
 
 
 def accuracy(samples: list[Sample], verifier: GuardedVerifier) -> float:

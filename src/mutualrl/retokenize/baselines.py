@@ -65,16 +65,6 @@ def trl_align_fn():
         return None
 
 
-def trl_encode_fn():
-    """TRL's ``encode_with_byte_offsets(backend, texts)`` (ByteLevel only) or None."""
-    try:
-        _trl_module()
-        from trl.experimental.utils import encode_with_byte_offsets
-    except Exception:  # noqa: BLE001
-        return None
-    return encode_with_byte_offsets
-
-
 def spacy_align_fn():
     """``spacy_alignments.get_alignments(a_tokens, b_tokens)`` or None."""
     try:
