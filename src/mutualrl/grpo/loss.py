@@ -89,14 +89,14 @@ def clipped_surrogate(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: 
                           clip_high_frac=(high * m).sum() / n, kl=(kl.detach() * m).sum() / n)
 
 
-def completion_mask(completion_ids: Tensor, lengths: Tensor, truncated: Tensor,
-                    mask_truncated: bool) -> Tensor:
+def completion_mask(completion_ids: Tensor, lengths: Tensor, truncated: Tensor | None = None,
+                    mask_truncated: bool = False) -> Tensor:
     """(B, T) mask of real completion tokens; rows of truncated completions zeroed if asked.
 
     completion_ids: (B, T); lengths: (B,) tokens generated incl. EOS; truncated: (B,) bool.
     """
     positions = torch.arange(completion_ids.shape[1]).unsqueeze(0)       # (1, T)
     mask = positions < lengths.unsqueeze(-1)                             # (B, T)
-    if mask_truncated:
+    if mask_truncated and truncated is not None:
         mask = mask & ~truncated.unsqueeze(-1)
     return mask

@@ -162,13 +162,16 @@ class Policy(PolicyView):
         return out
 
     # ---- log-probs ------------------------------------------------------------------------
-    def completion_logits(self, c, model=None) -> torch.Tensor:
-        """Logits predicting each completion token: (B, T, V), computed only at those positions."""
+    def completion_logits(self, c, model=None, temperature: float | None = None) -> torch.Tensor:
+        """Logits predicting each completion token: (B, T, V), computed only at those positions.
+
+        Divided by ``temperature`` (default: the sampling temperature, so log-probs are those of
+        the distribution the samples came from; SFT passes 1)."""
         model = model or self.model
         T = c.completion_len
         out = model(input_ids=c.input_ids.to(self.device), attention_mask=c.attention_mask.to(self.device),
                     position_ids=c.position_ids.to(self.device), logits_to_keep=T + 1)
-        return out.logits[:, :-1].float() / self.grpo.temperature
+        return out.logits[:, :-1].float() / (temperature or self.grpo.temperature)
 
     @torch.no_grad()
     def sequence_logprobs(self, prompts: list[tuple[int, ...]], completions: list[tuple[int, ...]]) -> torch.Tensor:
@@ -176,8 +179,7 @@ class Policy(PolicyView):
         self.model.eval()
         c = collate(prompts, completions, self.pad_id)
         logp = selective_log_softmax(self.completion_logits(c), c.completion_ids.to(self.device))
-        mask = completion_mask(c.completion_ids, c.lengths, torch.zeros_like(c.lengths, dtype=torch.bool), False)
-        return (logp.cpu() * mask).sum(-1)
+        return (logp.cpu() * completion_mask(c.completion_ids, c.lengths)).sum(-1)
 
     def _reference_logp(self, c) -> torch.Tensor | None:
         if self.grpo.beta == 0:
@@ -194,9 +196,9 @@ class Policy(PolicyView):
     def sft_loss(self, examples: tuple[SFTExample, ...]) -> torch.Tensor:
         """Mean token negative log-likelihood of ``examples`` (completion tokens only)."""
         c = collate([e.prompt_ids for e in examples], [e.completion_ids for e in examples], self.pad_id)
-        logp = selective_log_softmax(self.completion_logits(c) * self.grpo.temperature,
+        logp = selective_log_softmax(self.completion_logits(c, temperature=1.0),
                                      c.completion_ids.to(self.device))
-        mask = completion_mask(c.completion_ids, c.lengths, torch.zeros_like(c.lengths, dtype=torch.bool), False)
+        mask = completion_mask(c.completion_ids, c.lengths)
         return -(logp * mask.to(self.device)).sum() / mask.sum().clamp(min=1)
 
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
