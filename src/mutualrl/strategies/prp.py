@@ -25,7 +25,7 @@ from mutualrl.exchange import prompt_id as hash_prompt
 from mutualrl.grpo import group_advantages
 from mutualrl.policies.batch import TrainBatch, TrainSequence
 from mutualrl.strategies.base import StrategyContext, register_strategy
-from mutualrl.strategies.common import adapt_to_receiver, peer_rollouts
+from mutualrl.strategies.common import adapt_to_receiver, peer_rollouts, sequences_from_samples
 
 
 class PRPParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -81,15 +81,14 @@ class PeerRolloutPooling:
         num_groups = max(s.group for s in own) + 1 if own else 0
         adv = group_advantages(rewards, groups, num_groups, scale=ctx.grpo.scale_rewards,
                                estimator=ctx.grpo.advantage_estimator)
-        seqs = [TrainSequence(s.prompt_ids, s.completion_ids, float(a), s.logprobs,
-                              truncated=s.finish_reason == "length")
-                for s, a in zip(own, adv.advantages[:len(own)].tolist())]
+        n = len(own)
+        seqs = sequences_from_samples(own, adv.advantages[:n], adv.zero_std[:n], ctx.grpo)
         seqs += [TrainSequence(p, c, float(a), None, weight=float(w), source=d.producer,
                                truncated=d.record.finish_reason == "length")
-                 for (d, _), p, c, a, w in zip(adapted, prompts, completions,
-                                               adv.advantages[len(own):].tolist(), weights.tolist())]
-        if ctx.grpo.skip_zero_std_groups:
-            seqs = [s for s, z in zip(seqs, adv.zero_std.tolist()) if not z]
+                 for (d, _), p, c, a, w, z in zip(adapted, prompts, completions,
+                                                  adv.advantages[n:].tolist(), weights.tolist(),
+                                                  adv.zero_std[n:].tolist())
+                 if not (z and ctx.grpo.skip_zero_std_groups)]
         ctx.log(receiver, "prp/peer_share", len(adapted) / max(len(own) + len(adapted), 1))
         ctx.log(receiver, "prp/peer_samples", len(adapted))
         ctx.log(receiver, "prp/frac_reward_zero_std_mixed",

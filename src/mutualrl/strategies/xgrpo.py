@@ -16,8 +16,9 @@ import torch
 from mutualrl.exchange import merge
 from mutualrl.exchange import prompt_id as hash_prompt
 from mutualrl.grpo import group_moments, normalize, within_group_ranks
-from mutualrl.policies.batch import TrainBatch, TrainSequence
+from mutualrl.policies.batch import TrainBatch
 from mutualrl.strategies.base import StrategyContext, register_strategy
+from mutualrl.strategies.common import sequences_from_samples
 
 
 class XGRPOParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -48,10 +49,10 @@ class CrossPolicyAdvantages:
             return []
         pids = [hash_prompt(s.prompt.text) for s in own]
         rewards = torch.tensor([s.reward for s in own], dtype=torch.float64)
+        groups = torch.tensor([s.group for s in own])
+        mine = group_moments(rewards, groups, int(groups.max()) + 1)   # the receiver's own groups
         if self.p.estimator == "zscore":
             stats = pooled_stats(ctx.peer_experience, set(pids))
-            groups = torch.tensor([s.group for s in own])
-            mine = group_moments(rewards, groups, int(groups.max()) + 1)
             missing = sum(p not in stats for p in set(pids))
             if missing:   # e.g. dropped by a bounded queue: fall back to the own group's moments
                 ctx.log(receiver, "xgrpo/prompts_without_pooled_stats", missing)
@@ -64,15 +65,11 @@ class CrossPolicyAdvantages:
             adv, std = self._rank(ctx, pids, rewards)
         zero = std == 0
         adv = torch.where(zero, torch.zeros_like(adv), adv)
-        own_std = group_moments(rewards, torch.tensor([s.group for s in own]), max(s.group for s in own) + 1).std
-        rescued = sum(1 for g in {s.group for s in own}
-                      if own_std[g] == 0 and not bool(zero[[s.group for s in own].index(g)]))
+        # groups with no signal of their own that the pooled baseline gives one
+        rescued = torch.unique(groups[(mine.std[groups] == 0) & ~zero]).numel()
         ctx.log(receiver, "xgrpo/frac_pooled_zero_std", float(zero.double().mean()))
         ctx.log(receiver, "xgrpo/groups_with_signal_from_peers", rescued)
-        seqs = [TrainSequence(s.prompt_ids, s.completion_ids, float(a), s.logprobs,
-                              truncated=s.finish_reason == "length")
-                for s, a, z in zip(own, adv.tolist(), zero.tolist())
-                if not (z and ctx.grpo.skip_zero_std_groups)]
+        seqs = sequences_from_samples(own, adv, zero, ctx.grpo)
         return [TrainBatch(sequences=tuple(seqs))] if seqs else []
 
     def _rank(self, ctx, pids, rewards):
