@@ -328,7 +328,6 @@ def test_sgt_interval_runs_sft_only_batches_on_interval_steps_and_stops_early(ha
     assert all(b.sequences == () for b in batches[1:])
     assert sft_texts(ctx, batches) == [" cat", " cat.", " fish"]    # each used once
     # step 1 is no SFT step; at step 2 every success was already used once by this receiver
-    sgt.after_update(ctx, PEER)
     for step in (1, 2):
         _, ctx2, _ = sgt_step(handles, params, step=step, strategy=sgt)
         assert [b.tag for b in sgt.build_batches(ctx2, RECV, samples[RECV])] == ["grpo"]
@@ -348,12 +347,16 @@ def test_sgt_successes_age_out_after_max_age_steps(handles):
     sgt, ctx, samples = sgt_step(handles, params, step=0)
     for step in (0, 1):                                             # available at steps 0 and 1
         ctx_s = make_ctx(handles, [], step=step)
-        assert sgt.build_batches(ctx_s, RECV, samples[RECV])[0].sft != ()
-        sgt.after_update(ctx_s, RECV)                               # not the last policy: no aging
+        sgt.observe(ctx_s, {})                                      # ageing happens here
         assert len(sgt.buffer) == 4
+        assert sgt.build_batches(ctx_s, RECV, samples[RECV])[0].sft != ()
+        sgt.after_update(ctx_s, RECV)                               # updates never age the buffer
         sgt.after_update(ctx_s, PEER)
+        assert len(sgt.buffer) == 4
+    ctx_2 = make_ctx(handles, [], step=2)
+    sgt.observe(ctx_2, {})                                          # step-0 entries are 2 old: gone
     assert len(sgt.buffer) == 0
-    assert sgt.build_batches(make_ctx(handles, [], step=2), RECV, samples[RECV])[0].sft == ()
+    assert sgt.build_batches(ctx_2, RECV, samples[RECV])[0].sft == ()
 
 
 def test_sgt_draws_are_deterministic_per_step_seed(handles):

@@ -106,6 +106,8 @@ class SuccessGatedTransfer:
         self.failed: dict[str, set[str]] = {}   # receiver -> prompts whose latest own group failed
 
     def observe(self, ctx: StrategyContext, samples) -> None:
+        # Age once per step, here: it depends on no particular receiver having been updated.
+        self.buffer.age(ctx.step)
         for d in ctx.peer_experience:
             if d.kind == "rollout" and d.record.reward >= self.p.tau:
                 self.buffer.add(d, ctx.step)
@@ -167,8 +169,7 @@ class SuccessGatedTransfer:
         return batches
 
     def after_update(self, ctx: StrategyContext, receiver: str) -> None:
-        if receiver == ctx.policy_names[-1]:   # once per step, after the last receiver
-            self.buffer.age(ctx.step + 1)
+        return None
 
 
 @register_strategy("sgt", SGTParams, "success-gated transfer: SFT on peers' verified successes")
