@@ -14,7 +14,6 @@ from pathlib import Path
 
 from mutualrl.exchange import (Delivery, ExperienceBus, ExperienceLog, GroupStats, Rollout,
                                VerifiedSuccess, Watermark, read_log)
-from mutualrl.exchange import prompt_id as hash_prompt
 
 
 def open_bus(run_dir: Path, cfg) -> tuple[ExperienceBus, object]:
@@ -34,7 +33,7 @@ def publish_step(bus: ExperienceBus, policies: dict, samples: dict, verifier_id:
         by_group: dict[int, list] = defaultdict(list)
         for j, s in enumerate(ss):
             by_group[s.group].append(s)
-            pid = hash_prompt(s.prompt.text)
+            pid = s.prompt.id
             bus.publish(Rollout.create(
                 prompt_id=pid, prompt=s.prompt.text, completion=s.text, producer=name,
                 tokenizer_id=policy.handle.fingerprint, token_ids=list(s.completion_ids),
@@ -48,7 +47,7 @@ def publish_step(bus: ExperienceBus, policies: dict, samples: dict, verifier_id:
                     policy_version=version, family=s.prompt.family), producer=name, version=version)
         for group in by_group.values():
             bus.publish(GroupStats.from_rewards(
-                prompt_id=hash_prompt(group[0].prompt.text), producer=name, policy_version=version,
+                prompt_id=group[0].prompt.id, producer=name, policy_version=version,
                 rewards=[s.reward for s in group]), producer=name, version=version)
         bus.publish(Watermark(producer=name, version=version), producer=name, version=version)
 

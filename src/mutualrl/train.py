@@ -26,7 +26,6 @@ from mutualrl.config import ConfigError, RunConfig, to_dict
 from mutualrl.evaluation import accuracy, score_evaluation
 from mutualrl.exchange import ExperienceBus
 from mutualrl.experience import PeerLogPool, open_bus, publish_step
-from mutualrl.exchange import prompt_id as hash_prompt
 from mutualrl.retokenize import Retokenizer
 from mutualrl.metrics import MetricsWriter, namespaced
 from mutualrl.policies.batch import SFTExample
@@ -241,7 +240,7 @@ def make_context(run: Run, step: int, prompts) -> StrategyContext:
     ps = run.policies
     experience = run.subscription.drain_deliveries()
     if run.peer_logs is not None:
-        experience += run.peer_logs.for_prompts(hash_prompt(p.text) for p in prompts)
+        experience += run.peer_logs.for_prompts(p.id for p in prompts)
     return StrategyContext(
         step=step, grpo=run.cfg.grpo, policy_names=list(ps),
         rng=np.random.default_rng([run.cfg.seed, 4, step]),

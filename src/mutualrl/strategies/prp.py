@@ -21,7 +21,6 @@ import msgspec
 import numpy as np
 import torch
 
-from mutualrl.exchange import prompt_id as hash_prompt
 from mutualrl.grpo import group_advantages
 from mutualrl.policies.batch import TrainBatch, TrainSequence
 from mutualrl.strategies.base import StrategyContext, register_strategy
@@ -58,7 +57,7 @@ class PeerRolloutPooling:
     def _select(self, ctx, receiver, own):
         pid_group: dict[str, int] = {}
         for s in own:   # a prompt sampled twice in a step: its peers join the first group
-            pid_group.setdefault(hash_prompt(s.prompt.text), s.group)
+            pid_group.setdefault(s.prompt.id, s.group)
         peers = peer_rollouts(ctx, receiver, set(pid_group))
         if self.p.max_peer_per_group is not None:
             kept, count = [], {}

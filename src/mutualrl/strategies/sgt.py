@@ -20,7 +20,6 @@ from typing import Literal
 
 import msgspec
 
-from mutualrl.exchange import prompt_id as hash_prompt
 from mutualrl.policies.batch import SFTExample, TrainBatch
 from mutualrl.strategies.base import StrategyContext, register_strategy
 from mutualrl.strategies.common import adapt_to_receiver, own_advantages, sequences_from_samples
@@ -114,7 +113,7 @@ class SuccessGatedTransfer:
         for name, own in samples.items():
             solved: dict[str, bool] = {}
             for s in own:
-                pid = hash_prompt(s.prompt.text)
+                pid = s.prompt.id
                 solved[pid] = solved.get(pid, False) or s.reward >= self.p.tau
             failed = self.failed.setdefault(name, set())
             failed.difference_update(p for p, ok in solved.items() if ok)

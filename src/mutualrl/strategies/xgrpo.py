@@ -14,7 +14,6 @@ import msgspec
 import torch
 
 from mutualrl.exchange import merge
-from mutualrl.exchange import prompt_id as hash_prompt
 from mutualrl.grpo import group_moments, normalize, within_group_ranks
 from mutualrl.policies.batch import TrainBatch
 from mutualrl.strategies.base import StrategyContext, register_strategy
@@ -47,7 +46,7 @@ class CrossPolicyAdvantages:
     def build_batches(self, ctx: StrategyContext, receiver: str, own) -> list[TrainBatch]:
         if not own:
             return []
-        pids = [hash_prompt(s.prompt.text) for s in own]
+        pids = [s.prompt.id for s in own]
         rewards = torch.tensor([s.reward for s in own], dtype=torch.float64)
         groups = torch.tensor([s.group for s in own])
         mine = group_moments(rewards, groups, int(groups.max()) + 1)   # the receiver's own groups

@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal, Protocol
 
 import numpy as np
@@ -29,6 +30,12 @@ class Prompt:
     text: str
     answer: str
     family: str
+
+    @cached_property
+    def id(self) -> str:
+        """The prompt's content hash as the exchange names it (same for every policy)."""
+        from mutualrl.exchange import prompt_id
+        return prompt_id(self.text)
 
 
 class Verifier(Protocol):
