@@ -49,13 +49,10 @@ def _run_train(args) -> int:
 
     from mutualrl.config import load_config
     from mutualrl.progress import RunProgress
-    from mutualrl.strategies import STRATEGIES, build_strategy
     from mutualrl.train import train
 
+    # Strategy name and parameters are validated by train's first step, before anything is built.
     cfg = load_config(args.config, _overrides(args))
-    if cfg.strategy not in STRATEGIES:
-        raise ConfigError(f"--strategy: unknown strategy {cfg.strategy!r}; known: {_strategy_names()}")
-    build_strategy(cfg)  # validates its parameters before anything is built
     console = Console(stderr=True)
     with RunProgress(enabled=not args.no_progress, console=console) as progress:
         summary = train(cfg, progress)
