@@ -34,22 +34,22 @@ def prompt_id(text: str) -> str:
     return hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()
 
 
+def _pack(values: Sequence | np.ndarray, field: str, kinds: str, dtype, what: str) -> bytes:
+    arr = np.asarray(values)
+    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in kinds):
+        raise ValueError(f"{field}: expected a 1-D sequence of {what}, got dtype {arr.dtype} "
+                         f"shape {arr.shape}")
+    return arr.astype(dtype, copy=False).tobytes()
+
+
 def pack_token_ids(ids: Sequence[int] | np.ndarray) -> bytes:
     """Token ids as little-endian int32 bytes (the ``Rollout.token_ids`` wire form)."""
-    arr = np.asarray(ids)
-    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
-        raise ValueError(f"token_ids: expected a 1-D sequence of integers, got dtype {arr.dtype} "
-                         f"shape {arr.shape}")
-    return arr.astype(_TOKEN_DTYPE, copy=False).tobytes()
+    return _pack(ids, "token_ids", "iu", _TOKEN_DTYPE, "integers")
 
 
 def pack_logprobs(values: Sequence[float] | np.ndarray) -> bytes:
     """Log-probs as little-endian float32 bytes (the ``Rollout.logprobs`` wire form)."""
-    arr = np.asarray(values)
-    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "fiu"):
-        raise ValueError(f"logprobs: expected a 1-D sequence of floats, got dtype {arr.dtype} "
-                         f"shape {arr.shape}")
-    return arr.astype(_LOGPROB_DTYPE, copy=False).tobytes()
+    return _pack(values, "logprobs", "fiu", _LOGPROB_DTYPE, "floats")
 
 
 @experience_type("rollout")
