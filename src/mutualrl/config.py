@@ -118,12 +118,14 @@ class TaskConfig(ConfigStruct):
     name: str = "pointer"             # a registered task (tasks.TASKS)
     path: str | None = None           # data file for file-based tasks (e.g. jsonl)
     families: list[str] = msgspec.field(default_factory=list)  # empty: all the task has
-    num_words: int = 4                # pointer task: words per prompt
+    num_words: int = 4                # pointer and lookup tasks: words per prompt
+    num_keys: int = 8                 # lookup task: facts per family
     verifier_timeout_s: float = 5.0
 
     def __post_init__(self) -> None:
         check(self.verifier_timeout_s > 0, "verifier_timeout_s must be > 0")
         check(self.num_words >= 2, "num_words must be >= 2")
+        check(self.num_keys >= 1, "num_keys must be >= 1")
 
 
 class EvalConfig(ConfigStruct):

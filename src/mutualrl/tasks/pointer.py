@@ -9,6 +9,10 @@ started on one family answers every prompt as if it were that family, so it solv
 and never its peer's. That complementarity is what makes experience sharing measurable: without
 sharing, the peer family's reward is always 0 and GRPO gets no gradient there.
 
+The embedded default uses the ``lookup`` task instead: for a 2-layer policy, taking up a peer's
+family here means learning a keyword-conditioned rule, which measured at about 50 SFT steps of 16
+examples at learning rate 3e-3, more than a short compare supplies.
+
 Every word is a single token in both packaged tokenizers (checked in tests), and the held-out
 split is a deterministic hash partition of word tuples, disjoint from the training split.
 """
