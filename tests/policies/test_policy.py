@@ -242,6 +242,19 @@ def test_sft_step_lowers_the_loss_on_a_repeated_batch(policy):
     assert policy.optimizer.param_groups[0]["lr"] == GRPO.learning_rate
 
 
+def test_a_batch_learning_rate_applies_to_that_update_only(policy, monkeypatch):
+    examples = tuple(SFTExample(policy.encode_prompt(p.text), policy.encode_completion(p.answer))
+                     for p in PROMPTS)
+    seen: list[float] = []
+    step = policy.optimizer.step
+    monkeypatch.setattr(policy.optimizer, "step",
+                        lambda *a, **k: (seen.append(policy.optimizer.param_groups[0]["lr"]), step(*a, **k))[1])
+    policy.train_steps([TrainBatch(sft=examples, sft_coef=1.0, tag="sft", learning_rate=3e-2),
+                        TrainBatch(sft=examples, sft_coef=1.0, tag="sft")])
+    assert seen == [3e-2, GRPO.learning_rate]
+    assert policy.optimizer.param_groups[0]["lr"] == GRPO.learning_rate
+
+
 def test_encode_completion_appends_eos(policy):
     ids = policy.encode_completion(" cat")
     assert ids[-1] == policy.tokenizer.eos_token_id

@@ -333,6 +333,26 @@ def test_sgt_interval_runs_sft_only_batches_on_interval_steps_and_stops_early(ha
         assert [b.tag for b in sgt.build_batches(ctx2, RECV, samples[RECV])] == ["grpo"]
 
 
+def test_sgt_sft_only_steps_run_at_the_sft_learning_rate(handles):
+    params = SGTParams(gate="always", interval=2, sft_batch_size=2, sft_steps=1)
+    sgt, ctx, samples = sgt_step(handles, params, strategy=SuccessGatedTransfer(params, sft_learning_rate=3e-3))
+    grpo, sft = sgt.build_batches(ctx, RECV, samples[RECV])
+    assert (grpo.learning_rate, sft.learning_rate) == (None, 3e-3)   # GRPO keeps the policy's
+    explicit = SGTParams(gate="always", interval=2, sft_steps=1, sft_learning_rate=5e-4)
+    sgt, ctx, samples = sgt_step(handles, explicit, strategy=SuccessGatedTransfer(explicit, 3e-3))
+    assert sgt.build_batches(ctx, RECV, samples[RECV])[1].learning_rate == 5e-4
+
+
+def test_sgt_sft_learning_rate_defaults_to_the_runs_supervised_one():
+    sgt = build_strategy(load_config(TINY, ['strategy="sgt"', "strategies.sgt.interval=2"]))
+    assert sgt.sft_learning_rate == load_config(TINY).warmup.learning_rate
+    with pytest.raises(ConfigError, match="which need interval > 1"):
+        build_strategy(load_config(TINY, ['strategy="sgt"', "strategies.sgt.sft_learning_rate=1e-3"]))
+    with pytest.raises(ConfigError, match="sft_learning_rate must be > 0"):
+        build_strategy(load_config(TINY, ['strategy="sgt"', "strategies.sgt.interval=2",
+                                          "strategies.sgt.sft_learning_rate=0.0"]))
+
+
 def test_sgt_interval_without_max_uses_redraws_available_successes(handles):
     """Documented: a success stays drawable until it ages out unless ``max_uses`` caps it."""
     sgt, ctx, samples = sgt_step(handles, SGTParams(gate="always", interval=2, sft_batch_size=2,

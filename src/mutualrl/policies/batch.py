@@ -43,6 +43,7 @@ class TrainBatch:
     sft: tuple[SFTExample, ...] = ()
     sft_coef: float = 0.0
     tag: str = "grpo"                      # "grpo" or "sft" (an SFT-only step), for metrics
+    learning_rate: float | None = None     # this update's learning rate (None: the policy's)
     # Report the own-sample and peer-sample gradient norms and their cosine before updating
     # (two extra backward passes; the two parts sum to the full GRPO gradient).
     diagnose_sources: bool = False

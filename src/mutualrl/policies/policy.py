@@ -6,6 +6,7 @@ evaluates pass@k, and saves/loads itself. It knows nothing of strategies or othe
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import threading
@@ -201,8 +202,25 @@ class Policy(PolicyView):
         mask = completion_mask(c.completion_ids, c.lengths)
         return -(logp * mask.to(self.device)).sum() / mask.sum().clamp(min=1)
 
+    @contextlib.contextmanager
+    def _learning_rate(self, learning_rate: float | None):
+        """Run the optimizer at ``learning_rate`` inside the block (None: unchanged)."""
+        saved = [grp["lr"] for grp in self.optimizer.param_groups]
+        if learning_rate is not None:
+            for grp in self.optimizer.param_groups:
+                grp["lr"] = learning_rate
+        try:
+            yield
+        finally:
+            for grp, lr in zip(self.optimizer.param_groups, saved):
+                grp["lr"] = lr
+
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         """One update (``num_iterations`` optimizer steps) on a batch; NaN losses are skipped, counted."""
+        with self._learning_rate(batch.learning_rate):
+            return self._train_step(batch)
+
+    def _train_step(self, batch: TrainBatch) -> dict[str, float]:
         self.model.train()
         g, stats, t0 = self.grpo, {}, time.perf_counter()
         c = collate_sequences(batch.sequences, self.pad_id) if batch.sequences else None
@@ -301,14 +319,9 @@ class Policy(PolicyView):
     def sft_step(self, examples: tuple[SFTExample, ...], learning_rate: float | None = None) -> float:
         """A plain supervised step (warm start); ``learning_rate`` overrides the optimizer's for it."""
         self.model.train()
-        saved = [grp["lr"] for grp in self.optimizer.param_groups]
-        if learning_rate is not None:
-            for grp in self.optimizer.param_groups:
-                grp["lr"] = learning_rate
-        loss = self.sft_loss(examples)
-        self._apply(loss)
-        for grp, lr in zip(self.optimizer.param_groups, saved):
-            grp["lr"] = lr
+        with self._learning_rate(learning_rate):
+            loss = self.sft_loss(examples)
+            self._apply(loss)
         return float(loss.detach())
 
     # ---- persistence ----------------------------------------------------------------------

@@ -10,7 +10,9 @@ so it can be drawn at several steps; ``max_uses`` caps how often one receiver us
 * ``interval == 1``: each step's loss is ``L_GRPO + alpha * L_SFT``, the SFT term a mean token NLL
   on ``min(sft_batch_size, available)`` peer successes, retokenized into the receiver (THL).
 * ``interval > 1``: every ``interval`` steps, up to ``sft_steps`` SFT-only steps on such batches,
-  stopping early when none is available.
+  stopping early when none is available. These steps run at ``sft_learning_rate``; by default the
+  run's supervised learning rate (``warmup.learning_rate``): imitating verified demonstrations is
+  supervised learning, which tolerates a larger step than the policy-gradient update.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ class SGTParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     max_per_prompt: int = 4
     max_age: int = 20                 # steps
     max_uses: int | None = None       # per success and receiver; None: until it ages out
+    # SFT-only steps (interval > 1); None: the run's warmup.learning_rate. With interval == 1 the
+    # SFT term is part of the GRPO step and takes its learning rate.
+    sft_learning_rate: float | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.tau <= 1:
@@ -46,6 +51,12 @@ class SGTParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
                 raise ValueError(f"{name} must be >= 1")
         if self.max_uses is not None and self.max_uses < 1:
             raise ValueError("max_uses must be >= 1 (or absent: unlimited)")
+        if self.sft_learning_rate is not None:
+            if not self.sft_learning_rate > 0:
+                raise ValueError("sft_learning_rate must be > 0 (or absent: warmup.learning_rate)")
+            if self.interval == 1:
+                raise ValueError("sft_learning_rate applies to SFT-only steps, which need interval > 1; "
+                                 "with interval = 1 the SFT term shares the GRPO step's learning rate")
 
 
 @dataclass
@@ -99,8 +110,9 @@ class SuccessBuffer:
 class SuccessGatedTransfer:
     name = "sgt"
 
-    def __init__(self, params: SGTParams) -> None:
+    def __init__(self, params: SGTParams, sft_learning_rate: float | None = None) -> None:
         self.p = params
+        self.sft_learning_rate = params.sft_learning_rate or sft_learning_rate
         self.buffer = SuccessBuffer(params.max_per_prompt, params.max_age)
         self.failed: dict[str, set[str]] = {}   # receiver -> prompts whose latest own group failed
 
@@ -160,7 +172,8 @@ class SuccessGatedTransfer:
                         break          # early stop: nothing (left) to learn from
                     rescued |= {e.delivery.record.prompt_id for e in chosen}
                     batches.append(TrainBatch(sft=self._examples(ctx, receiver, chosen),
-                                              sft_coef=1.0, tag="sft"))
+                                              sft_coef=1.0, tag="sft",
+                                              learning_rate=self.sft_learning_rate))
         ctx.log(receiver, "sgt/buffer_size", len(self.buffer))
         ctx.log(receiver, "sgt/rescued_prompts", len(rescued))
         ctx.log(receiver, "sgt/sft_examples", sum(len(b.sft) for b in batches))
@@ -173,4 +186,4 @@ class SuccessGatedTransfer:
 
 @register_strategy("sgt", SGTParams, "success-gated transfer: SFT on peers' verified successes")
 def _make_sgt(params: SGTParams, cfg) -> SuccessGatedTransfer:
-    return SuccessGatedTransfer(params)
+    return SuccessGatedTransfer(params, sft_learning_rate=cfg.warmup.learning_rate if cfg else None)
