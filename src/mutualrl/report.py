@@ -264,6 +264,9 @@ class PlotSpec:
     xlabel: str = "GRPO step"
 
 
+MARKERS = ("o", "s", "^", "D", "v", "P", "X")
+
+
 def plot_panels(spec: PlotSpec, policy: str, groups: dict[str, list[RunData]],
                 colors: dict[str, Any]) -> bool:
     """One panel per metric, one line per strategy (mean over seeds) and a min-max band."""
@@ -276,15 +279,18 @@ def plot_panels(spec: PlotSpec, policy: str, groups: dict[str, list[RunData]],
     axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
     handles: dict[str, Any] = {}
     for ax, (key, panel_title) in zip(axes, spec.panels):
-        for strategy, runs in groups.items():
+        for i, (strategy, runs) in enumerate(groups.items()):
             b = band(runs, f"policy/{policy}/{key}", spec.phase, spec.window)
             if b is None:
                 continue
             steps, mean, lo, hi = b
-            # The control is dashed and on top, so it stays visible where lines coincide.
+            # The control is dashed, hollow and on top, so it stays visible where lines coincide; other
+            # strategies get their own marker, larger for earlier ones, so coinciding points show.
             control = strategy == "none"
+            marker = MARKERS[i % len(MARKERS)] if len(steps) <= 12 else None
             (line,) = ax.plot(steps, mean, "--" if control else "-", color=colors[strategy], lw=1.8,
-                              marker="o" if len(steps) <= 12 else None, ms=4, zorder=3 if control else 2)
+                              marker=marker, ms=max(3.0, 8.0 - 1.3 * i), zorder=3 if control else 2,
+                              mfc="none" if control else colors[strategy])
             ax.fill_between(steps, lo, hi, color=colors[strategy], alpha=0.18, lw=0)
             handles[f"{strategy} (n={len(runs)})"] = line
         ax.set_title(panel_title, fontsize=10)
