@@ -37,6 +37,17 @@ def test_tiny_config_is_the_default_pair_scaled_down():
     assert tiny.output_dir == "runs/tiny"
 
 
+def test_default_gives_the_policies_complementary_warm_starts():
+    # What the compare rests on: each policy is taught a different family, and together they
+    # cover every family of the task, so each has a peer family only its peer knows.
+    from mutualrl.tasks import build_task
+    cfg = load_config(DEFAULT)
+    task = build_task(cfg.task)
+    warm = [set(p.warmup_families) for p in cfg.policies]
+    assert all(warm) and not set.intersection(*warm)
+    assert set.union(*warm) == set(task.families)
+
+
 def test_dotted_overrides_reach_nested_fields_and_list_items():
     cfg = load_config(DEFAULT, ["grpo.beta=0.01", 'policies.0.tokenizer="deepseek-v3"',
                                 "steps=3", "task.families=[\"first\"]", "output_dir=/tmp/bare"])

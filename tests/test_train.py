@@ -98,3 +98,14 @@ def test_bad_warmup_family_fails_before_training(tmp_path):
     with pytest.raises(ValueError, match="warmup_families"):
         train(cfg)
     assert not out.exists()
+
+
+def test_tiny_run_on_the_lookup_task_evaluates_each_family(tmp_path, fast_run_builds):
+    out = tmp_path / "lookup"
+    run_tiny(out, 'task.name="lookup"', 'task.families=["alpha", "beta"]', "task.num_keys=2",
+             'policies.0.warmup_families=["alpha"]', 'policies.1.warmup_families=["beta"]',
+             'strategy="sgt"')
+    final = read_metrics(out / "metrics.jsonl")[-1]
+    for name in POLICIES:
+        for family in ("alpha", "beta"):
+            assert 0 <= final[f"policy/{name}/heldout/{family}/pass@1"] <= 1
