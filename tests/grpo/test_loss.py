@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mutualrl.grpo import (aggregate, clipped_surrogate, completion_mask, entropy_from_logits,
-                           k3_kl, selective_log_softmax)
+                           entropy_from_logprobs, k3_kl, selective_log_softmax, token_logprobs)
 
 # A ragged (B=3, T=4) per-token loss with lengths 1, 3, 4.
 PER_TOKEN = torch.tensor([[1.0, 9.0, 9.0, 9.0],
@@ -179,6 +179,25 @@ def test_selective_log_softmax_equals_log_softmax_gather():
     targets = torch.randint(0, 11, (3, 5), generator=gen)
     want = torch.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     torch.testing.assert_close(selective_log_softmax(logits, targets), want)
+
+
+def test_token_logprobs_agree_with_the_selective_path_in_value_and_gradient():
+    gen = torch.Generator().manual_seed(1)
+    base = torch.randn(3, 5, 11, generator=gen, dtype=torch.float64) * 4
+    targets = torch.randint(0, 11, (3, 5), generator=gen)
+    weights = torch.randn(3, 5, generator=gen, dtype=torch.float64)
+    grads = []
+    for fn in (selective_log_softmax, lambda z, t: token_logprobs(z, t)[0]):
+        logits = base.clone().requires_grad_()
+        logp = fn(logits, targets)
+        (logp * weights).sum().backward()
+        grads.append((logp.detach(), logits.grad))
+    torch.testing.assert_close(grads[0][0], grads[1][0])
+    torch.testing.assert_close(grads[0][1], grads[1][1])
+    _, logp_all = token_logprobs(base, targets)
+    torch.testing.assert_close(entropy_from_logprobs(logp_all), entropy_from_logits(base))
+    p = torch.softmax(base, -1)
+    torch.testing.assert_close(entropy_from_logits(base), -(p * p.log()).sum(-1))
 
 
 def test_entropy_from_logits():

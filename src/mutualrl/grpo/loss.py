@@ -13,15 +13,33 @@ from torch import Tensor
 
 
 def selective_log_softmax(logits: Tensor, targets: Tensor) -> Tensor:
-    """log p(target) per position: (B, T, V), (B, T) -> (B, T), without keeping a (B,T,V) log-softmax."""
+    """log p(target) per position: (B, T, V), (B, T) -> (B, T), without keeping a (B,T,V) log-softmax.
+
+    For log-probs that are not differentiated (behaviour, reference, off-policy ratios)."""
     picked = torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1)
     return picked - torch.logsumexp(logits, dim=-1)
 
 
+def token_logprobs(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+    """log p(target) per position, and the whole log-softmax: (B,T,V), (B,T) -> (B,T), (B,T,V).
+
+    For a loss that is back-propagated. One fused log-softmax serves the picked log-probs, their
+    gradient (its backward is one fused kernel as well) and the entropy. ``selective_log_softmax``
+    keeps no (B,T,V) result, but with a 129k vocabulary on CPU its backward (through logsumexp)
+    made a GRPO step about 1.7x slower.
+    """
+    logp_all = torch.log_softmax(logits, dim=-1)
+    return logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1), logp_all
+
+
+def entropy_from_logprobs(logp_all: Tensor) -> Tensor:
+    """Entropy per position from a log-softmax: (B, T, V) -> (B, T)."""
+    return -torch.einsum("btv,btv->bt", logp_all.exp(), logp_all)
+
+
 def entropy_from_logits(logits: Tensor) -> Tensor:
     """Entropy per position: (B, T, V) -> (B, T)."""
-    logp = torch.log_softmax(logits, dim=-1)
-    return -(logp.exp() * logp).sum(-1)
+    return entropy_from_logprobs(torch.log_softmax(logits, dim=-1))
 
 
 def k3_kl(logp: Tensor, ref_logp: Tensor) -> Tensor:

@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 
 from mutualrl.config import GRPOConfig, PolicyConfig
-from mutualrl.grpo import clipped_surrogate, completion_mask, entropy_from_logits, selective_log_softmax
+from mutualrl.grpo import (clipped_surrogate, completion_mask, entropy_from_logprobs,
+                           selective_log_softmax, token_logprobs)
 from mutualrl.policies.batch import SFTExample, TrainBatch, collate, collate_sequences
 from mutualrl.policies.models import TokenizerFacts, build_model
 from mutualrl.retokenize.loaders import TokenizerHandle, load_tokenizer
@@ -169,10 +170,18 @@ class Policy(PolicyView):
         Divided by ``temperature`` (default: the sampling temperature, so log-probs are those of
         the distribution the samples came from; SFT passes 1)."""
         model = model or self.model
-        T = c.completion_len
+        L, T = c.input_ids.shape[1], c.completion_len
+        # The logits at positions L-T-1 .. L-2 predict the T completion tokens. Asking the model
+        # for exactly those (not the last T+1, then slicing) spares a (B, T+1, V) copy forward
+        # and a zero-filled one in backward: with a 129k vocabulary these passes cost as much
+        # as the LM head itself.
+        keep = torch.arange(L - T - 1, L - 1, device=self.device)
         out = model(input_ids=c.input_ids.to(self.device), attention_mask=c.attention_mask.to(self.device),
-                    position_ids=c.position_ids.to(self.device), logits_to_keep=T + 1)
-        return out.logits[:, :-1].float() / (temperature or self.grpo.temperature)
+                    position_ids=c.position_ids.to(self.device), logits_to_keep=keep)
+        logits = out.logits.float()
+        temperature = temperature or self.grpo.temperature
+        # In place: the LM head's backward needs its input and weight, not its output.
+        return logits.div_(temperature) if temperature != 1 else logits
 
     @torch.no_grad()
     def sequence_logprobs(self, prompts: list[tuple[int, ...]], completions: list[tuple[int, ...]]) -> torch.Tensor:
@@ -197,8 +206,7 @@ class Policy(PolicyView):
     def sft_loss(self, examples: tuple[SFTExample, ...]) -> torch.Tensor:
         """Mean token negative log-likelihood of ``examples`` (completion tokens only)."""
         c = collate([e.prompt_ids for e in examples], [e.completion_ids for e in examples], self.pad_id)
-        logp = selective_log_softmax(self.completion_logits(c, temperature=1.0),
-                                     c.completion_ids.to(self.device))
+        logp, _ = token_logprobs(self.completion_logits(c, temperature=1.0), c.completion_ids.to(self.device))
         mask = completion_mask(c.completion_ids, c.lengths)
         return -(logp * mask.to(self.device)).sum() / mask.sum().clamp(min=1)
 
@@ -234,10 +242,10 @@ class Policy(PolicyView):
         for _ in range(g.num_iterations):
             loss = torch.zeros((), device=self.device)
             if c is not None:
-                out, logits = self._grpo_loss(c, mask, old, ref_logp, c.extras["weights"])
+                out, logp_all = self._grpo_loss(c, mask, old, ref_logp, c.extras["weights"])
                 loss = loss + out.loss
                 with torch.no_grad():
-                    ent = (entropy_from_logits(logits) * mask).sum() / mask.sum().clamp(min=1)
+                    ent = (entropy_from_logprobs(logp_all) * mask).sum() / mask.sum().clamp(min=1)
                 stats.update(kl=float(out.kl), clip_ratio_low=float(out.clip_low_frac),
                              clip_ratio_high=float(out.clip_high_frac), entropy=float(ent),
                              grpo_loss=float(out.loss.detach()))
@@ -265,8 +273,7 @@ class Policy(PolicyView):
 
     def _grpo_loss(self, c, mask, old, ref_logp, weights):
         g = self.grpo
-        logits = self.completion_logits(c)
-        logp = selective_log_softmax(logits, c.completion_ids.to(self.device))
+        logp, logp_all = token_logprobs(self.completion_logits(c), c.completion_ids.to(self.device))
         # Rows without behaviour log-probs (peer samples) use the current policy's, detached:
         # ratio 1 on the first pass; their off-policy correction travels in ``weights``.
         old_i = torch.where(torch.isnan(old), logp.detach(), old)
@@ -275,7 +282,7 @@ class Policy(PolicyView):
             epsilon_high=g.epsilon_high, loss_type=g.loss_type,
             max_completion_length=g.max_completion_length, ref_logp=ref_logp, beta=g.beta,
             sample_weight=weights.to(self.device))
-        return out, logits
+        return out, logp_all
 
     def _source_gradients(self, c, mask, old, ref_logp) -> dict[str, float]:
         """Gradient norms of the own and the peer samples' loss terms, and their cosine.
