@@ -68,6 +68,11 @@ class WarmupConfig(ConfigStruct):
     It stops at ``target_accuracy`` on the policy's families (checked every ``eval_every``
     steps) so GRPO starts from a policy that solves some but not all prompts: a policy at 0%
     gets no GRPO signal, one at 100% has nothing left to learn.
+
+    ``cache_dir``: runs whose configs agree on everything the warm start depends on share it:
+    the first stores its warm-started policies there, later ones load them and skip the warm
+    start (``mutualrl compare`` uses one per compare, so every strategy of a seed starts from the
+    very same weights). None: every run warms up on its own.
     """
 
     max_steps: int = 200
@@ -76,6 +81,7 @@ class WarmupConfig(ConfigStruct):
     target_accuracy: float = 0.4
     eval_every: int = 10
     eval_prompts: int = 64
+    cache_dir: str | None = None
 
     def __post_init__(self) -> None:
         check(self.max_steps >= 0, "max_steps must be >= 0")

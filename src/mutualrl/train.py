@@ -9,9 +9,11 @@ share. The loop never branches on a strategy's name.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import time
+from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -23,16 +25,17 @@ from mutualrl.allocation import make_executor, plan, resolve_inventory, worker_s
 from mutualrl.allocation.config import AllocationConfig, parse_allocation
 from mutualrl.allocation.planner import Plan
 from mutualrl.config import ConfigError, RunConfig, to_dict
-from mutualrl.evaluation import accuracy, score_evaluation
+from mutualrl.evaluation import score_evaluation
 from mutualrl.exchange import ExperienceBus
 from mutualrl.experience import PeerLogPool, open_bus, publish_step
 from mutualrl.retokenize import Retokenizer
 from mutualrl.metrics import MetricsWriter, namespaced
-from mutualrl.policies.batch import SFTExample
 from mutualrl.policies.policy import Policy, PolicyView, Sample, load_handles
 from mutualrl.progress import RunProgress
 from mutualrl.strategies import Strategy, StrategyContext, build_strategy
 from mutualrl.tasks import GuardedVerifier, Task, build_task
+from mutualrl.warmup import warm_start
+from mutualrl.workers import WorkerUnavailable, call_live, call_one
 
 
 @dataclass
@@ -57,6 +60,16 @@ class Run:
     executor: object = None
     peer_logs: PeerLogPool | None = None
     history: dict[str, list[float]] = field(default_factory=dict)
+    phase_times: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+
+    @contextlib.contextmanager
+    def timed(self, phase: str):
+        """Add the block's wall time to ``phase_times[phase]``."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.phase_times[phase] += time.perf_counter() - t0
 
 
 def seed_everything(seed: int) -> None:
@@ -138,73 +151,11 @@ def driver_policies(cfg: RunConfig, executor, handles: dict) -> dict[str, Policy
             for p in cfg.policies}
 
 
-class WorkerUnavailable(RuntimeError):
-    """A call to one worker failed and ``on_failure`` kept the run going (the worker was removed
-    or rebuilt; under ``stop`` the executor raises ``WorkerFailedError`` instead)."""
-
-
-def call_one(executor, name: str, method: str, **kwargs):
-    """One worker's ``method(**kwargs)``; its value, or ``WorkerUnavailable``."""
-    result = executor.call(method, {name: kwargs})[name]
-    if not result.ok:
-        raise WorkerUnavailable(str(result.failure))
-    return result.value
-
-
-def call_live(run: Run, method: str, **kwargs) -> dict:
-    """``method(**kwargs)`` on every live worker at once; the values of those that succeeded."""
-    results = run.executor.call(method, {n: kwargs for n in run.executor.live_workers()})
-    return {n: r.value for n, r in results.items() if r.ok}
-
-
 def remote_logprobs(executor, name: str):
     """A policy's ``sequence_logprobs`` for the strategy, computed where its weights are."""
     def sequence_logprobs(prompts, completions):
         return call_one(executor, name, "sequence_logprobs", prompts=prompts, completions=completions)
     return sequence_logprobs
-
-
-# ---- warm start ---------------------------------------------------------------------------
-def warm_start(run: Run) -> None:
-    """Supervised warm start of each policy on its own families, until a target accuracy.
-
-    Part of every run (not a hidden artefact): its steps and accuracies are in metrics.jsonl.
-    Policies warm up one after another, drawing their prompts from one shared stream.
-    """
-    w = run.cfg.warmup
-    rng = np.random.default_rng([run.cfg.seed, 1])
-    for name, policy in run.policies.items():
-        if not policy.cfg.warmup_families or w.max_steps == 0 or name not in run.executor.live_workers():
-            continue
-        try:
-            warm_start_policy(run, policy, rng)
-        except WorkerUnavailable:
-            continue   # on_failure removed or rebuilt it; the run goes on without its warm start
-
-
-def warm_start_policy(run: Run, policy: PolicyView, rng: np.random.Generator) -> None:
-    w, name, families = run.cfg.warmup, policy.name, policy.cfg.warmup_families
-    probe = run.task.sample(np.random.default_rng([run.cfg.seed, 2]), w.eval_prompts, "train", families)
-    acc, step = 0.0, 0
-    run.progress.start_phase(f"warm start {name}", w.max_steps)
-    while step < w.max_steps:
-        prompts = run.task.sample(rng, w.batch_size, "train", families)
-        examples = tuple(SFTExample(policy.encode_prompt(p.text),
-                                    policy.encode_completion(run.task.demonstration(p)))
-                         for p in prompts)
-        loss = call_one(run.executor, name, "sft_step", examples=examples, learning_rate=w.learning_rate)
-        step += 1
-        if step % w.eval_every == 0:
-            greedy = call_one(run.executor, name, "generate", prompts=probe, num_generations=1,
-                              max_new_tokens=run.cfg.grpo.max_completion_length, temperature=0.0)
-            acc = accuracy(greedy, run.verifier)
-            run.writer.write({"phase": "warmup", "step": step, "policy": name,
-                              **namespaced(name, {"loss": loss, "accuracy": acc}, "warmup/")})
-            if acc >= w.target_accuracy:
-                break
-        run.progress.advance(f"warm start {name}: loss {loss:.3f} acc {acc:.2f}")
-    run.writer.write({"phase": "warmup_done", "policy": name, "step": step,
-                      **namespaced(name, {"steps": step, "accuracy": acc}, "warmup/")})
 
 
 # ---- one iteration, phase by phase --------------------------------------------------------
@@ -219,7 +170,7 @@ def generate(run: Run, prompts) -> tuple[dict[str, list[Sample]], dict[str, floa
     kwargs = dict(prompts=prompts, num_generations=g.num_generations,
                   max_new_tokens=g.max_completion_length, temperature=g.temperature)
     t0 = time.perf_counter()
-    samples = call_live(run, "generate", **kwargs)
+    samples = call_live(run.executor, "generate", **kwargs)
     elapsed = time.perf_counter() - t0
     return samples, {n: elapsed for n in samples}
 
@@ -305,13 +256,18 @@ def log_step(run: Run, step: int, samples, gen_time, update_stats, ctx, step_tim
 def evaluate(run: Run, step: int) -> dict[str, float]:
     """Held-out pass@1 (greedy) and pass@k of every live policy; samples come from the workers,
     the verifier runs here."""
+    with run.timed("eval"):
+        return _evaluate(run, step)
+
+
+def _evaluate(run: Run, step: int) -> dict[str, float]:
     e, g = run.cfg.eval, run.cfg.grpo
     prompts = []
     for fam in run.task.families:
         prompts += run.task.sample(np.random.default_rng([run.cfg.seed, 5]), e.num_prompts, "heldout", [fam])
     gen = dict(prompts=prompts, max_new_tokens=g.max_completion_length)
-    greedy = call_live(run, "generate", num_generations=1, temperature=0.0, **gen)
-    sampled = (call_live(run, "generate", num_generations=e.k, temperature=g.temperature, **gen)
+    greedy = call_live(run.executor, "generate", num_generations=1, temperature=0.0, **gen)
+    sampled = (call_live(run.executor, "generate", num_generations=e.k, temperature=g.temperature, **gen)
                if e.k > 1 else greedy)
     record: dict = {"phase": "eval", "step": step}
     for name in run.policies:
@@ -325,15 +281,16 @@ def evaluate(run: Run, step: int) -> dict[str, float]:
 def train_loop(run: Run) -> None:
     run.progress.start_phase("train", run.cfg.steps)
     for step in range(run.cfg.steps):
-        t0 = time.perf_counter()
-        prompts = sample_prompts(run, step)
-        samples, gen_time = generate(run, prompts)
-        samples = verify(run, samples)
-        publish(run, samples)
-        ctx = make_context(run, step, prompts)
-        run.strategy.observe(ctx, samples)
-        stats = update(run, ctx, samples)
-        log_step(run, step, samples, gen_time, stats, ctx, time.perf_counter() - t0)
+        with run.timed("train"):
+            t0 = time.perf_counter()
+            prompts = sample_prompts(run, step)
+            samples, gen_time = generate(run, prompts)
+            samples = verify(run, samples)
+            publish(run, samples)
+            ctx = make_context(run, step, prompts)
+            run.strategy.observe(ctx, samples)
+            stats = update(run, ctx, samples)
+            log_step(run, step, samples, gen_time, stats, ctx, time.perf_counter() - t0)
         if run.cfg.eval.every and (step + 1) % run.cfg.eval.every == 0 and step + 1 < run.cfg.steps:
             evaluate(run, step + 1)
         run.progress.advance(" | ".join(f"{n} r={np.mean(h[-5:]):.2f}" for n, h in run.history.items()))
@@ -346,6 +303,8 @@ class RunSummary:
     reward_last: dict[str, float]
     final_eval: dict[str, float]
     wall_time_s: float
+    # Wall seconds by phase: build, warm start, train (GRPO steps), eval, save.
+    phase_times_s: dict[str, float] = field(default_factory=dict)
 
 
 def summarize(run: Run, final_eval: dict, wall: float) -> RunSummary:
@@ -354,7 +313,8 @@ def summarize(run: Run, final_eval: dict, wall: float) -> RunSummary:
     first = {n: float(np.mean(h[:window])) for n, h in run.history.items()}
     last = {n: float(np.mean(h[-window:])) for n, h in run.history.items()}
     summary = RunSummary(str(run.out), first, last,
-                         {k: v for k, v in final_eval.items() if k not in ("phase", "step")}, wall)
+                         {k: v for k, v in final_eval.items() if k not in ("phase", "step")}, wall,
+                         dict(run.phase_times))
     (run.out / "summary.json").write_bytes(msgspec.json.format(msgspec.json.encode(summary), indent=2))
     return summary
 
@@ -363,12 +323,15 @@ def train(cfg: RunConfig, progress: RunProgress | None = None) -> RunSummary:
     """Run the whole job: build, warm start, train, evaluate, save. Metrics are kept on failure."""
     t0 = time.perf_counter()
     run = build_run(cfg, progress)
+    run.phase_times["build"] = time.perf_counter() - t0
     try:
-        warm_start(run)
+        with run.timed("warm start"):
+            warm_start(run)
         evaluate(run, 0)       # the starting point every later evaluation is compared with
         train_loop(run)
         final = evaluate(run, cfg.steps)
-        call_live(run, "save", directory=str(run.out / "policies"))
+        with run.timed("save"):
+            call_live(run.executor, "save", directory=str(run.out / "policies"))
         return summarize(run, final, time.perf_counter() - t0)
     finally:
         run.executor.shutdown()

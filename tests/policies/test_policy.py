@@ -317,3 +317,44 @@ def test_a_batch_with_nothing_to_learn_is_a_no_op(tokenizer_handles):
     before = params_of(p)
     p.train_step(TrainBatch(sft=examples, sft_coef=0.0))
     assert not changed(before, p)
+
+
+def test_a_loaded_state_continues_exactly_where_the_saved_policy_stands(tokenizer_handles, tmp_path):
+    """Weights, optimizer moments and the sampler's generator travel: the copy samples the same
+    completions and takes the same update as the original, bit for bit."""
+    a = make_policy(tokenizer_handles, "qwen2", "deepseek-v3", seed=1)
+    examples = (SFTExample(a.encode_prompt(PROMPTS[0].text), a.encode_completion(" cat")),)
+    a.sft_step(examples)
+    a.generate(PROMPTS, 2, 4, 0.7)      # advance the generator away from its seed
+    a.save_state(tmp_path / "a.pt")
+    b = make_policy(tokenizer_handles, "qwen2", "deepseek-v3", seed=7)
+    b.load_state(tmp_path / "a.pt")
+    assert b.optimizer.state_dict()["state"].keys() == a.optimizer.state_dict()["state"].keys()
+    sa, sb = (p.generate(PROMPTS, 4, 4, 0.7) for p in (a, b))
+    assert [(s.completion_ids, s.logprobs) for s in sa] == [(s.completion_ids, s.logprobs) for s in sb]
+    batch = TrainBatch(sequences=sequences_from(sa, [1.0, -1.0] * 4))
+    assert a.train_step(batch)["loss"] == b.train_step(batch)["loss"]
+    for pa, pb in zip(a.model.parameters(), b.model.parameters()):
+        assert torch.equal(pa, pb)
+
+
+def test_loading_another_policys_state_is_refused(tokenizer_handles, tmp_path):
+    a = make_policy(tokenizer_handles, "llama", "mistral-v1")
+    a.save_state(tmp_path / "a.pt")
+    other = Policy(PolicyConfig(name="someone-else", architecture="llama", tokenizer="mistral-v1",
+                                hidden_size=32, num_layers=1, num_heads=4), GRPO, seed=0,
+                   handle=tokenizer_handles["mistral-v1"])
+    with pytest.raises(ValueError, match="llama-test.*not 'someone-else'"):
+        other.load_state(tmp_path / "a.pt")
+
+
+def test_freeze_reference_makes_the_current_weights_the_kl_reference(tokenizer_handles):
+    grpo = GRPOConfig(num_generations=4, max_completion_length=4, temperature=0.7, beta=0.1,
+                      learning_rate=5e-2)
+    p = make_policy(tokenizer_handles, "llama", "mistral-v1", grpo=grpo)
+    p.sft_step((SFTExample(p.encode_prompt(PROMPTS[0].text), p.encode_completion(" cat")),),
+               learning_rate=5e-2)
+    batch = TrainBatch(sequences=sequences_from(p.generate(PROMPTS, 4, 4, 0.7), [1.0, -1.0] * 4))
+    assert p.train_step(batch)["kl"] > 1e-6     # measured against the initial weights
+    p.freeze_reference()
+    assert p.train_step(batch)["kl"] == 0.0     # measured against the weights just frozen

@@ -332,6 +332,34 @@ class Policy(PolicyView):
         return float(loss.detach())
 
     # ---- persistence ----------------------------------------------------------------------
+    def save_state(self, path: str | Path) -> None:
+        """Everything a later run needs to continue exactly from here: weights, optimizer moments,
+        the sampler's generator, the version and the skipped-step count (one torch file)."""
+        torch.save({"name": self.name, "model": self.model.state_dict(),
+                    "optimizer": self.optimizer.state_dict(), "generator": self.generator.get_state(),
+                    "version": self.version, "skipped_nan_steps": self.skipped_nan_steps}, path)
+
+    def load_state(self, path: str | Path) -> None:
+        """Continue from a ``save_state`` file of a policy with the same config."""
+        try:
+            state = torch.load(path, map_location=self.device, weights_only=True)
+        except Exception as exc:   # unpickling errors have no common base; name the file
+            raise ValueError(f"{path}: not a policy state file ({type(exc).__name__}: {exc})") from exc
+        if not isinstance(state, dict) or state.get("name") != self.name:
+            held = state.get("name") if isinstance(state, dict) else None
+            raise ValueError(f"{path}: holds the state of policy {held!r}, not {self.name!r}")
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.generator.set_state(state["generator"].cpu())
+        self.version, self.skipped_nan_steps = int(state["version"]), int(state["skipped_nan_steps"])
+
+    def freeze_reference(self) -> None:
+        """Make the KL reference the policy as it is now: RL's reference is the model RL starts
+        from, i.e. after the warm start, as TRL's is the model handed to the trainer. A LoRA
+        policy's reference stays its base (the adapter disabled)."""
+        if self.reference is not None:
+            self.reference.load_state_dict(self.model.state_dict())
+
     def save(self, directory: str | Path) -> Path:
         path = Path(directory) / self.name
         path.mkdir(parents=True, exist_ok=True)

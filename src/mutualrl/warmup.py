@@ -1,0 +1,194 @@
+"""The supervised warm start that opens every run, and a cache through which runs share it.
+
+Each policy with ``warmup_families`` is trained by SFT on demonstrations of those families until
+its greedy accuracy on a probe reaches ``warmup.target_accuracy`` (checked every ``eval_every``
+steps) or ``max_steps`` have passed. The policies warm up at the same time, one executor call per
+step for all of them, each on its own seeded prompt stream: they share the machine, and one
+policy's warm start does not depend on which other policies the run has.
+
+With ``warmup.cache_dir`` set, the warm start is done once per *key*, a digest of every config
+field it can depend on (all but the fields only later phases read). The first run stores each
+policy's whole state (weights, optimizer moments, sampler generator) and the warm start's metric
+records under ``<cache_dir>/<key>/``; a later run with the same key loads them and writes the same
+records, so it continues exactly as if it had warmed up itself. Either way, each policy's KL
+reference is then frozen at its warm-started weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+import mutualrl
+from mutualrl.config import RunConfig, to_dict
+from mutualrl.evaluation import accuracy
+from mutualrl.metrics import MetricsWriter, namespaced, read_metrics
+from mutualrl.policies.batch import SFTExample
+from mutualrl.workers import call_each, call_live
+
+if TYPE_CHECKING:
+    from mutualrl.train import Run
+
+# Config fields that only phases after the warm start read: runs differing only in these share it.
+AFTER_WARM_START = ("steps", "strategy", "output_dir", "strategies", "eval", "exchange")
+CACHE_FORMAT = 1
+RECORDS = "metrics.jsonl"
+
+
+def warm_start(run: Run) -> None:
+    """Warm start the run's policies (or load them from the cache), then freeze their references."""
+    names = [p.name for p in run.cfg.policies
+             if p.warmup_families and p.name in run.executor.live_workers()]
+    if names and run.cfg.warmup.max_steps > 0:
+        cache = WarmStartCache(run.cfg) if run.cfg.warmup.cache_dir else None
+        if cache is None or not cache.load(run, names):
+            records, complete = supervised_warm_start(run, names)
+            if cache is not None and complete:
+                cache.store(run, names, records)
+    call_live(run.executor, "freeze_reference")
+
+
+@dataclass
+class _Warming:
+    """One policy's warm start in progress."""
+
+    policy: Any                      # its PolicyView: tokenizer and config
+    rng: np.random.Generator         # its demonstration stream
+    probe: list                      # prompts its accuracy is measured on
+    step: int = 0
+    loss: float = math.nan
+    accuracy: float = 0.0
+
+    def done_record(self) -> dict:
+        name = self.policy.name
+        return {"phase": "warmup_done", "policy": name, "step": self.step,
+                **namespaced(name, {"steps": self.step, "accuracy": self.accuracy}, "warmup/")}
+
+
+def supervised_warm_start(run: Run, names: list[str]) -> tuple[list[dict], bool]:
+    """SFT steps for every named policy at once until each reaches the target accuracy.
+
+    Returns the metric records written and whether every policy finished (none failed)."""
+    w, seed = run.cfg.warmup, run.cfg.seed
+    index = {p.name: i for i, p in enumerate(run.cfg.policies)}
+    warming = {n: _Warming(run.policies[n], np.random.default_rng([seed, 1, index[n]]),
+                           run.task.sample(np.random.default_rng([seed, 2]), w.eval_prompts, "train",
+                                           run.policies[n].cfg.warmup_families))
+               for n in names}
+    records: list[dict] = []
+
+    def write(record: dict) -> None:
+        run.writer.write(record)
+        records.append(record)
+
+    complete = True
+    run.progress.start_phase("warm start", w.max_steps)
+    for step in range(1, w.max_steps + 1):
+        losses = call_each(run.executor, "sft_step", {
+            n: {"examples": demonstrations(run, s), "learning_rate": w.learning_rate}
+            for n, s in warming.items()})
+        complete &= _keep_succeeded(warming, losses)
+        for n, loss in losses.items():
+            warming[n].step, warming[n].loss = step, loss
+        if step % w.eval_every == 0 and warming:
+            greedy = call_each(run.executor, "generate", {
+                n: {"prompts": s.probe, "num_generations": 1, "temperature": 0.0,
+                    "max_new_tokens": run.cfg.grpo.max_completion_length} for n, s in warming.items()})
+            complete &= _keep_succeeded(warming, greedy)
+            for n, samples in greedy.items():
+                s = warming[n]
+                s.accuracy = accuracy(samples, run.verifier)
+                write({"phase": "warmup", "step": step, "policy": n,
+                       **namespaced(n, {"loss": s.loss, "accuracy": s.accuracy}, "warmup/")})
+                if s.accuracy >= w.target_accuracy:
+                    write(warming.pop(n).done_record())
+        run.progress.advance(" | ".join(f"{n}: loss {s.loss:.3f} acc {s.accuracy:.2f}"
+                                        for n, s in warming.items()))
+        if not warming:
+            break
+    for s in warming.values():
+        write(s.done_record())
+    return records, complete
+
+
+def demonstrations(run: Run, s: _Warming) -> tuple[SFTExample, ...]:
+    """One batch of demonstrations of the policy's warm-up families, in its own tokenization."""
+    prompts = run.task.sample(s.rng, run.cfg.warmup.batch_size, "train", s.policy.cfg.warmup_families)
+    return tuple(SFTExample(s.policy.encode_prompt(p.text),
+                            s.policy.encode_completion(run.task.demonstration(p))) for p in prompts)
+
+
+def _keep_succeeded(warming: dict[str, _Warming], results: dict[str, Any]) -> bool:
+    """Drop policies whose call failed (``on_failure`` has dealt with them); True if none did."""
+    failed = [n for n in warming if n not in results]
+    for n in failed:
+        del warming[n]
+    return not failed
+
+
+# ---- the cache ------------------------------------------------------------------------------
+def cache_key(cfg: RunConfig) -> tuple[str, dict[str, Any]]:
+    """(digest, keyed fields): every config field the warm start may depend on, with the versions
+    of the code that ran it. Conservative: a field in doubt is in the key."""
+    keyed = {k: v for k, v in to_dict(cfg).items() if k not in AFTER_WARM_START}
+    keyed["warmup"] = {k: v for k, v in keyed["warmup"].items() if k != "cache_dir"}
+    keyed["versions"] = {"cache_format": CACHE_FORMAT, "mutualrl": mutualrl.__version__,
+                         "torch": torch.__version__}
+    return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:16], keyed
+
+
+class WarmStartCache:
+    """``<cache_dir>/<key>/``: ``<policy>.pt`` per policy (``Policy.save_state``), the warm start's
+    metric records, and ``key.json`` (the keyed fields, to tell what a key stands for)."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.root = Path(cfg.warmup.cache_dir)
+        self.key, self.keyed = cache_key(cfg)
+        self.path = self.root / self.key
+
+    def load(self, run: Run, names: list[str]) -> bool:
+        """Load every named policy's warm-started state; False (nothing loaded) on a miss."""
+        files = {n: self.path / f"{n}.pt" for n in names}
+        if not (self.path / RECORDS).is_file() or not all(f.is_file() for f in files.values()):
+            return False
+        loaded = call_each(run.executor, "load_state", {n: {"path": str(f)} for n, f in files.items()})
+        missing = sorted(set(names) - set(loaded))
+        if missing:
+            raise RuntimeError(f"warm-start cache {self.path}: loading {missing} failed; delete that "
+                               "folder to warm up afresh")
+        for record in read_metrics(self.path / RECORDS):
+            run.writer.write(record)
+        run.writer.write({"phase": "warmup_cache", "hit": True, "key": self.key, "path": str(self.path)})
+        return True
+
+    def store(self, run: Run, names: list[str], records: list[dict]) -> None:
+        """Save every named policy's state under the key, whole or not at all."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{self.key}-", dir=self.root))
+        try:
+            saved = call_each(run.executor, "save_state", {n: {"path": str(tmp / f"{n}.pt")} for n in names})
+            if set(saved) != set(names):
+                return
+            writer = MetricsWriter(tmp / RECORDS)
+            for record in records:
+                writer.write(record)
+            writer.close()
+            (tmp / "key.json").write_text(json.dumps(self.keyed, indent=2))
+            try:
+                os.replace(tmp, self.path)    # atomic; if a twin run stored it first, its copy stays
+            except OSError:
+                return
+            run.writer.write({"phase": "warmup_cache", "hit": False, "key": self.key,
+                              "path": str(self.path)})
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
