@@ -17,7 +17,7 @@ import pytest
 from mutualrl.cli import main
 from mutualrl.compare import compare, read_state
 from mutualrl.config import ConfigError, to_dict
-from mutualrl.metrics import MetricsWriter
+from mutualrl.metrics import MetricsWriter, read_metrics
 from mutualrl.strategies import STRATEGIES
 from mutualrl.train import RunSummary
 
@@ -138,6 +138,20 @@ def test_real_compare_writes_runs_plots_and_report(real_report):
         assert row["columns"]["bytes_exchanged"]["n"] == SEEDS
 
 
+def test_real_compare_warms_up_once_per_seed(real_report):
+    """The first run of a seed stores its warm start, the seed's other runs load it: they start
+    from identical weights by construction."""
+    assert len([p for p in (real_report / "warmstart").iterdir() if not p.name.startswith(".")]) == SEEDS
+    for seed in range(SEEDS):
+        runs = [read_metrics(real_report / "runs" / f"{s}-seed{seed}" / "metrics.jsonl") for s in REAL]
+        assert [[r["hit"] for r in rs if r["phase"] == "warmup_cache"] for rs in runs] == \
+            [[False]] + [[True]] * (len(REAL) - 1)
+        warm = [[r for r in rs if r["phase"] in ("warmup", "warmup_done")] for rs in runs]
+        assert warm[0] and all(w == warm[0] for w in warm)
+        first_eval = [next(r for r in rs if r["phase"] == "eval") for rs in runs]
+        assert all(e == first_eval[0] for e in first_eval)      # step 0: the same policies
+
+
 # ---- every registered strategy, the table, resume -------------------------------------------
 @pytest.fixture
 def fake_report(tmp_path) -> tuple[Path, Counting]:
@@ -229,6 +243,20 @@ def test_a_different_compare_in_the_same_directory_is_refused(fake_report):
     with pytest.raises(ConfigError, match="config_digest"):
         compare(config, ALL, SEEDS, out, overrides=[*sets, "grpo.beta=0.5"], resume=True,
                 train_fn=Counting())
+
+
+def test_each_finished_run_is_reported_even_without_a_progress_display(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from mutualrl.compare import CompareProgress
+    config, sets = _config()
+    text = io.StringIO()
+    compare(config, ["none"], 2, tmp_path / "r", overrides=sets, train_fn=fake_train,
+            progress=CompareProgress(enabled=False, console=Console(file=text, width=200)))
+    lines = text.getvalue().splitlines()
+    assert [line.split(":")[0].strip() for line in lines] == ["none-seed0", "none-seed1"]
 
 
 def test_unknown_strategy_fails_before_any_run(tmp_path, capsys):

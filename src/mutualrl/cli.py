@@ -105,6 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # The command owns the display (rich progress); transformers' own bars (one per saved model)
+    # would tear through it.
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()
     try:
         return int(args.func(args) or 0)
     except (ConfigError, ValueError, FileNotFoundError) as exc:

@@ -2,7 +2,10 @@
 
 Each seed is a paired experiment: the config's ``seed`` is replaced by the seed index, and the loop
 derives prompts and initial weights from it, so ``none-seed0`` and ``sgt-seed0`` start from the same
-weights and see the same prompts. Only the sharing differs.
+weights and see the same prompts. Only the sharing differs. The warm start goes through a cache in
+``<report>/warmstart/`` (``warmup.cache_dir``): the first run of a seed warms up and stores its
+policies, the seed's other runs load them, so they start from identical weights by construction
+and the warm start is paid once per seed.
 
 Runs go sequentially into ``<report>/runs/<strategy>-seed<s>/``. The compare's own state
 (``compare.json``: what was asked, the commit, each run's status) is rewritten after every change,
@@ -28,6 +31,7 @@ from mutualrl.progress import RunProgress
 from mutualrl.provenance import git_commit
 
 STATE_FILE = "compare.json"
+WARMSTART_DIR = "warmstart"
 STATE_VERSION = 1
 # What must match for --resume to continue a compare rather than start a different one.
 _RESUME_KEYS = ("strategies", "seeds", "config_path", "overrides", "config_digest")
@@ -124,6 +128,10 @@ def plan_runs(config_path: str | Path, strategies: Sequence[str], seeds: int,
                           f"known: {_known_names()}")
     if seeds < 1:
         raise ConfigError(f"--seeds must be >= 1, got {seeds}")
+    # One warm-start cache per compare (unless the config names one): the runs of a seed then
+    # start from the very same warm-started policies, and the warm start is paid once per seed.
+    if load_config(config_path, overrides).warmup.cache_dir is None:
+        overrides = [*overrides, f"warmup.cache_dir={_toml_str(str(out / WARMSTART_DIR))}"]
     runs = []
     for seed in range(seeds):
         for strategy in strategies:
@@ -194,6 +202,7 @@ class CompareProgress:
 
     def __init__(self, enabled: bool = True, console=None) -> None:
         self.enabled = enabled
+        self.console = console            # finished runs are reported here even without a display
         self._progress = None
         self._overall = None
         if enabled:
@@ -223,6 +232,8 @@ class CompareProgress:
         if self._progress is not None:
             self._progress.update(self._overall, advance=1, description=f"finished {name}")
             self._progress.console.print(line)
+        elif self.console is not None:
+            self.console.print(line)
 
 
 class _NestedRunProgress(RunProgress):
