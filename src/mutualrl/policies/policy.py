@@ -21,6 +21,7 @@ from mutualrl.grpo import (clipped_surrogate, completion_mask, entropy_from_logp
                            selective_log_softmax, token_logprobs)
 from mutualrl.policies.batch import SFTExample, TrainBatch, collate, collate_sequences
 from mutualrl.policies.models import TokenizerFacts, build_model
+from mutualrl.policies.sampling import sample_tokens
 from mutualrl.retokenize.loaders import TokenizerHandle, load_tokenizer
 from mutualrl.tasks.base import Prompt
 
@@ -131,8 +132,8 @@ class Policy(PolicyView):
         for _ in range(max_new_tokens):
             logits = out.logits[:, -1].float()
             if temperature > 0:
-                logp_all = torch.log_softmax(logits / temperature, -1)
-                tok = torch.multinomial(logp_all.exp().cpu(), 1, generator=self.generator).squeeze(-1).to(self.device)
+                logp_all = torch.log_softmax(logits.div_(temperature), -1)
+                tok = sample_tokens(logp_all, self.generator)
             else:
                 logp_all = torch.log_softmax(logits, -1)
                 tok = logits.argmax(-1)
