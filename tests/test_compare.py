@@ -73,7 +73,8 @@ def fake_train(cfg, progress) -> RunSummary:
         writer.write(rec)
     writer.close()
     final = {k: v for k, v in evals.items() if k not in ("phase", "step")}
-    summary = RunSummary(str(out), {n: 0.0 for n in names}, {n: 0.5 for n in names}, final, 1.5)
+    summary = RunSummary(str(out), {n: 0.0 for n in names}, {n: 0.5 for n in names}, final, 1.5,
+                         {"warm start": 0.25, "train": 1.0})
     (out / "summary.json").write_bytes(msgspec.json.encode(summary))
     return summary
 
@@ -135,7 +136,11 @@ def test_real_compare_writes_runs_plots_and_report(real_report):
         assert col in data["accuracy_columns"]
     for row in data["rows"]:
         assert row["columns"]["tokens"]["mean"] > 0 and row["columns"]["wall_time_s"]["mean"] > 0
+        assert row["columns"]["train_time_s"]["mean"] > 0
         assert row["columns"]["bytes_exchanged"]["n"] == SEEDS
+        for role in ("peer", "own"):     # each policy of the tiny config warms up on one family
+            assert 0 <= row["columns"][f"transfer/{role}/start"]["mean"] <= 1
+    assert "## Transfer to peer families" in md
 
 
 def test_real_compare_warms_up_once_per_seed(real_report):
@@ -172,22 +177,36 @@ def test_table_has_one_row_per_policy_and_strategy_with_accuracy_and_cost(fake_r
     assert [(r["policy"], r["strategy"]) for r in data["rows"]] == [(p, s) for p in policies for s in ALL]
     expected = ["pass@1/first", "pass@1/last", "pass@1", "pass@2/first", "pass@2/last"]
     assert data["accuracy_columns"][:5] == expected
-    assert data["cost_columns"][:3] == ["wall_time_s", "tokens", "bytes_exchanged"]
+    assert data["cost_columns"][:4] == ["train_time_s", "wall_time_s", "tokens", "bytes_exchanged"]
+    assert data["transfer_columns"] == [
+        "transfer/peer/start", "transfer/peer/end", "transfer/peer/change",
+        "delta_vs_none/transfer/peer/end", "transfer/own/start", "transfer/own/end", "transfer/own/change"]
     for row in data["rows"]:
         cols = row["columns"]
         assert row["seeds"] == list(range(SEEDS))
-        for col in expected + ["wall_time_s", "tokens", "bytes_exchanged"]:
+        for col in expected + ["train_time_s", "wall_time_s", "tokens", "bytes_exchanged"]:
             assert cols[col]["n"] == SEEDS and cols[col]["min"] <= cols[col]["mean"] <= cols[col]["max"]
         assert cols["pass@1/first"]["values"] == pytest.approx([0.4 + 0.1 * (row["strategy"] != "none") + 0.01 * s
                                                                 for s in range(SEEDS)])
         assert cols["tokens"]["mean"] == 2 * 3.0 * 2 * 4          # steps x length x prompts x G
         assert cols["bytes_exchanged"]["mean"] == 2000            # the cumulative counter's last value
+        bump = [0.1 * (row["strategy"] != "none") + 0.01 * s for s in range(SEEDS)]
+        # the fake's pass@1 is 0.2 * step + bump on every family: 'first' is its own for the
+        # first policy (warm started on it), 'last' its peer's
+        assert cols["transfer/peer/start"]["values"] == pytest.approx(bump)
+        assert cols["transfer/peer/end"]["values"] == pytest.approx([b + 0.4 for b in bump])
+        assert cols["transfer/peer/change"]["mean"] == cols["transfer/own/change"]["mean"] == pytest.approx(0.4)
+        assert cols["train_time_s"]["mean"] == 1.0
         if row["strategy"] != "none":                             # paired by seed
             assert cols["delta_vs_none/pass@1"]["mean"] == pytest.approx(0.1)
+            assert cols["delta_vs_none/transfer/peer/end"]["mean"] == pytest.approx(0.1)
+        else:
+            assert "delta_vs_none/transfer/peer/end" not in cols
     md = (out / "report.md").read_text()
+    assert md.index("## Transfer to peer families") < md.index("## Final held-out accuracy")
     for p in policies:
         for s in ALL:
-            assert md.count(f"| {p} | `{s}` | {SEEDS} |") >= 2    # accuracy and cost tables
+            assert md.count(f"| {p} | `{s}` | {SEEDS} |") >= 3    # transfer, accuracy, cost tables
     if "prp" in ALL:
         assert (out / "plots" / f"density-ratio-{policies[0]}.png").exists()
         assert (out / "plots" / f"thl-{policies[0]}.png").exists()

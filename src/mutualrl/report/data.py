@@ -1,16 +1,12 @@
-"""The compare report: runs' metrics in; PNG plots, ``report.md`` and ``report.json`` out.
+"""A compare's runs as numbers: loading what the runs wrote, per-run columns, aggregation over seeds.
 
-Reads only what the runs wrote (``runs/<strategy>-seed<s>/{metrics.jsonl,summary.json,config.json}``)
-and the compare's state, so a report can be rebuilt at any time. Only finished runs (with a
-``summary.json``) enter the table and the plots. How to read it: ``docs/reading-the-report.md``.
-
-Spread conventions: tables give mean ± sample std over seeds; plot bands span min-max over seeds.
+Reads only ``runs/<strategy>-seed<s>/{metrics.jsonl,summary.json,config.json}`` of finished runs
+(those with a ``summary.json``). Tables give mean ± sample std over seeds.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,8 +22,9 @@ DENSITY_PREFIX = "prp/density_ratio"
 # THL residuals shown in the markdown tables when present (report.json carries every thl/ key).
 THL_HEADLINE = ("boundary_iou_mean", "roundtrip_mismatch_frac", "frac_groups_1_1",
                 "length_ratio_mean", "byte_fallback_rate", "logprob_mass_error_max")
-MAX_PANELS = 6
 _PASS = re.compile(r"^heldout/(?:(?P<fam>[^/]+)/)?pass@(?P<k>\d+)$")
+# Columns also given as a difference to the `none` run of the same seed.
+PAIRED = ("pass@1", "transfer/peer/end")
 
 
 # ---- loading ------------------------------------------------------------------------------
@@ -111,10 +108,47 @@ def step_means(run: RunData, policy: str, prefix: str) -> dict[str, float]:
     return out
 
 
+def heldout_at(run: RunData, policy: str, step: int) -> dict[str, float]:
+    """Greedy held-out pass@1 per family at the evaluation after ``step`` GRPO steps."""
+    head = f"policy/{policy}/heldout/"
+    record = next((r for r in run.records if r.get("phase") == "eval" and r.get("step") == step), {})
+    return {m["fam"]: float(v) for k, v in record.items() if k.startswith(head) and v is not None
+            and (m := _PASS.match(k[len(f"policy/{policy}/"):])) and m["fam"] and m["k"] == "1"}
+
+
+def family_roles(run: RunData, policy: str) -> tuple[list[str], list[str]]:
+    """(own, peer): the evaluated families ``policy`` was warm started on, and the others. Both
+    empty when it had no warm start: then no family is its own and none its peer's."""
+    own = next((p.get("warmup_families") or [] for p in run.config["policies"] if p["name"] == policy), [])
+    if not own:
+        return [], []
+    evaluated = sorted(k.split("/", 1)[1] for k in final_heldout(run, policy) if k.startswith("pass@1/"))
+    return [f for f in evaluated if f in own], [f for f in evaluated if f not in own]
+
+
+def transfer_columns_of(run: RunData, policy: str) -> dict[str, float]:
+    """Held-out pass@1 on the policy's own and peer families at the start of RL (step 0, after the
+    warm start) and at the end, and the change: what sharing taught it, and what it cost."""
+    own, peer = family_roles(run, policy)
+    start, end = heldout_at(run, policy, 0), final_heldout(run, policy)
+    out: dict[str, float] = {}
+    for role, families in (("peer", peer), ("own", own)):
+        if families and all(f in start for f in families):
+            s = float(np.mean([start[f] for f in families]))
+            e = float(np.mean([end[f"pass@1/{f}"] for f in families]))
+            out.update({f"transfer/{role}/start": s, f"transfer/{role}/end": e,
+                        f"transfer/{role}/change": e - s})
+    return out
+
+
 def run_columns(run: RunData, policy: str) -> dict[str, float]:
     """One row's worth of numbers for one run (one seed)."""
     cols = final_heldout(run, policy)
+    cols.update(transfer_columns_of(run, policy))
     cols["wall_time_s"] = float(run.summary["wall_time_s"])
+    train_time = run.summary.get("phase_times_s", {}).get("train")
+    if train_time is not None:
+        cols["train_time_s"] = float(train_time)
     cols["tokens"] = tokens_generated(run, policy)
     cols["bytes_exchanged"] = bytes_exchanged(run)[0]
     cols.update(step_means(run, policy, THL_PREFIX))
@@ -136,7 +170,8 @@ def policies_of(runs: list[RunData]) -> list[str]:
 def build_table(runs: list[RunData], strategies: Sequence[str]) -> list[dict[str, Any]]:
     """One row per policy x strategy: every column as mean/std/min/max over seeds.
 
-    ``delta_vs_none/pass@1`` is paired by seed (same prompts and initial weights).
+    ``delta_vs_none/<column>`` (for the ``PAIRED`` columns) is paired by seed: same prompts and
+    initial weights.
     """
     rows = []
     for policy in policies_of(runs):
@@ -149,13 +184,23 @@ def build_table(runs: list[RunData], strategies: Sequence[str]) -> list[dict[str
             for s in seeds:
                 for k, v in per_seed[(strategy, s)].items():
                     cols.setdefault(k, []).append(v)
-            paired = [per_seed[(strategy, s)].get("pass@1", math.nan) - per_seed[("none", s)]["pass@1"]
-                      for s in seeds if ("none", s) in per_seed and "pass@1" in per_seed[("none", s)]]
-            if strategy != "none" and paired:
-                cols["delta_vs_none/pass@1"] = paired
+            for col in PAIRED if strategy != "none" else ():
+                paired = [per_seed[(strategy, s)][col] - per_seed[("none", s)][col] for s in seeds
+                          if col in per_seed.get(("none", s), {}) and col in per_seed[(strategy, s)]]
+                if paired:
+                    cols[f"delta_vs_none/{col}"] = paired
             rows.append({"policy": policy, "strategy": strategy, "seeds": seeds,
                          "columns": {k: stat(v) for k, v in cols.items()}})
     return rows
+
+
+def transfer_columns(rows: list[dict[str, Any]]) -> list[str]:
+    """Peer families first (did sharing teach it?), then own families (what did it cost?)."""
+    present = {k for r in rows for k in r["columns"]}
+    order = ["transfer/peer/start", "transfer/peer/end", "transfer/peer/change",
+             "delta_vs_none/transfer/peer/end", "transfer/own/start", "transfer/own/end",
+             "transfer/own/change"]
+    return [k for k in order if k in present]
 
 
 def accuracy_columns(rows: list[dict[str, Any]]) -> list[str]:
@@ -172,290 +217,7 @@ def cost_columns(rows: list[dict[str, Any]]) -> list[str]:
     present = {k for r in rows for k in r["columns"]}
     thl = [THL_PREFIX + k for k in THL_HEADLINE if THL_PREFIX + k in present][:2]
     density = [k for k in (DENSITY_PREFIX + "_var",) if k in present]
-    return ["wall_time_s", "tokens", "bytes_exchanged", *thl, *density]
+    times = ["train_time_s"] if "train_time_s" in present else []
+    return [*times, "wall_time_s", "tokens", "bytes_exchanged", *thl, *density]
 
 
-# ---- formatting -------------------------------------------------------------------------------
-def _human(x: float, unit: str = "") -> str:
-    for suffix, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(x) >= scale:
-            return f"{x / scale:.1f}{suffix}{unit}"
-    return f"{x:.0f}{unit}"
-
-
-def fmt(column: str, s: dict[str, Any] | None) -> str:
-    if s is None:
-        return "–"
-    if column == "wall_time_s":
-        return f"{s['mean']:.1f} ± {s['std']:.1f} s"
-    if column in ("tokens", "bytes_exchanged"):
-        unit = "B" if column == "bytes_exchanged" else ""
-        return f"{_human(s['mean'], unit)} ± {_human(s['std'], unit)}"
-    sign = "+" if column.startswith("delta") and s["mean"] > 0 else ""
-    return f"{sign}{s['mean']:.3f} ± {s['std']:.3f}"
-
-
-_TITLES = {"wall_time_s": "wall time (run)", "tokens": "tokens generated",
-           "bytes_exchanged": "bytes exchanged (run)", "delta_vs_none/pass@1": "Δ pass@1 vs none",
-           THL_PREFIX + "boundary_iou_mean": "THL boundary IoU",
-           THL_PREFIX + "roundtrip_mismatch_frac": "THL round-trip mismatch",
-           DENSITY_PREFIX + "_var": "density-ratio var"}
-
-
-def title(column: str) -> str:
-    if column in _TITLES:
-        return _TITLES[column]
-    return column.replace("/", " ") if column.startswith("pass@") else column
-
-
-def markdown_table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
-    head = ["policy", "strategy", "seeds", *map(title, columns)]
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * 3 + ["---:"] * len(columns)) + "|"]
-    for r in rows:
-        cells = [r["policy"], f"`{r['strategy']}`", str(len(r["seeds"]))]
-        cells += [fmt(c, r["columns"].get(c)) for c in columns]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-# ---- plots --------------------------------------------------------------------------------
-def _colors(strategies: Sequence[str]) -> dict[str, Any]:
-    """A fixed colour per strategy across every plot; the ``none`` control is dark grey."""
-    import matplotlib
-    cmap = matplotlib.colormaps["tab10"]
-    others = [s for s in strategies if s != "none"]
-    out = {s: cmap(i % 10) for i, s in enumerate(others)}
-    out["none"] = (0.25, 0.25, 0.25, 1.0)
-    return out
-
-
-def _smooth(v: np.ndarray, window: int) -> np.ndarray:
-    if window <= 1 or len(v) < window:
-        return v
-    c = np.cumsum(np.insert(v, 0, 0.0))
-    head = c[1:window] / np.arange(1, window)            # partial windows at the start
-    return np.concatenate([head, (c[window:] - c[:-window]) / window])
-
-
-def band(runs: list[RunData], key: str, phase: str, window: int = 1):
-    """(steps, mean, min, max) over runs at each step any of them logged; None if no data."""
-    by_step: dict[float, list[float]] = {}
-    for r in runs:
-        steps, values = r.series(key, phase)
-        for s, v in zip(steps, _smooth(values, window)):
-            by_step.setdefault(s, []).append(v)
-    if not by_step:
-        return None
-    steps = np.array(sorted(by_step))
-    vals = [by_step[s] for s in steps]
-    return (steps, np.array([np.mean(v) for v in vals]), np.array([np.min(v) for v in vals]),
-            np.array([np.max(v) for v in vals]))
-
-
-@dataclass(frozen=True)
-class PlotSpec:
-    path: Path
-    title: str
-    panels: list[tuple[str, str]]        # (metric key under policy/<p>/, panel title)
-    phase: str
-    ylabel: str
-    window: int = 1
-    unit_range: bool = False             # y in [0, 1]
-    xlabel: str = "GRPO step"
-
-
-MARKERS = ("o", "s", "^", "D", "v", "P", "X")
-
-
-def plot_panels(spec: PlotSpec, policy: str, groups: dict[str, list[RunData]],
-                colors: dict[str, Any]) -> bool:
-    """One panel per metric, one line per strategy (mean over seeds) and a min-max band."""
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
-
-    ncols = min(3, len(spec.panels))
-    nrows = math.ceil(len(spec.panels) / ncols)
-    fig = Figure(figsize=(10, 4 if nrows == 1 else 1.2 + 2.8 * nrows), dpi=120, layout="constrained")
-    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
-    handles: dict[str, Any] = {}
-    for ax, (key, panel_title) in zip(axes, spec.panels):
-        for i, (strategy, runs) in enumerate(groups.items()):
-            b = band(runs, f"policy/{policy}/{key}", spec.phase, spec.window)
-            if b is None:
-                continue
-            steps, mean, lo, hi = b
-            # The control is dashed, hollow and on top, so it stays visible where lines coincide; other
-            # strategies get their own marker, larger for earlier ones, so coinciding points show.
-            control = strategy == "none"
-            marker = MARKERS[i % len(MARKERS)] if len(steps) <= 12 else None
-            (line,) = ax.plot(steps, mean, "--" if control else "-", color=colors[strategy], lw=1.8,
-                              marker=marker, ms=max(3.0, 8.0 - 1.3 * i), zorder=3 if control else 2,
-                              mfc="none" if control else colors[strategy])
-            ax.fill_between(steps, lo, hi, color=colors[strategy], alpha=0.18, lw=0)
-            handles[f"{strategy} (n={len(runs)})"] = line
-        ax.set_title(panel_title, fontsize=10)
-        ax.set_xlabel(spec.xlabel)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_ylabel(spec.ylabel, fontsize=9)
-        ax.grid(alpha=0.3)
-        if spec.unit_range:
-            ax.set_ylim(-0.03, 1.03)
-    for ax in axes[len(spec.panels):]:
-        ax.set_visible(False)
-    if not handles:
-        return False
-    fig.suptitle(spec.title + "\n(line: mean over seeds; band: min–max over seeds)", fontsize=11)
-    fig.legend(list(handles.values()), list(handles), loc="outside right upper", title="strategy")
-    spec.path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(spec.path)
-    return True
-
-
-def _plotted_keys(keys: list[str]) -> list[str]:
-    """At most ``MAX_PANELS`` keys, headline THL residuals first: a wall of 30 small panels is
-    unreadable; every key's per-run mean is in ``report.json`` all the same."""
-    headline = [THL_PREFIX + k for k in THL_HEADLINE] + [DENSITY_PREFIX + "_var"]
-    ordered = [k for k in headline if k in keys] + [k for k in keys if k not in headline]
-    return ordered[:MAX_PANELS]
-
-
-def plot_specs(runs: list[RunData], policy: str, plots: Path) -> list[PlotSpec]:
-    """What to draw for one policy; residual and density-ratio plots only where logged."""
-    families = sorted({k.split("/")[1] for r in runs for k in final_heldout(r, policy) if "/" in k
-                       and k.startswith("pass@1/")})
-    n_steps = max((len(r.series(f"policy/{policy}/reward/mean", "train")[0]) for r in runs), default=0)
-    window = max(1, round(n_steps / 20))
-    smooth = f", moving average over {window} steps" if window > 1 else ""
-    fam_reward = sorted({k for r in runs for k in r.policy_keys(policy, "reward/")
-                         if re.fullmatch(r"reward/[^/]+/mean", k)})
-    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", policy)
-    specs = [PlotSpec(plots / f"reward-{safe}.png", f"{policy}: train reward{smooth}",
-                      [("reward/mean", "all families")] + [(k, k.split("/")[1]) for k in fam_reward],
-                      "train", "mean reward", window, unit_range=True),
-             PlotSpec(plots / f"heldout-{safe}.png", f"{policy}: held-out pass@1 (greedy)",
-                      [(f"heldout/{f}/pass@1", f) for f in families] + [("heldout/pass@1", "all families")],
-                      "eval", "pass@1", unit_range=True, xlabel="GRPO steps completed")]
-    for prefix, name, what in ((THL_PREFIX, "thl", "retokenization (THL) residuals of received peer rollouts"),
-                               (DENSITY_PREFIX, "density-ratio", "PRP density ratio of peer rollouts")):
-        keys = _plotted_keys(sorted(set().union(*(r.policy_keys(policy, prefix) for r in runs))))
-        if keys:
-            specs.append(PlotSpec(plots / f"{name}-{safe}.png", f"{policy}: {what}{smooth}",
-                                  [(k, k[len("thl/"):] if prefix == THL_PREFIX else k) for k in keys],
-                                  "train", "per-step value", window))
-    return specs
-
-
-def make_plots(runs: list[RunData], strategies: Sequence[str], out: Path) -> dict[str, list[Path]]:
-    colors = _colors(strategies)
-    groups = {s: [r for r in runs if r.strategy == s] for s in strategies}
-    groups = {s: rs for s, rs in groups.items() if rs}
-    made: dict[str, list[Path]] = {}
-    for policy in policies_of(runs):
-        for spec in plot_specs(runs, policy, out / "plots"):
-            if plot_panels(spec, policy, groups, colors):
-                made.setdefault(policy, []).append(spec.path)
-    return made
-
-
-# ---- the report -------------------------------------------------------------------------------
-HOW_TO_READ = """\
-Each strategy ran once per seed; a seed fixes the prompts and the initial weights, so runs with the
-same seed differ only in what the policies share, and `Δ pass@1 vs none` is paired by seed.
-Accuracy is measured at the end of training on held-out prompts (pass@1: greedy decoding;
-pass@k: k samples at the training temperature, unbiased estimator). Table cells are mean ± sample
-std over seeds; plot lines are means over seeds, shaded bands span min–max. Wall time and bytes are
-per run (shared by its policies); tokens are each policy's own sampled completion tokens in GRPO
-steps. With few seeds, differences smaller than the spread are not evidence. Details:
-`docs/reading-the-report.md`."""
-
-
-def _section_plots(made: dict[str, list[Path]], out: Path, notes: list[str]) -> list[str]:
-    lines = ["## Plots", ""]
-    for policy, paths in made.items():
-        lines += [f"### {policy}", ""]
-        lines += [f"![{p.stem}]({p.relative_to(out).as_posix()})" for p in paths] + [""]
-    lines += [f"- {n}" for n in notes]
-    return lines
-
-
-def _plot_notes(made: dict[str, list[Path]]) -> list[str]:
-    names = [p.name for ps in made.values() for p in ps]
-    notes = []
-    if any(n.startswith("thl-") for n in names):
-        notes.append(f"THL plots show at most {MAX_PANELS} residuals (headline ones first); "
-                     "`report.json` has the per-step mean of every `thl/` residual per row.")
-    else:
-        notes.append("No retokenization residuals (`policy/<name>/thl/...`) were logged by these "
-                     "strategies, so there is no THL plot.")
-    if not any(n.startswith("density-ratio-") for n in names):
-        notes.append("No density-ratio metrics (`policy/<name>/prp/density_ratio...`) were logged, "
-                     "so there is no density-ratio plot.")
-    return notes
-
-
-def _section_runs(state: dict[str, Any], runs: list[RunData]) -> list[str]:
-    done = {r.name for r in runs}
-    lines = ["## Runs", "", "| run | status | commit | wall time | metrics |", "|---|---|---|---:|---|"]
-    for name, info in state["runs"].items():
-        status = "done" if name in done else info.get("status", "pending")
-        wall = f"{info['wall_time_s']:.1f} s" if info.get("wall_time_s") is not None else "–"
-        link = f"[metrics.jsonl](runs/{name}/metrics.jsonl)" if name in done else "–"
-        err = f" ({info['error']})" if info.get("error") and name not in done else ""
-        lines.append(f"| `{name}` | {status}{err} | {str(info.get('commit', '–'))[:12]} | {wall} | {link} |")
-    return lines
-
-
-def report_data(out: Path, state: dict[str, Any], runs: list[RunData], rows, made, notes) -> dict:
-    return {"config_path": state["config_path"], "overrides": state["overrides"],
-            "commit": state.get("commit", "unknown"), "strategies": state["strategies"],
-            "seeds": state["seeds"], "policies": policies_of(runs),
-            "accuracy_columns": accuracy_columns(rows), "cost_columns": cost_columns(rows),
-            "bytes_source": {r.name: bytes_exchanged(r)[1] for r in runs},
-            "rows": rows, "plots": [p.relative_to(out).as_posix() for ps in made.values() for p in ps],
-            "notes": notes, "runs": state["runs"],
-            "config": runs[0].config if runs else None}
-
-
-def _other_commits(state: dict[str, Any], current: str) -> str:
-    """A resumed compare may span commits; say so rather than let one commit speak for all."""
-    others = sorted({str(i["commit"]) for i in state["runs"].values() if i.get("commit")} - {current})
-    return f" (some runs at {', '.join(f'`{c[:12]}`' for c in others)}: see Runs)" if others else ""
-
-
-def render_markdown(data: dict[str, Any], state: dict[str, Any], runs: list[RunData],
-                    made: dict[str, list[Path]], out: Path) -> str:
-    rows = data["rows"]
-    overrides = ", ".join(f"`{o}`" for o in data["overrides"]) or "none"
-    lines = [f"# Compare: {' vs '.join(data['strategies'])}", "",
-             f"Config `{data['config_path']}` (overrides: {overrides}); seeds 0..{data['seeds'] - 1}; "
-             f"code at commit `{data['commit']}`{_other_commits(state, data['commit'])}. "
-             f"{len(runs)} of {len(state['runs'])} runs finished.",
-             "", "## How to read this", "", HOW_TO_READ, "",
-             "## Final held-out accuracy", "", markdown_table(rows, data["accuracy_columns"]), "",
-             "## Cost", "", markdown_table(rows, data["cost_columns"]), ""]
-    thl = [THL_PREFIX + k for k in THL_HEADLINE if any(THL_PREFIX + k in r["columns"] for r in rows)]
-    if thl:
-        with_thl = [r for r in rows if any(c in r["columns"] for c in thl)]
-        lines += ["## Retokenization residuals (mean over steps)", "", markdown_table(with_thl, thl), ""]
-    lines += _section_plots(made, out, data["notes"]) + [""] + _section_runs(state, runs) + [""]
-    if data["config"] is not None:
-        lines += ["## Config (seed 0)", "", "<details><summary>resolved config</summary>", "",
-                  "```json", json.dumps(data["config"], indent=2), "```", "", "</details>", ""]
-    return "\n".join(lines)
-
-
-def write_report(out: Path, state: dict[str, Any]) -> Path:
-    """Write plots, ``report.json`` and ``report.md`` into ``out``; returns ``report.md``'s path."""
-    out = Path(out)
-    runs = load_runs(out, state)
-    rows = build_table(runs, state["strategies"])
-    made = make_plots(runs, state["strategies"], out) if runs else {}
-    notes = _plot_notes(made) if runs else ["No run has finished yet."]
-    data = report_data(out, state, runs, rows, made, notes)
-    (out / "report.json").write_text(json.dumps(data, indent=2))
-    path = out / "report.md"
-    path.write_text(render_markdown(data, state, runs, made, out))
-    return path
-
-
-__all__ = ["RunData", "build_table", "load_runs", "make_plots", "write_report"]
