@@ -107,7 +107,8 @@ def plot_panels(spec: PlotSpec, policy: str, groups: dict[str, list[RunData]],
         ax.set_visible(False)
     if not handles:
         return False
-    fig.suptitle(spec.title + "\n(line: mean over seeds; band: min–max over seeds)", fontsize=11)
+    smoothed = f"moving average over {spec.window} steps; " if spec.window > 1 else ""
+    fig.suptitle(f"{spec.title}\n({smoothed}line: mean over seeds; band: min–max over seeds)", fontsize=11)
     fig.legend(list(handles.values()), list(handles), loc="outside right upper", title="strategy")
     spec.path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(spec.path)
@@ -128,11 +129,10 @@ def plot_specs(runs: list[RunData], policy: str, plots: Path) -> list[PlotSpec]:
                        and k.startswith("pass@1/")})
     n_steps = max((len(r.series(f"policy/{policy}/reward/mean", "train")[0]) for r in runs), default=0)
     window = max(1, round(n_steps / 20))
-    smooth = f", moving average over {window} steps" if window > 1 else ""
     fam_reward = sorted({k for r in runs for k in r.policy_keys(policy, "reward/")
                          if re.fullmatch(r"reward/[^/]+/mean", k)})
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", policy)
-    specs = [PlotSpec(plots / f"reward-{safe}.png", f"{policy}: train reward{smooth}",
+    specs = [PlotSpec(plots / f"reward-{safe}.png", f"{policy}: train reward",
                       [("reward/mean", "all families")] + [(k, k.split("/")[1]) for k in fam_reward],
                       "train", "mean reward", window, unit_range=True),
              PlotSpec(plots / f"heldout-{safe}.png", f"{policy}: held-out pass@1 (greedy)",
@@ -142,7 +142,7 @@ def plot_specs(runs: list[RunData], policy: str, plots: Path) -> list[PlotSpec]:
                                (DENSITY_PREFIX, "density-ratio", "PRP density ratio of peer rollouts")):
         keys = _plotted_keys(sorted(set().union(*(r.policy_keys(policy, prefix) for r in runs))))
         if keys:
-            specs.append(PlotSpec(plots / f"{name}-{safe}.png", f"{policy}: {what}{smooth}",
+            specs.append(PlotSpec(plots / f"{name}-{safe}.png", f"{policy}: {what}",
                                   [(k, k[len("thl/"):] if prefix == THL_PREFIX else k) for k in keys],
                                   "train", "per-step value", window))
     return specs
