@@ -64,15 +64,20 @@ def load_runs(out: Path, state: dict[str, Any]) -> list[RunData]:
 
 
 # ---- per-run quantities -----------------------------------------------------------------------
-def final_heldout(run: RunData, policy: str) -> dict[str, float]:
-    """``pass@1/<family>``, ``pass@1``, ``pass@<k>/<family>`` from the run's final evaluation."""
+def heldout_scores(record: dict[str, Any], policy: str) -> dict[str, float]:
+    """``pass@1/<family>``, ``pass@1``, ``pass@<k>/<family>`` of ``policy`` in an evaluation record."""
     out = {}
     head = f"policy/{policy}/"
-    for key, value in run.summary["final_eval"].items():
+    for key, value in record.items():
         m = _PASS.match(key[len(head):]) if key.startswith(head) else None
         if m and value is not None:
             out[f"pass@{m['k']}" + (f"/{m['fam']}" if m["fam"] else "")] = float(value)
     return out
+
+
+def final_heldout(run: RunData, policy: str) -> dict[str, float]:
+    """The held-out scores of the run's final evaluation."""
+    return heldout_scores(run.summary["final_eval"], policy)
 
 
 def tokens_generated(run: RunData, policy: str) -> float:
@@ -109,11 +114,9 @@ def step_means(run: RunData, policy: str, prefix: str) -> dict[str, float]:
 
 
 def heldout_at(run: RunData, policy: str, step: int) -> dict[str, float]:
-    """Greedy held-out pass@1 per family at the evaluation after ``step`` GRPO steps."""
-    head = f"policy/{policy}/heldout/"
+    """The held-out scores of the evaluation after ``step`` GRPO steps (none if there was none)."""
     record = next((r for r in run.records if r.get("phase") == "eval" and r.get("step") == step), {})
-    return {m["fam"]: float(v) for k, v in record.items() if k.startswith(head) and v is not None
-            and (m := _PASS.match(k[len(f"policy/{policy}/"):])) and m["fam"] and m["k"] == "1"}
+    return heldout_scores(record, policy)
 
 
 def family_roles(run: RunData, policy: str) -> tuple[list[str], list[str]]:
@@ -133,9 +136,9 @@ def transfer_columns_of(run: RunData, policy: str) -> dict[str, float]:
     start, end = heldout_at(run, policy, 0), final_heldout(run, policy)
     out: dict[str, float] = {}
     for role, families in (("peer", peer), ("own", own)):
-        if families and all(f in start for f in families):
-            s = float(np.mean([start[f] for f in families]))
-            e = float(np.mean([end[f"pass@1/{f}"] for f in families]))
+        keys = [f"pass@1/{f}" for f in families]
+        if keys and all(k in start and k in end for k in keys):
+            s, e = float(np.mean([start[k] for k in keys])), float(np.mean([end[k] for k in keys]))
             out.update({f"transfer/{role}/start": s, f"transfer/{role}/end": e,
                         f"transfer/{role}/change": e - s})
     return out
