@@ -18,7 +18,8 @@ from mutualrl.config import load_config
 from mutualrl.metrics import read_metrics
 from mutualrl.allocation import LocalExecutor
 from mutualrl.allocation.config import AllocationConfig
-from mutualrl.train import WorkerUnavailable, call_one, train
+from mutualrl.train import train
+from mutualrl.workers import WorkerUnavailable, call_one
 
 TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.toml"
 TIMING = ("time_s", "tokens_per_s", "step_time_s")

@@ -81,11 +81,8 @@ def final_heldout(run: RunData, policy: str) -> dict[str, float]:
 
 
 def tokens_generated(run: RunData, policy: str) -> float:
-    """Completion tokens the policy sampled in GRPO steps: a ``tokens`` metric summed if logged,
-    else sum over steps of mean completion length x prompts_per_step x num_generations."""
-    _, tokens = run.series(f"policy/{policy}/tokens", "train")
-    if len(tokens):
-        return float(tokens.sum())
+    """Completion tokens the policy sampled in GRPO steps: per step, the mean completion length
+    (over all the step's samples) x prompts_per_step x num_generations, summed over steps."""
     _, lengths = run.series(f"policy/{policy}/completion_length", "train")
     g = run.config["grpo"]
     return float(lengths.sum() * g["prompts_per_step"] * g["num_generations"])

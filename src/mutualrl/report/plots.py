@@ -143,7 +143,7 @@ def plot_specs(runs: list[RunData], policy: str, plots: Path) -> list[PlotSpec]:
         keys = _plotted_keys(sorted(set().union(*(r.policy_keys(policy, prefix) for r in runs))))
         if keys:
             specs.append(PlotSpec(plots / f"{name}-{safe}.png", f"{policy}: {what}",
-                                  [(k, k[len("thl/"):] if prefix == THL_PREFIX else k) for k in keys],
+                                  [(k, k.removeprefix(THL_PREFIX)) for k in keys],
                                   "train", "per-step value", window))
     return specs
 
