@@ -113,8 +113,14 @@ class PolicyConfig(ConfigStruct):
     learning_rate: float | None = None    # None: grpo.learning_rate
     warmup_families: list[str] = msgspec.field(default_factory=list)  # warm start on these
     lora: LoraConfig | None = None
+    # Prompt rendering (policies.prompting): false renders the raw question; true renders it
+    # with the tokenizer's own chat template; a path names a Jinja template file to use instead.
+    chat_template: bool | str = False
+    system_prompt: str | None = None  # with a chat template: a system message first
 
     def __post_init__(self) -> None:
+        check(self.system_prompt is None or self.chat_template is not False,
+              "system_prompt needs chat_template = true (or a template file)")
         check(bool(self.name) and "/" not in self.name, "name must be non-empty without '/'")
         check(self.hidden_size % self.num_heads == 0, "hidden_size must be divisible by num_heads")
         check(self.num_layers >= 1, "num_layers must be >= 1")
@@ -127,9 +133,27 @@ class TaskConfig(ConfigStruct):
     num_words: int = 4                # pointer and lookup tasks: words per prompt
     num_keys: int = 8                 # lookup task: facts per family
     verifier_timeout_s: float = 5.0
+    # Dataset tasks (gsm8k, math; see tasks.datasets): columns of the data (None: the task's
+    # default), the `datasets` split and configuration read, and the held-out rule for rows
+    # without a split column: every `heldout_every`-th row (1-based) is held out.
+    question_column: str | None = None
+    answer_column: str | None = None
+    split_column: str | None = None
+    family_column: str | None = None
+    dataset_split: str = "train"
+    dataset_config: str | None = None
+    heldout_every: int = 8
+    # Reward functions (tasks.rewards.REWARD_FUNCS) and their weights, TRL's names; empty: the
+    # task's verifier alone, weight 1.
+    reward_funcs: list[str] = msgspec.field(default_factory=list)
+    reward_weights: list[float] = msgspec.field(default_factory=list)
 
     def __post_init__(self) -> None:
         check(self.verifier_timeout_s > 0, "verifier_timeout_s must be > 0")
+        check(self.heldout_every >= 2, "heldout_every must be >= 2")
+        check(not self.reward_weights or len(self.reward_weights) == len(self.reward_funcs),
+              f"reward_weights must have one weight per reward_funcs entry "
+              f"({len(self.reward_funcs)}), got {len(self.reward_weights)}")
         check(self.num_words >= 2, "num_words must be >= 2")
         check(self.num_keys >= 1, "num_keys must be >= 1")
 
