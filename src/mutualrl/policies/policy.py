@@ -21,6 +21,7 @@ from mutualrl.grpo import (clipped_surrogate, completion_mask, entropy_from_logp
                            selective_log_softmax, token_logprobs)
 from mutualrl.policies.batch import SFTExample, TrainBatch, collate, collate_sequences
 from mutualrl.policies.models import TokenizerFacts, build_model
+from mutualrl.policies.prompting import chat_prompt
 from mutualrl.policies.sampling import sample_tokens
 from mutualrl.retokenize.loaders import TokenizerHandle, load_tokenizer
 from mutualrl.tasks.base import Prompt
@@ -50,6 +51,7 @@ class PolicyView:
         self.name = cfg.name
         self.handle = handle
         self.tokenizer = handle.tokenizer
+        self.chat = chat_prompt(cfg, self.tokenizer)  # None: raw text (the default)
         self.version = 0
 
     @property
@@ -57,6 +59,8 @@ class PolicyView:
         return self.tokenizer.pad_token_id
 
     def encode_prompt(self, text: str) -> tuple[int, ...]:
+        if self.chat is not None:
+            return self.chat.encode(text)
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         bos = self.tokenizer.bos_token_id
         return tuple(([bos] if bos is not None else []) + ids)
