@@ -34,6 +34,7 @@ from mutualrl.policies.policy import Policy, PolicyView, Sample, load_handles
 from mutualrl.progress import RunProgress
 from mutualrl.strategies import Strategy, StrategyContext, build_strategy
 from mutualrl.tasks import GuardedVerifier, Task, build_task
+from mutualrl.tasks.rewards import WeightedReward, build_rewards, mean_parts
 from mutualrl.warmup import warm_start
 from mutualrl.workers import WorkerUnavailable, call_live, call_one
 
@@ -59,6 +60,8 @@ class Run:
     retokenizers: dict[str, Retokenizer]
     executor: object = None
     peer_logs: PeerLogPool | None = None
+    rewards: WeightedReward | None = None      # task.reward_funcs; None: the verifier alone
+    reward_parts: dict[str, dict[str, float]] = field(default_factory=dict)  # last step's means
     history: dict[str, list[float]] = field(default_factory=dict)
     phase_times: dict[str, float] = field(default_factory=lambda: defaultdict(float))
 
@@ -84,6 +87,7 @@ def build_run(cfg: RunConfig, progress: RunProgress | None = None) -> Run:
         torch.set_num_threads(cfg.torch_threads)
     strategy = build_strategy(cfg)           # bad strategy parameters fail here, first
     task = build_task(cfg.task)
+    rewards = build_rewards(cfg.task, task)  # unknown reward functions fail here
     for p in cfg.policies:
         bad = [f for f in p.warmup_families if f not in task.families]
         if bad:
@@ -104,7 +108,7 @@ def build_run(cfg: RunConfig, progress: RunProgress | None = None) -> Run:
                progress=progress or RunProgress(enabled=False), bus=bus, subscription=sub,
                retokenizers={n: Retokenizer(p.handle, max_length=cfg.grpo.max_completion_length,
                                             profiles=profiles) for n, p in policies.items()},
-               peer_logs=peer_logs, executor=executor)
+               peer_logs=peer_logs, executor=executor, rewards=rewards)
 
 
 def start_executor(cfg: RunConfig, out: Path, handles: dict):
@@ -176,12 +180,24 @@ def generate(run: Run, prompts) -> tuple[dict[str, list[Sample]], dict[str, floa
 
 
 def verify(run: Run, samples: dict[str, list[Sample]]) -> dict[str, list[Sample]]:
+    if run.rewards is not None:
+        return verify_weighted(run, samples)
     return {name: [replace(s, reward=run.verifier(s.prompt, s.text)) for s in ss]
             for name, ss in samples.items()}
 
 
+def verify_weighted(run: Run, samples: dict[str, list[Sample]]) -> dict[str, list[Sample]]:
+    """Rewards as the weighted sum of ``task.reward_funcs``; each function's mean is kept for the log."""
+    out = {}
+    for name, ss in samples.items():
+        scored = [run.rewards.score(s.prompt, s.text) for s in ss]
+        run.reward_parts[name] = mean_parts([parts for _, parts in scored])
+        out[name] = [replace(s, reward=total) for s, (total, _) in zip(ss, scored)]
+    return out
+
+
 def publish(run: Run, samples: dict[str, list[Sample]]) -> None:
-    v = run.task.verifier
+    v = run.rewards or run.task.verifier
     publish_step(run.bus, run.policies, samples, v.verifier_id, v.version,
                  run.cfg.exchange.success_threshold)
 
@@ -242,10 +258,14 @@ def log_step(run: Run, step: int, samples, gen_time, update_stats, ctx, step_tim
         m = sample_metrics(ss, gen_time[name], run.cfg.grpo)
         m.update(update_stats.get(name, {}))
         m.update(ctx.metrics.get(name, {}))
+        m.update(run.reward_parts.get(name, {}))
         record.update(namespaced(name, m))
         run.history.setdefault(name, []).append(m["reward/mean"])
     c = run.verifier.counters
     record.update({"verifier/errors": c.errors, "verifier/timeouts": c.timeouts})
+    if run.rewards is not None:
+        errors, timeouts = run.rewards.failures()
+        record.update({"rewards/errors": errors, "rewards/timeouts": timeouts})
     bus = run.bus.stats()
     record.update({"exchange/published": bus["published"], "exchange/bytes": bus["bytes_written"],
                    "exchange/raw_bytes": bus["raw_bytes_written"], "exchange/dropped": bus["dropped"],
@@ -338,3 +358,5 @@ def train(cfg: RunConfig, progress: RunProgress | None = None) -> RunSummary:
         run.bus.close()           # flushes the experience log
         run.writer.close()
         run.verifier.close()
+        if run.rewards is not None:
+            run.rewards.close()
