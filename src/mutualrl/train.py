@@ -30,6 +30,7 @@ from mutualrl.exchange import ExperienceBus
 from mutualrl.experience import PeerLogPool, open_bus, publish_step
 from mutualrl.retokenize import Retokenizer
 from mutualrl.metrics import MetricsWriter, namespaced
+from mutualrl.policies.checkpoints import check_policies
 from mutualrl.policies.policy import Policy, PolicyView, Sample, load_handles
 from mutualrl.progress import RunProgress
 from mutualrl.strategies import Strategy, StrategyContext, build_strategy
@@ -98,6 +99,7 @@ def build_run(cfg: RunConfig, progress: RunProgress | None = None) -> Run:
     (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
     peer_logs = PeerLogPool(cfg.exchange.peer_logs) if cfg.exchange.peer_logs else None
     handles = load_handles(cfg.policies)      # each tokenizer once; the driver encodes prompts
+    check_policies(cfg.policies, handles)     # checkpoints: present, a known family, vocab fits
     bus, sub = open_bus(out, cfg.exchange)
     executor = start_executor(cfg, out, handles)
     policies = driver_policies(cfg, executor, handles)

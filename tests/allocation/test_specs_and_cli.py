@@ -10,7 +10,9 @@ import pytest
 from mutualrl.allocation import PlanError, parse_allocation, plan, worker_specs_from_config
 from mutualrl.allocation.cli import configure, format_devices, run
 from mutualrl.allocation.planner import GpuSlot
+from mutualrl.allocation.dims import dims_from_hint, dims_from_policy
 from mutualrl.allocation.specs import (
+    activation_bytes,
     inventory_from_config,
     kv_cache_bytes,
     learner_memory_bytes,
@@ -64,17 +66,22 @@ def test_worker_specs_follow_the_documented_estimates():
     a_learn, a_gen, b_learn, b_gen, ver = specs
     n_a = 64 * 1000 + 32_000
     assert a_learn.num_parameters == n_a and a_learn.tokens_per_step == 2 * tokens  # 2 iterations
-    assert a_learn.memory_bytes == n_a * (4 + 4 + 8 + 4)  # beta > 0: a frozen reference too
+    # activations: 32 rows x 16 tokens, fp32, no checkpointing
+    act_a = activation_bytes(dims_from_policy(cfg.policies[0], 32_000), 32, 16, 6, 4, False)
+    act_b = activation_bytes(dims_from_policy(cfg.policies[1], 129_280), 32, 16, 6, 4, False)
+    assert a_learn.memory_bytes == n_a * (4 + 4 + 8 + 4) + act_a  # beta > 0: a frozen reference too
     assert a_gen.memory_bytes == n_a * 4 + kv_cache_bytes(2, 64, tokens, alloc.memory)
     assert b_learn.memory_bytes == learner_memory_bytes(b_learn.num_parameters, alloc.memory,
-                                                        reference=True, lora=True)
-    assert b_learn.memory_bytes == b_learn.num_parameters * 4  # LoRA: frozen base only
+                                                        reference=True, lora=True) + act_b
+    assert b_learn.memory_bytes == b_learn.num_parameters * 4 + act_b  # LoRA: frozen base only
     assert a_learn.cost == 6 * n_a * 2 * tokens and a_gen.cost == 2 * n_a * tokens
     assert a_learn.group == a_gen.group == "a" and ver.cost == 0 and not ver.uses_accelerator
 
 
 def test_hints_and_overrides_replace_estimates_and_split_groups():
     cfg = _cfg(colocate=False, num_parameters={"b": 7_000_000_000},
+               architectures={"b": {"num_hidden_layers": 4, "hidden_size": 128,
+                                    "num_attention_heads": 4, "vocab_size": 129_280}},
                workers={"a/generator": {"memory_gb": 2.0, "tokens_per_step": 5}})
     def vocab(name):  # b has a hint: its tokenizer need not be loaded
         assert name != "deepseek-v3", "a num_parameters hint must skip loading the tokenizer"

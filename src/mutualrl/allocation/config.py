@@ -10,12 +10,20 @@ way the embedded CPU default runs:
 * learner   = params x (weight_bytes + grad_bytes + optimizer_bytes) [+ params x weight_bytes for a
   frozen reference when grpo.beta > 0]; with LoRA only the frozen base weights are counted (the
   adapter and its optimizer state are small and the reference is the adapter switched off);
+  plus the activations kept for backward (``allocation.specs.activation_bytes``, formula there):
+  per micro-batch of ``rows`` sequences of ``seq`` = prompt_length_estimate + max_completion_length
+  tokens, ``rows x seq x activation_bytes x (layers x (6 h + 2 kv + 4 i))`` without gradient
+  checkpointing, ``rows x seq x activation_bytes x (layers x h + 6 h + 2 kv + 4 i)`` with it, and
+  the fp32 logits and log-probs of the completion positions, ``rows x completion x vocab x 8``;
 * generator = params x weight_bytes + KV cache, where the KV cache holds every sequence of a step
-  at once (or ``generation_batch_tokens`` of them): 2 (K and V) x layers x hidden x weight_bytes
-  x tokens. Grouped-query attention would shrink it; PolicyConfig has no KV-head count, so this
-  errs on the safe side.
-Activations are not modelled: micro-batching and activation checkpointing bound them, and
-``usable_memory_fraction`` keeps headroom for them. Clusters in bf16 set ``weight_bytes = 2``.
+  at once (or ``generation_batch_tokens`` of them): 2 (K and V) x layers x kv_heads x head_dim x
+  weight_bytes x tokens; grouped-query attention (``num_key_value_heads`` < heads) shrinks it.
+
+Architecture dims (layers ``L``, hidden ``h``, KV width ``kv`` = kv_heads x head_dim, MLP width
+``i``, vocabulary) come from the checkpoint's config.json when it is on this machine, else from
+``[allocation.architectures."<policy>"]``, else from the policy's own config (tiny random models).
+``usable_memory_fraction`` keeps headroom for what is not modelled (temporaries of one layer's
+backward, allocator fragmentation, the CUDA context). Clusters in bf16 set ``weight_bytes = 2``.
 """
 
 from __future__ import annotations
@@ -54,12 +62,38 @@ class MemoryModel(ConfigStruct):
     weight_bytes: int = 4             # fp32; 2 for bf16 weights
     grad_bytes: int = 4
     optimizer_bytes: int = 8          # Adam: two fp32 moments
-    usable_memory_fraction: float = 0.9  # headroom for activations, allocator fragmentation
+    usable_memory_fraction: float = 0.9  # headroom for temporaries, allocator fragmentation
+    activation_bytes: int | None = None  # per stored activation value; None: weight_bytes
+    # Sequences per learner forward/backward (a micro-batch). None: grpo.per_device_train_batch_size
+    # when the run config has it, else every sequence of a step (prompts_per_step x num_generations).
+    micro_batch_rows: int | None = None
+    # None: grpo.gradient_checkpointing when the run config has it, else false.
+    gradient_checkpointing: bool | None = None
 
     def __post_init__(self) -> None:
         check(self.weight_bytes >= 1, "weight_bytes must be >= 1")
+        check(self.activation_bytes is None or self.activation_bytes >= 1, "activation_bytes must be >= 1")
+        check(self.micro_batch_rows is None or self.micro_batch_rows >= 1, "micro_batch_rows must be >= 1")
         check(self.grad_bytes >= 0 and self.optimizer_bytes >= 0, "byte counts must be >= 0")
         check(0 < self.usable_memory_fraction <= 1, "usable_memory_fraction must be in (0, 1]")
+
+
+class ArchitectureDims(ConfigStruct):
+    """Dimensions of a checkpoint that is not on the machine that plans (its config.json names)."""
+
+    num_hidden_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    vocab_size: int
+    num_key_value_heads: int | None = None   # None: num_attention_heads (no grouped-query attention)
+    intermediate_size: int | None = None     # None: 4 x hidden_size
+    head_dim: int | None = None              # None: hidden_size / num_attention_heads
+
+    def __post_init__(self) -> None:
+        check(min(self.num_hidden_layers, self.hidden_size, self.num_attention_heads,
+                  self.vocab_size) >= 1, "dims must be >= 1")
+        check(self.num_key_value_heads is None or self.num_key_value_heads >= 1,
+              "num_key_value_heads must be >= 1")
 
 
 class WorkerOverride(ConfigStruct):
@@ -97,6 +131,8 @@ class AllocationConfig(ConfigStruct):
     inventory: InventoryConfig | None = None
     # Parameter count per policy name, for checkpoints that cannot be loaded where `plan` runs.
     num_parameters: dict[str, int] = msgspec.field(default_factory=dict)
+    # Architecture dims per policy name, for the same checkpoints (see the module docstring).
+    architectures: dict[str, ArchitectureDims] = msgspec.field(default_factory=dict)
     workers: dict[str, WorkerOverride] = msgspec.field(default_factory=dict)
 
     def __post_init__(self) -> None:

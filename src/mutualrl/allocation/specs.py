@@ -11,6 +11,7 @@ compute (the built-in verifiers are string checks).
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from typing import Literal
@@ -18,7 +19,8 @@ from typing import Literal
 import msgspec
 
 from mutualrl.allocation.config import GIB, AllocationConfig, InventoryConfig, MemoryModel
-from mutualrl.config import RunConfig
+from mutualrl.allocation.dims import Dims, resolve_dims
+from mutualrl.config import ConfigError, RunConfig
 
 Role = Literal["learner", "generator", "verifier"]
 
@@ -102,9 +104,26 @@ def learner_memory_bytes(num_parameters: int, mem: MemoryModel, *, reference: bo
     return num_parameters * (per_param + (mem.weight_bytes if reference else 0))
 
 
-def kv_cache_bytes(num_layers: int, hidden_size: int, tokens: int, mem: MemoryModel) -> int:
-    """K and V for every layer and token resident at once (no grouped-query sharing assumed)."""
-    return 2 * num_layers * hidden_size * mem.weight_bytes * tokens
+def kv_cache_bytes(num_layers: int, kv_width: int, tokens: int, mem: MemoryModel) -> int:
+    """K and V for every layer and token resident at once. ``kv_width`` = num_key_value_heads x
+    head_dim: the hidden size without grouped-query attention, a fraction of it with."""
+    return 2 * num_layers * kv_width * mem.weight_bytes * tokens
+
+
+def activation_bytes(d: Dims, rows: int, seq_len: int, completion_len: int, act_bytes: int,
+                     checkpointing: bool) -> int:
+    """Activations one learner micro-batch keeps for backward (peak, one micro-batch at a time).
+
+    Values stored per token and decoder layer (attention scores are not stored: SDPA and flash
+    attention recompute them): attention block 4h + 2kv (norm input, q/k/v projections' input,
+    q, k, v, o_proj input), MLP block 2h + 4i (norm input and output, gate, up, act(gate),
+    down_proj input): 6h + 2kv + 4i in all. With gradient checkpointing only each layer's input
+    (h) is kept, plus one layer's values while it is recomputed. The LM head's fp32 logits and
+    log-softmax at the completion positions add rows x completion_len x vocab x 8 bytes.
+    """
+    per_layer = 6 * d.hidden + 2 * d.kv_width + 4 * d.intermediate
+    kept = d.layers * d.hidden + per_layer if checkpointing else d.layers * per_layer
+    return rows * seq_len * act_bytes * kept + rows * completion_len * d.vocab * 8
 
 
 def generator_memory_bytes(num_parameters: int, kv_bytes: int, mem: MemoryModel) -> int:
@@ -143,6 +162,27 @@ def _apply_override(spec: WorkerSpec, alloc: AllocationConfig) -> WorkerSpec:
     return msgspec.structs.replace(spec, **changes)
 
 
+def _count(p, alloc: AllocationConfig, count_params, vocab_size) -> int:
+    from mutualrl.policies.checkpoints import read_checkpoint_config
+    if p.checkpoint and read_checkpoint_config(p) is None:
+        raise ConfigError(f"allocation.num_parameters.{p.name}: checkpoint {p.checkpoint!r} is not "
+                          "on this machine; give its parameter count there")
+    return count_params(p, vocab_size(p.tokenizer))
+
+
+def learner_activation_bytes(cfg: RunConfig, alloc: AllocationConfig, dims: Dims) -> int:
+    """``activation_bytes`` for the run's micro-batch: rows and checkpointing from
+    ``[allocation.memory]``, else from the update engine's settings in ``[grpo]``, else one batch
+    of every own sequence of a step without checkpointing (peer rows a strategy adds are not counted)."""
+    g, mem = cfg.grpo, alloc.memory
+    rows = (mem.micro_batch_rows or getattr(g, "per_device_train_batch_size", None)
+            or g.prompts_per_step * g.num_generations)
+    ckpt = (mem.gradient_checkpointing if mem.gradient_checkpointing is not None
+            else bool(getattr(g, "gradient_checkpointing", False)))
+    return activation_bytes(dims, rows, alloc.prompt_length_estimate + g.max_completion_length,
+                            g.max_completion_length, mem.activation_bytes or mem.weight_bytes, ckpt)
+
+
 def worker_specs_from_config(
     cfg: RunConfig,
     alloc: AllocationConfig | None = None,
@@ -157,16 +197,19 @@ def worker_specs_from_config(
     from mutualrl.allocation.config import parse_allocation
 
     alloc = alloc or parse_allocation(cfg.allocation)
+    vocab_size = functools.cache(vocab_size)
     g = cfg.grpo
     tokens = tokens_per_step(g.prompts_per_step, g.num_generations, alloc.prompt_length_estimate,
                              g.max_completion_length)
     mem = alloc.memory
     specs: list[WorkerSpec] = []
     for p in cfg.policies:
-        n = alloc.num_parameters.get(p.name) or count_params(p, vocab_size(p.tokenizer))
+        n = alloc.num_parameters.get(p.name) or _count(p, alloc, count_params, vocab_size)
+        dims = resolve_dims(p, alloc, vocab_size)
         resident = min(tokens, alloc.generation_batch_tokens or tokens)
-        kv = kv_cache_bytes(p.num_layers, p.hidden_size, resident, mem)
-        learner_mem = learner_memory_bytes(n, mem, reference=g.beta > 0, lora=p.lora is not None)
+        kv = kv_cache_bytes(dims.layers, dims.kv_width, resident, mem)
+        learner_mem = (learner_memory_bytes(n, mem, reference=g.beta > 0, lora=p.lora is not None)
+                       + learner_activation_bytes(cfg, alloc, dims))
         for role, role_tokens, memory in (
             ("learner", tokens * g.num_iterations, learner_mem),
             ("generator", tokens, generator_memory_bytes(n, kv, mem)),

@@ -1,0 +1,84 @@
+"""Pretrained checkpoints: where they are, what architecture they hold, checked before any work.
+
+``PolicyConfig.checkpoint`` is a local folder (``config.json`` + weights) or a hub name
+(``Qwen/Qwen2.5-1.5B-Instruct``) already in the local Hugging Face cache; nothing is downloaded at
+run time. Its ``model_type`` must be a registered architecture (``policies.models.ARCHITECTURES``):
+the loop relies on what those models take (``position_ids``, ``logits_to_keep``, a KV cache).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from mutualrl.config import ConfigError, PolicyConfig
+
+_HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def is_hub_name(spec: str) -> bool:
+    """``org/name`` that is not a folder here: a hub name (a relative path would exist)."""
+    return bool(_HUB_NAME.match(spec)) and not Path(spec).exists()
+
+
+def config_file(spec: str) -> Path | None:
+    """The checkpoint's ``config.json`` on this machine (folder or hub cache), or None."""
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return path / "config.json" if (path / "config.json").is_file() else None
+    if is_hub_name(spec):
+        try:
+            from huggingface_hub import try_to_load_from_cache
+        except ImportError:
+            return None
+        found = try_to_load_from_cache(spec, "config.json")
+        return Path(found) if isinstance(found, str) else None
+    return None
+
+
+def read_checkpoint_config(p: PolicyConfig) -> dict | None:
+    """The checkpoint's config.json as a dict; None when the policy has no checkpoint or it is not
+    on this machine (a hub name not cached: planning then needs ``[allocation]`` hints)."""
+    if not p.checkpoint:
+        return None
+    found = config_file(p.checkpoint)
+    return json.loads(found.read_text()) if found else None
+
+
+def check_checkpoint(p: PolicyConfig) -> dict | None:
+    """Fail before training when the checkpoint is missing, unreadable or of an unknown family."""
+    if not p.checkpoint:
+        return None
+    from mutualrl.policies.models import ARCHITECTURES
+
+    field = f"policies.{p.name}.checkpoint"
+    path = Path(p.checkpoint).expanduser()
+    if path.is_dir() and not (path / "config.json").is_file():
+        raise ConfigError(f"{field}: {path} has no config.json (expected a Hugging Face model folder)")
+    try:
+        cfg = read_checkpoint_config(p)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{field}: cannot read config.json of {p.checkpoint}: {exc}") from None
+    if cfg is None:
+        hint = (" nor a hub name in the local Hugging Face cache (nothing is downloaded at run "
+                f"time: `huggingface-cli download {p.checkpoint}` first)") if is_hub_name(p.checkpoint) else ""
+        raise ConfigError(f"{field}: folder not found: {p.checkpoint} (expected a model folder "
+                          f"with config.json{hint})")
+    model_type = cfg.get("model_type")
+    if model_type not in ARCHITECTURES:
+        raise ConfigError(f"{field}: model_type {model_type!r} of {p.checkpoint} is not a registered "
+                          f"architecture; known: {ARCHITECTURES.names()}")
+    return cfg
+
+
+def check_policies(policies: list[PolicyConfig], handles: dict) -> None:
+    """Every checkpoint checked, and its vocabulary large enough for its tokenizer's ids."""
+    for p in policies:
+        cfg = check_checkpoint(p)
+        vocab = (cfg or {}).get("vocab_size")
+        have = handles[p.tokenizer].vocab_size if p.tokenizer in handles else None
+        if vocab is not None and have is not None and have > vocab:
+            raise ConfigError(f"policies.{p.name}.tokenizer: {p.tokenizer!r} has {have} tokens but "
+                              f"checkpoint {p.checkpoint} embeds {vocab}; expected the checkpoint's "
+                              "own tokenizer (set tokenizer to the checkpoint folder)")
