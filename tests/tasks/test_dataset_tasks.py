@@ -24,9 +24,10 @@ def test_gsm8k_sample_loads_from_jsonl_and_parquet_alike(suffix):
     # 32 rows, every 8th held out by position
     assert len(task.splits["train"]) == 28 and len(task.splits["heldout"]) == 4
     held = task.splits["heldout"][0]
-    assert held.text.startswith("One box holds") and held.answer.endswith("#### 16")
-    assert task.verifier(held, "so the answer is #### 16") == 1.0
-    assert task.verifier(held, "#### 17") == 0.0
+    assert held.text.startswith("Eli has 6 stickers") and held.answer.endswith("#### 7")
+    assert held.family == "counting" and task.splits["heldout"][-1].family == "groups"
+    assert task.verifier(held, "so the answer is #### 7") == 1.0
+    assert task.verifier(held, "#### 8") == 0.0
     assert task.verifier(held, task.demonstration(held)) == 1.0
     got = task.sample(np.random.default_rng(0), 5, "train", ["groups"])
     assert len(got) == 5 and {p.family for p in got} == {"groups"}

@@ -73,8 +73,13 @@ def check_checkpoint(p: PolicyConfig) -> dict | None:
 
 
 def check_policies(policies: list[PolicyConfig], handles: dict) -> None:
-    """Every checkpoint checked, and its vocabulary large enough for its tokenizer's ids."""
+    """Every checkpoint checked, its vocabulary large enough for its tokenizer's ids, and every
+    chat template asked for present (here, before any worker starts)."""
+    from mutualrl.policies.prompting import resolve_template
+
     for p in policies:
+        if p.tokenizer in handles:
+            resolve_template(p, handles[p.tokenizer].tokenizer)
         cfg = check_checkpoint(p)
         vocab = (cfg or {}).get("vocab_size")
         have = handles[p.tokenizer].vocab_size if p.tokenizer in handles else None
