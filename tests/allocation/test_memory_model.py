@@ -78,3 +78,23 @@ def test_missing_parameter_count_names_the_field():
                                 "num_attention_heads": 2, "vocab_size": 50}}}})
     with pytest.raises(ConfigError, match="allocation.num_parameters.p: checkpoint '/none/x'"):
         worker_specs_from_config(cfg, vocab_size=lambda t: 50)
+
+
+@pytest.mark.parametrize("name", ["gpu1-qwen-llama-1b.toml", "gpu8-four-policies.toml"])
+def test_real_model_configs_plan_feasibly(name):
+    from pathlib import Path
+
+    from mutualrl.allocation import plan
+    from mutualrl.allocation.specs import inventory_from_config
+    from mutualrl.config import load_config
+
+    cfg = load_config(Path(__file__).resolve().parents[2] / "configs" / name)
+    alloc = parse_allocation(cfg.allocation)
+    specs = worker_specs_from_config(cfg, alloc, vocab_size=lambda t: pytest.fail("no tokenizer load"))
+    p = plan(specs, inventory_from_config(alloc.inventory), alloc.memory.usable_memory_fraction)
+    assert p.mode == "gpu"
+    assert all(a.gpus for a in p.assignments if a.role != "verifier")
+    # the 1-GPU config: both policies' learners and generators share the one GPU
+    if name.startswith("gpu1"):
+        total = sum(s.memory_bytes for s in specs)
+        assert total <= 0.9 * 80 * 1024**3
