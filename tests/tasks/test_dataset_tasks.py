@@ -126,3 +126,18 @@ def test_math_verifier_in_a_thread():
     p = Prompt(text="q", answer=r"\boxed{\frac{5}{6}}", family="default")
     with cf.ThreadPoolExecutor(1) as pool:
         assert pool.submit(task_kind_check.verifier, p, r"\boxed{10/12}").result() == 1.0
+
+
+def test_save_to_disk_folder_and_arrow_file(tmp_path):
+    import datasets
+
+    rows = [{"question": f"{i} + 2?", "answer": f"#### {i + 2}"} for i in range(4)]
+    held = [{"question": "9 + 2?", "answer": "#### 11"}]
+    dd = datasets.DatasetDict({"train": datasets.Dataset.from_list(rows),
+                               "test": datasets.Dataset.from_list(held)})
+    dd.save_to_disk(str(tmp_path / "folder"))
+    task = build_task(TaskConfig(name="gsm8k", path=str(tmp_path / "folder"), dataset_split="test"))
+    assert [p.text for p in task.splits["train"]] == ["9 + 2?"]
+    arrow = next((tmp_path / "folder" / "train").glob("*.arrow"))
+    task = build_task(TaskConfig(name="gsm8k", path=str(arrow), heldout_every=2))
+    assert [p.text for p in task.splits["heldout"]] == ["1 + 2?", "3 + 2?"]
