@@ -6,6 +6,7 @@ before training."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -107,8 +108,14 @@ def test_bad_inputs_fail_before_training(checkpoints, tmp_path):
     with pytest.raises(ConfigError, match=r"policies.qwen.checkpoint: model_type 'gpt2' .* not a "
                                           r"registered architecture; known: \['llama', 'mistral', 'qwen2'\]"):
         run(p0_checkpoint=str(gpt2))
-    with pytest.raises(ConfigError, match=r"policies.qwen.chat_template: tokenizer 'mistral-v1' has no"):
-        run(p0_tokenizer="mistral-v1")
+    plain = tmp_path / "plain-tokenizer"        # the qwen folder's tokenizer without its template
+    plain.mkdir()
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(Path(checkpoints["qwen"]) / f, plain / f)
+    assert "chat_template" not in (plain / "tokenizer_config.json").read_text()
+    with pytest.raises(ConfigError, match=r"policies.qwen.chat_template: tokenizer '.*plain-tokenizer' "
+                                          r"has no chat template"):
+        run(p0_tokenizer=str(plain))
     with pytest.raises(TaskError, match=r"task.answer_column: column 'solution' not found in .*"
                                         r"gsm8k_sample.parquet; columns present"):
         run(answer_column="solution")

@@ -30,7 +30,7 @@ from mutualrl.exchange import ExperienceBus
 from mutualrl.experience import PeerLogPool, open_bus, publish_step
 from mutualrl.retokenize import Retokenizer
 from mutualrl.metrics import MetricsWriter, namespaced
-from mutualrl.policies.checkpoints import check_policies
+from mutualrl.policies.checkpoints import check_checkpoints, check_policies
 from mutualrl.policies.policy import Policy, PolicyView, Sample, load_handles
 from mutualrl.progress import RunProgress
 from mutualrl.strategies import Strategy, StrategyContext, build_strategy
@@ -89,6 +89,7 @@ def build_run(cfg: RunConfig, progress: RunProgress | None = None) -> Run:
     strategy = build_strategy(cfg)           # bad strategy parameters fail here, first
     task = build_task(cfg.task)
     rewards = build_rewards(cfg.task, task)  # unknown reward functions fail here
+    checkpoints = check_checkpoints(cfg.policies)  # present, of a registered family
     for p in cfg.policies:
         bad = [f for f in p.warmup_families if f not in task.families]
         if bad:
@@ -99,7 +100,7 @@ def build_run(cfg: RunConfig, progress: RunProgress | None = None) -> Run:
     (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
     peer_logs = PeerLogPool(cfg.exchange.peer_logs) if cfg.exchange.peer_logs else None
     handles = load_handles(cfg.policies)      # each tokenizer once; the driver encodes prompts
-    check_policies(cfg.policies, handles)     # checkpoints: present, a known family, vocab fits
+    check_policies(cfg.policies, handles, checkpoints)  # chat templates present, vocab fits
     bus, sub = open_bus(out, cfg.exchange)
     executor = start_executor(cfg, out, handles)
     policies = driver_policies(cfg, executor, handles)

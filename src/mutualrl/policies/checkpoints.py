@@ -72,18 +72,26 @@ def check_checkpoint(p: PolicyConfig) -> dict | None:
     return cfg
 
 
-def check_policies(policies: list[PolicyConfig], handles: dict) -> None:
-    """Every checkpoint checked, its vocabulary large enough for its tokenizer's ids, and every
-    chat template asked for present (here, before any worker starts)."""
+def check_checkpoints(policies: list[PolicyConfig]) -> dict[str, dict]:
+    """Every checkpoint present and of a registered family (no tokenizer needed): name -> config."""
+    return {p.name: cfg for p in policies if (cfg := check_checkpoint(p)) is not None}
+
+
+def check_policies(policies: list[PolicyConfig], handles: dict,
+                   checkpoints: dict[str, dict] | None = None) -> None:
+    """Every chat template asked for present, and every checkpoint's vocabulary large enough for
+    its tokenizer's ids (here, before any worker starts). ``checkpoints``: from
+    ``check_checkpoints``; checked now when not given."""
     from mutualrl.policies.prompting import resolve_template
 
+    checkpoints = check_checkpoints(policies) if checkpoints is None else checkpoints
     for p in policies:
-        if p.tokenizer in handles:
-            resolve_template(p, handles[p.tokenizer].tokenizer)
-        cfg = check_checkpoint(p)
-        vocab = (cfg or {}).get("vocab_size")
-        have = handles[p.tokenizer].vocab_size if p.tokenizer in handles else None
-        if vocab is not None and have is not None and have > vocab:
-            raise ConfigError(f"policies.{p.name}.tokenizer: {p.tokenizer!r} has {have} tokens but "
-                              f"checkpoint {p.checkpoint} embeds {vocab}; expected the checkpoint's "
-                              "own tokenizer (set tokenizer to the checkpoint folder)")
+        handle = handles.get(p.tokenizer)
+        if handle is None:
+            continue
+        resolve_template(p, handle.tokenizer)
+        vocab = checkpoints.get(p.name, {}).get("vocab_size")
+        if vocab is not None and handle.vocab_size > vocab:
+            raise ConfigError(f"policies.{p.name}.tokenizer: {p.tokenizer!r} has {handle.vocab_size} "
+                              f"tokens but checkpoint {p.checkpoint} embeds {vocab}; expected the "
+                              "checkpoint's own tokenizer (set tokenizer to the checkpoint folder)")
