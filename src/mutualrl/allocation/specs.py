@@ -111,6 +111,12 @@ def generator_memory_bytes(num_parameters: int, kv_bytes: int, mem: MemoryModel)
     return num_parameters * mem.weight_bytes + kv_bytes
 
 
+def engine_reservation_bytes(gpu_memory_utilization: float, gpu_memory_bytes: int) -> int:
+    """A vLLM engine preallocates this share of its GPU (weights, KV cache, activations) up front,
+    whatever the model needs: that, not the estimate of the torch sampler, is what it takes."""
+    return int(gpu_memory_utilization * gpu_memory_bytes)
+
+
 def tokens_per_step(prompts_per_step: int, num_generations: int, prompt_length: int,
                     completion_length: int) -> int:
     """Every completion of the step carries its prompt: B x G x (prompt + completion)."""
@@ -167,9 +173,13 @@ def worker_specs_from_config(
         resident = min(tokens, alloc.generation_batch_tokens or tokens)
         kv = kv_cache_bytes(p.num_layers, p.hidden_size, resident, mem)
         learner_mem = learner_memory_bytes(n, mem, reference=g.beta > 0, lora=p.lora is not None)
+        gen_mem = generator_memory_bytes(n, kv, mem)
+        if p.generation.backend == "vllm":
+            gen_mem = engine_reservation_bytes(p.generation.gpu_memory_utilization,
+                                               resolve_inventory(alloc).gpu_memory_bytes)
         for role, role_tokens, memory in (
             ("learner", tokens * g.num_iterations, learner_mem),
-            ("generator", tokens, generator_memory_bytes(n, kv, mem)),
+            ("generator", tokens, gen_mem),
         ):
             name = f"{p.name}/{role}"
             specs.append(WorkerSpec(name=name, role=role, policy=p.name, num_parameters=n,
