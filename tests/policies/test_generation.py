@@ -4,6 +4,7 @@ fake engine (weight sync verified by the probe, LoRA adapters, sleep mode, misma
 from __future__ import annotations
 
 import importlib.util
+import math
 
 import pytest
 import torch
@@ -166,7 +167,16 @@ def test_mismatch_is_corrected_and_logged(tokenizer_handles):
         num_generations=4, max_completion_length=4, temperature=0.7,
         vllm_importance_sampling_mode="token_truncate"), generation=GenerationConfig(sync_tolerance=0.2))
     with_fake(pol, logprob_shift=0.05)
-    stats = pol.train_step(batch_of(pol.generate(PROMPTS, 4, 4, 0.7)))
+    samples = pol.generate(PROMPTS, 4, 4, 0.7)
+    # the same policy before the update, on the same tokens, with ratio 1 and no weights
+    twin = make_policy(tokenizer_handles, grpo=pol.grpo)
+    plain = twin.train_step(TrainBatch(sequences=tuple(
+        TrainSequence(prompt_ids=s.prompt_ids, completion_ids=s.completion_ids, advantage=a)
+        for s, a in zip(samples, [1.0, -0.5] * 4))))
+    stats = pol.train_step(batch_of(samples, [1.0, -0.5] * 4))
+    assert abs(plain["grpo_loss"]) > 0.1
+    # the ratio is taken against the trainer's log-probs (1), the loss weighted by exp(-0.05)
+    assert stats["grpo_loss"] == pytest.approx(math.exp(-0.05) * plain["grpo_loss"], rel=1e-4)
     assert stats["mismatch/logp_abs_diff_mean"] == pytest.approx(0.05, abs=1e-4)
     assert stats["mismatch/is_ratio_min"] == pytest.approx(torch.exp(torch.tensor(-0.05)).item(), abs=1e-4)
     assert stats["mismatch/is_ratio_max"] == pytest.approx(torch.exp(torch.tensor(-0.05)).item(), abs=1e-4)
