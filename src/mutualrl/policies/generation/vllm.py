@@ -153,10 +153,26 @@ class VLLMBackend:
             self.asleep = True
 
 
+# Where a colocated, single-process engine keeps its model, by vLLM version (the V1 engine core
+# wraps the executor one level deeper in later releases).
+_MODEL_PATHS = ("llm_engine.model_executor.driver_worker.worker.model_runner.model",
+                "llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner.model")
+
+
 def _engine_model(llm):
-    """The engine's ``nn.Module`` (whose ``load_weights`` takes (name, tensor) pairs) in a
-    colocated single-process engine: the path TRL's colocate mode uses."""
-    return llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
+    """The engine's ``nn.Module``, whose ``load_weights`` takes (name, tensor) pairs named as
+    in the Hugging Face checkpoint (the path TRL's and verl's colocated modes use)."""
+    for path in _MODEL_PATHS:
+        node = llm
+        for attr in path.split("."):
+            node = getattr(node, attr, None)
+            if node is None:
+                break
+        if node is not None:
+            return node
+    raise RuntimeError("cannot reach the vLLM engine's model to load weights into (tried "
+                       f"{', '.join(_MODEL_PATHS)}); the engine must run in this process "
+                       "(VLLM_ENABLE_V1_MULTIPROCESSING=0)")
 
 
 def build_vllm_backend(policy) -> VLLMBackend:
