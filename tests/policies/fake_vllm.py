@@ -106,12 +106,11 @@ class FakeLLM:
     def _use_adapter(self, request) -> None:
         if request is None:
             return
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
         if request.lora_int_id not in self.adapters:   # cached by id, as vLLM does
-            from peft import set_peft_model_state_dict
-            from safetensors.torch import load_file
             state = load_file(str(Path(request.lora_path) / "adapter_model.safetensors"))
             self.adapters[request.lora_int_id] = state
-        from peft import set_peft_model_state_dict
         set_peft_model_state_dict(self.model, self.adapters[request.lora_int_id])
 
     @torch.no_grad()

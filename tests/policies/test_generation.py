@@ -102,6 +102,7 @@ def with_fake(policy, **fake) -> FakeLLM:
 def test_vllm_backend_samples_and_keeps_the_engine_in_sync(tokenizer_handles):
     pol = make_policy(tokenizer_handles)
     llm = with_fake(pol)
+    assert {s.policy_version for s in pol.generate(PROMPTS, 1, 2, 0.7)} == {0}
     samples = pol.generate(PROMPTS, 4, 4, 0.7)
     assert len(samples) == 8 and {s.policy_version for s in samples} == {0}
     assert [s.group for s in samples] == [0, 0, 0, 0, 1, 1, 1, 1]
@@ -131,8 +132,9 @@ def test_a_stale_engine_within_tolerance_is_caught(tokenizer_handles):
         num_generations=4, max_completion_length=4, temperature=0.7, learning_rate=1e-4))
     with_fake(pol, ignore_loads=True)
     samples = pol.generate(PROMPTS, 4, 4, 0.7)
-    with pytest.raises(WeightSyncError, match=r"policy 'p'.*engine's did not change"):
+    with pytest.raises(WeightSyncError, match=r"policy 'p'.*moved by (\S+) .*engine's did not change") as err:
         pol.train_step(batch_of(samples))
+    assert 1e-3 < float(err.value.args[0].split("moved by ")[1].split()[0]) < 0.1
 
 
 def test_lora_policy_sends_only_a_fresh_adapter(tokenizer_handles, tmp_path):
@@ -203,3 +205,16 @@ def test_real_vllm_engine_generates_and_syncs(tokenizer_handles):
     assert len(samples) == 8
     stats = pol.train_step(batch_of(samples))
     assert "mismatch/logp_abs_diff_mean" in stats
+
+
+def test_torch_samples_carry_the_version_into_the_rollout(tokenizer_handles):
+    from mutualrl.exchange import ExperienceBus
+    from mutualrl.experience import publish_step
+    pol = make_policy(tokenizer_handles)
+    pol.train_step(batch_of(pol.generate(PROMPTS, 2, 3, 0.7)))
+    samples = pol.generate(PROMPTS, 2, 3, 0.7)
+    assert {s.policy_version for s in samples} == {1}
+    bus = ExperienceBus()
+    sub = bus.subscribe(kinds={"rollout"}, name="t")
+    publish_step(bus, {"p": pol}, {"p": samples}, "v", 1, 1.0)
+    assert {d.record.policy_version for d in sub.drain_deliveries()} == {1}
