@@ -127,10 +127,11 @@ class VLLMBackend:
 
     def _engine_probe(self) -> torch.Tensor:
         """Log-probs (T-1,) the engine gives each probe token after its prefix, at temperature 1."""
-        params = self.api.SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0)
+        params = self.api.SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=1)
         out = self.llm.generate([{"prompt_token_ids": list(self.probe_ids)}], params,
                                 lora_request=self.lora, use_tqdm=False)[0]
-        # prompt_logprobs[0] is None (the first token has no prefix)
+        # prompt_logprobs[0] is None (the first token has no prefix); every later position
+        # holds the actual prompt token among its entries
         return torch.tensor([float(step[t].logprob) for t, step
                              in zip(self.probe_ids[1:], out.prompt_logprobs[1:])])
 
