@@ -128,7 +128,7 @@ class GenerationConfig(ConfigStruct):
     dtype: str = "auto"                   # vLLM model dtype ("auto", "bfloat16", "float16", ...)
     max_model_len: int | None = None      # vLLM: context length; None: the model's
     sync_check: bool = True               # probe the engine after every weight load
-    sync_tolerance: float = 0.1           # largest |engine - trainer| probe log-prob gap accepted
+    sync_tolerance: float = 0.1           # largest mean |engine - trainer| probe log-prob gap accepted
 
     def __post_init__(self) -> None:
         check(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization must be in (0, 1]")
