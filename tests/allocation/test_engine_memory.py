@@ -43,3 +43,11 @@ def test_bad_generation_settings_name_the_field(generation, match):
 def test_bad_sampling_settings_name_the_field(grpo, match):
     with pytest.raises(ConfigError, match=match):
         config_from_dict({"policies": [{"name": "a"}], "grpo": grpo})
+
+
+def test_an_engine_share_too_small_for_the_weights_is_refused():
+    cfg = _cfg({"backend": "vllm", "gpu_memory_utilization": 0.01})    # 0.8 GiB of 80
+    with pytest.raises(ConfigError, match=r"\$\.policies\[1\]\.generation\.gpu_memory_utilization "
+                                          r"reserves 0\.80 GiB.*3\.73 GiB of weights"):
+        worker_specs_from_config(cfg, parse_allocation(cfg.allocation),
+                                 count_params=lambda p, v: 10**9, vocab_size=lambda t: 10)

@@ -18,7 +18,7 @@ from typing import Literal
 import msgspec
 
 from mutualrl.allocation.config import GIB, AllocationConfig, InventoryConfig, MemoryModel
-from mutualrl.config import RunConfig
+from mutualrl.config import ConfigError, RunConfig
 
 Role = Literal["learner", "generator", "verifier"]
 
@@ -117,6 +117,15 @@ def engine_reservation_bytes(gpu_memory_utilization: float, gpu_memory_bytes: in
     return int(gpu_memory_utilization * gpu_memory_bytes)
 
 
+def check_engine_fits(reserved_bytes: int, weight_bytes: int, where: str) -> None:
+    """An engine whose reservation cannot even hold the weights fails at startup: say so now."""
+    if reserved_bytes <= weight_bytes:
+        raise ConfigError(
+            f"{where}.gpu_memory_utilization reserves {reserved_bytes / GIB:.2f} GiB, not more than "
+            f"the model's {weight_bytes / GIB:.2f} GiB of weights: the vLLM engine would have no "
+            f"room for its KV cache; raise it")
+
+
 def tokens_per_step(prompts_per_step: int, num_generations: int, prompt_length: int,
                     completion_length: int) -> int:
     """Every completion of the step carries its prompt: B x G x (prompt + completion)."""
@@ -168,7 +177,7 @@ def worker_specs_from_config(
                              g.max_completion_length)
     mem = alloc.memory
     specs: list[WorkerSpec] = []
-    for p in cfg.policies:
+    for i, p in enumerate(cfg.policies):
         n = alloc.num_parameters.get(p.name) or count_params(p, vocab_size(p.tokenizer))
         resident = min(tokens, alloc.generation_batch_tokens or tokens)
         kv = kv_cache_bytes(p.num_layers, p.hidden_size, resident, mem)
@@ -177,6 +186,7 @@ def worker_specs_from_config(
         if p.generation.backend == "vllm":
             gen_mem = engine_reservation_bytes(p.generation.gpu_memory_utilization,
                                                resolve_inventory(alloc).gpu_memory_bytes)
+            check_engine_fits(gen_mem, n * mem.weight_bytes, f"$.policies[{i}].generation")
         for role, role_tokens, memory in (
             ("learner", tokens * g.num_iterations, learner_mem),
             ("generator", tokens, gen_mem),
