@@ -55,6 +55,8 @@ class VLLMBackend:
 
     # ---- generation -----------------------------------------------------------------------
     def generate(self, prompts, prompt_ids, settings: SamplingSettings) -> list[Sample]:
+        """All prompts in one call (``settings.batch_size`` unused: vLLM schedules its own
+        batches), ``n`` completions each, seeded from the policy's generator."""
         self._wake()
         seed = int(torch.randint(2**31 - 1, (1,), generator=self.policy.generator))
         params = self.api.SamplingParams(
