@@ -33,5 +33,6 @@ def correct_mismatch(policy, c) -> dict[str, float]:
     weights, stats = importance_weights(trainer, sampler, mask, g.vllm_importance_sampling_mode,
                                         g.vllm_importance_sampling_cap)
     c.extras["old_logprobs"] = torch.where(has.unsqueeze(-1), trainer, sampler)
-    c.extras["weights"] = c.extras["weights"].unsqueeze(-1) * weights    # (B, T)
+    w = c.extras["weights"]                                              # (B,) or (B, T)
+    c.extras["weights"] = (w.unsqueeze(-1) if w.dim() == 1 else w) * weights   # (B, T)
     return stats
