@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -182,6 +183,9 @@ def test_mismatch_is_corrected_and_logged(tokenizer_handles):
     assert stats["mismatch/logp_abs_diff_mean"] == pytest.approx(0.05, abs=1e-4)
     assert stats["mismatch/is_ratio_min"] == pytest.approx(torch.exp(torch.tensor(-0.05)).item(), abs=1e-4)
     assert stats["mismatch/is_ratio_max"] == pytest.approx(torch.exp(torch.tensor(-0.05)).item(), abs=1e-4)
+    # per-token weights also split into own/peer gradient diagnostics
+    diag = pol.train_step(replace(batch_of(pol.generate(PROMPTS, 4, 4, 0.7)), diagnose_sources=True))
+    assert diag["grad/own_norm"] > 0 and diag["grad/peer_norm"] == 0
 
 
 def test_asking_for_vllm_without_it_says_how_to_install(tokenizer_handles):
