@@ -48,6 +48,20 @@ class GRPOConfig(ConfigStruct):
     learning_rate: float = 1e-3
     max_grad_norm: float = 1.0        # 0 disables clipping
     mask_truncated_completions: bool = False  # exclude completions cut at max_completion_length
+    # Sampling truncation (TRL's names). Behaviour log-probs are those of the truncated,
+    # renormalised distribution sampled from, and the trainer takes its log-probs under the same
+    # truncation, so the on-policy ratio stays 1 (policies/sampling.py: truncate_logits).
+    top_p: float = 1.0                # nucleus mass kept; 1: no nucleus truncation
+    top_k: int = 0                    # highest-logit tokens kept; 0: no top-k truncation
+    generation_batch_size: int | None = None  # sequences per generation pass; None: all at once
+    # Sampler/trainer mismatch of an inexact generation backend (vLLM), TRL's names: the trainer
+    # recomputes the sampled tokens' log-probs and weights the loss by pi_trainer / pi_sampler,
+    # per token or per sequence (exp of the mean token log-ratio), truncated at or masked above
+    # the cap. The torch backend samples from the trainer's own distribution: no correction.
+    vllm_importance_sampling_correction: bool = True
+    vllm_importance_sampling_mode: Literal["token_truncate", "token_mask", "sequence_truncate",
+                                           "sequence_mask"] = "sequence_mask"
+    vllm_importance_sampling_cap: float = 3.0
 
     def __post_init__(self) -> None:
         check(self.num_generations >= 2, "num_generations must be >= 2 (a group needs a baseline)")
@@ -60,6 +74,11 @@ class GRPOConfig(ConfigStruct):
         check(self.num_iterations >= 1, "num_iterations must be >= 1")
         check(self.learning_rate > 0, "learning_rate must be > 0")
         check(self.max_grad_norm >= 0, "max_grad_norm must be >= 0")
+        check(0 < self.top_p <= 1, "top_p must be in (0, 1]")
+        check(self.top_k >= 0, "top_k must be >= 0 (0: no top-k truncation)")
+        check(self.generation_batch_size is None or self.generation_batch_size >= 1,
+              "generation_batch_size must be >= 1 (or omitted: the whole group at once)")
+        check(self.vllm_importance_sampling_cap >= 1, "vllm_importance_sampling_cap must be >= 1")
 
 
 class WarmupConfig(ConfigStruct):
@@ -99,6 +118,24 @@ class LoraConfig(ConfigStruct):
     target_modules: list[str] = msgspec.field(default_factory=lambda: ["q_proj", "v_proj"])
 
 
+class GenerationConfig(ConfigStruct):
+    """How one policy samples: the backend (policies.generation.GENERATION_BACKENDS) and the
+    vLLM engine's settings (ignored by the torch backend)."""
+
+    backend: Literal["torch", "vllm"] = "torch"
+    gpu_memory_utilization: float = 0.3   # vLLM: share of its GPU the engine reserves (the plan counts it)
+    enable_sleep_mode: bool = False       # vLLM: release the engine's memory between generations
+    dtype: str = "auto"                   # vLLM model dtype ("auto", "bfloat16", "float16", ...)
+    max_model_len: int | None = None      # vLLM: context length; None: the model's
+    sync_check: bool = True               # probe the engine after every weight load
+    sync_tolerance: float = 0.1           # largest mean |engine - trainer| probe log-prob gap accepted
+
+    def __post_init__(self) -> None:
+        check(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization must be in (0, 1]")
+        check(self.sync_tolerance > 0, "sync_tolerance must be > 0")
+        check(self.max_model_len is None or self.max_model_len >= 1, "max_model_len must be >= 1")
+
+
 class PolicyConfig(ConfigStruct):
     """One policy: a model of some architecture on some tokenizer, trained by its own optimizer."""
 
@@ -117,6 +154,7 @@ class PolicyConfig(ConfigStruct):
     # with the tokenizer's own chat template; a path names a Jinja template file to use instead.
     chat_template: bool | str = False
     system_prompt: str | None = None  # with a chat template: a system message first
+    generation: GenerationConfig = msgspec.field(default_factory=GenerationConfig)
 
     def __post_init__(self) -> None:
         check(self.system_prompt is None or self.chat_template is not False,

@@ -38,7 +38,8 @@ def publish_step(bus: ExperienceBus, policies: dict, samples: dict, verifier_id:
                 prompt_id=pid, prompt=s.prompt.text, completion=s.text, producer=name,
                 tokenizer_id=policy.handle.fingerprint, token_ids=list(s.completion_ids),
                 logprobs=list(s.logprobs), reward=float(s.reward), verifier_id=verifier_id,
-                policy_version=version, finish_reason=s.finish_reason, family=s.prompt.family,
+                policy_version=version if s.policy_version is None else s.policy_version,
+                finish_reason=s.finish_reason, family=s.prompt.family,
                 group_index=s.group, sample_index=j), producer=name, version=version)
             if s.reward >= success_threshold:
                 bus.publish(VerifiedSuccess(

@@ -130,6 +130,21 @@ def generator_memory_bytes(num_parameters: int, kv_bytes: int, mem: MemoryModel)
     return num_parameters * mem.weight_bytes + kv_bytes
 
 
+def engine_reservation_bytes(gpu_memory_utilization: float, gpu_memory_bytes: int) -> int:
+    """A vLLM engine preallocates this share of its GPU (weights, KV cache, activations) up front,
+    whatever the model needs: that, not the estimate of the torch sampler, is what it takes."""
+    return int(gpu_memory_utilization * gpu_memory_bytes)
+
+
+def check_engine_fits(reserved_bytes: int, weight_bytes: int, where: str) -> None:
+    """An engine whose reservation cannot even hold the weights fails at startup: say so now."""
+    if reserved_bytes <= weight_bytes:
+        raise ConfigError(
+            f"{where}.gpu_memory_utilization reserves {reserved_bytes / GIB:.2f} GiB, not more than "
+            f"the model's {weight_bytes / GIB:.2f} GiB of weights: the vLLM engine would have no "
+            f"room for its KV cache; raise it")
+
+
 def tokens_per_step(prompts_per_step: int, num_generations: int, prompt_length: int,
                     completion_length: int) -> int:
     """Every completion of the step carries its prompt: B x G x (prompt + completion)."""
@@ -203,16 +218,21 @@ def worker_specs_from_config(
                              g.max_completion_length)
     mem = alloc.memory
     specs: list[WorkerSpec] = []
-    for p in cfg.policies:
+    for i, p in enumerate(cfg.policies):
         n = alloc.num_parameters.get(p.name) or _count(p, alloc, count_params, vocab_size)
         dims = resolve_dims(p, alloc, vocab_size)
         resident = min(tokens, alloc.generation_batch_tokens or tokens)
         kv = kv_cache_bytes(dims.layers, dims.kv_width, resident, mem)
         learner_mem = (learner_memory_bytes(n, mem, reference=g.beta > 0, lora=p.lora is not None)
                        + learner_activation_bytes(cfg, alloc, dims))
+        gen_mem = generator_memory_bytes(n, kv, mem)
+        if p.generation.backend == "vllm":
+            gen_mem = engine_reservation_bytes(p.generation.gpu_memory_utilization,
+                                               resolve_inventory(alloc).gpu_memory_bytes)
+            check_engine_fits(gen_mem, n * mem.weight_bytes, f"$.policies[{i}].generation")
         for role, role_tokens, memory in (
             ("learner", tokens * g.num_iterations, learner_mem),
-            ("generator", tokens, generator_memory_bytes(n, kv, mem)),
+            ("generator", tokens, gen_mem),
         ):
             name = f"{p.name}/{role}"
             specs.append(WorkerSpec(name=name, role=role, policy=p.name, num_parameters=n,

@@ -83,7 +83,8 @@ def clipped_surrogate(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: 
 
     logp, old_logp, mask: (B, T); advantages: (B,); ref_logp: (B, T) or None;
     sample_weight: (B,) detached per-sequence weights (e.g. a truncated off-policy ratio for
-    pooled peer samples), multiplying each sequence's per-token loss; None means 1.
+    pooled peer samples), multiplying each sequence's per-token loss, or (B, T) per-token weights
+    (the sampler/trainer mismatch correction); None means 1.
     """
     eps_high = epsilon if epsilon_high is None else epsilon_high
     ratio = torch.exp(logp - old_logp)                                   # (B, T)
@@ -96,7 +97,8 @@ def clipped_surrogate(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: 
         kl = k3_kl(logp, ref_logp)
         per_token = per_token + beta * kl
     if sample_weight is not None:
-        per_token = per_token * sample_weight.detach().unsqueeze(-1)
+        w = sample_weight.detach()
+        per_token = per_token * (w.unsqueeze(-1) if w.dim() == 1 else w)
     loss = aggregate(per_token, mask, loss_type, max_completion_length)
     m = mask.to(logp.dtype)
     n = m.sum().clamp(min=1)

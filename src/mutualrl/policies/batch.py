@@ -24,6 +24,9 @@ class TrainSequence:
     # any off-policy correction travels in ``weight``.
     old_logprobs: tuple[float, ...] | None = None
     weight: float = 1.0
+    # Per-token weights (one per completion token) of a token-level off-policy correction,
+    # multiplying ``weight``; None: 1 on every token.
+    token_weights: tuple[float, ...] | None = None
     truncated: bool = False
     source: str = ""                       # producing policy; "" for the policy itself
 
@@ -89,10 +92,22 @@ def collate_sequences(seqs: tuple[TrainSequence, ...], pad_id: int) -> Collated:
             old[i, :len(s.old_logprobs)] = torch.tensor(s.old_logprobs)
     c.extras.update(
         advantages=torch.tensor([s.advantage for s in seqs], dtype=torch.float32),
-        weights=torch.tensor([s.weight for s in seqs], dtype=torch.float32),
+        weights=sequence_weights(seqs, T),
         truncated=torch.tensor([s.truncated for s in seqs], dtype=torch.bool),
         has_old=torch.tensor([s.old_logprobs is not None for s in seqs], dtype=torch.bool),
         old_logprobs=old,
         is_peer=torch.tensor([bool(s.source) for s in seqs], dtype=torch.bool),
     )
     return c
+
+
+def sequence_weights(seqs: tuple[TrainSequence, ...], T: int) -> torch.Tensor:
+    """(B,) per-sequence weights, or (B, T) when some sequence carries per-token weights."""
+    w = torch.tensor([s.weight for s in seqs], dtype=torch.float32)
+    if all(s.token_weights is None for s in seqs):
+        return w
+    tok = torch.ones((len(seqs), T))
+    for i, s in enumerate(seqs):
+        if s.token_weights is not None:
+            tok[i, :len(s.token_weights)] = torch.tensor(s.token_weights)
+    return w.unsqueeze(-1) * tok

@@ -11,7 +11,6 @@ import copy
 import math
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -22,23 +21,12 @@ from mutualrl.grpo import (clipped_surrogate, completion_mask, entropy_from_logp
 from mutualrl.policies.batch import SFTExample, TrainBatch, collate, collate_sequences
 from mutualrl.policies.models import TokenizerFacts, build_model
 from mutualrl.policies.prompting import chat_prompt
-from mutualrl.policies.sampling import sample_tokens
+from mutualrl.policies.generation import SamplingSettings, build_backend
+from mutualrl.policies.generation.mismatch import correct_mismatch
+from mutualrl.policies.samples import Sample
+from mutualrl.policies.sampling import truncate_logits, truncates
 from mutualrl.retokenize.loaders import TokenizerHandle, load_tokenizer
 from mutualrl.tasks.base import Prompt
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One completion of one prompt by one policy."""
-
-    prompt: Prompt
-    prompt_ids: tuple[int, ...]
-    completion_ids: tuple[int, ...]   # includes EOS when finish_reason == "stop"
-    logprobs: tuple[float, ...]       # behaviour log-probs at the sampling temperature
-    text: str                         # completion text, special tokens removed
-    finish_reason: str                # "stop" | "length"
-    group: int                        # index of the prompt within the step
-    reward: float = 0.0
 
 
 class PolicyView:
@@ -96,6 +84,7 @@ class Policy(PolicyView):
                                            lr=cfg.learning_rate or grpo.learning_rate)
         self.generator = torch.Generator().manual_seed(seed)
         self.skipped_nan_steps = 0
+        self.backend = build_backend(self)
 
     def _build_model(self, seed: int) -> torch.nn.Module:
         cfg = self.cfg
@@ -111,62 +100,14 @@ class Policy(PolicyView):
         return model
 
     # ---- sampling -------------------------------------------------------------------------
-    @torch.no_grad()
     def generate(self, prompts: list[Prompt], num_generations: int, max_new_tokens: int,
                  temperature: float) -> list[Sample]:
-        """Sample ``num_generations`` completions per prompt; temperature 0 is greedy.
-
-        A hand-written KV-cache loop rather than ``model.generate`` so that sampling draws from
-        this policy's own ``torch.Generator`` (reproducible when policies run concurrently in
-        threads) and the log-probs are exactly those of the distribution sampled from.
-        """
-        self.model.eval()
-        prompt_ids = [self.encode_prompt(p.text) for p in prompts for _ in range(num_generations)]
-        groups = [g for g in range(len(prompts)) for _ in range(num_generations)]
-        c = collate(prompt_ids, [()] * len(prompt_ids), self.pad_id)
-        P = c.input_ids.shape[1] - 1
-        ids, attn = c.input_ids[:, :P].to(self.device), c.attention_mask[:, :P].to(self.device)
-        pos = c.position_ids[:, :P].to(self.device)
-        B, eos = ids.shape[0], self.tokenizer.eos_token_id
-        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True,
-                         logits_to_keep=1)
-        tokens, logps = [], []
-        finished = torch.zeros(B, dtype=torch.bool, device=self.device)
-        next_pos = pos[:, -1:] + 1
-        for _ in range(max_new_tokens):
-            logits = out.logits[:, -1].float()
-            if temperature > 0:
-                logp_all = torch.log_softmax(logits.div_(temperature), -1)
-                tok = sample_tokens(logp_all, self.generator)
-            else:
-                logp_all = torch.log_softmax(logits, -1)
-                tok = logits.argmax(-1)
-            lp = logp_all.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
-            tok = torch.where(finished, torch.full_like(tok, self.pad_id), tok)
-            tokens.append(tok)
-            logps.append(torch.where(finished, torch.zeros_like(lp), lp))
-            finished = finished | (tok == eos)
-            if bool(finished.all()):
-                break
-            attn = torch.cat([attn, torch.ones((B, 1), dtype=attn.dtype, device=self.device)], 1)
-            out = self.model(input_ids=tok.unsqueeze(-1), attention_mask=attn, position_ids=next_pos,
-                             past_key_values=out.past_key_values, use_cache=True)
-            next_pos = next_pos + 1
-        return self._to_samples(prompts, prompt_ids, groups, torch.stack(tokens, 1).cpu(),
-                                torch.stack(logps, 1).cpu())
-
-    def _to_samples(self, prompts, prompt_ids, groups, tokens, logps) -> list[Sample]:
-        eos, out = self.tokenizer.eos_token_id, []
-        for i in range(tokens.shape[0]):
-            row = tokens[i].tolist()
-            stop = row.index(eos) + 1 if eos in row else len(row)
-            ids = tuple(row[:stop])
-            out.append(Sample(
-                prompt=prompts[groups[i]], prompt_ids=prompt_ids[i], completion_ids=ids,
-                logprobs=tuple(logps[i, :stop].tolist()),
-                text=self.tokenizer.decode(ids, skip_special_tokens=True),
-                finish_reason="stop" if eos in ids else "length", group=groups[i]))
-        return out
+        """Sample ``num_generations`` completions per prompt with this policy's generation
+        backend (``cfg.generation.backend``); temperature 0 is greedy."""
+        g = self.grpo
+        settings = SamplingSettings(num_generations, max_new_tokens, temperature, top_p=g.top_p,
+                                    top_k=g.top_k, batch_size=g.generation_batch_size)
+        return self.backend.generate(prompts, [self.encode_prompt(p.text) for p in prompts], settings)
 
     # ---- log-probs ------------------------------------------------------------------------
     def completion_logits(self, c, model=None, temperature: float | None = None) -> torch.Tensor:
@@ -184,7 +125,12 @@ class Policy(PolicyView):
         out = model(input_ids=c.input_ids.to(self.device), attention_mask=c.attention_mask.to(self.device),
                     position_ids=c.position_ids.to(self.device), logits_to_keep=keep)
         logits = out.logits.float()
-        temperature = temperature or self.grpo.temperature
+        g = self.grpo
+        if temperature is None and truncates(g.top_k, g.top_p):
+            # the sampling distribution is truncated: take log-probs under the same truncation
+            return truncate_logits(logits.div_(g.temperature), g.top_k, g.top_p,
+                                   keep=c.completion_ids.to(self.device))
+        temperature = temperature or g.temperature
         # In place: the LM head's backward needs its input and weight, not its output.
         return logits.div_(temperature) if temperature != 1 else logits
 
@@ -238,6 +184,7 @@ class Policy(PolicyView):
         g, stats, t0 = self.grpo, {}, time.perf_counter()
         c = collate_sequences(batch.sequences, self.pad_id) if batch.sequences else None
         if c is not None:
+            stats.update(correct_mismatch(self, c))
             mask = completion_mask(c.completion_ids, c.lengths, c.extras["truncated"],
                                    g.mask_truncated_completions).to(self.device)
             ref_logp = self._reference_logp(c)
@@ -260,6 +207,7 @@ class Policy(PolicyView):
                 stats["sft_loss"] = float(sft.detach())
             stats.update(self._apply(loss))
         self.version += 1
+        self.backend.load_weights(self.version)
         stats["step_time_s"] = time.perf_counter() - t0
         return stats
 
@@ -300,7 +248,8 @@ class Policy(PolicyView):
         grads = []
         for keep in (~is_peer, is_peer):
             self.optimizer.zero_grad(set_to_none=True)
-            out, _ = self._grpo_loss(c, mask, old, ref_logp, c.extras["weights"] * keep.float())
+            w = c.extras["weights"]                  # (B,) or (B, T) with mismatch weights
+            out, _ = self._grpo_loss(c, mask, old, ref_logp, w * keep.float().view(-1, *[1] * (w.dim() - 1)))
             out.loss.backward()
             grads.append(torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten()
                                     for p in params]))
@@ -334,6 +283,7 @@ class Policy(PolicyView):
         with self._learning_rate(learning_rate):
             loss = self.sft_loss(examples)
             self._apply(loss)
+        self.backend.load_weights(self.version)
         return float(loss.detach())
 
     # ---- persistence ----------------------------------------------------------------------
@@ -357,6 +307,7 @@ class Policy(PolicyView):
         self.optimizer.load_state_dict(state["optimizer"])
         self.generator.set_state(state["generator"].cpu())
         self.version, self.skipped_nan_steps = int(state["version"]), int(state["skipped_nan_steps"])
+        self.backend.load_weights(self.version)
 
     def freeze_reference(self) -> None:
         """Make the KL reference the policy as it is now: RL's reference is the model RL starts

@@ -41,3 +41,34 @@ def sample_tokens(logp: Tensor, generator: torch.Generator, block: int = BLOCK) 
     # Rounding can put u at or past the block's last cumulative mass: take its last likely token.
     last = (inside > 0).long().cumsum(-1).argmax(-1, keepdim=True)
     return idx.gather(1, torch.minimum(j, last)).squeeze(-1)
+
+
+def truncates(top_k: int, top_p: float) -> bool:
+    """Whether ``truncate_logits`` with these settings changes anything (0 and 1 switch off)."""
+    return top_k > 0 or top_p < 1
+
+
+def truncate_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0,
+                    keep: Tensor | None = None) -> Tensor:
+    """Top-k, then top-p (nucleus) truncation, as vLLM's sampler orders them: (..., V) -> (..., V).
+
+    Tokens left out get the dtype's lowest finite value rather than -inf, so their probability
+    after a softmax is exactly 0 while ``p * log p`` stays 0 (an entropy over -inf gives NaN).
+    Top-k keeps the tokens whose logit is at least the k-th largest (ties kept); top-p keeps the
+    smallest prefix of the descending order whose mass reaches ``top_p`` (the most likely token
+    always). ``keep`` (...,) names one token per row that is never removed: the trainer passes
+    the sampled tokens, so a token sampled under an older policy's support keeps a finite
+    log-prob (on-policy it is inside the support anyway and nothing changes).
+    """
+    drop = torch.zeros_like(logits, dtype=torch.bool)                     # (..., V)
+    if 0 < top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]                # (..., 1)
+        drop = logits < kth
+    if top_p < 1:
+        ordered, order = logits.masked_fill(drop, float("-inf")).sort(-1, descending=True)
+        probs = ordered.softmax(-1)                                       # (..., V) descending
+        before = probs.cumsum(-1) - probs                                 # mass ahead of each token
+        drop = drop | torch.zeros_like(drop).scatter(-1, order, before >= top_p)
+    if keep is not None:
+        drop = drop.scatter(-1, keep.unsqueeze(-1), False)
+    return logits.masked_fill(drop, torch.finfo(logits.dtype).min)

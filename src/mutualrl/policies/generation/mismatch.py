@@ -1,0 +1,38 @@
+"""The trainer's side of the mismatch correction, called once per update by ``Policy``.
+
+For a backend whose behaviour log-probs are not the trainer's (``exact_logprobs`` False), the
+trainer recomputes the log-probs of the sampled tokens before updating; they become the GRPO
+ratio's denominator, and the importance weights ``pi_trainer / pi_sampler`` (grpo/mismatch.py)
+multiply the per-sequence weights already in the batch, so the loss applies every off-policy
+weight in one place (``clipped_surrogate``'s ``sample_weight``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mutualrl.grpo import completion_mask, selective_log_softmax
+from mutualrl.grpo.mismatch import importance_weights
+
+
+def correct_mismatch(policy, c) -> dict[str, float]:
+    """Rewrite ``c.extras`` old log-probs and weights in place; the mismatch statistics out.
+
+    A no-op (no statistics) for exact backends or with the correction switched off."""
+    g = policy.grpo
+    if policy.backend.exact_logprobs or not g.vllm_importance_sampling_correction:
+        return {}
+    has = c.extras["has_old"]                                            # (B,)
+    if not bool(has.any()):
+        return {}
+    with torch.no_grad():
+        trainer = selective_log_softmax(policy.completion_logits(c),
+                                        c.completion_ids.to(policy.device)).cpu()   # (B, T)
+    sampler = c.extras["old_logprobs"]                                   # (B, T), NaN for peers
+    mask = completion_mask(c.completion_ids, c.lengths) & has.unsqueeze(-1)
+    weights, stats = importance_weights(trainer, sampler, mask, g.vllm_importance_sampling_mode,
+                                        g.vllm_importance_sampling_cap)
+    c.extras["old_logprobs"] = torch.where(has.unsqueeze(-1), trainer, sampler)
+    w = c.extras["weights"]                                              # (B,) or (B, T)
+    c.extras["weights"] = (w.unsqueeze(-1) if w.dim() == 1 else w) * weights   # (B, T)
+    return stats

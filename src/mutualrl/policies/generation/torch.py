@@ -1,0 +1,100 @@
+"""The torch generation backend: a hand-written KV-cache sampling loop over the policy's model.
+
+Not ``model.generate``: sampling draws from the policy's own ``torch.Generator`` (reproducible
+when policies run concurrently in threads), and the log-probs are exactly those of the
+distribution sampled from, computed by the trainer's own model, so no mismatch correction is
+needed. The sampler and the trainer share the model: ``load_weights`` has nothing to move.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mutualrl.policies.batch import collate
+from mutualrl.policies.generation import GENERATION_BACKENDS, SamplingSettings
+from mutualrl.policies.samples import Sample
+from mutualrl.policies.sampling import sample_tokens, truncate_logits, truncates
+
+
+class TorchBackend:
+    exact_logprobs = True
+
+    def __init__(self, policy) -> None:
+        self.policy = policy
+
+    def load_weights(self, version: int) -> None:
+        """Nothing to do: generation runs on the trainer's own parameters."""
+
+    def sync_check(self) -> dict[str, float]:
+        return {"sync/probe_gap": 0.0}
+
+    @torch.no_grad()
+    def generate(self, prompts, prompt_ids, settings: SamplingSettings) -> list[Sample]:
+        """``settings.num_generations`` completions per prompt, ``settings.batch_size`` sequences
+        per pass (None: all at once; each pass draws from the generator in turn)."""
+        self.policy.model.eval()
+        ids = [p for p in prompt_ids for _ in range(settings.num_generations)]
+        groups = [g for g in range(len(prompts)) for _ in range(settings.num_generations)]
+        step = settings.batch_size or len(ids)
+        out: list[Sample] = []
+        for lo in range(0, len(ids), step):
+            tokens, logps = self._sample(ids[lo:lo + step], settings)
+            out += self._to_samples(prompts, ids[lo:lo + step], groups[lo:lo + step], tokens, logps)
+        return out
+
+    def _sample(self, prompt_ids, s: SamplingSettings) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token ids (B, T) (pad after EOS) and their behaviour log-probs (B, T) (0 after EOS)."""
+        pol = self.policy
+        model, device, pad = pol.model, pol.device, pol.pad_id
+        c = collate(prompt_ids, [()] * len(prompt_ids), pad)
+        P = c.input_ids.shape[1] - 1
+        ids, attn = c.input_ids[:, :P].to(device), c.attention_mask[:, :P].to(device)
+        pos = c.position_ids[:, :P].to(device)
+        B, eos = ids.shape[0], pol.tokenizer.eos_token_id
+        out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True,
+                    logits_to_keep=1)
+        tokens, logps = [], []
+        finished = torch.zeros(B, dtype=torch.bool, device=device)
+        next_pos = pos[:, -1:] + 1
+        truncate = truncates(s.top_k, s.top_p)
+        for _ in range(s.max_new_tokens):
+            logits = out.logits[:, -1].float()
+            if s.temperature > 0:
+                logits = logits.div_(s.temperature)
+                if truncate:
+                    logits = truncate_logits(logits, s.top_k, s.top_p)
+                logp_all = torch.log_softmax(logits, -1)
+                tok = sample_tokens(logp_all, pol.generator)
+            else:
+                logp_all = torch.log_softmax(logits, -1)
+                tok = logits.argmax(-1)
+            lp = logp_all.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+            tok = torch.where(finished, torch.full_like(tok, pad), tok)
+            tokens.append(tok)
+            logps.append(torch.where(finished, torch.zeros_like(lp), lp))
+            finished = finished | (tok == eos)
+            if bool(finished.all()):
+                break
+            attn = torch.cat([attn, torch.ones((B, 1), dtype=attn.dtype, device=device)], 1)
+            out = model(input_ids=tok.unsqueeze(-1), attention_mask=attn, position_ids=next_pos,
+                        past_key_values=out.past_key_values, use_cache=True)
+            next_pos = next_pos + 1
+        return torch.stack(tokens, 1).cpu(), torch.stack(logps, 1).cpu()
+
+    def _to_samples(self, prompts, prompt_ids, groups, tokens, logps) -> list[Sample]:
+        tok, version = self.policy.tokenizer, self.policy.version
+        eos, out = tok.eos_token_id, []
+        for i in range(tokens.shape[0]):
+            row = tokens[i].tolist()
+            stop = row.index(eos) + 1 if eos in row else len(row)
+            ids = tuple(row[:stop])
+            out.append(Sample(
+                prompt=prompts[groups[i]], prompt_ids=prompt_ids[i], completion_ids=ids,
+                logprobs=tuple(logps[i, :stop].tolist()),
+                text=tok.decode(ids, skip_special_tokens=True),
+                finish_reason="stop" if eos in ids else "length", group=groups[i],
+                policy_version=version))
+        return out
+
+
+GENERATION_BACKENDS.register("torch", TorchBackend)

@@ -1,0 +1,74 @@
+"""Sampler/trainer mismatch weights and the IS-corrected GRPO loss, against hand-computed values."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from mutualrl.grpo import clipped_surrogate
+from mutualrl.grpo.mismatch import importance_weights
+
+# B=2, T=2; the second row has one real token. Log-ratios trainer - sampler: [[0.5, 0], [0, -]].
+TRAINER = torch.tensor([[-1.0, -2.0], [-0.5, -1.5]])
+SAMPLER = torch.tensor([[-1.5, -2.0], [-0.5, 0.0]])
+MASK = torch.tensor([[True, True], [True, False]])
+E = math.exp
+
+
+@pytest.mark.parametrize("mode,cap,expected", [
+    ("token_truncate", 1.5, [[1.5, 1.0], [1.0, 1.0]]),           # e^.5 = 1.649 truncated at 1.5
+    ("token_mask", 1.5, [[0.0, 1.0], [1.0, 1.0]]),               # e^.5 above the cap: dropped
+    ("sequence_truncate", 1.5, [[E(0.25), E(0.25)], [1.0, 1.0]]),  # exp(mean(.5, 0)), not exp(sum)
+    ("sequence_mask", 1.2, [[0.0, 0.0], [1.0, 1.0]]),            # e^.25 = 1.284 > 1.2: dropped
+])
+def test_importance_weights_by_hand(mode, cap, expected):
+    w, _ = importance_weights(TRAINER, SAMPLER, MASK, mode, cap)
+    torch.testing.assert_close(w, torch.tensor(expected))
+
+
+def test_mismatch_statistics_by_hand():
+    _, stats = importance_weights(TRAINER, SAMPLER, MASK, "token_truncate", 1.5)
+    assert stats["mismatch/logp_abs_diff_mean"] == pytest.approx(0.5 / 3)
+    assert stats["mismatch/logp_abs_diff_max"] == pytest.approx(0.5)
+    assert stats["mismatch/is_ratio_min"] == pytest.approx(1.0)
+    assert stats["mismatch/is_ratio_max"] == pytest.approx(E(0.5))
+    assert stats["mismatch/is_ratio_mean"] == pytest.approx((E(0.5) + 2) / 3)
+    assert stats["mismatch/is_capped_frac"] == pytest.approx(1 / 3)
+
+
+def test_unknown_mode_is_refused():
+    with pytest.raises(ValueError, match="vllm_importance_sampling_mode must be one of"):
+        importance_weights(TRAINER, SAMPLER, MASK, "sum", 2.0)
+
+
+@pytest.mark.parametrize("loss_type,expected", [
+    # per-token -ratio*A with ratio 1 (old = trainer): row 0 (A=1) [-1, -1] weighted [1.5, 1];
+    # row 1 (A=-2) [2] weighted 1.
+    ("grpo", ((-1.5 - 1.0) / 2 + 2.0) / 2),       # mean of per-sequence means = 0.375
+    ("dapo", (-1.5 - 1.0 + 2.0) / 3),             # token mean over the batch
+    ("dr_grpo", (-1.5 - 1.0 + 2.0) / (2 * 4)),    # / (B * max_completion_length)
+])
+def test_is_corrected_loss_by_hand(loss_type, expected):
+    w, _ = importance_weights(TRAINER, SAMPLER, MASK, "token_truncate", 1.5)
+    out = clipped_surrogate(TRAINER, TRAINER, torch.tensor([1.0, -2.0]), MASK, epsilon=0.2,
+                            epsilon_high=None, loss_type=loss_type, max_completion_length=4,
+                            sample_weight=torch.tensor([1.0, 1.0]).unsqueeze(-1) * w)
+    assert out.loss.item() == pytest.approx(expected)
+
+
+def test_token_weights_carried_in_train_sequences_reach_the_loss():
+    from mutualrl.policies.batch import TrainSequence, collate_sequences
+    seqs = (TrainSequence(prompt_ids=(1,), completion_ids=(5, 6), advantage=1.0, weight=2.0,
+                          token_weights=(1.5, 1.0)),
+            TrainSequence(prompt_ids=(1, 2), completion_ids=(7,), advantage=-2.0))
+    c = collate_sequences(seqs, pad_id=0)
+    torch.testing.assert_close(c.extras["weights"], torch.tensor([[3.0, 2.0], [1.0, 1.0]]))
+    out = clipped_surrogate(TRAINER, TRAINER, c.extras["advantages"], MASK, epsilon=0.2,
+                            epsilon_high=None, loss_type="dapo", max_completion_length=4,
+                            sample_weight=c.extras["weights"])
+    assert out.loss.item() == pytest.approx((-3.0 - 2.0 + 2.0) / 3)
+    plain = collate_sequences(tuple(TrainSequence(prompt_ids=s.prompt_ids, completion_ids=s.completion_ids,
+                                                  advantage=s.advantage) for s in seqs), pad_id=0)
+    assert plain.extras["weights"].shape == (2,)      # no token weights: per-sequence, as before

@@ -1,0 +1,224 @@
+"""Generation backends: the torch sampler's truncation and micro-batching, the vLLM backend on a
+fake engine (weight sync verified by the probe, LoRA adapters, sleep mode, mismatch correction)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+
+from mutualrl.config import GenerationConfig, GRPOConfig, PolicyConfig
+from mutualrl.grpo import selective_log_softmax
+from mutualrl.policies.batch import TrainBatch, TrainSequence, collate
+from mutualrl.policies.generation.vllm import INSTALL, VLLMBackend, WeightSyncError
+from mutualrl.policies.policy import Policy
+from mutualrl.policies.sampling import truncate_logits
+from mutualrl.tasks.base import Prompt
+from tests.policies.fake_vllm import API, FakeLLM
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+PROMPTS = [Prompt(text="first: cat dog sun tree =", answer=" cat", family="first"),
+           Prompt(text="last: red blue car =", answer=" car", family="last")]
+
+
+def make_policy(handles, *, grpo=None, tok="mistral-v1", **kw) -> Policy:
+    grpo = grpo or GRPOConfig(num_generations=4, max_completion_length=4, temperature=0.7,
+                              learning_rate=1e-2)
+    cfg = PolicyConfig(name="p", architecture="llama", tokenizer=tok, hidden_size=32,
+                       num_layers=1, num_heads=4, **kw)
+    return Policy(cfg, grpo, seed=0, handle=handles[tok])
+
+
+def trainer_logprobs(policy, samples) -> list[torch.Tensor]:
+    c = collate([s.prompt_ids for s in samples], [s.completion_ids for s in samples], policy.pad_id)
+    with torch.no_grad():
+        lp = selective_log_softmax(policy.completion_logits(c), c.completion_ids)
+    return [lp[i, :len(s.completion_ids)] for i, s in enumerate(samples)]
+
+
+def batch_of(samples, advantages=None) -> TrainBatch:
+    advantages = advantages or [1.0, -1.0] * (len(samples) // 2)
+    return TrainBatch(sequences=tuple(
+        TrainSequence(prompt_ids=s.prompt_ids, completion_ids=s.completion_ids, advantage=a,
+                      old_logprobs=s.logprobs) for s, a in zip(samples, advantages)))
+
+
+# ---- truncation -------------------------------------------------------------------------------
+def test_truncate_logits_keeps_top_k_then_nucleus():
+    logits = torch.tensor([[3.0, 2.0, 1.0, 0.0, -1.0]])
+    low = torch.finfo(torch.float32).min
+    assert truncate_logits(logits, top_k=2)[0].tolist() == [3.0, 2.0, low, low, low]
+    # softmax masses ~ .64 .23 .09 .03 .01: top_p 0.8 needs the first two tokens
+    assert truncate_logits(logits, top_p=0.8)[0].tolist() == [3.0, 2.0, low, low, low]
+    assert truncate_logits(logits, top_p=0.5)[0].tolist() == [3.0, low, low, low, low]
+    kept = truncate_logits(logits, top_k=3, top_p=0.5, keep=torch.tensor([4]))
+    assert kept[0].tolist() == [3.0, low, low, low, -1.0]
+    assert torch.equal(truncate_logits(logits), logits)
+
+
+@pytest.mark.parametrize("top_k,top_p", [(5, 1.0), (0, 0.6)])
+def test_truncated_sampling_logprobs_match_the_trainer(tokenizer_handles, top_k, top_p):
+    """Behaviour log-probs are those of the truncated distribution, and the trainer takes its
+    log-probs under the same truncation: the on-policy ratio is 1."""
+    grpo = GRPOConfig(num_generations=4, max_completion_length=4, temperature=0.7, top_k=top_k,
+                      top_p=top_p)
+    pol = make_policy(tokenizer_handles, grpo=grpo)
+    samples = pol.generate(PROMPTS, 4, 4, 0.7)
+    for s, lp in zip(samples, trainer_logprobs(pol, samples)):
+        torch.testing.assert_close(torch.tensor(s.logprobs), lp, atol=1e-4, rtol=0)
+    if top_k:   # every sampled token is among the top-k of its step
+        c = collate([s.prompt_ids for s in samples], [s.completion_ids for s in samples], pol.pad_id)
+        with torch.no_grad():
+            logits = pol.completion_logits(c, temperature=1.0)
+        rank = (logits > logits.gather(-1, c.completion_ids.unsqueeze(-1))).sum(-1)
+        real = torch.arange(c.completion_len) < c.lengths.unsqueeze(-1)
+        assert int(rank[real].max()) < top_k
+
+
+def test_generation_batch_size_splits_the_group(tokenizer_handles):
+    whole = make_policy(tokenizer_handles).generate(PROMPTS, 4, 4, 0.7)
+    same = make_policy(tokenizer_handles, grpo=GRPOConfig(
+        num_generations=4, max_completion_length=4, temperature=0.7, learning_rate=1e-2,
+        generation_batch_size=8)).generate(PROMPTS, 4, 4, 0.7)
+    assert same == whole          # one pass of 8 is the whole group: identical draws
+    pol = make_policy(tokenizer_handles, grpo=GRPOConfig(
+        num_generations=4, max_completion_length=4, temperature=0.7, generation_batch_size=3))
+    split = pol.generate(PROMPTS, 4, 4, 0.7)
+    assert [s.group for s in split] == [s.group for s in whole]
+    for s, lp in zip(split, trainer_logprobs(pol, split)):
+        torch.testing.assert_close(torch.tensor(s.logprobs), lp, atol=1e-4, rtol=0)
+
+
+# ---- the vLLM backend on a fake engine --------------------------------------------------------
+def with_fake(policy, **fake) -> FakeLLM:
+    llm = FakeLLM(policy, **fake)
+    policy.backend = VLLMBackend(policy, llm, API)
+    return llm
+
+
+def test_vllm_backend_samples_and_keeps_the_engine_in_sync(tokenizer_handles):
+    pol = make_policy(tokenizer_handles)
+    llm = with_fake(pol)
+    assert {s.policy_version for s in pol.generate(PROMPTS, 1, 2, 0.7)} == {0}
+    samples = pol.generate(PROMPTS, 4, 4, 0.7)
+    assert len(samples) == 8 and {s.policy_version for s in samples} == {0}
+    assert [s.group for s in samples] == [0, 0, 0, 0, 1, 1, 1, 1]
+    for s, lp in zip(samples, trainer_logprobs(pol, samples)):
+        torch.testing.assert_close(torch.tensor(s.logprobs), lp, atol=1e-4, rtol=0)
+        assert s.finish_reason in ("stop", "length")
+    loads = llm.weight_loads
+    pol.train_step(batch_of(samples))
+    assert llm.weight_loads == loads + 1 and llm.prefix_resets >= 2
+    assert {s.policy_version for s in pol.generate(PROMPTS, 2, 4, 0.7)} == {1}
+    assert pol.backend.sync_check()["sync/probe_gap"] < 1e-4
+
+
+def test_a_missed_sync_is_caught_by_the_probe(tokenizer_handles):
+    pol = make_policy(tokenizer_handles, grpo=GRPOConfig(
+        num_generations=4, max_completion_length=4, temperature=0.7, learning_rate=0.5))
+    with_fake(pol, ignore_loads=True)
+    samples = pol.generate(PROMPTS, 4, 4, 0.7)
+    with pytest.raises(WeightSyncError, match=r"policy 'p'.*differ from the trainer's by \S+ on average.*sync_tolerance = 0.1"):
+        pol.train_step(batch_of(samples))
+
+
+def test_a_stale_engine_within_tolerance_is_caught(tokenizer_handles):
+    """A tiny update moves the probe less than the tolerance; the engine not moving at all is
+    still reported."""
+    pol = make_policy(tokenizer_handles, grpo=GRPOConfig(
+        num_generations=4, max_completion_length=4, temperature=0.7, learning_rate=1e-4))
+    with_fake(pol, ignore_loads=True)
+    samples = pol.generate(PROMPTS, 4, 4, 0.7)
+    with pytest.raises(WeightSyncError, match=r"policy 'p'.*moved by (\S+) .*engine's did not change") as err:
+        pol.train_step(batch_of(samples))
+    assert 1e-3 < float(err.value.args[0].split("moved by ")[1].split()[0]) < 0.1
+
+
+def test_lora_policy_sends_only_a_fresh_adapter(tokenizer_handles, tmp_path):
+    from mutualrl.config import LoraConfig
+    pol = make_policy(tokenizer_handles, lora=LoraConfig(r=4, alpha=8))
+    llm = FakeLLM(pol)
+    pol.backend = VLLMBackend(pol, llm, API, work_dir=tmp_path)
+    first = pol.backend.lora
+    samples = pol.generate(PROMPTS, 4, 4, 0.7)
+    pol.train_step(batch_of(samples))
+    second = pol.backend.lora
+    assert llm.weight_loads == 0                             # the base never moves
+    assert second.lora_int_id != first.lora_int_id and llm.removed == [first.lora_int_id]
+    assert sorted(p.name for p in (tmp_path / "adapter-2").iterdir()) == [
+        "README.md", "adapter_config.json", "adapter_model.safetensors"]
+    assert pol.backend.sync_check()["sync/probe_gap"] < 1e-4
+
+
+def test_sleep_mode_frees_the_engine_between_generations(tokenizer_handles):
+    pol = make_policy(tokenizer_handles, generation=GenerationConfig(enable_sleep_mode=True))
+    llm = with_fake(pol)
+    samples = pol.generate(PROMPTS, 2, 3, 0.7)
+    assert llm.asleep and llm.sleeps == 1
+    pol.train_step(batch_of(samples))                        # wakes it to load the weights
+    pol.generate(PROMPTS, 2, 3, 0.7)
+    assert llm.sleeps == 2
+
+
+def test_mismatch_is_corrected_and_logged(tokenizer_handles):
+    """An engine whose log-probs sit 0.05 above the trainer's: every token ratio is exp(-0.05)."""
+    pol = make_policy(tokenizer_handles, grpo=GRPOConfig(
+        num_generations=4, max_completion_length=4, temperature=0.7,
+        vllm_importance_sampling_mode="token_truncate"), generation=GenerationConfig(sync_tolerance=0.2))
+    with_fake(pol, logprob_shift=0.05)
+    samples = pol.generate(PROMPTS, 4, 4, 0.7)
+    # the same policy before the update, on the same tokens, with ratio 1 and no weights
+    twin = make_policy(tokenizer_handles, grpo=pol.grpo)
+    plain = twin.train_step(TrainBatch(sequences=tuple(
+        TrainSequence(prompt_ids=s.prompt_ids, completion_ids=s.completion_ids, advantage=a)
+        for s, a in zip(samples, [1.0, -0.5] * 4))))
+    stats = pol.train_step(batch_of(samples, [1.0, -0.5] * 4))
+    assert abs(plain["grpo_loss"]) > 0.1
+    # the ratio is taken against the trainer's log-probs (1), the loss weighted by exp(-0.05)
+    assert stats["grpo_loss"] == pytest.approx(math.exp(-0.05) * plain["grpo_loss"], rel=1e-4)
+    assert stats["mismatch/logp_abs_diff_mean"] == pytest.approx(0.05, abs=1e-4)
+    assert stats["mismatch/is_ratio_min"] == pytest.approx(torch.exp(torch.tensor(-0.05)).item(), abs=1e-4)
+    assert stats["mismatch/is_ratio_max"] == pytest.approx(torch.exp(torch.tensor(-0.05)).item(), abs=1e-4)
+    # per-token weights also split into own/peer gradient diagnostics
+    diag = pol.train_step(replace(batch_of(pol.generate(PROMPTS, 4, 4, 0.7)), diagnose_sources=True))
+    assert diag["grad/own_norm"] > 0 and diag["grad/peer_norm"] == 0
+
+
+def test_asking_for_vllm_without_it_says_how_to_install(tokenizer_handles):
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is installed")
+    with pytest.raises(ImportError, match=r"policy 'p'.*pip install 'mutualrl\[vllm\]'"):
+        make_policy(tokenizer_handles, generation=GenerationConfig(backend="vllm"))
+    assert "pip install" in INSTALL
+
+
+@pytest.mark.gpu
+def test_real_vllm_engine_generates_and_syncs(tokenizer_handles):
+    pytest.importorskip("vllm")
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    grpo = GRPOConfig(num_generations=4, max_completion_length=8, temperature=0.7)
+    cfg = PolicyConfig(name="gpu", architecture="llama", hidden_size=256, num_layers=2, num_heads=4,
+                       generation=GenerationConfig(backend="vllm", gpu_memory_utilization=0.2))
+    pol = Policy(cfg, grpo, seed=0, device="cuda", handle=tokenizer_handles["mistral-v1"])
+    samples = pol.generate(PROMPTS, 4, 8, 0.7)
+    assert len(samples) == 8
+    stats = pol.train_step(batch_of(samples))
+    assert "mismatch/logp_abs_diff_mean" in stats
+
+
+def test_torch_samples_carry_the_version_into_the_rollout(tokenizer_handles):
+    from mutualrl.exchange import ExperienceBus
+    from mutualrl.experience import publish_step
+    pol = make_policy(tokenizer_handles)
+    pol.train_step(batch_of(pol.generate(PROMPTS, 2, 3, 0.7)))
+    samples = pol.generate(PROMPTS, 2, 3, 0.7)
+    assert {s.policy_version for s in samples} == {1}
+    bus = ExperienceBus()
+    sub = bus.subscribe(kinds={"rollout"}, name="t")
+    publish_step(bus, {"p": pol}, {"p": samples}, "v", 1, 1.0)
+    assert {d.record.policy_version for d in sub.drain_deliveries()} == {1}
