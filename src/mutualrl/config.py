@@ -48,6 +48,8 @@ class GRPOConfig(ConfigStruct):
     learning_rate: float = 1e-3
     max_grad_norm: float = 1.0        # 0 disables clipping
     mask_truncated_completions: bool = False  # exclude completions cut at max_completion_length
+    # "sequence": GSPO's length-normalised sequence ratio, clipped per sequence (TRL's name)
+    importance_sampling_level: Literal["token", "sequence"] = "token"
 
     def __post_init__(self) -> None:
         check(self.num_generations >= 2, "num_generations must be >= 2 (a group needs a baseline)")

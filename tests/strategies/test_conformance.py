@@ -70,7 +70,11 @@ def test_a_single_policy_trains_exactly_as_independent_grpo(name, solo_none, tmp
 # ---- (b) + three policies: deterministic, and the strategy's metrics are logged ------------
 STRATEGY_KEYS = {"none": (), "prp": ("prp/density_ratio_var", "prp/peer_share", "thl/count"),
                  "xgrpo": ("xgrpo/frac_pooled_zero_std", "xgrpo/groups_with_signal_from_peers"),
-                 "sgt": ("sgt/buffer_size", "sgt/duplicates_dropped", "sgt/sft_examples")}
+                 "sgt": ("sgt/buffer_size", "sgt/duplicates_dropped", "sgt/sft_examples"),
+                 "hacpo": ("hacpo/peer_samples", "hacpo/ratio_mean", "hacpo/ratio_var",
+                           "hacpo/clamped_frac", "hacpo/coef_mean", "thl/count"),
+                 "hint": ("hint/candidates", "hint/rescued_prompts", "hint/generated"),
+                 "codistill": ("codistill/is_larger",)}
 POLICIES3 = ("llama-mistral", "qwen-deepseek", "mistral-third")
 
 
@@ -108,7 +112,19 @@ def test_three_policies_log_their_strategy_metrics(three_policy_runs):
             if name == "sgt" and r[p + "sgt/sft_examples"] > 0:
                 assert r[p + "thl/count"] == r[p + "sgt/sft_examples"]
             if name == "none":
-                assert not any(k.startswith(p + ns) for k in r for ns in ("prp/", "xgrpo/", "sgt/", "thl/"))
+                assert not any(k.startswith(p + ns) for k in r
+                               for ns in ("prp/", "xgrpo/", "sgt/", "thl/", "hacpo/", "hint/", "codistill/"))
+            if name == "hacpo":
+                assert r[p + "hacpo/peer_samples"] == 2 * 2 * 4
+                assert 0 <= r[p + "hacpo/clamped_frac"] <= 1 and r[p + "hacpo/ratio_var"] >= 0
+            if name == "codistill":
+                # the largest policy (the 129k-vocabulary one) trains on the two others' rollouts
+                larger = r[p + "codistill/is_larger"] == 1
+                assert larger == (policy == "qwen-deepseek")
+                key = "codistill/peer_samples" if larger else "codistill/kd_reward_mean"
+                assert isinstance(r.get(p + key), (int, float)), (policy, key)
+                if larger:
+                    assert r[p + key] == 2 * 2 * 4
 
 
 # ---- (c) what a strategy hands a receiver fits that receiver ---------------------------------

@@ -46,6 +46,11 @@ class StrategyContext:
     metrics: dict[str, dict[str, float]] = field(default_factory=dict)  # per receiver
     # Publish a record to the exchange on a receiver's behalf (e.g. THL residuals); None: drop.
     publish: Callable[[Any, str], None] | None = None
+    # Receiver-side sampling, as ``sequence_logprobs``: (prompts, num_generations) -> [Sample]
+    # drawn at the run's temperature and completion length (e.g. on hinted prompts); and the
+    # task's verifier, (Prompt, completion text) -> reward. Empty / None: not offered.
+    generate: dict[str, Callable[[list, int], list]] = field(default_factory=dict)
+    verify: Callable[[Any, str], float] | None = None
 
     def log(self, receiver: str, key: str, value: float) -> None:
         self.metrics.setdefault(receiver, {})[key] = float(value)
