@@ -164,6 +164,19 @@ class ExchangeConfig(ConfigStruct):
         check(self.block_timeout_s > 0, "block_timeout_s must be > 0")
 
 
+class DiversityConfig(ConfigStruct):
+    """Optional diversity regulariser on top of any strategy (``mutualrl.strategies.diversity``).
+
+    ``coef`` > 0 makes a policy's success worth less where its peers succeed on the same prompt:
+    the reward its GRPO advantages see is ``r - coef * r * s_peers(prompt)``. 0: off.
+    """
+
+    coef: float = 0.0
+
+    def __post_init__(self) -> None:
+        check(0 <= self.coef <= 1, "coef must be in [0, 1] (0 turns the regulariser off)")
+
+
 class RunConfig(ConfigStruct):
     """The whole run. ``strategies`` holds per-strategy parameter tables, checked by each strategy."""
 
@@ -181,6 +194,7 @@ class RunConfig(ConfigStruct):
     strategies: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
     allocation: dict[str, Any] = msgspec.field(default_factory=dict)
     exchange: ExchangeConfig = msgspec.field(default_factory=ExchangeConfig)
+    diversity: DiversityConfig = msgspec.field(default_factory=DiversityConfig)
 
     def __post_init__(self) -> None:
         check(len(self.policies) >= 1, "policies must list at least one policy")

@@ -250,3 +250,29 @@ def test_hint_waits_for_patience_and_needs_a_peer_success(handles):
     s.observe(ctx, {RECV: own})
     s.build_batches(ctx, RECV, own)
     assert ctx.metrics[RECV]["hint/candidates"] == 0          # no peer success to hint from
+
+
+# ---- diversity regulariser -------------------------------------------------------------------
+def test_repulsive_term_discounts_successes_where_peers_succeed():
+    from mutualrl.strategies.diversity import repulsed_rewards
+    assert repulsed_rewards([1.0, 0.0, 1.0, 0.5], [0.5, 1.0, None, 1.0], 0.5) == [0.75, 0.0, 1.0, 0.25]
+
+
+def test_diversity_wraps_any_strategy_only_when_on(handles):
+    from mutualrl.strategies.diversity import DiversityRegularised
+    from mutualrl.strategies.none import Independent
+    from mutualrl.strategies.sgt import SuccessGatedTransfer
+    assert isinstance(build_strategy(load_config(TINY, ['strategy="none"'])), Independent)
+    with pytest.raises(ConfigError, match=r"diversity.coef|coef must be"):
+        load_config(TINY, ["diversity.coef=2.0"])
+    wrapped = build_strategy(load_config(TINY, ['strategy="sgt"', "diversity.coef=0.5"]))
+    assert isinstance(wrapped, DiversityRegularised) and isinstance(wrapped.inner, SuccessGatedTransfer)
+    assert wrapped.name == "sgt" and wrapped.p.tau == 1.0                  # the inner's parameters
+    own = group(PA, 0, [1.0, 0.0])
+    peers = [rollout(PEER, handles[PEER], PA, " cat", 1.0), rollout(PEER, handles[PEER], PA, " dog", 0.0, seq=1)]
+    ctx = make_ctx(handles, peers)
+    [batch] = DiversityRegularised(Independent(), 0.5).build_batches(ctx, RECV, own)
+    # s_peers = .5: rewards [1, 0] -> [.75, 0]; mean .375, std .375
+    np.testing.assert_allclose([q.advantage for q in batch.sequences],
+                               [.375 / (.375 + EPS), -.375 / (.375 + EPS)], rtol=1e-6)
+    assert ctx.metrics[RECV]["diversity/reward_shift_mean"] == pytest.approx(-0.125)

@@ -104,4 +104,5 @@ def build_strategy(cfg: RunConfig, name: str | None = None) -> Strategy:
         # msgspec gives a path only for errors inside a field; root-level ones get the table's.
         msg = msg.replace("at `$", f"at `$.strategies.{name}") if "at `$" in msg else f"{msg} - at `$.strategies.{name}`"
         raise ConfigError(f"strategies.{name}: {msg}") from None
-    return spec.factory(params, cfg)
+    from mutualrl.strategies.diversity import with_diversity
+    return with_diversity(spec.factory(params, cfg), getattr(cfg, "diversity", None))
