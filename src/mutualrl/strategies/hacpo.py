@@ -84,7 +84,8 @@ class HACPOParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
 
 def capability_advantages(rewards: torch.Tensor, groups: torch.Tensor, num_groups: int,
                           omega: torch.Tensor, own: torch.Tensor, scale: str):
-    """Capability-aware advantages. rewards, groups, omega (N,), own (N,) bool -> adv, baseline, zero, guarded.
+    """Capability-aware advantages: rewards, groups, omega (N,), own (N,) bool ->
+    advantages, baselines, zero-std flags, guarded flags.
 
     ``omega`` is ``P_receiver / P_source`` per sample (1 for own samples). Returns (N,) advantages,
     (K,) baselines, (N,) zero-std flags and (K,) flags of groups whose baseline fell back.
@@ -95,7 +96,8 @@ def capability_advantages(rewards: torch.Tensor, groups: torch.Tensor, num_group
     base = weighted / m.count.clamp(min=1)                                     # (K,)
     own_f = own.to(torch.float64)
     own_n = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, groups, own_f)
-    own_mean = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, groups, r * own_f) / own_n.clamp(min=1)
+    own_sum = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, groups, r * own_f)
+    own_mean = own_sum / own_n.clamp(min=1)
     uniform = m.std == 0
     guarded = (base > 1.0) & ~uniform & (own_n > 0)
     base = torch.where(guarded, own_mean, base)
@@ -170,7 +172,8 @@ class HACPO:
         sources = [d.producer for d, _ in adapted]
         n = len(own)
         p_recv = self.capability(receiver)
-        rewards = torch.tensor([s.reward for s in own] + [d.record.reward for d, _ in adapted], dtype=torch.float32)
+        rewards = torch.tensor([s.reward for s in own] + [d.record.reward for d, _ in adapted],
+                               dtype=torch.float32)
         groups = torch.tensor([s.group for s in own] + [pid_group[d.record.prompt_id] for d, _ in adapted])
         omega = torch.tensor([1.0] * n + [p_recv / self.capability(j) for j in sources], dtype=torch.float64)
         is_own = torch.arange(len(rewards)) < n

@@ -130,7 +130,8 @@ class PeerHints:
                 extra += group
                 next_group += 1
         samples = list(own) + extra
-        seqs = sequences_from_samples(samples, *own_advantages(samples, ctx.grpo), ctx.grpo) if samples else []
+        seqs = (sequences_from_samples(samples, *own_advantages(samples, ctx.grpo), ctx.grpo)
+                if samples else [])
         ctx.log(receiver, "hint/candidates", len(candidates))
         ctx.log(receiver, "hint/rescued_prompts", next_group - (max((s.group for s in own), default=-1) + 1))
         ctx.log(receiver, "hint/generated", counts["generated"])
