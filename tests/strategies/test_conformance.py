@@ -128,11 +128,11 @@ def test_three_policies_log_their_strategy_metrics(three_policy_runs):
 
 
 # ---- (c) what a strategy hands a receiver fits that receiver ---------------------------------
-@pytest.fixture(scope="module", params=["prp", "sgt"])
+@pytest.fixture(scope="module", params=["prp", "sgt", "hacpo", "codistill"])
 def one_step(request, tmp_path_factory, fast_run_builds_module):
     """One step of the loop, phase by phase; for sgt every other sample is made a success."""
     name = request.param
-    params = {"sgt": {"gate": "always"}, "prp": {"grad_diagnostic": True}}
+    params = {"sgt": {"gate": "always"}, "prp": {"grad_diagnostic": True}, "hacpo": {}, "codistill": {}}
     run = build_run(tiny(tmp_path_factory.mktemp(f"step-{name}") / "run", name,
                          strategies={name: params[name]}))
     try:
