@@ -62,6 +62,8 @@ class GRPOConfig(ConfigStruct):
     vllm_importance_sampling_mode: Literal["token_truncate", "token_mask", "sequence_truncate",
                                            "sequence_mask"] = "sequence_mask"
     vllm_importance_sampling_cap: float = 3.0
+    # "sequence": GSPO's length-normalised sequence ratio, clipped per sequence (TRL's name)
+    importance_sampling_level: Literal["token", "sequence"] = "token"
 
     def __post_init__(self) -> None:
         check(self.num_generations >= 2, "num_generations must be >= 2 (a group needs a baseline)")
@@ -224,6 +226,19 @@ class ExchangeConfig(ConfigStruct):
         check(self.block_timeout_s > 0, "block_timeout_s must be > 0")
 
 
+class DiversityConfig(ConfigStruct):
+    """Optional diversity regulariser on top of any strategy (``mutualrl.strategies.diversity``).
+
+    ``coef`` > 0 makes a policy's success worth less where its peers succeed on the same prompt:
+    the reward its GRPO advantages see is ``r - coef * r * s_peers(prompt)``. 0: off.
+    """
+
+    coef: float = 0.0
+
+    def __post_init__(self) -> None:
+        check(0 <= self.coef <= 1, "coef must be in [0, 1] (0 turns the regulariser off)")
+
+
 class RunConfig(ConfigStruct):
     """The whole run. ``strategies`` holds per-strategy parameter tables, checked by each strategy."""
 
@@ -241,6 +256,7 @@ class RunConfig(ConfigStruct):
     strategies: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
     allocation: dict[str, Any] = msgspec.field(default_factory=dict)
     exchange: ExchangeConfig = msgspec.field(default_factory=ExchangeConfig)
+    diversity: DiversityConfig = msgspec.field(default_factory=DiversityConfig)
 
     def __post_init__(self) -> None:
         check(len(self.policies) >= 1, "policies must list at least one policy")

@@ -158,6 +158,14 @@ def driver_policies(cfg: RunConfig, executor, handles: dict) -> dict[str, Policy
             for p in cfg.policies}
 
 
+def remote_generate(executor, name: str, g):
+    """A policy's sampler for the strategy (e.g. on hinted prompts), run where its weights are."""
+    def generate(prompts, num_generations):
+        return call_one(executor, name, "generate", prompts=prompts, num_generations=num_generations,
+                        max_new_tokens=g.max_completion_length, temperature=g.temperature)
+    return generate
+
+
 def remote_logprobs(executor, name: str):
     """A policy's ``sequence_logprobs`` for the strategy, computed where its weights are."""
     def sequence_logprobs(prompts, completions):
@@ -219,6 +227,8 @@ def make_context(run: Run, step: int, prompts) -> StrategyContext:
         retokenizers=run.retokenizers,
         tokenizers={p.handle.fingerprint: p.handle for p in ps.values()},
         peer_experience=experience,
+        generate={n: remote_generate(run.executor, n, run.cfg.grpo) for n in ps},
+        verify=run.verifier,
         publish=lambda record, producer: run.bus.publish(
             record, producer=producer, version=ps[producer].version))
 

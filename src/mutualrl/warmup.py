@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from mutualrl.train import Run
 
 # Config fields that only phases after the warm start read: runs differing only in these share it.
-AFTER_WARM_START = ("steps", "strategy", "output_dir", "strategies", "eval", "exchange")
+AFTER_WARM_START = ("steps", "strategy", "output_dir", "strategies", "eval", "exchange", "diversity")
 CACHE_FORMAT = 1
 RECORDS = "metrics.jsonl"
 

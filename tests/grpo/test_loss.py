@@ -215,3 +215,46 @@ def test_completion_mask_lengths_and_truncation():
     assert mask.tolist() == [[True, True, False, False], [True] * 4, [False] * 4]
     masked = completion_mask(ids, lengths, truncated, mask_truncated=True)
     assert masked.tolist() == [[True, True, False, False], [False] * 4, [False] * 4]
+
+
+# ---- GSPO: importance_sampling_level = "sequence" --------------------------------------------
+def test_sequence_ratio_is_the_length_normalised_mean_of_token_log_ratios():
+    from mutualrl.grpo import importance_ratio
+    logp = torch.tensor([[-1.0, -2.0, -9.0], [-0.5, -0.5, -0.5]])
+    old = torch.tensor([[-1.5, -1.0, 0.0], [-0.5, -0.5, -0.5]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    # row 0: token log-ratios 0.5, -1.0 (the third is masked) -> mean -0.25; row 1: 0
+    seq = importance_ratio(logp, old, mask, "sequence")
+    torch.testing.assert_close(seq, torch.tensor([[math.exp(-0.25)] * 3, [1.0] * 3]))
+    torch.testing.assert_close(importance_ratio(logp, old, mask, "token"), torch.exp(logp - old))
+    with pytest.raises(ValueError, match="importance_sampling_level"):
+        importance_ratio(logp, old, mask, "tokens")
+
+
+def test_sequence_level_clips_whole_sequences_and_token_level_is_the_default():
+    # token log-ratios log 2 and log 0.5: token level clips each (A>0: 1.2 and 0.5);
+    # sequence level sees their mean, 0 -> ratio 1 on both tokens, nothing clipped
+    logp = torch.log(torch.tensor([[2.0, 0.5]]))
+    old = torch.zeros(1, 2)
+    adv, mask = torch.tensor([1.0]), torch.ones(1, 2)
+    tok = surrogate(logp, old, adv, mask)
+    assert tok.loss.item() == pytest.approx(-(1.2 + 0.5) / 2)
+    assert tok.clip_high_frac.item() == pytest.approx(0.5)
+    seq = surrogate(logp, old, adv, mask, importance_sampling_level="sequence")
+    assert seq.loss.item() == pytest.approx(-1.0)
+    assert seq.clip_high_frac.item() == 0
+    # a sequence ratio of exp(1) > 1.2 with A > 0 is clipped on every token: no gradient
+    lp = torch.tensor([[1.5, 0.5]], requires_grad=True)
+    out = surrogate(lp, old, adv, mask, importance_sampling_level="sequence")
+    out.loss.backward()
+    assert out.clip_high_frac.item() == 1.0 and lp.grad.abs().sum().item() == 0
+
+
+def test_sequence_level_gradient_at_ratio_one_is_the_token_mean():
+    # d/dlogp_t of -A * exp(mean(logp - old)) at ratio 1: -A / n_tokens per token; dapo over
+    # 2 tokens then halves it: loss = mean over tokens of the same sequence value
+    logp = torch.log(torch.tensor([[0.5, 0.25]])).requires_grad_()
+    out = surrogate(logp, logp.detach().clone(), torch.tensor([3.0]), torch.ones(1, 2),
+                    importance_sampling_level="sequence")
+    out.loss.backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([[-1.5, -1.5]]))

@@ -70,7 +70,11 @@ def test_a_single_policy_trains_exactly_as_independent_grpo(name, solo_none, tmp
 # ---- (b) + three policies: deterministic, and the strategy's metrics are logged ------------
 STRATEGY_KEYS = {"none": (), "prp": ("prp/density_ratio_var", "prp/peer_share", "thl/count"),
                  "xgrpo": ("xgrpo/frac_pooled_zero_std", "xgrpo/groups_with_signal_from_peers"),
-                 "sgt": ("sgt/buffer_size", "sgt/duplicates_dropped", "sgt/sft_examples")}
+                 "sgt": ("sgt/buffer_size", "sgt/duplicates_dropped", "sgt/sft_examples"),
+                 "hacpo": ("hacpo/peer_samples", "hacpo/ratio_mean", "hacpo/ratio_var",
+                           "hacpo/clamped_frac", "hacpo/coef_mean", "thl/count"),
+                 "hint": ("hint/candidates", "hint/rescued_prompts", "hint/generated"),
+                 "codistill": ("codistill/is_larger",)}
 POLICIES3 = ("llama-mistral", "qwen-deepseek", "mistral-third")
 
 
@@ -108,21 +112,37 @@ def test_three_policies_log_their_strategy_metrics(three_policy_runs):
             if name == "sgt" and r[p + "sgt/sft_examples"] > 0:
                 assert r[p + "thl/count"] == r[p + "sgt/sft_examples"]
             if name == "none":
-                assert not any(k.startswith(p + ns) for k in r for ns in ("prp/", "xgrpo/", "sgt/", "thl/"))
+                assert not any(k.startswith(p + ns) for k in r
+                               for ns in ("prp/", "xgrpo/", "sgt/", "thl/", "hacpo/", "hint/", "codistill/"))
+            if name == "hacpo":
+                assert r[p + "hacpo/peer_samples"] == 2 * 2 * 4
+                assert 0 <= r[p + "hacpo/clamped_frac"] <= 1 and r[p + "hacpo/ratio_var"] >= 0
+            if name == "codistill":
+                # the largest policy (the 129k-vocabulary one) trains on the two others' rollouts
+                larger = r[p + "codistill/is_larger"] == 1
+                assert larger == (policy == "qwen-deepseek")
+                key = "codistill/peer_samples" if larger else "codistill/kd_reward_mean"
+                assert isinstance(r.get(p + key), (int, float)), (policy, key)
+                if larger:
+                    assert r[p + key] == 2 * 2 * 4
 
 
 # ---- (c) what a strategy hands a receiver fits that receiver ---------------------------------
-@pytest.fixture(scope="module", params=["prp", "sgt"])
+@pytest.fixture(scope="module", params=["prp", "sgt", "hacpo", "codistill", "hint"])
 def one_step(request, tmp_path_factory, fast_run_builds_module):
     """One step of the loop, phase by phase; for sgt every other sample is made a success."""
     name = request.param
-    params = {"sgt": {"gate": "always"}, "prp": {"grad_diagnostic": True}}
+    params = {"sgt": {"gate": "always"}, "prp": {"grad_diagnostic": True}, "hacpo": {}, "codistill": {}, "hint": {}}
     run = build_run(tiny(tmp_path_factory.mktemp(f"step-{name}") / "run", name,
                          strategies={name: params[name]}))
     try:
         prompts = sample_prompts(run, 0)
         samples, _ = generate(run, prompts)
         samples = verify(run, samples)
+        if name == "hint":   # the first policy solves every other sample, the second nothing
+            first = next(iter(samples))
+            samples = {n: [replace(s, reward=float(n == first and i % 2 == 0)) for i, s in enumerate(ss)]
+                       for n, ss in samples.items()}
         if name == "sgt":
             samples = {n: [replace(s, reward=float(i % 2 == 0)) for i, s in enumerate(ss)]
                        for n, ss in samples.items()}
@@ -131,7 +151,7 @@ def one_step(request, tmp_path_factory, fast_run_builds_module):
         run.strategy.observe(ctx, samples)
         batches = {n: run.strategy.build_batches(ctx, n, own) for n, own in samples.items()}
         stats = {n: run.policies[n].train_steps(b) for n, b in batches.items()}
-        yield name, run, samples, batches, stats
+        yield name, run, samples, batches, stats, ctx
     finally:
         run.executor.shutdown()
         run.bus.close()
@@ -140,7 +160,7 @@ def one_step(request, tmp_path_factory, fast_run_builds_module):
 
 
 def test_adapted_sequences_fit_the_receiver(one_step):
-    name, run, samples, batches, _ = one_step
+    name, run, samples, batches, _, _ = one_step
     limit = run.cfg.grpo.max_completion_length      # EOS is one of the generated tokens
     for receiver, bs in batches.items():
         policy = run.policies[receiver]
@@ -169,7 +189,7 @@ def test_adapted_sequences_fit_the_receiver(one_step):
 
 
 def test_adapted_batches_train(one_step):
-    name, run, _, _, stats = one_step
+    name, run, _, _, stats, _ = one_step
     for receiver, st in stats.items():
         assert math.isfinite(st["loss"]) and st["skipped_nan"] == 0.0, receiver
         if name == "sgt":
@@ -177,3 +197,19 @@ def test_adapted_batches_train(one_step):
         if name == "prp":
             # untrained policies mostly get reward 0 (zero advantages): presence, not size
             assert all(math.isfinite(st[f"grad/{k}"]) for k in ("own_norm", "peer_norm", "own_peer_cosine"))
+
+
+def test_hints_are_sampled_on_the_receiver_and_scored_by_the_task(one_step):
+    name, run, samples, batches, _, ctx = one_step
+    if name != "hint":
+        pytest.skip("hint only")
+    first, second = list(samples)
+    G = run.cfg.grpo.num_generations
+    m = ctx.metrics[second]
+    # the second policy failed every prompt; the first solved each (every other sample)
+    assert m["hint/candidates"] == run.cfg.grpo.prompts_per_step
+    assert 0 < m["hint/generated"] <= m["hint/candidates"] * 2 * G
+    assert m["hint/generated"] % G == 0
+    assert ctx.metrics[first]["hint/candidates"] == 0
+    hinted = sum(len(b.sequences) for b in batches[second]) - len(samples[second])
+    assert hinted == G * m["hint/rescued_prompts"]

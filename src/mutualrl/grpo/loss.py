@@ -67,6 +67,24 @@ def aggregate(per_token: Tensor, mask: Tensor, loss_type: str, max_completion_le
     raise ValueError(f"loss_type must be 'grpo', 'dr_grpo' or 'dapo', got {loss_type!r}")
 
 
+def importance_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, level: str) -> Tensor:
+    """Importance ratio per position: (B, T), (B, T), (B, T) -> (B, T).
+
+    token:    exp(logp_t - old_t), one ratio per token (GRPO, PPO).
+    sequence: exp(mean over the sequence's masked tokens of (logp_t - old_t)) for every token of
+              the sequence (GSPO): the length-normalised sequence likelihood ratio, so clipping
+              keeps or drops whole sequences. A fully masked row gets ratio 1.
+    """
+    log_ratio = logp - old_logp
+    if level == "token":
+        return torch.exp(log_ratio)
+    if level == "sequence":
+        m = mask.to(logp.dtype)
+        seq = (log_ratio * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1)  # (B, 1)
+        return torch.exp(seq).expand_as(logp)
+    raise ValueError(f"importance_sampling_level must be 'token' or 'sequence', got {level!r}")
+
+
 @dataclass(frozen=True)
 class LossOutput:
     loss: Tensor                # scalar
@@ -78,16 +96,18 @@ class LossOutput:
 def clipped_surrogate(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *,
                       epsilon: float, epsilon_high: float | None, loss_type: str,
                       max_completion_length: int, ref_logp: Tensor | None = None, beta: float = 0.0,
-                      sample_weight: Tensor | None = None) -> LossOutput:
+                      sample_weight: Tensor | None = None,
+                      importance_sampling_level: str = "token") -> LossOutput:
     """GRPO/PPO clipped objective.
 
     logp, old_logp, mask: (B, T); advantages: (B,); ref_logp: (B, T) or None;
     sample_weight: (B,) detached per-sequence weights (e.g. a truncated off-policy ratio for
     pooled peer samples), multiplying each sequence's per-token loss, or (B, T) per-token weights
     (the sampler/trainer mismatch correction); None means 1.
+    importance_sampling_level: "token" (GRPO) or "sequence" (GSPO, as TRL names it).
     """
     eps_high = epsilon if epsilon_high is None else epsilon_high
-    ratio = torch.exp(logp - old_logp)                                   # (B, T)
+    ratio = importance_ratio(logp, old_logp, mask, importance_sampling_level)   # (B, T)
     adv = advantages.unsqueeze(-1)                                       # (B, 1)
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1 - epsilon, 1 + eps_high) * adv

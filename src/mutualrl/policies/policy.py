@@ -234,7 +234,7 @@ class Policy(PolicyView):
             logp, old_i, c.extras["advantages"].to(self.device), mask, epsilon=g.epsilon,
             epsilon_high=g.epsilon_high, loss_type=g.loss_type,
             max_completion_length=g.max_completion_length, ref_logp=ref_logp, beta=g.beta,
-            sample_weight=weights.to(self.device))
+            sample_weight=weights.to(self.device), importance_sampling_level=g.importance_sampling_level)
         return out, logp_all
 
     def _source_gradients(self, c, mask, old, ref_logp) -> dict[str, float]:

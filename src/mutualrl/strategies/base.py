@@ -46,6 +46,11 @@ class StrategyContext:
     metrics: dict[str, dict[str, float]] = field(default_factory=dict)  # per receiver
     # Publish a record to the exchange on a receiver's behalf (e.g. THL residuals); None: drop.
     publish: Callable[[Any, str], None] | None = None
+    # Receiver-side sampling, as ``sequence_logprobs``: (prompts, num_generations) -> [Sample]
+    # drawn at the run's temperature and completion length (e.g. on hinted prompts); and the
+    # task's verifier, (Prompt, completion text) -> reward. Empty / None: not offered.
+    generate: dict[str, Callable[[list, int], list]] = field(default_factory=dict)
+    verify: Callable[[Any, str], float] | None = None
 
     def log(self, receiver: str, key: str, value: float) -> None:
         self.metrics.setdefault(receiver, {})[key] = float(value)
@@ -99,4 +104,5 @@ def build_strategy(cfg: RunConfig, name: str | None = None) -> Strategy:
         # msgspec gives a path only for errors inside a field; root-level ones get the table's.
         msg = msg.replace("at `$", f"at `$.strategies.{name}") if "at `$" in msg else f"{msg} - at `$.strategies.{name}`"
         raise ConfigError(f"strategies.{name}: {msg}") from None
-    return spec.factory(params, cfg)
+    from mutualrl.strategies.diversity import with_diversity
+    return with_diversity(spec.factory(params, cfg), getattr(cfg, "diversity", None))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from mutualrl.config import GRPOConfig
@@ -72,3 +73,21 @@ def adapt_to_receiver(ctx, receiver: str, deliveries: list) -> list[tuple[object
         for _, res in out:
             ctx.publish(res.residuals, receiver)
     return out
+
+
+def peer_logprob_totals(adapted: list) -> tuple[torch.Tensor, torch.Tensor]:
+    """log p_peer of the text each receiver sees, and how many peer tokens it spans: (B,), (B,).
+
+    When THL cut a completion, only the kept alignment groups count (whole groups are kept or
+    dropped); a rollout without per-group sums (unknown tokenizer) counts whole.
+    """
+    totals, counts = [], []
+    for d, res in adapted:
+        if res.group_logprob_sums is not None:
+            totals.append(float(np.sum(res.group_logprob_sums)))
+            counts.append(int(np.sum(res.groups.source_sizes())))
+        else:
+            totals.append(float(np.sum(d.record.logprob_array, dtype=np.float64)))
+            counts.append(len(d.record.token_array))
+    return (torch.tensor(totals, dtype=torch.float64),
+            torch.tensor(counts, dtype=torch.float64).clamp(min=1))
