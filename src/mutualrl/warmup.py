@@ -35,7 +35,8 @@ from mutualrl.config import RunConfig, to_dict
 from mutualrl.evaluation import accuracy
 from mutualrl.metrics import MetricsWriter, namespaced, read_metrics
 from mutualrl.policies.batch import SFTExample
-from mutualrl.scenarios import WarmPlan, peer_count, peer_prompts, shared_answers, warm_plans
+from mutualrl.scenarios import (WarmPlan, own_prompts, peer_count, peer_prompts, shared_answers,
+                                warm_plans)
 from mutualrl.workers import call_each, call_live
 
 if TYPE_CHECKING:
@@ -88,8 +89,8 @@ def supervised_warm_start(run: Run, names: list[str],
     w, seed = run.cfg.warmup, run.cfg.seed
     index = {p.name: i for i, p in enumerate(run.cfg.policies)}
     warming = {n: _Warming(run.policies[n], np.random.default_rng([seed, 1, index[n]]),
-                           run.task.sample(np.random.default_rng([seed, 2]), w.eval_prompts, "train",
-                                           plans[n].families),
+                           own_prompts(run.task, np.random.default_rng([seed, 2]), w.eval_prompts,
+                                       plans[n]),
                            plans[n], _shared(run.task, plans[n]))
                for n in names}
     records: list[dict] = []
@@ -133,7 +134,7 @@ def demonstrations(run: Run, s: _Warming) -> tuple[SFTExample, ...]:
     so, a share of its peers' families), in its own tokenization."""
     size = run.cfg.warmup.batch_size
     n_peer = peer_count(s.plan, size)
-    prompts = run.task.sample(s.rng, size - n_peer, "train", s.plan.families)
+    prompts = own_prompts(run.task, s.rng, size - n_peer, s.plan)
     if n_peer:
         prompts += peer_prompts(run.task, s.rng, n_peer, s.plan, s.shared)
     return tuple(SFTExample(s.policy.encode_prompt(p.text),
