@@ -267,12 +267,12 @@ class CompareProgress:
         left = sum(self._walls) / len(self._walls) * self._remaining
         return f"ETA {int(left // 60)}m{int(left % 60):02d}s (from {len(self._walls)} finished)"
 
-    def run_finished(self, name: str, line: str, wall_s: float | None = None) -> None:
+    def run_finished(self, name: str, line: str, wall_s: float | None = None, extra: str = "") -> None:
         self._remaining -= 1
         if wall_s is not None:
             self._walls.append(wall_s)
         eta = self.eta()
-        line = f"{line}; {eta}" if eta else line
+        line = (f"{line}; {eta}" if eta else line) + extra
         if self._progress is not None:
             self._progress.update(self._overall, advance=1, description=f"finished {name}; {eta}")
             self._progress.console.print(line)
@@ -341,12 +341,12 @@ class _Runner:
         self.redone.append(r.name)
         evals = ", ".join(f"{n} pass@1 {summary.final_eval.get(f'policy/{n}/heldout/pass@1', float('nan')):.2f}"
                           for n in summary.reward_first)
-        line = f"  {r.name}: {summary.wall_time_s:.0f}s; {evals}"
         start = starting_point_line(run_dir) if r.seed not in self.seeds_shown else ""
         if start:   # the seed's starting point, once: every run of a seed shares its warm start
             self.seeds_shown.add(r.seed)
-            line += f"\n    starting point, seed {r.seed} (family greedy/sampled): {start}"
-        self.progress.run_finished(r.name, line, summary.wall_time_s)
+            start = f"\n    starting point, seed {r.seed} (family greedy/sampled): {start}"
+        self.progress.run_finished(r.name, f"  {r.name}: {summary.wall_time_s:.0f}s; {evals}",
+                                   summary.wall_time_s, start)
 
 
 def compare(config_path: str | Path, strategies: Sequence[str], seeds: int, output_dir: str | Path,
