@@ -136,7 +136,8 @@ def efficiency(runs: list[RunData], curves: dict, target: float = TARGET_ACCURAC
             row["area"].append(float(curve_area(c.steps, acc)))
             row["tokens_to_target"].append(cost_to_target(tokens_before(r, policy, c.steps), acc, target))
             row["steps_to_target"].append(cost_to_target(c.steps, acc, target))
-    return list(rows.values())
+    order = {p: i for i, p in enumerate(policies_of(runs))}
+    return sorted(rows.values(), key=lambda row: order[row["policy"]])   # stable: strategies keep order
 
 
 # ---- the starting point ------------------------------------------------------------------------

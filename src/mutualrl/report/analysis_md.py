@@ -37,7 +37,7 @@ def _table(head: list[str], rows: list[list[str]], left: int) -> list[str]:
 START = """\
 Held-out results at step 0, after the warm start and before any sharing: greedy pass@1 and
 sampled success (the share of the k samples at the GRPO temperature that are correct), per prompt
-family, mean ± std over seeds. This is the scenario: a family with sampled success 0 gives GRPO no
+family, mean ± std over seeds: what the scenario set up. A family with sampled success 0 gives GRPO no
 signal; one between 0 and 1 does."""
 
 
@@ -55,7 +55,7 @@ averaged; the 95% interval is a hierarchical paired bootstrap over seeds and, wi
 prompts ({n_boot} replicates, seeded). *end*: after the last GRPO step; *area*: mean height of the
 held-out greedy curve over the run (sample efficiency); *sampled*: share of correct samples at the
 GRPO temperature; *own*/*peer*: the families a policy was / was not warm started on. **better** or
-**worse** only when the whole interval is on one side of zero. With 3 seeds the interval is coarse;
+**worse** only when the whole interval is on one side of zero. With few seeds (3) the interval is coarse;
 a "no difference" says the data cannot tell, not that the strategies are equal."""
 
 
@@ -78,8 +78,9 @@ def section_significance(rows: list[dict[str, Any]], n_boot: int) -> list[str]:
 EFFICIENCY = """\
 *Area*: the held-out greedy pass@1 curve (all families) averaged over the run, step 0 included
 (higher: better sooner). *Tokens / steps to {target}*: completion tokens the policy generated in
-GRPO steps (steps) before the first evaluation at which its held-out pass@1 reached {target}; mean
-over the seeds that reached it, and how many did (0 tokens: it started there)."""
+GRPO steps, and the number of GRPO steps, before the first evaluation at which its held-out pass@1
+(all families) reached {target}; mean over the seeds that reached it, and how many did (0: it
+started there; steps are resolved to the evaluation interval)."""
 
 
 def _to_target(values: list[float | None], human: bool) -> str:
