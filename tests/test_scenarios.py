@@ -55,7 +55,8 @@ def test_asymmetric_teaches_everyone_everything_but_the_weak_one_only_part():
 
 @pytest.mark.parametrize("sets, where", [
     (['scenario="nope"'], "unknown scenario 'nope'; known: asymmetric, disjoint, overlap"),
-    (['scenario="overlap"', "scenarios.overlap.peer_share=1.5"], "peer_share must be in (0, 1) - at `$.scenarios.overlap`"),
+    (['scenario="overlap"', "scenarios.overlap.peer_share=1.5"],
+     "peer_share must be in (0, 1) - at `$.scenarios.overlap`"),
     (['scenario="overlap"', "scenarios.overlap.typo=1"], "$.scenarios.overlap"),
     (['scenario="asymmetric"', 'scenarios.asymmetric.weak="bob"'], "scenarios.asymmetric.weak: 'bob'"),
 ])
