@@ -49,6 +49,8 @@ def fake_train(cfg, progress) -> RunSummary:
         for n in names:
             rec.update({f"policy/{n}/reward/mean": 0.5 + gain * step, f"policy/{n}/entropy": 1.0,
                         f"policy/{n}/completion_length": 2.0, f"policy/{n}/kl": 0.0})
+            if gain:
+                rec[f"policy/{n}/prp/density_ratio_var"] = 0.25
         writer.write(rec)
     final = {}
     for step in range(0, cfg.steps + 1, cfg.eval.every):
@@ -89,7 +91,8 @@ def test_the_report_tells_a_known_difference_from_none(tmp_path):
     for heading in ("## Starting point (scenario `disjoint`)", "## Paired differences against `none`",
                     "## Sample efficiency", "## Trade-off"):
         assert heading in md
-    assert "**better**" in md
+    assert "**better**" in md and "| density-ratio var |" in md and "0.250 ± 0.000" in md
+    assert trade[("llama-mistral", "sgt")]["density_ratio_var"] == [0.25] * 3
     assert "first 1.00/0.75" in starting_point_line(out / "runs" / "none-seed0")
 
 

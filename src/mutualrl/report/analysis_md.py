@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from mutualrl.report.data import DENSITY_PREFIX, THL_PREFIX
+from mutualrl.report.data import THL_PREFIX
 
 
 def _spread(values: list[float | None], digits: int = 3, unit: str = "") -> str:
@@ -114,7 +114,7 @@ GRPO steps, completion tokens generated, bytes through the exchange (per run).""
 
 _COLUMNS = [("reward_var", "reward var", 4, ""), ("entropy_var", "entropy var", 4, ""),
             ("kl_to_start", "KL to start", 4, ""), ("answers_changed", "answers changed", 3, ""),
-            (DENSITY_PREFIX + "_var", "density-ratio var", 3, ""), ("rescued", "rescued", 1, ""),
+            ("density_ratio_var", "density-ratio var", 3, ""), ("rescued", "rescued", 1, ""),
             ("lost", "lost", 1, ""), ("failed_at_start", "failed at start", 1, "")]
 _COST = [("train_time_s", "GRPO time", 1, " s"), ("tokens", "tokens", 0, "human"),
          ("bytes_exchanged", "bytes", 0, "human")]
