@@ -4,8 +4,9 @@ Each policy with ``warmup_families`` is trained by SFT on demonstrations of thos
 its greedy accuracy on a probe reaches ``warmup.target_accuracy`` (checked every ``eval_every``
 steps) or ``max_steps`` have passed. The run's scenario (``mutualrl.scenarios``) may change what
 each policy is taught and where it stops; the default, ``disjoint``, is exactly this. The policies
-warm up at the same time, one executor call per step for all of them, each on its own seeded prompt stream: they share the machine, and one
-policy's warm start does not depend on which other policies the run has.
+warm up at the same time, one executor call per step for all of them, each on its own seeded
+prompt stream: they share the machine, and one policy's warm start does not depend on which other
+policies the run has.
 
 With ``warmup.cache_dir`` set, the warm start is done once per *key*, a digest of every config
 field it can depend on (all but the fields only later phases read). The first run stores each
