@@ -257,7 +257,8 @@ class CompareProgress:
     def run_started(self, name: str) -> RunProgress:
         if self._progress is None:
             return RunProgress(enabled=False)
-        self._progress.update(self._overall, description=f"running {name}")
+        eta = self.eta()
+        self._progress.update(self._overall, description=f"running {name}" + (f"; {eta}" if eta else ""))
         return _NestedRunProgress(self._progress)
 
     def eta(self) -> str:
@@ -275,7 +276,8 @@ class CompareProgress:
         eta = self.eta()
         line = (f"{line}; {eta}" if eta else line) + extra
         if self._progress is not None:
-            self._progress.update(self._overall, advance=1, description=f"finished {name}; {eta}")
+            self._progress.update(self._overall, advance=1,
+                                  description=f"finished {name}" + (f"; {eta}" if eta else ""))
             self._progress.console.print(line)
         elif self.console is not None:
             self.console.print(line)
