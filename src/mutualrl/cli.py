@@ -57,6 +57,10 @@ def _run_train(args) -> int:
     with RunProgress(enabled=not args.no_progress, console=console) as progress:
         summary = train(cfg, progress)
     console.print(f"[bold]done[/] in {summary.wall_time_s:.0f}s -> {summary.output_dir}")
+    from mutualrl.report.analysis import starting_point_line
+    start = starting_point_line(summary.output_dir)
+    if start:
+        console.print(f"  starting point (family greedy pass@1/sampled success): {start}")
     for name in summary.reward_first:
         console.print(f"  {name}: train reward {summary.reward_first[name]:.3f} -> "
                       f"{summary.reward_last[name]:.3f}; held-out pass@1 "

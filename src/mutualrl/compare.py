@@ -29,10 +29,17 @@ from typing import Any
 from mutualrl.config import ConfigError
 from mutualrl.progress import RunProgress
 from mutualrl.provenance import git_commit
+from mutualrl.report.analysis import starting_point_line
 
 STATE_FILE = "compare.json"
 WARMSTART_DIR = "warmstart"
 STATE_VERSION = 1
+DEFAULT_CONFIG = "configs/default.toml"
+# What `--scenario` adds to every run (before --set/--steps, which win): a schedule meant to fit
+# one scenario of the embedded default at 3 seeds with the four built-in strategies in about 20
+# minutes on 2 idle CPU cores (README "Scenarios" says what was measured). Evaluations at steps
+# 0, 10, 20, 30 give the held-out curve its area.
+SCENARIO_BUDGET = ("steps=30", "eval.every=10", "eval.num_prompts=32", "eval.k=4")
 # What must match for --resume to continue a compare rather than start a different one.
 _RESUME_KEYS = ("strategies", "seeds", "config_path", "overrides", "config_digest")
 
@@ -41,8 +48,12 @@ _RESUME_KEYS = ("strategies", "seeds", "config_path", "overrides", "config_diges
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="TOML run config (see configs/); required unless --report-only")
     parser.add_argument("--strategies", default=None,
-                        help="comma-separated strategies to compare (default: all registered: "
-                             f"{_known_names()})")
+                        help="comma-separated strategies to compare, or 'all' (default: all "
+                             f"registered: {_known_names()})")
+    parser.add_argument("--scenario", default=None,
+                        help=f"starting point of the policies ({', '.join(_scenario_names())}); "
+                             "sets `scenario` and the compare's time budget "
+                             f"({' '.join(SCENARIO_BUDGET)}); --config defaults to {DEFAULT_CONFIG}")
     parser.add_argument("--seeds", type=int, default=3,
                         help="number of seeds; seed s (0..N-1) replaces the config's seed (default 3)")
     parser.add_argument("--output-dir", help="report directory (default reports/compare-<config name>)")
@@ -61,9 +72,14 @@ def run(args: argparse.Namespace) -> int:
 
     console = Console(stderr=True)
     overrides = list(args.set) + ([f"steps={args.steps}"] if args.steps is not None else [])
+    if args.scenario is not None:
+        overrides = scenario_overrides(args.scenario) + overrides
+        args.config = args.config or DEFAULT_CONFIG
     if not args.config and not (args.report_only and args.output_dir):
         raise ConfigError("compare: --config is required (or --report-only with --output-dir)")
-    out = Path(args.output_dir or f"reports/compare-{Path(args.config).stem}")
+    stem = Path(args.config).stem if args.config else ""
+    out = Path(args.output_dir or f"reports/compare-{stem}"
+               + (f"-{args.scenario}" if args.scenario else ""))
     if args.report_only:
         from mutualrl.report import write_report
         path = write_report(out, read_state(out))
@@ -82,10 +98,23 @@ def _known_names() -> str:
     return ", ".join(STRATEGIES.names())
 
 
+def _scenario_names() -> list[str]:
+    from mutualrl.scenarios import SCENARIOS
+    return SCENARIOS.names()
+
+
+def scenario_overrides(name: str) -> list[str]:
+    """``--scenario NAME``: the scenario and the compare's time budget, as overrides."""
+    if name not in _scenario_names():
+        raise ConfigError(f"--scenario: unknown {name!r}; known: {', '.join(_scenario_names())}")
+    return [f"scenario={_toml_str(name)}", *SCENARIO_BUDGET]
+
+
 def parse_strategies(text: str | None) -> list[str]:
-    """``"none, sgt,none"`` -> ``["none", "sgt"]``; ``None`` -> every registered strategy."""
+    """``"none, sgt,none"`` -> ``["none", "sgt"]``; ``None`` or ``"all"`` -> every registered
+    strategy."""
     from mutualrl.strategies import STRATEGIES
-    if text is None:
+    if text is None or text.strip() == "all":
         return list(STRATEGIES.names())
     names = list(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
     if not names:
@@ -205,6 +234,8 @@ class CompareProgress:
         self.console = console            # finished runs are reported here even without a display
         self._progress = None
         self._overall = None
+        self._remaining = 0
+        self._walls: list[float] = []     # wall seconds of the runs finished in this session
         if enabled:
             from mutualrl.progress import make_progress
             self._progress = make_progress(console)
@@ -219,18 +250,34 @@ class CompareProgress:
             self._progress.stop()
 
     def start(self, total: int, done: int) -> None:
+        self._remaining = total - done
         if self._progress is not None:
             self._overall = self._progress.add_task("", total=total, completed=done, phase="runs")
 
     def run_started(self, name: str) -> RunProgress:
         if self._progress is None:
             return RunProgress(enabled=False)
-        self._progress.update(self._overall, description=f"running {name}")
+        eta = self.eta()
+        self._progress.update(self._overall, description=f"running {name}" + (f"; {eta}" if eta else ""))
         return _NestedRunProgress(self._progress)
 
-    def run_finished(self, name: str, line: str) -> None:
+    def eta(self) -> str:
+        """Time left, estimated from the runs finished so far (a seed's first run also pays the
+        warm start, so early estimates run a little high)."""
+        if not self._walls or self._remaining <= 0:
+            return ""
+        left = sum(self._walls) / len(self._walls) * self._remaining
+        return f"ETA {int(left // 60)}m{int(left % 60):02d}s (from {len(self._walls)} finished)"
+
+    def run_finished(self, name: str, line: str, wall_s: float | None = None, extra: str = "") -> None:
+        self._remaining -= 1
+        if wall_s is not None:
+            self._walls.append(wall_s)
+        eta = self.eta()
+        line = (f"{line}; {eta}" if eta else line) + extra
         if self._progress is not None:
-            self._progress.update(self._overall, advance=1, description=f"finished {name}")
+            self._progress.update(self._overall, advance=1,
+                                  description=f"finished {name}" + (f"; {eta}" if eta else ""))
             self._progress.console.print(line)
         elif self.console is not None:
             self.console.print(line)
@@ -269,6 +316,7 @@ class _Runner:
     progress: CompareProgress
     train_fn: Callable
     redone: list[str] = field(default_factory=list)
+    seeds_shown: set[int] = field(default_factory=set)
 
     def finished(self, r: PlannedRun) -> bool:
         return (self.out / "runs" / r.name / "summary.json").exists()
@@ -296,7 +344,12 @@ class _Runner:
         self.redone.append(r.name)
         evals = ", ".join(f"{n} pass@1 {summary.final_eval.get(f'policy/{n}/heldout/pass@1', float('nan')):.2f}"
                           for n in summary.reward_first)
-        self.progress.run_finished(r.name, f"  {r.name}: {summary.wall_time_s:.0f}s; {evals}")
+        start = starting_point_line(run_dir) if r.seed not in self.seeds_shown else ""
+        if start:   # the seed's starting point, once: every run of a seed shares its warm start
+            self.seeds_shown.add(r.seed)
+            start = f"\n    starting point, seed {r.seed} (family greedy/sampled): {start}"
+        self.progress.run_finished(r.name, f"  {r.name}: {summary.wall_time_s:.0f}s; {evals}",
+                                   summary.wall_time_s, start)
 
 
 def compare(config_path: str | Path, strategies: Sequence[str], seeds: int, output_dir: str | Path,

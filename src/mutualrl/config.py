@@ -246,6 +246,9 @@ class RunConfig(ConfigStruct):
     seed: int = 0
     steps: int = 40
     strategy: str = "none"
+    # Where the policies start (mutualrl.scenarios): disjoint | overlap | asymmetric; parameters
+    # in [scenarios.<name>].
+    scenario: str = "disjoint"
     output_dir: str = "runs/default"
     device: str = "cpu"
     torch_threads: int | None = None  # None: torch's default
@@ -254,6 +257,7 @@ class RunConfig(ConfigStruct):
     task: TaskConfig = msgspec.field(default_factory=TaskConfig)
     eval: EvalConfig = msgspec.field(default_factory=EvalConfig)
     strategies: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
+    scenarios: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
     allocation: dict[str, Any] = msgspec.field(default_factory=dict)
     exchange: ExchangeConfig = msgspec.field(default_factory=ExchangeConfig)
     diversity: DiversityConfig = msgspec.field(default_factory=DiversityConfig)
@@ -308,6 +312,11 @@ def config_from_dict(data: dict[str, Any], source: str = "<config>") -> RunConfi
     from mutualrl.allocation.config import parse_allocation
     try:
         parse_allocation(cfg.allocation)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    from mutualrl.scenarios import check_scenario
+    try:
+        check_scenario(cfg)
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
     return cfg

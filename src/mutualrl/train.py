@@ -25,7 +25,7 @@ from mutualrl.allocation import make_executor, plan, resolve_inventory, worker_s
 from mutualrl.allocation.config import AllocationConfig, parse_allocation
 from mutualrl.allocation.planner import Plan
 from mutualrl.config import ConfigError, RunConfig, to_dict
-from mutualrl.evaluation import score_evaluation
+from mutualrl.evaluation import append_heldout, correctness, heldout_record, score_correctness
 from mutualrl.exchange import ExperienceBus
 from mutualrl.experience import PeerLogPool, open_bus, publish_step
 from mutualrl.retokenize import Retokenizer
@@ -303,11 +303,14 @@ def _evaluate(run: Run, step: int) -> dict[str, float]:
     sampled = (call_live(run.executor, "generate", num_generations=e.k, temperature=g.temperature, **gen)
                if e.k > 1 else greedy)
     record: dict = {"phase": "eval", "step": step}
+    per_prompt = []
     for name in run.policies:
         if name in greedy and name in sampled:
-            record.update(namespaced(name, score_evaluation(prompts, greedy[name], sampled[name],
-                                                            run.verifier, k=e.k)))
+            c = correctness(prompts, greedy[name], sampled[name], run.verifier)
+            record.update(namespaced(name, score_correctness(prompts, c, k=e.k)))
+            per_prompt.append(heldout_record(step, name, prompts, c))
     run.writer.write(record)
+    append_heldout(run.out, per_prompt)
     return record
 
 

@@ -2,9 +2,11 @@
 
 Each policy with ``warmup_families`` is trained by SFT on demonstrations of those families until
 its greedy accuracy on a probe reaches ``warmup.target_accuracy`` (checked every ``eval_every``
-steps) or ``max_steps`` have passed. The policies warm up at the same time, one executor call per
-step for all of them, each on its own seeded prompt stream: they share the machine, and one
-policy's warm start does not depend on which other policies the run has.
+steps) or ``max_steps`` have passed. The run's scenario (``mutualrl.scenarios``) may change what
+each policy is taught and where it stops; the default, ``disjoint``, is exactly this. The policies
+warm up at the same time, one executor call per step for all of them, each on its own seeded
+prompt stream: they share the machine, and one policy's warm start does not depend on which other
+policies the run has.
 
 With ``warmup.cache_dir`` set, the warm start is done once per *key*, a digest of every config
 field it can depend on (all but the fields only later phases read). The first run stores each
@@ -34,6 +36,8 @@ from mutualrl.config import RunConfig, to_dict
 from mutualrl.evaluation import accuracy
 from mutualrl.metrics import MetricsWriter, namespaced, read_metrics
 from mutualrl.policies.batch import SFTExample
+from mutualrl.scenarios import (WarmPlan, own_prompts, peer_count, peer_prompts, shared_answers,
+                                warm_plans)
 from mutualrl.workers import call_each, call_live
 
 if TYPE_CHECKING:
@@ -47,12 +51,13 @@ RECORDS = "metrics.jsonl"
 
 def warm_start(run: Run) -> None:
     """Warm start the run's policies (or load them from the cache), then freeze their references."""
+    plans = warm_plans(run.cfg)
     names = [p.name for p in run.cfg.policies
-             if p.warmup_families and p.name in run.executor.live_workers()]
+             if plans[p.name].families and p.name in run.executor.live_workers()]
     if names and run.cfg.warmup.max_steps > 0:
         cache = WarmStartCache(run.cfg) if run.cfg.warmup.cache_dir else None
         if cache is None or not cache.load(run, names):
-            records, complete = supervised_warm_start(run, names)
+            records, complete = supervised_warm_start(run, names, plans)
             if cache is not None and complete:
                 cache.store(run, names, records)
     call_live(run.executor, "freeze_reference")
@@ -65,6 +70,8 @@ class _Warming:
     policy: Any                      # its PolicyView: tokenizer and config
     rng: np.random.Generator         # its demonstration stream
     probe: list                      # prompts its accuracy is measured on
+    plan: WarmPlan                   # what the scenario teaches it, and when it stops
+    shared: dict                     # peer family -> the answers its peer demonstrations cover
     step: int = 0
     loss: float = math.nan
     accuracy: float = 0.0
@@ -75,15 +82,17 @@ class _Warming:
                 **namespaced(name, {"steps": self.step, "accuracy": self.accuracy}, "warmup/")}
 
 
-def supervised_warm_start(run: Run, names: list[str]) -> tuple[list[dict], bool]:
-    """SFT steps for every named policy at once until each reaches the target accuracy.
+def supervised_warm_start(run: Run, names: list[str],
+                          plans: dict[str, WarmPlan]) -> tuple[list[dict], bool]:
+    """SFT steps for every named policy at once until each reaches its plan's target accuracy.
 
     Returns the metric records written and whether every policy finished (none failed)."""
     w, seed = run.cfg.warmup, run.cfg.seed
     index = {p.name: i for i, p in enumerate(run.cfg.policies)}
     warming = {n: _Warming(run.policies[n], np.random.default_rng([seed, 1, index[n]]),
-                           run.task.sample(np.random.default_rng([seed, 2]), w.eval_prompts, "train",
-                                           run.policies[n].cfg.warmup_families))
+                           own_prompts(run.task, np.random.default_rng([seed, 2]), w.eval_prompts,
+                                       plans[n]),
+                           plans[n], _shared(run.task, plans[n]))
                for n in names}
     records: list[dict] = []
 
@@ -110,7 +119,7 @@ def supervised_warm_start(run: Run, names: list[str]) -> tuple[list[dict], bool]
                 s.accuracy = accuracy(samples, run.verifier)
                 write({"phase": "warmup", "step": step, "policy": n,
                        **namespaced(n, {"loss": s.loss, "accuracy": s.accuracy}, "warmup/")})
-                if s.accuracy >= w.target_accuracy:
+                if s.accuracy >= s.plan.target_accuracy:
                     write(warming.pop(n).done_record())
         run.progress.advance(" | ".join(f"{n}: loss {s.loss:.3f} acc {s.accuracy:.2f}"
                                         for n, s in warming.items()))
@@ -122,10 +131,19 @@ def supervised_warm_start(run: Run, names: list[str]) -> tuple[list[dict], bool]
 
 
 def demonstrations(run: Run, s: _Warming) -> tuple[SFTExample, ...]:
-    """One batch of demonstrations of the policy's warm-up families, in its own tokenization."""
-    prompts = run.task.sample(s.rng, run.cfg.warmup.batch_size, "train", s.policy.cfg.warmup_families)
+    """One batch of demonstrations of the policy's warm-up families (and, where the scenario says
+    so, a share of its peers' families), in its own tokenization."""
+    size = run.cfg.warmup.batch_size
+    n_peer = peer_count(s.plan, size)
+    prompts = own_prompts(run.task, s.rng, size - n_peer, s.plan)
+    if n_peer:
+        prompts += peer_prompts(run.task, s.rng, n_peer, s.plan, s.shared)
     return tuple(SFTExample(s.policy.encode_prompt(p.text),
                             s.policy.encode_completion(run.task.demonstration(p))) for p in prompts)
+
+
+def _shared(task, plan: WarmPlan) -> dict:
+    return {f: shared_answers(task, f, plan.shared_fraction) for f in plan.peer_families}
 
 
 def _keep_succeeded(warming: dict[str, _Warming], results: dict[str, Any]) -> bool:

@@ -117,13 +117,26 @@ def heldout_at(run: RunData, policy: str, step: int) -> dict[str, float]:
 
 
 def family_roles(run: RunData, policy: str) -> tuple[list[str], list[str]]:
-    """(own, peer): the evaluated families ``policy`` was warm started on, and the others. Both
-    empty when it had no warm start: then no family is its own and none its peer's."""
-    own = next((p.get("warmup_families") or [] for p in run.config["policies"] if p["name"] == policy), [])
+    """(own, peer): the evaluated families ``policy`` was warm started on (to its full target,
+    under the run's scenario), and the others. Both empty when it had no warm start: then no
+    family is its own and none its peer's."""
+    own = own_families_of(run, policy)
     if not own:
         return [], []
     evaluated = sorted(k.split("/", 1)[1] for k in final_heldout(run, policy) if k.startswith("pass@1/"))
     return [f for f in evaluated if f in own], [f for f in evaluated if f not in own]
+
+
+def own_families_of(run: RunData, policy: str) -> list[str]:
+    """The families the run's scenario warm started ``policy`` on; a run's config.json from before
+    scenarios existed is ``disjoint``: its ``warmup_families``."""
+    from mutualrl.config import ConfigError, config_from_dict
+    from mutualrl.scenarios import own_families
+    try:
+        return list(own_families(config_from_dict(dict(run.config), str(run.path)), policy))
+    except (ConfigError, KeyError):
+        return next((p.get("warmup_families") or [] for p in run.config["policies"]
+                     if p["name"] == policy), [])
 
 
 def transfer_columns_of(run: RunData, policy: str) -> dict[str, float]:

@@ -15,6 +15,8 @@ from typing import Any
 from mutualrl.report.data import (THL_HEADLINE, THL_PREFIX, DENSITY_PREFIX, RunData, accuracy_columns,
                                   build_table, bytes_exchanged, cost_columns, load_runs, policies_of,
                                   transfer_columns)
+from mutualrl.report.analysis import analyse
+from mutualrl.report.analysis_md import analysis_sections
 from mutualrl.report.plots import MAX_PANELS, make_plots
 
 
@@ -159,6 +161,7 @@ def render_markdown(data: dict[str, Any], state: dict[str, Any], runs: list[RunD
              f"{len(runs)} of {len(state['runs'])} runs finished.",
              "", "## How to read this", "", HOW_TO_READ, "", *_section_transfer(rows),
              "## Final held-out accuracy", "", markdown_table(rows, data["accuracy_columns"]), "",
+             *analysis_sections(data["analysis"], data.get("scenario") or "disjoint"),
              "## Cost", "", markdown_table(rows, data["cost_columns"]), ""]
     thl = [THL_PREFIX + k for k in THL_HEADLINE if any(THL_PREFIX + k in r["columns"] for r in rows)]
     if thl:
@@ -179,6 +182,8 @@ def write_report(out: Path, state: dict[str, Any]) -> Path:
     made = make_plots(runs, state["strategies"], out) if runs else {}
     notes = _plot_notes(made) if runs else ["No run has finished yet."]
     data = report_data(out, state, runs, rows, made, notes)
+    data["scenario"] = runs[0].config.get("scenario", "disjoint") if runs else None
+    data["analysis"] = analyse(runs, state["strategies"])
     (out / "report.json").write_text(json.dumps(data, indent=2))
     path = out / "report.md"
     path.write_text(render_markdown(data, state, runs, made, out))

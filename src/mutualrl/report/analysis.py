@@ -1,0 +1,241 @@
+"""The compare's analysis: paired statistics against ``none``, sample efficiency, the starting point
+and the trade-off table, from what the runs wrote (``metrics.jsonl`` and ``heldout.jsonl``).
+
+Every number here is per policy and strategy. Per-prompt held-out results make the paired
+bootstrap possible (``mutualrl.report.stats``): the runs of a seed evaluate the same prompts in
+the same order, so a strategy's result on a prompt is compared with ``none``'s on that prompt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mutualrl.evaluation import read_heldout
+from mutualrl.report.data import (DENSITY_PREFIX, THL_HEADLINE, THL_PREFIX, RunData, bytes_exchanged,
+                                  own_families_of, policies_of)
+from mutualrl.report.stats import cost_to_target, curve_area, paired_difference
+
+# Held-out pass@1 (all families) a regime must reach for "tokens to target".
+TARGET_ACCURACY = 0.75
+BOOTSTRAP_SEED = 0
+N_BOOT = 2000
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One policy's held-out results in one run: T evaluations x P prompts."""
+
+    steps: np.ndarray          # (T,)
+    greedy: np.ndarray         # (T, P) 1.0 if the greedy answer was correct
+    sampled: np.ndarray        # (T, P) share of the k samples that were correct
+    texts: list[list[str]]     # (T, P) greedy answers
+    families: np.ndarray       # (P,)
+    prompt_ids: tuple[str, ...]
+
+
+def curve_of(records: list[dict[str, Any]], policy: str) -> Curve | None:
+    """The policy's evaluations from a run's ``heldout.jsonl`` records (None if it has none)."""
+    rs = sorted((r for r in records if r["policy"] == policy), key=lambda r: r["step"])
+    rs = list({r["step"]: r for r in rs}.values())     # one per step (the last written wins)
+    if not rs:
+        return None
+    return Curve(np.array([r["step"] for r in rs], float),
+                 np.array([r["greedy"] for r in rs], float),
+                 np.array([r["sampled"] for r in rs], float) / np.array([[r["k"]] for r in rs], float),
+                 [r["greedy_text"] for r in rs], np.array(rs[0]["families"]), tuple(rs[0]["prompt_ids"]))
+
+
+def load_curves(runs: list[RunData]) -> dict[tuple[str, str, int], Curve]:
+    """(policy, strategy, seed) -> Curve, for every run that wrote per-prompt results."""
+    out = {}
+    for r in runs:
+        records = read_heldout(r.path)
+        for policy in policies_of([r]):
+            c = curve_of(records, policy)
+            if c is not None:
+                out[(policy, r.strategy, r.seed)] = c
+    return out
+
+
+# ---- metrics per prompt ----------------------------------------------------------------------
+def _roles(run: RunData, policy: str, curve: Curve) -> dict[str, list[str]]:
+    """Families to test over: all of them, and the own and peer ones where the policy has both."""
+    own = set(own_families_of(run, policy))
+    evaluated = sorted(set(curve.families.tolist()))
+    mine, peer = [f for f in evaluated if f in own], [f for f in evaluated if f not in own]
+    return {"all": [], "own": mine if own and peer else [], "peer": peer if own else []}
+
+
+def prompt_metrics(curve: Curve, roles: dict[str, list[str]]) -> dict[str, np.ndarray]:
+    """Per-prompt values of every tested metric: final greedy pass@1 and sampled success, and the
+    area under the greedy curve, over all families and over the own/peer ones."""
+    out = {}
+    for role, fams in roles.items():
+        sel = np.isin(curve.families, fams) if fams else np.ones(len(curve.families), bool)
+        if role != "all" and not fams:
+            continue
+        out[f"pass@1 end ({role})"] = curve.greedy[-1, sel]
+        out[f"sampled end ({role})"] = curve.sampled[-1, sel]
+        out[f"pass@1 area ({role})"] = np.atleast_1d(curve_area(curve.steps, curve.greedy[:, sel]))
+    return out
+
+
+def significance(runs: list[RunData], curves: dict, strategies: Sequence[str]) -> list[dict[str, Any]]:
+    """Per policy, strategy (not ``none``) and metric: the paired difference to ``none`` with its
+    hierarchical bootstrap interval and verdict, over the seeds both ran."""
+    by_key = {(r.strategy, r.seed): r for r in runs}
+    rows = []
+    for policy in policies_of(runs):
+        for strategy in [s for s in strategies if s != "none"]:
+            seeds = sorted(s for (st, s) in by_key if st == strategy and ("none", s) in by_key
+                           and (policy, strategy, s) in curves and (policy, "none", s) in curves)
+            seeds = [s for s in seeds if curves[(policy, strategy, s)].prompt_ids
+                     == curves[(policy, "none", s)].prompt_ids]
+            if not seeds:
+                continue
+            roles = _roles(by_key[(strategy, seeds[0])], policy, curves[(policy, "none", seeds[0])])
+            treat = [prompt_metrics(curves[(policy, strategy, s)], roles) for s in seeds]
+            control = [prompt_metrics(curves[(policy, "none", s)], roles) for s in seeds]
+            for metric in treat[0]:
+                d = paired_difference(np.stack([t[metric] for t in treat]),
+                                      np.stack([c[metric] for c in control]),
+                                      n_boot=N_BOOT, seed=BOOTSTRAP_SEED)
+                rows.append({"policy": policy, "strategy": strategy, "metric": metric,
+                             "seeds": seeds, **d.as_dict()})
+    return rows
+
+
+# ---- sample efficiency ------------------------------------------------------------------------
+def tokens_before(run: RunData, policy: str, steps: np.ndarray) -> np.ndarray:
+    """Completion tokens the policy generated in GRPO steps before each of ``steps``."""
+    s, lengths = run.series(f"policy/{policy}/completion_length", "train")
+    g = run.config["grpo"]
+    per_step = lengths * g["prompts_per_step"] * g["num_generations"]
+    return np.array([per_step[s < x].sum() for x in steps], float)
+
+
+def efficiency(runs: list[RunData], curves: dict, target: float = TARGET_ACCURACY) -> list[dict]:
+    """Per policy and strategy: area under the held-out pass@1 curve (its mean height over the
+    run), and tokens and steps to reach ``target`` held-out pass@1 (per seed; None: not reached)."""
+    rows: dict[tuple[str, str], dict] = {}
+    for r in runs:
+        for policy in policies_of([r]):
+            c = curves.get((policy, r.strategy, r.seed))
+            if c is None:
+                continue
+            acc = c.greedy.mean(1)                                      # (T,)
+            row = rows.setdefault((policy, r.strategy), {"policy": policy, "strategy": r.strategy,
+                                                        "seeds": [], "area": [], "tokens_to_target": [],
+                                                        "steps_to_target": [], "target": target})
+            row["seeds"].append(r.seed)
+            row["area"].append(float(curve_area(c.steps, acc)))
+            row["tokens_to_target"].append(cost_to_target(tokens_before(r, policy, c.steps), acc, target))
+            row["steps_to_target"].append(cost_to_target(c.steps, acc, target))
+    order = {p: i for i, p in enumerate(policies_of(runs))}
+    return sorted(rows.values(), key=lambda row: order[row["policy"]])   # stable: strategies keep order
+
+
+# ---- the starting point ------------------------------------------------------------------------
+def starting_point(records: list[dict[str, Any]]) -> dict[str, dict[str, tuple[float, float]]]:
+    """policy -> family -> (greedy pass@1, sampled success) at step 0, after the warm start."""
+    out: dict[str, dict[str, tuple[float, float]]] = {}
+    for policy in dict.fromkeys(r["policy"] for r in records):
+        c = curve_of([r for r in records if r["step"] == 0], policy)
+        if c is None:
+            continue
+        out[policy] = {str(f): (float(c.greedy[0, c.families == f].mean()),
+                                float(c.sampled[0, c.families == f].mean()))
+                       for f in sorted(set(c.families.tolist()))}
+    return out
+
+
+def starting_point_line(run_dir: str | Path) -> str:
+    """``llama-mistral alpha 1.00/0.58 beta 0.00/0.01 | ...`` (greedy/sampled), or ''."""
+    start = starting_point(read_heldout(run_dir))
+    return " | ".join(f"{p} " + " ".join(f"{f} {g:.2f}/{s:.2f}" for f, (g, s) in fams.items())
+                      for p, fams in start.items())
+
+
+def starting_points(runs: list[RunData]) -> list[dict[str, Any]]:
+    """Per policy and family: greedy and sampled success at step 0 over seeds (one run per seed:
+    the runs of a seed share their warm start)."""
+    per_seed: dict[int, dict] = {}
+    for r in runs:
+        per_seed.setdefault(r.seed, starting_point(read_heldout(r.path)))
+    rows: dict[tuple[str, str], dict] = {}
+    for seed, start in sorted(per_seed.items()):
+        for policy, fams in start.items():
+            for fam, (g, s) in fams.items():
+                row = rows.setdefault((policy, fam), {"policy": policy, "family": fam, "seeds": [],
+                                                      "greedy": [], "sampled": []})
+                row["seeds"].append(seed)
+                row["greedy"].append(g)
+                row["sampled"].append(s)
+    return list(rows.values())
+
+
+# ---- the trade-off table ---------------------------------------------------------------------
+def _var_over_steps(run: RunData, key: str) -> float | None:
+    _, v = run.series(key, "train")
+    return float(v.var()) if len(v) > 1 else None
+
+
+def _mean_over_steps(run: RunData, key: str) -> float | None:
+    _, v = run.series(key, "train")
+    return float(v.mean()) if len(v) else None
+
+
+def tradeoff_of(run: RunData, policy: str, curve: Curve | None) -> dict[str, float | None]:
+    """One run's trade-off numbers for one policy: stability, support, residuals paid, cost."""
+    head = f"policy/{policy}/"
+    beta = run.config["grpo"].get("beta", 0.0)
+    out = {"reward_var": _var_over_steps(run, head + "reward/mean"),
+           "entropy_var": _var_over_steps(run, head + "entropy"),
+           "kl_to_start": _mean_over_steps(run, head + "kl") if beta > 0 else None,
+           "density_ratio_var": _mean_over_steps(run, head + DENSITY_PREFIX + "_var")}
+    thl = [k for k in THL_HEADLINE if run.series(head + THL_PREFIX + k, "train")[1].size][:2]
+    for k in thl:
+        out[THL_PREFIX + k] = _mean_over_steps(run, head + THL_PREFIX + k)
+    out.update({"answers_changed": None, "rescued": None, "lost": None, "failed_at_start": None})
+    if curve is not None and len(curve.steps) > 1:
+        start, end = curve.greedy[0] > 0, curve.greedy[-1] > 0
+        out["answers_changed"] = float(np.mean([a != b for a, b in zip(curve.texts[0], curve.texts[-1])]))
+        out.update(rescued=float((~start & end).sum()), lost=float((start & ~end).sum()),
+                   failed_at_start=float((~start).sum()))
+    out["train_time_s"] = run.summary.get("phase_times_s", {}).get("train")
+    _, lengths = run.series(head + "completion_length", "train")
+    g = run.config["grpo"]
+    out["tokens"] = float(lengths.sum() * g["prompts_per_step"] * g["num_generations"])
+    out["bytes_exchanged"] = bytes_exchanged(run)[0]
+    return out
+
+
+def tradeoff(runs: list[RunData], curves: dict, strategies: Sequence[str]) -> list[dict[str, Any]]:
+    """Per policy and strategy: every trade-off number as its values per seed (None: not measured)."""
+    rows = []
+    for policy in policies_of(runs):
+        for strategy in strategies:
+            mine = [r for r in runs if r.strategy == strategy]
+            if not mine:
+                continue
+            per_run = [tradeoff_of(r, policy, curves.get((policy, strategy, r.seed))) for r in mine]
+            keys = list(dict.fromkeys(k for d in per_run for k in d))
+            rows.append({"policy": policy, "strategy": strategy, "seeds": [r.seed for r in mine],
+                         "values": {k: [d.get(k) for d in per_run] for k in keys}})
+    return rows
+
+
+def analyse(runs: list[RunData], strategies: Sequence[str]) -> dict[str, Any]:
+    """Everything this module computes, as plain data for ``report.json`` and the markdown."""
+    curves = load_curves(runs)
+    return {"starting_point": starting_points(runs),
+            "significance": significance(runs, curves, strategies),
+            "efficiency": efficiency(runs, curves),
+            "tradeoff": tradeoff(runs, curves, strategies),
+            "bootstrap": {"n_boot": N_BOOT, "seed": BOOTSTRAP_SEED, "level": 0.95},
+            "target_accuracy": TARGET_ACCURACY}

@@ -1,0 +1,139 @@
+"""Markdown sections of the analysis (``mutualrl.report.analysis``): starting point, paired
+differences with verdicts, sample efficiency, and the trade-off table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from mutualrl.report.data import THL_PREFIX
+
+
+def _spread(values: list[float | None], digits: int = 3, unit: str = "") -> str:
+    """Mean ± sample std over the seeds that measured it; '–' when none did."""
+    v = np.array([x for x in values if x is not None], float)
+    if not len(v):
+        return "–"
+    std = float(v.std(ddof=1)) if len(v) > 1 else 0.0
+    if unit == "human":
+        return f"{_human(v.mean())} ± {_human(std)}"
+    return f"{v.mean():.{digits}f} ± {std:.{digits}f}{unit}"
+
+
+def _human(x: float) -> str:
+    for suffix, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.1f}{suffix}"
+    return f"{x:.0f}"
+
+
+def _table(head: list[str], rows: list[list[str]], left: int) -> list[str]:
+    lines = ["| " + " | ".join(head) + " |",
+             "|" + "|".join(["---"] * left + ["---:"] * (len(head) - left)) + "|"]
+    return lines + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+START = """\
+Held-out results at step 0, after the warm start and before any sharing: greedy pass@1 and
+sampled success (the share of the k samples at the GRPO temperature that are correct), per prompt
+family, mean ± std over seeds: what the scenario set up. A family with sampled success 0 gives GRPO no
+signal; one between 0 and 1 does."""
+
+
+def section_start(rows: list[dict[str, Any]], scenario: str) -> list[str]:
+    if not rows:
+        return []
+    body = [[r["policy"], r["family"], _spread(r["greedy"]), _spread(r["sampled"])] for r in rows]
+    return [f"## Starting point (scenario `{scenario}`)", "", START, "",
+            *_table(["policy", "family", "greedy pass@1", "sampled success"], body, 2), ""]
+
+
+SIGNIFICANCE = """\
+Each row: a strategy's result minus `none`'s on the same seed and the same held-out prompts,
+averaged; the 95% interval is a hierarchical paired bootstrap over seeds and, within each seed,
+prompts ({n_boot} replicates, seeded). *end*: after the last GRPO step; *area*: mean height of the
+held-out greedy curve over the run (sample efficiency); *sampled*: share of correct samples at the
+GRPO temperature; *own*/*peer*: the families a policy was / was not warm started on. **better** or
+**worse** only when the whole interval is on one side of zero. With few seeds (3) the interval is coarse;
+a "no difference" says the data cannot tell, not that the strategies are equal."""
+
+
+def section_significance(rows: list[dict[str, Any]], n_boot: int) -> list[str]:
+    if not rows:
+        return ["## Paired differences against `none`", "",
+                "No strategy has runs paired with `none` (same seed, per-prompt results), so "
+                "there is nothing to test.", ""]
+    body = []
+    for r in rows:
+        verdict = r["verdict"] if r["verdict"].startswith("no") else f"**{r['verdict']}**"
+        body.append([r["policy"], f"`{r['strategy']}`", r["metric"], f"{r['mean']:+.3f}",
+                     f"[{r['lo']:+.3f}, {r['hi']:+.3f}]", verdict,
+                     f"{r['n_seeds']} × {r['n_prompts']}"])
+    return ["## Paired differences against `none`", "", SIGNIFICANCE.format(n_boot=n_boot), "",
+            *_table(["policy", "strategy", "metric", "Δ vs none", "95% CI", "verdict",
+                     "seeds × prompts"], body, 3), ""]
+
+
+EFFICIENCY = """\
+*Area*: the held-out greedy pass@1 curve (all families) averaged over the run, step 0 included
+(higher: better sooner). *Tokens / steps to {target}*: completion tokens the policy generated in
+GRPO steps, and the number of GRPO steps, before the first evaluation at which its held-out pass@1
+(all families) reached {target}; mean over the seeds that reached it, and how many did (0: it
+started there; steps are resolved to the evaluation interval)."""
+
+
+def _to_target(values: list[float | None], human: bool) -> str:
+    hit = [v for v in values if v is not None]
+    if not hit:
+        return f"not reached (0/{len(values)})"
+    mean = float(np.mean(hit))
+    return f"{_human(mean) if human else f'{mean:.0f}'} ({len(hit)}/{len(values)})"
+
+
+def section_efficiency(rows: list[dict[str, Any]], target: float) -> list[str]:
+    if not rows:
+        return []
+    body = [[r["policy"], f"`{r['strategy']}`", _spread(r["area"]),
+             _to_target(r["tokens_to_target"], True), _to_target(r["steps_to_target"], False)]
+            for r in rows]
+    return ["## Sample efficiency", "", EFFICIENCY.format(target=target), "",
+            *_table(["policy", "strategy", "area under pass@1", f"tokens to {target}",
+                     f"steps to {target}"], body, 2), ""]
+
+
+TRADEOFF = """\
+Per strategy, side by side (mean ± std over seeds; – where not measured). **Stability**: variance
+over GRPO steps of the train reward and of the policy's token entropy; KL to the start (the k3
+estimate against the warm-started reference, logged only when `grpo.beta` > 0); *answers changed*:
+share of held-out prompts whose greedy answer differs between step 0 and the end (a drift measure
+that needs no reference); PRP's density-ratio variance. **Support**: *rescued*: held-out prompts
+the policy failed (greedy) at step 0 and solves at the end; *lost*: the reverse; out of *failed at
+start*. **THL residuals** of the peer rollouts it received (mean over steps). **Cost**: time in
+GRPO steps, completion tokens generated, bytes through the exchange (per run)."""
+
+_COLUMNS = [("reward_var", "reward var", 4, ""), ("entropy_var", "entropy var", 4, ""),
+            ("kl_to_start", "KL to start", 4, ""), ("answers_changed", "answers changed", 3, ""),
+            ("density_ratio_var", "density-ratio var", 3, ""), ("rescued", "rescued", 1, ""),
+            ("lost", "lost", 1, ""), ("failed_at_start", "failed at start", 1, "")]
+_COST = [("train_time_s", "GRPO time", 1, " s"), ("tokens", "tokens", 0, "human"),
+         ("bytes_exchanged", "bytes", 0, "human")]
+
+
+def section_tradeoff(rows: list[dict[str, Any]]) -> list[str]:
+    if not rows:
+        return []
+    thl = sorted({k for r in rows for k in r["values"] if k.startswith(THL_PREFIX)})
+    cols = _COLUMNS + [(k, k.replace(THL_PREFIX, "THL "), 3, "") for k in thl] + _COST
+    cols = [c for c in cols if any(any(v is not None for v in r["values"].get(c[0], [])) for r in rows)]
+    body = [[r["policy"], f"`{r['strategy']}`",
+             *(_spread(r["values"].get(k, []), d, u) for k, _, d, u in cols)] for r in rows]
+    return ["## Trade-off: stability, support, residuals, cost", "", TRADEOFF, "",
+            *_table(["policy", "strategy", *(t for _, t, _, _ in cols)], body, 2), ""]
+
+
+def analysis_sections(analysis: dict[str, Any], scenario: str) -> list[str]:
+    return [*section_start(analysis["starting_point"], scenario),
+            *section_significance(analysis["significance"], analysis["bootstrap"]["n_boot"]),
+            *section_efficiency(analysis["efficiency"], analysis["target_accuracy"]),
+            *section_tradeoff(analysis["tradeoff"])]

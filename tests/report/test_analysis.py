@@ -1,0 +1,102 @@
+"""The compare's analysis end to end on hand-made runs: per-prompt results in, starting point,
+paired verdicts, sample efficiency and the trade-off table out (report.md and report.json)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import msgspec
+import numpy as np
+
+from mutualrl.compare import compare, parse_strategies, scenario_overrides
+from mutualrl.config import to_dict
+from mutualrl.evaluation import append_heldout
+from mutualrl.metrics import MetricsWriter
+from mutualrl.report.analysis import starting_point_line
+from mutualrl.train import RunSummary
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = str(ROOT / "configs" / "tiny.toml")
+SETS = ["steps=4", "eval.every=2", "eval.k=4"]
+PROMPTS = 40
+
+
+def _heldout(cfg, step: int, policy: str, gain: float) -> dict:
+    """Per-prompt results: every prompt of family 'first' right; 'last' right for a share that
+    grows with the step by ``gain`` per step (the same prompts for every run of a seed)."""
+    rng = np.random.default_rng([cfg.seed, 9])
+    difficulty = rng.permutation((np.arange(PROMPTS // 2) + 0.5) / (PROMPTS // 2))   # evenly spread
+    last = (difficulty < min(1.0, 0.1 + gain * step)).astype(int)
+    fams = ["first"] * (PROMPTS // 2) + ["last"] * (PROMPTS // 2)
+    greedy = [1] * (PROMPTS // 2) + last.tolist()
+    return {"step": step, "policy": policy, "k": 4, "prompt_ids": [f"p{i}" for i in range(PROMPTS)],
+            "families": fams, "greedy": greedy, "sampled": [3 * g for g in greedy],
+            "greedy_text": [" yes" if g else " no" for g in greedy]}
+
+
+def fake_train(cfg, progress) -> RunSummary:
+    """What `train` writes, where `sgt` learns the peer family ('last') fast and `none` does not;
+    `xgrpo` behaves exactly like `none`."""
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(to_dict(cfg)))
+    gain = 0.2 if cfg.strategy == "sgt" else 0.0
+    names = [p.name for p in cfg.policies]
+    writer = MetricsWriter(out / "metrics.jsonl")
+    for step in range(cfg.steps):
+        rec = {"phase": "train", "step": step, "exchange/bytes": 100 * (step + 1)}
+        for n in names:
+            rec.update({f"policy/{n}/reward/mean": 0.5 + gain * step, f"policy/{n}/entropy": 1.0,
+                        f"policy/{n}/completion_length": 2.0, f"policy/{n}/kl": 0.0})
+            if gain:
+                rec[f"policy/{n}/prp/density_ratio_var"] = 0.25
+        writer.write(rec)
+    final = {}
+    for step in range(0, cfg.steps + 1, cfg.eval.every):
+        append_heldout(out, [_heldout(cfg, step, n, gain) for n in names])
+        final = {f"policy/{n}/heldout/pass@1": float(np.mean(_heldout(cfg, step, n, gain)["greedy"]))
+                 for n in names}
+        writer.write({"phase": "eval", "step": step, **final})
+    writer.close()
+    summary = RunSummary(str(out), {n: 0.0 for n in names}, {n: 0.5 for n in names}, final, 1.0,
+                         {"train": 1.0})
+    (out / "summary.json").write_bytes(msgspec.json.encode(summary))
+    return summary
+
+
+def test_the_report_tells_a_known_difference_from_none(tmp_path):
+    out = tmp_path / "c"
+    compare(TINY, ["none", "xgrpo", "sgt"], 3, out, overrides=SETS, train_fn=fake_train)
+    data = json.loads((out / "report.json").read_text())["analysis"]
+    verdicts = {(r["strategy"], r["metric"]): r for r in data["significance"]
+                if r["policy"] == "llama-mistral"}
+    # llama-mistral's own family is 'first', its peer family 'last' (tiny.toml's warm start).
+    peer = verdicts[("sgt", "pass@1 end (peer)")]
+    assert peer["verdict"] == "better" and peer["lo"] > 0 and (peer["n_seeds"], peer["n_prompts"]) == (3, 20)
+    assert verdicts[("sgt", "pass@1 end (own)")]["verdict"] == "no difference at 95%"
+    assert {r["verdict"] for (s, _), r in verdicts.items() if s == "xgrpo"} == {"no difference at 95%"}
+    eff = {(r["policy"], r["strategy"]): r for r in data["efficiency"]}
+    assert eff[("llama-mistral", "sgt")]["tokens_to_target"] == [2 * 2 * 4 * 2] * 3   # step 2
+    assert eff[("llama-mistral", "none")]["tokens_to_target"] == [None] * 3
+    assert np.mean(eff[("llama-mistral", "sgt")]["area"]) > np.mean(eff[("llama-mistral", "none")]["area"])
+    trade = {(r["policy"], r["strategy"]): r["values"] for r in data["tradeoff"]}
+    assert trade[("llama-mistral", "none")]["rescued"] == [0.0] * 3
+    assert min(trade[("llama-mistral", "sgt")]["rescued"]) > 0
+    assert trade[("llama-mistral", "none")]["kl_to_start"] == [None] * 3      # beta = 0
+    start = {(r["policy"], r["family"]): r for r in data["starting_point"]}
+    assert start[("llama-mistral", "first")]["greedy"] == [1.0] * 3
+    assert start[("llama-mistral", "first")]["sampled"] == [0.75] * 3
+    md = (out / "report.md").read_text()
+    for heading in ("## Starting point (scenario `disjoint`)", "## Paired differences against `none`",
+                    "## Sample efficiency", "## Trade-off"):
+        assert heading in md
+    assert "**better**" in md and "| density-ratio var |" in md and "0.250 ± 0.000" in md
+    assert trade[("llama-mistral", "sgt")]["density_ratio_var"] == [0.25] * 3
+    assert "first 1.00/0.75" in starting_point_line(out / "runs" / "none-seed0")
+
+
+def test_scenario_and_all_on_the_command_line():
+    sets = scenario_overrides("overlap")
+    assert sets[0] == 'scenario="overlap"' and "steps=30" in sets
+    assert parse_strategies("all") == parse_strategies(None)
