@@ -6,6 +6,7 @@ import argparse
 import json
 import importlib
 import sys
+from pathlib import Path
 
 from mutualrl.config import ConfigError
 
@@ -18,7 +19,10 @@ def _strategy_names() -> str:
 def _add_train(sub) -> None:
     p = sub.add_parser("train", help="train several policies at once with a sharing strategy",
                        description="Train the run's policies with GRPO and a sharing strategy.")
-    p.add_argument("--config", required=True, help="TOML run config (see configs/)")
+    p.add_argument("--config", help="TOML run config (see configs/); with --resume, default: the "
+                                    "run's own RUN_DIR/config.json")
+    p.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue RUN_DIR from its last complete checkpoint (see save_steps)")
     p.add_argument("--strategy", help=f"sharing strategy; registered: {_strategy_names()}")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="dotted override, e.g. --set grpo.beta=0.01 (repeatable)")
@@ -44,6 +48,28 @@ def _overrides(args) -> list[str]:
     return sets
 
 
+def _train_config(args):
+    """The run's config: --config (TOML), or with --resume and no --config the run's own."""
+    from mutualrl.config import apply_override, config_from_dict, load_config
+
+    if args.resume:
+        if args.output_dir and args.output_dir != args.resume:
+            raise ConfigError("--resume RUN_DIR continues RUN_DIR; --output-dir must be absent or the same")
+        args.output_dir = args.resume
+        if not args.config:
+            saved = Path(args.resume) / "config.json"
+            if not saved.is_file():
+                raise ConfigError(f"--resume: {saved} not found (expected a run directory of "
+                                  "`mutualrl train`); pass --config for its config")
+            data = json.loads(saved.read_text())
+            for item in _overrides(args):
+                apply_override(data, item)
+            return config_from_dict(data, str(saved))
+    elif not args.config:
+        raise ConfigError("train: --config is required (or --resume RUN_DIR)")
+    return load_config(args.config, _overrides(args))
+
+
 def _run_train(args) -> int:
     from rich.console import Console
 
@@ -52,10 +78,10 @@ def _run_train(args) -> int:
     from mutualrl.train import train
 
     # Strategy name and parameters are validated by train's first step, before anything is built.
-    cfg = load_config(args.config, _overrides(args))
+    cfg = _train_config(args)
     console = Console(stderr=True)
     with RunProgress(enabled=not args.no_progress, console=console) as progress:
-        summary = train(cfg, progress)
+        summary = train(cfg, progress, resume=bool(args.resume))
     console.print(f"[bold]done[/] in {summary.wall_time_s:.0f}s -> {summary.output_dir}")
     from mutualrl.report.analysis import starting_point_line
     start = starting_point_line(summary.output_dir)

@@ -261,6 +261,13 @@ class CompareProgress:
         self._progress.update(self._overall, description=f"running {name}" + (f"; {eta}" if eta else ""))
         return _NestedRunProgress(self._progress)
 
+    def note(self, line: str) -> None:
+        """A message for the user (e.g. a damaged checkpoint that is skipped)."""
+        if self._progress is not None:
+            self._progress.console.print(line)
+        elif self.console is not None:
+            self.console.print(line)
+
     def eta(self) -> str:
         """Time left, estimated from the runs finished so far (a seed's first run also pays the
         warm start, so early estimates run a little high)."""
@@ -291,9 +298,9 @@ class _NestedRunProgress(RunProgress):
         self._shared = progress
         self._row = None
 
-    def start_phase(self, phase: str, total: int) -> None:
+    def start_phase(self, phase: str, total: int, completed: int = 0) -> None:
         self._drop_row()
-        self._row = self._shared.add_task("", total=total, phase=f"  {phase}")
+        self._row = self._shared.add_task("", total=total, completed=completed, phase=f"  {phase}")
 
     def advance(self, description: str = "") -> None:
         if self._row is not None:
@@ -326,13 +333,18 @@ class _Runner:
         write_state(self.out, self.state)
 
     def execute(self, r: PlannedRun) -> None:
+        from mutualrl.checkpoint import latest
+
         run_dir = self.out / "runs" / r.name
-        if run_dir.exists():
-            shutil.rmtree(run_dir)   # an unfinished run: its partial metrics would mix with the redo
+        # An unfinished run continues from its last complete checkpoint; without one it is redone
+        # from scratch (its partial metrics would otherwise mix with the redo).
+        resume = run_dir.exists() and latest(run_dir, report=self.progress.note) is not None
+        if run_dir.exists() and not resume:
+            shutil.rmtree(run_dir)
         self.set_status(r, status="running", commit=self.state["commit"], error=None)
         rp = self.progress.run_started(r.name)
         try:
-            summary = self.train_fn(r.cfg, rp)
+            summary = self.train_fn(r.cfg, rp, resume=True) if resume else self.train_fn(r.cfg, rp)
         except BaseException as exc:
             status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
             self.set_status(r, status=status, error=f"{type(exc).__name__}: {exc}")

@@ -261,9 +261,17 @@ class RunConfig(ConfigStruct):
     allocation: dict[str, Any] = msgspec.field(default_factory=dict)
     exchange: ExchangeConfig = msgspec.field(default_factory=ExchangeConfig)
     diversity: DiversityConfig = msgspec.field(default_factory=DiversityConfig)
+    # Checkpoints (TRL's names): every save_steps GRPO steps under RUN_DIR/checkpoints/, keeping
+    # the newest save_total_limit (None: all). 0: none, and `mutualrl train --resume` has nothing
+    # to resume from. See mutualrl.checkpoint.
+    save_steps: int = 0
+    save_total_limit: int | None = None
 
     def __post_init__(self) -> None:
         check(len(self.policies) >= 1, "policies must list at least one policy")
+        check(self.save_steps >= 0, "save_steps must be >= 0 (0: no checkpoints)")
+        check(self.save_total_limit is None or self.save_total_limit >= 1,
+              "save_total_limit must be >= 1 (or absent: keep every checkpoint)")
         names = [p.name for p in self.policies]
         check(len(set(names)) == len(names), f"policy names must be unique, got {names}")
         check(self.steps >= 0, "steps must be >= 0")

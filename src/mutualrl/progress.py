@@ -30,9 +30,9 @@ class RunProgress:
         if self._progress is not None:
             self._progress.stop()
 
-    def start_phase(self, phase: str, total: int) -> None:
+    def start_phase(self, phase: str, total: int, completed: int = 0) -> None:
         if self._progress is not None:
-            self._task = self._progress.add_task("", total=total, phase=phase)
+            self._task = self._progress.add_task("", total=total, completed=completed, phase=phase)
 
     def advance(self, description: str = "") -> None:
         if self._progress is not None and self._task is not None:

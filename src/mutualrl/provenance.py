@@ -27,6 +27,18 @@ def git_commit(where: Path | None = None) -> str:
     return head + ("+dirty" if dirty else "") if head else "unknown"
 
 
+def source_digest() -> str:
+    """sha256 (16 hex) of every Python source file of the installed ``mutualrl`` package: any code
+    change, committed or not, versioned or not, gives another digest (caches key on it)."""
+    import hashlib
+
+    root = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
 def machine_info(**versions: str) -> dict[str, object]:
     """Platform, processor, cores and Python, plus the library ``versions`` a benchmark names."""
     return {"platform": platform.platform(), "machine": platform.machine(),

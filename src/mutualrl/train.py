@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
@@ -21,6 +22,7 @@ import msgspec
 import numpy as np
 import torch
 
+from mutualrl import checkpoint
 from mutualrl.allocation import make_executor, plan, resolve_inventory, worker_specs_from_config
 from mutualrl.allocation.config import AllocationConfig, parse_allocation
 from mutualrl.allocation.planner import Plan
@@ -314,9 +316,16 @@ def _evaluate(run: Run, step: int) -> dict[str, float]:
     return record
 
 
-def train_loop(run: Run) -> None:
-    run.progress.start_phase("train", run.cfg.steps)
-    for step in range(run.cfg.steps):
+def save_checkpoint(run: Run, step: int) -> None:
+    """Every ``save_steps`` steps: a complete, atomic checkpoint (``mutualrl.checkpoint``)."""
+    if run.cfg.save_steps and step % run.cfg.save_steps == 0:
+        with run.timed("save"):
+            checkpoint.save(run, step)
+
+
+def train_loop(run: Run, start: int = 0) -> None:
+    run.progress.start_phase("train", run.cfg.steps, completed=start)
+    for step in range(start, run.cfg.steps):
         with run.timed("train"):
             t0 = time.perf_counter()
             prompts = sample_prompts(run, step)
@@ -329,6 +338,7 @@ def train_loop(run: Run) -> None:
             log_step(run, step, samples, gen_time, stats, ctx, time.perf_counter() - t0)
         if run.cfg.eval.every and (step + 1) % run.cfg.eval.every == 0 and step + 1 < run.cfg.steps:
             evaluate(run, step + 1)
+        save_checkpoint(run, step + 1)
         run.progress.advance(" | ".join(f"{n} r={np.mean(h[-5:]):.2f}" for n, h in run.history.items()))
 
 
@@ -355,16 +365,47 @@ def summarize(run: Run, final_eval: dict, wall: float) -> RunSummary:
     return summary
 
 
-def train(cfg: RunConfig, progress: RunProgress | None = None) -> RunSummary:
-    """Run the whole job: build, warm start, train, evaluate, save. Metrics are kept on failure."""
+def open_checkpoint(cfg: RunConfig) -> tuple[checkpoint.Checkpoint, dict]:
+    """The checkpoint a resumed run continues from, checked against ``cfg`` before anything is
+    written; then the run's files are cut back to it (what follows is moved aside, not lost)."""
+    notes: list[str] = []
+    ckpt = checkpoint.latest(Path(cfg.output_dir), report=notes.append)
+    for line in notes:
+        print(f"mutualrl: {line}", file=sys.stderr)
+    if ckpt is None:
+        raise ConfigError(f"--resume: no complete checkpoint in {Path(cfg.output_dir) / checkpoint.CHECKPOINT_DIR} "
+                          "(checkpoints are written every save_steps steps; save_steps = 0 writes none)")
+    harmless = checkpoint.check_config(ckpt, cfg)
+    moved = checkpoint.cut_back(Path(cfg.output_dir), ckpt)
+    return ckpt, {"phase": "resume", "step": ckpt.step, "checkpoint": str(ckpt.path),
+                  "skipped_checkpoints": notes, "changed_harmless": harmless, "moved_aside": moved}
+
+
+def resume_from(run: Run, ckpt: checkpoint.Checkpoint, record: dict) -> int:
+    """Load the checkpoint into the freshly built run; returns the next step."""
+    start = checkpoint.restore(run, ckpt)
+    run.writer.write(record)
+    return start
+
+
+def train(cfg: RunConfig, progress: RunProgress | None = None, resume: bool = False) -> RunSummary:
+    """Run the whole job: build, warm start, train, evaluate, save. Metrics are kept on failure.
+
+    ``resume``: continue ``cfg.output_dir`` from its last complete checkpoint instead (no warm
+    start; the config may differ only in harmless fields, see ``mutualrl.checkpoint``)."""
     t0 = time.perf_counter()
+    opened = open_checkpoint(cfg) if resume else None
     run = build_run(cfg, progress)
     run.phase_times["build"] = time.perf_counter() - t0
     try:
-        with run.timed("warm start"):
-            warm_start(run)
-        evaluate(run, 0)       # the starting point every later evaluation is compared with
-        train_loop(run)
+        if opened is None:
+            with run.timed("warm start"):
+                warm_start(run)
+            evaluate(run, 0)   # the starting point every later evaluation is compared with
+            start = 0
+        else:
+            start = resume_from(run, *opened)
+        train_loop(run, start)
         final = evaluate(run, cfg.steps)
         with run.timed("save"):
             call_live(run.executor, "save", directory=str(run.out / "policies"))

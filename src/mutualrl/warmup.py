@@ -36,6 +36,7 @@ from mutualrl.config import RunConfig, to_dict
 from mutualrl.evaluation import accuracy
 from mutualrl.metrics import MetricsWriter, namespaced, read_metrics
 from mutualrl.policies.batch import SFTExample
+from mutualrl.provenance import source_digest
 from mutualrl.scenarios import (WarmPlan, own_prompts, peer_count, peer_prompts, shared_answers,
                                 warm_plans)
 from mutualrl.workers import call_each, call_live
@@ -160,8 +161,9 @@ def cache_key(cfg: RunConfig) -> tuple[str, dict[str, Any]]:
     of the code that ran it. Conservative: a field in doubt is in the key."""
     keyed = {k: v for k, v in to_dict(cfg).items() if k not in AFTER_WARM_START}
     keyed["warmup"] = {k: v for k, v in keyed["warmup"].items() if k != "cache_dir"}
+    # The code that ran it, not only the version: a change without a version bump must miss.
     keyed["versions"] = {"cache_format": CACHE_FORMAT, "mutualrl": mutualrl.__version__,
-                         "torch": torch.__version__}
+                         "code": source_digest(), "torch": torch.__version__}
     return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:16], keyed
 
 

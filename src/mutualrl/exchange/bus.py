@@ -246,6 +246,45 @@ class ExperienceBus:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def flush(self) -> None:
+        """Write the attached log's buffered records to disk now (a checkpoint needs them there)."""
+        with self._lock:
+            log = self._log
+        if log is not None:
+            log.flush()
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run needs to continue this bus: the next seq and the seqs seen per
+        producer, the counters, and each subscriber's counters. Queued deliveries are not kept:
+        the loop checkpoints between steps, when its subscription has been drained."""
+        with self._lock:
+            out: dict[str, Any] = {
+                "next_seq": dict(self._next_seq),
+                "seen": {p: [s.floor, sorted(s.above)] for p, s in self._seen.items()},
+                "published": dict(self._published), "duplicates": self._duplicates,
+                "log": self._log.state_dict() if self._log is not None else None}
+            subs = {**self._retired, **self._subs}
+        out["subscribers"] = {n: {"delivered": s.delivered, "dropped": s.dropped, "queued": len(s)}
+                              for n, s in subs.items()}
+        return out
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state_dict()``: numbering goes on where it stopped (no seq is reused)."""
+        with self._lock:
+            self._next_seq = {p: int(n) for p, n in state["next_seq"].items()}
+            self._seen = {}
+            for producer, (floor, above) in state["seen"].items():
+                seen = self._seen[producer] = _SeenSeqs()
+                seen.floor, seen.above = int(floor), set(above)
+            self._published = Counter(state["published"])
+            self._duplicates = int(state["duplicates"])
+            if self._log is not None and state.get("log") is not None:
+                self._log.load_state_dict(state["log"])
+            subs = {**self._retired, **self._subs}
+        for name, counts in state["subscribers"].items():
+            if name in subs:
+                subs[name].delivered, subs[name].dropped = counts["delivered"], counts["dropped"]
+
     def stats(self) -> dict[str, Any]:
         """Counters: published (and by kind), duplicates, delivered, dropped, log bytes, and
         per-subscriber queue/delivered/dropped."""

@@ -103,6 +103,18 @@ class ExperienceLog:
         return {"frames_written": self.frames_written, "records_written": self.records_written,
                 "bytes_written": self.bytes_written, "raw_bytes_written": self.raw_bytes_written}
 
+    def state_dict(self) -> dict[str, int]:
+        """The counters a resumed run continues from (its frames go to a new segment)."""
+        with self._lock:
+            return self.stats()
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        with self._lock:
+            self.frames_written = int(state["frames_written"])
+            self.records_written = int(state["records_written"])
+            self.bytes_written = int(state["bytes_written"])
+            self.raw_bytes_written = int(state["raw_bytes_written"])
+
     def _write_pending(self) -> None:
         if not self._pending:
             return

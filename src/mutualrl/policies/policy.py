@@ -309,6 +309,23 @@ class Policy(PolicyView):
         self.version, self.skipped_nan_steps = int(state["version"]), int(state["skipped_nan_steps"])
         self.backend.load_weights(self.version)
 
+    def save_checkpoint(self, directory: str | Path) -> None:
+        """This policy's part of a run checkpoint: ``save_state`` plus the frozen KL reference
+        (after the warm start it differs from both the initial and the current weights)."""
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        self.save_state(d / "state.pt")
+        if self.reference is not None:
+            torch.save(self.reference.state_dict(), d / "reference.pt")
+
+    def restore_checkpoint(self, directory: str | Path) -> None:
+        """Continue from ``save_checkpoint``: weights, optimizer, sampler, version, reference."""
+        d = Path(directory)
+        self.load_state(d / "state.pt")
+        if self.reference is not None:
+            self.reference.load_state_dict(
+                torch.load(d / "reference.pt", map_location=self.device, weights_only=True))
+
     def freeze_reference(self) -> None:
         """Make the KL reference the policy as it is now: RL's reference is the model RL starts
         from, i.e. after the warm start, as TRL's is the model handed to the trainer. A LoRA

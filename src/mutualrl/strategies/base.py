@@ -9,6 +9,11 @@ The loop calls a strategy at three fixed points of every step:
                                  THL, with importance weights) and extra loss terms (SFT);
 3. ``after_update(ctx, receiver)`` after that receiver's update (age buffers, etc.).
 
+A strategy that keeps state across steps (buffers, pooled statistics, counters) also has
+``state_dict() -> dict`` and ``load_state_dict(dict)``: a run checkpoint stores the dict (pickled,
+so records and tensors may be inside) and a resumed run loads it before its next step. A
+strategy without these two methods has no state to keep.
+
 Strategies transform data and add loss terms; they never own models, optimizers or devices.
 Each strategy validates its own parameters (``[strategies.<name>]`` in the run config) when built,
 so a bad parameter fails before any work starts.

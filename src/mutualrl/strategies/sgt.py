@@ -183,6 +183,21 @@ class SuccessGatedTransfer:
     def after_update(self, ctx: StrategyContext, receiver: str) -> None:
         return None
 
+    # ---- checkpoint state (the optional strategy state contract, see strategies.base) --------
+    def state_dict(self) -> dict:
+        """The success buffer (entries in order, with their step and use counts), its duplicate
+        count, and each receiver's failed prompts: everything later draws depend on."""
+        return {"buffer": {pid: [(e.delivery, e.step, dict(e.uses)) for e in entries]
+                           for pid, entries in self.buffer.by_prompt.items()},
+                "duplicates": self.buffer.duplicates,
+                "failed": {n: sorted(s) for n, s in self.failed.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.buffer.by_prompt = {pid: [Success(d, step, dict(uses)) for d, step, uses in entries]
+                                 for pid, entries in state["buffer"].items()}
+        self.buffer.duplicates = int(state["duplicates"])
+        self.failed = {n: set(s) for n, s in state["failed"].items()}
+
 
 @register_strategy("sgt", SGTParams, "success-gated transfer: SFT on peers' verified successes")
 def _make_sgt(params: SGTParams, cfg) -> SuccessGatedTransfer:

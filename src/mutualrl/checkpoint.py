@@ -1,0 +1,306 @@
+"""Run checkpoints: everything a run's future depends on, written atomically, and resuming from one.
+
+A checkpoint is taken between steps (the loop's ``save`` phase, every ``save_steps`` steps) into
+``RUN_DIR/checkpoints/step-NNNNNN/``:
+
+* ``policies/<name>/``  each policy's ``save_checkpoint``: weights, optimizer (and scheduler)
+  state, sampler generator, version, skipped-step count, and the frozen KL reference — written by
+  the worker that holds the policy, wherever it lives (the path must be visible to it);
+* ``strategy.pkl``      the strategy's ``state_dict()`` (e.g. SGT's success buffer), if it has one;
+* ``run.pkl``           the next step, reward history, phase times, verifier counters, policy
+  versions, the exchange bus's numbering and counters, the byte length of the append-only record
+  files (``metrics.jsonl``, ``heldout.jsonl``) and of every experience-log segment at that moment,
+  global RNG states, and the resolved config;
+* ``manifest.json``     written last: format, step and the sha256 of every file above.
+
+Atomic: everything is written into a temporary directory, fsynced, the manifest last, then the
+directory is renamed into place — a checkpoint is complete or invisible. A checkpoint whose
+manifest is missing or whose checksums do not match is reported and skipped for the previous one.
+
+Resuming (``mutualrl train --resume RUN_DIR``) cuts the run's files back to the checkpoint before
+anything else is written: rows of ``metrics.jsonl`` (and ``heldout.jsonl``) after it move to
+``metrics.discarded.jsonl`` (``heldout.discarded.jsonl``)
+and experience-log bytes after it (frames of the unfinished step, a torn frame) move to
+``experience/discarded/``, so nothing is lost and replay needs no special case: the resumed run
+writes a new segment and continues every producer's sequence numbers where they stopped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import random
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from mutualrl.config import ConfigError, to_dict
+from mutualrl.workers import call_each
+
+if TYPE_CHECKING:
+    from mutualrl.train import Run
+
+CHECKPOINT_DIR = "checkpoints"
+MANIFEST = "manifest.json"
+FORMAT = 1
+PREFIX = "step-"
+# The run's append-only record files; a resumed run cuts each back to its size at the checkpoint.
+APPEND_ONLY = ("metrics.jsonl", "heldout.jsonl")
+
+# Config paths a resumed run may change: they decide how long and how visibly a run goes on, not
+# what it computes. Anything else that differs is refused.
+HARMLESS = ("steps", "output_dir", "eval", "save_steps", "save_total_limit", "report_to", "guards",
+            "warmup.cache_dir", "allocation.call_timeout_s", "allocation.placement_timeout_s",
+            "exchange.block_timeout_s")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: Path
+    step: int
+    state: dict[str, Any]          # run.pkl
+
+
+# ---- writing --------------------------------------------------------------------------------
+def save(run: Run, step: int) -> Path:
+    """Checkpoint the run after ``step`` steps; returns its directory."""
+    root = run.out / CHECKPOINT_DIR
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"{PREFIX}{step:06d}"
+    tmp = Path(tempfile.mkdtemp(prefix=f".{PREFIX}{step:06d}-", dir=root))
+    try:
+        run.bus.flush()           # the log on disk holds every record published so far
+        names = list(run.executor.live_workers())
+        saved = call_each(run.executor, "save_checkpoint",
+                          {n: {"directory": str(tmp / "policies" / n)} for n in names})
+        if set(saved) != set(names):
+            raise RuntimeError(f"checkpoint at step {step}: saving {sorted(set(names) - set(saved))} failed")
+        strategy_state = getattr(run.strategy, "state_dict", None)
+        if strategy_state is not None:
+            _write(tmp / "strategy.pkl", pickle.dumps(strategy_state(), protocol=4))
+        _write(tmp / "run.pkl", pickle.dumps(_run_state(run, step), protocol=4))
+        files = sorted(p for p in tmp.rglob("*") if p.is_file())
+        for p in files:
+            _fsync(p)
+        manifest = {"format": FORMAT, "step": step, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                    "files": {str(p.relative_to(tmp)): _sha256(p) for p in files}}
+        _write(tmp / MANIFEST, json.dumps(manifest, indent=2).encode())
+        if final.exists():        # a checkpoint of this step from an earlier attempt
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        _fsync_dir(root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    prune(root, run.cfg.save_total_limit)
+    return final
+
+
+def _run_state(run: Run, step: int) -> dict[str, Any]:
+    seg_dir = run.out / "experience"
+    return {
+        "format": FORMAT, "step": step, "config": to_dict(run.cfg),
+        "history": {n: list(h) for n, h in run.history.items()},
+        "phase_times": dict(run.phase_times),
+        "versions": {n: p.version for n, p in run.policies.items()},
+        "verifier": vars(run.verifier.counters).copy(),
+        "bus": run.bus.state_dict(),
+        "append_only": {name: (run.out / name).stat().st_size for name in APPEND_ONLY
+                        if (run.out / name).is_file()},
+        "segments": {p.name: p.stat().st_size for p in sorted(seg_dir.glob("*.mrlx"))}
+        if seg_dir.is_dir() else {},
+        "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
+                "python": random.getstate()},
+    }
+
+
+def prune(root: Path, limit: int | None) -> None:
+    """Keep the newest ``limit`` complete checkpoints (None: all); drop stale temporaries."""
+    for tmp in root.glob(f".{PREFIX}*"):
+        shutil.rmtree(tmp, ignore_errors=True)
+    if limit is None:
+        return
+    complete = [p for p in _candidates(root) if (p / MANIFEST).is_file()]
+    for old in complete[:-limit] if limit else complete:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+# ---- finding and checking ---------------------------------------------------------------------
+def _candidates(root: Path) -> list[Path]:
+    return sorted((p for p in root.glob(f"{PREFIX}*") if p.is_dir()), key=lambda p: p.name)
+
+
+def verify(path: Path) -> str | None:
+    """None if the checkpoint at ``path`` is complete and intact, else what is wrong with it."""
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+    except FileNotFoundError:
+        return "no manifest (the write did not finish)"
+    except (OSError, json.JSONDecodeError) as exc:
+        return f"unreadable manifest ({exc})"
+    if manifest.get("format") != FORMAT:
+        return f"format {manifest.get('format')!r}, this version reads {FORMAT}"
+    for name, digest in manifest["files"].items():
+        f = path / name
+        if not f.is_file():
+            return f"{name} is missing"
+        if _sha256(f) != digest:
+            return f"{name} does not match its checksum"
+    return None
+
+
+def latest(run_dir: Path, report=print) -> Checkpoint | None:
+    """The newest complete, intact checkpoint of ``run_dir``; damaged ones are reported, skipped."""
+    for path in reversed(_candidates(Path(run_dir) / CHECKPOINT_DIR)):
+        problem = verify(path)
+        if problem is None:
+            return Checkpoint(path, int(path.name[len(PREFIX):]),
+                              pickle.loads((path / "run.pkl").read_bytes()))
+        report(f"checkpoint {path} skipped: {problem}; trying the previous one")
+    return None
+
+
+def config_differences(old: dict, new: dict) -> tuple[list[str], list[str]]:
+    """(refused, harmless) dotted paths where two resolved configs differ."""
+    a, b = _flatten(old), _flatten(new)
+    changed = sorted(k for k in a.keys() | b.keys() if a.get(k, _MISSING) != b.get(k, _MISSING))
+    harmless = [k for k in changed if any(k == h or k.startswith(h + ".") for h in HARMLESS)]
+    return [k for k in changed if k not in harmless], harmless
+
+
+_MISSING = object()
+
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(d, dict):
+        items = d.items()
+    elif isinstance(d, list) and d and all(isinstance(x, dict) for x in d):
+        items = ((str(i), x) for i, x in enumerate(d))
+    else:
+        return {prefix: d}
+    out: dict[str, Any] = {}
+    for k, v in items:
+        out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def check_config(ckpt: Checkpoint, cfg) -> list[str]:
+    """Refuse a config that differs in what matters (naming the fields); list harmless changes."""
+    refused, harmless = config_differences(ckpt.state["config"], to_dict(cfg))
+    if refused:
+        shown = ", ".join(refused[:8]) + (" ..." if len(refused) > 8 else "")
+        raise ConfigError(f"--resume: the config differs from the checkpoint's ({ckpt.path}) in "
+                          f"what the run computes: {shown}; resume with the run's own config "
+                          f"(RUN_DIR/config.json) or start a new run")
+    return harmless
+
+
+# ---- resuming ---------------------------------------------------------------------------------
+def cut_back(run_dir: Path, ckpt: Checkpoint) -> dict[str, int]:
+    """Cut metrics and the experience log back to the checkpoint, moving what follows aside."""
+    run_dir = Path(run_dir)
+    moved = {"record_bytes": 0, "log_bytes": 0, "segments": 0}
+    for name in APPEND_ONLY:
+        path, keep = run_dir / name, ckpt.state["append_only"].get(name, 0)
+        if path.is_file() and path.stat().st_size > keep:
+            moved["record_bytes"] += _move_tail(path, keep, discarded_path(path))
+    seg_dir = run_dir / "experience"
+    sizes = ckpt.state["segments"]
+    for seg in sorted(seg_dir.glob("*.mrlx")) if seg_dir.is_dir() else ():
+        aside = seg_dir / "discarded" / seg.name
+        if seg.name not in sizes:              # written after the checkpoint
+            aside.parent.mkdir(exist_ok=True)
+            moved["log_bytes"] += seg.stat().st_size
+            os.replace(seg, aside)
+            moved["segments"] += 1
+        elif seg.stat().st_size > sizes[seg.name]:
+            moved["log_bytes"] += _move_tail(seg, sizes[seg.name], aside)
+    return moved
+
+
+def discarded_path(path: Path) -> Path:
+    """Where the part of an append-only file after a checkpoint goes: ``metrics.discarded.jsonl``."""
+    return path.with_name(f"{path.stem}.discarded{path.suffix}")
+
+
+def _move_tail(path: Path, keep: int, aside: Path) -> int:
+    """Append ``path``'s bytes past ``keep`` to ``aside`` (fsynced), then truncate ``path``."""
+    aside.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "rb") as f:
+        f.seek(keep)
+        tail = f.read()
+    with open(aside, "ab") as f:
+        f.write(tail)
+        f.flush()
+        os.fsync(f.fileno())
+    with open(path, "r+b") as f:
+        f.truncate(keep)
+        f.flush()
+        os.fsync(f.fileno())
+    return len(tail)
+
+
+def restore(run: Run, ckpt: Checkpoint) -> int:
+    """Load the checkpoint into a freshly built run; returns the next step to train."""
+    s = ckpt.state
+    names = list(run.executor.live_workers())
+    missing = [n for n in names if not (ckpt.path / "policies" / n).is_dir()]
+    if missing:
+        raise ConfigError(f"--resume: checkpoint {ckpt.path} has no state for policies {missing}")
+    loaded = call_each(run.executor, "restore_checkpoint",
+                       {n: {"directory": str(ckpt.path / "policies" / n)} for n in names})
+    if set(loaded) != set(names):
+        raise RuntimeError(f"--resume: restoring {sorted(set(names) - set(loaded))} failed")
+    if (ckpt.path / "strategy.pkl").is_file():
+        run.strategy.load_state_dict(pickle.loads((ckpt.path / "strategy.pkl").read_bytes()))
+    run.history.update({n: list(h) for n, h in s["history"].items()})
+    for phase, seconds in s["phase_times"].items():   # wall time spent before the interruption
+        run.phase_times[phase] += seconds
+    for n, v in s["versions"].items():
+        if n in run.policies:
+            run.policies[n].version = v
+    for k, v in s["verifier"].items():
+        setattr(run.verifier.counters, k, v)
+    run.bus.load_state_dict(s["bus"])
+    torch.set_rng_state(s["rng"]["torch"])
+    np.random.set_state(s["rng"]["numpy"])
+    random.setstate(s["rng"]["python"])
+    return int(s["step"])
+
+
+# ---- small file helpers -------------------------------------------------------------------------
+def _write(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def _fsync(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    if sys.platform.startswith("win"):
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
