@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from mutualrl.grpo.normalise import scaled_sum
+
 
 def selective_log_softmax(logits: Tensor, targets: Tensor) -> Tensor:
     """log p(target) per position: (B, T, V), (B, T) -> (B, T), without keeping a (B,T,V) log-softmax.
@@ -78,12 +80,15 @@ class LossOutput:
 def clipped_surrogate(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *,
                       epsilon: float, epsilon_high: float | None, loss_type: str,
                       max_completion_length: int, ref_logp: Tensor | None = None, beta: float = 0.0,
-                      sample_weight: Tensor | None = None) -> LossOutput:
+                      sample_weight: Tensor | None = None, row_scale: Tensor | None = None) -> LossOutput:
     """GRPO/PPO clipped objective.
 
     logp, old_logp, mask: (B, T); advantages: (B,); ref_logp: (B, T) or None;
     sample_weight: (B,) detached per-sequence weights (e.g. a truncated off-policy ratio for
     pooled peer samples), multiplying each sequence's per-token loss; None means 1.
+    row_scale: (B,) the whole batch's normaliser per row (``normalise.row_scales``) when these
+    rows are a micro-batch of it: the loss is then this micro-batch's share of the batch loss
+    instead of ``aggregate`` over these rows alone. The statistics stay over these rows.
     """
     eps_high = epsilon if epsilon_high is None else epsilon_high
     ratio = torch.exp(logp - old_logp)                                   # (B, T)
@@ -97,7 +102,10 @@ def clipped_surrogate(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: 
         per_token = per_token + beta * kl
     if sample_weight is not None:
         per_token = per_token * sample_weight.detach().unsqueeze(-1)
-    loss = aggregate(per_token, mask, loss_type, max_completion_length)
+    if row_scale is None:
+        loss = aggregate(per_token, mask, loss_type, max_completion_length)
+    else:
+        loss = scaled_sum(per_token, mask, row_scale)
     m = mask.to(logp.dtype)
     n = m.sum().clamp(min=1)
     with torch.no_grad():
