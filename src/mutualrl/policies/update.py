@@ -282,9 +282,10 @@ class UpdateEngine:
     def _advance_schedule(self) -> None:
         # The schedule counts update attempts, skipped ones too (as transformers' Trainer does),
         # so a run's rates do not depend on which steps were skipped; torch warns when a
-        # skipped step precedes it, which is intended here.
+        # skipped step precedes it (or optimizer.step is wrapped), which is intended here.
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`")
+            warnings.filterwarnings("ignore", message=r"Seems like `optimizer\.step\(\)` has been overridden")
             self.p.scheduler.step()
 
     def _iteration(self, grpo: _GRPOParts | None, sft: _SFTParts | None, coef: float) -> dict[str, float]:
