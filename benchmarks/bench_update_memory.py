@@ -7,11 +7,12 @@ twice: ``setup_rss_mb`` once its inputs exist, ``peak_rss_mb`` after the measure
 
 - ``logprobs``: log-probs + entropy of N completion positions through a 129,280-row LM head
   (DeepSeek-V3's vocabulary, hidden 64 as the default policy), forward and backward, the whole
-  (N, V) logits at once (``token_logprobs``) vs ``chunked_token_logprobs`` (chunks of 1024
-  positions), at growing N.
+  (N, V) logits at once (``token_logprobs``) vs ``chunked_token_logprobs`` (chunks of 256
+  positions), at growing N (N = rows x 48).
 - ``step``: one ``Policy.train_step`` of configs/tiny.toml's qwen-deepseek policy (129k
   vocabulary) on P prompts x 16 samples x 48 completion tokens, the whole batch at once vs
-  micro-batches of 4 rows (``per_device_train_batch_size = 4``), with and without chunking.
+  micro-batches of 4 rows (``per_device_train_batch_size = 4``), and micro-batches of 16 rows
+  whose 768 positions are chunked by 256 (``logprob_chunk_size = 256``).
   The whole 8-prompt batch peaks near 10 GB.
 
     python benchmarks/bench_update_memory.py --json update_memory.json [--part logprobs|step]
@@ -34,10 +35,10 @@ from mutualrl.provenance import git_commit, machine_info
 ROOT = Path(__file__).resolve().parent.parent
 VOCAB, HIDDEN, T = 129_280, 64, 48
 LOGPROB_CASES = [dict(part="logprobs", rows=rows, chunk=chunk)
-                 for rows in (8, 32, 64) for chunk in (None, 1024)]
+                 for rows in (8, 32, 64) for chunk in (None, 256)]
 STEP_CASES = ([dict(part="step", prompts=8, micro=None, chunk=None)]
               + [dict(part="step", prompts=p, micro=4, chunk=None) for p in (4, 8, 16)]
-              + [dict(part="step", prompts=p, micro=4, chunk=1024) for p in (8, 16)])
+              + [dict(part="step", prompts=p, micro=16, chunk=256) for p in (8, 16)])
 
 
 def _rss_mb() -> float:

@@ -45,7 +45,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
             e = min(s + chunk_size, N)
             lsm = _chunk_logprobs(hidden[s:e], weight, bias, dtype, temperature)   # (n, V)
             logp[s:e] = lsm.gather(-1, targets[s:e].unsqueeze(-1)).squeeze(-1)
-            ent[s:e] = -(lsm.exp() * lsm).sum(-1)
+            ent[s:e] = -lsm.exp().mul_(lsm).sum(-1)     # in place: two (n, V) at most
         ctx.save_for_backward(hidden, weight, bias, targets)
         ctx.dtype, ctx.temperature, ctx.chunk_size = dtype, temperature, chunk_size
         ctx.mark_non_differentiable(ent)

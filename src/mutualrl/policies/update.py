@@ -110,7 +110,7 @@ def prepare_model(model: torch.nn.Module, grpo: GRPOConfig) -> None:
 
 
 @dataclass
-class _GRPOParts:
+class GRPOParts:
     """What one batch's GRPO term needs, computed once per optimizer step."""
 
     c: Collated
@@ -122,7 +122,7 @@ class _GRPOParts:
 
 
 @dataclass
-class _SFTParts:
+class SFTParts:
     c: Collated
     mask: torch.Tensor                      # (B, T) on the device
     scale: torch.Tensor | None              # 1 / all SFT tokens; None: one micro-batch
@@ -213,7 +213,7 @@ class UpdateEngine:
             return self.plain_logprobs(c)
 
     # ---- the batch's parts, once per optimizer step -------------------------------------------
-    def _grpo_parts(self, batch: TrainBatch) -> _GRPOParts:
+    def _grpo_parts(self, batch: TrainBatch) -> GRPOParts:
         g, dev = self.grpo, self.p.device
         c = collate_sequences(batch.sequences, self.p.pad_id)
         mask = completion_mask(c.completion_ids, c.lengths, c.extras["truncated"],
@@ -222,17 +222,17 @@ class UpdateEngine:
         one = len(slices) == 1
         ref = [self._reference_logp(c if one else take_rows(c, s)) for s in slices]
         scales = None if one else row_scales(mask, g.loss_type, g.max_completion_length).to(dev)
-        return _GRPOParts(c, mask, c.extras["old_logprobs"].to(dev), ref, scales, slices)
+        return GRPOParts(c, mask, c.extras["old_logprobs"].to(dev), ref, scales, slices)
 
-    def _sft_parts(self, examples: tuple[SFTExample, ...]) -> _SFTParts:
+    def _sft_parts(self, examples: tuple[SFTExample, ...]) -> SFTParts:
         c = collate([e.prompt_ids for e in examples], [e.completion_ids for e in examples], self.p.pad_id)
         mask = completion_mask(c.completion_ids, c.lengths).to(self.p.device)
         slices = self._slices(len(examples))
         scale = None if len(slices) == 1 else token_mean_scale(mask).to(self.p.device)
-        return _SFTParts(c, mask, scale, slices)
+        return SFTParts(c, mask, scale, slices)
 
     # ---- one micro-batch's losses ---------------------------------------------------------------
-    def grpo_loss(self, parts: _GRPOParts, i: int, weights: torch.Tensor):
+    def grpo_loss(self, parts: GRPOParts, i: int, weights: torch.Tensor):
         """Micro-batch ``i``'s GRPO loss (its share of the batch's) and its log-prob entropy."""
         g, s = self.grpo, parts.slices[i]
         c = parts.c if parts.scales is None else take_rows(parts.c, s)
@@ -249,7 +249,7 @@ class UpdateEngine:
             row_scale=None if parts.scales is None else parts.scales[s])
         return out, ent
 
-    def sft_loss(self, parts: _SFTParts, i: int) -> torch.Tensor:
+    def sft_loss(self, parts: SFTParts, i: int) -> torch.Tensor:
         """Micro-batch ``i``'s share of the mean token NLL over all SFT examples."""
         s = parts.slices[i]
         c = parts.c if parts.scale is None else take_rows(parts.c, s)
@@ -288,7 +288,7 @@ class UpdateEngine:
             warnings.filterwarnings("ignore", message=r"Seems like `optimizer\.step\(\)` has been overridden")
             self.p.scheduler.step()
 
-    def _iteration(self, grpo: _GRPOParts | None, sft: _SFTParts | None, coef: float) -> dict[str, float]:
+    def _iteration(self, grpo: GRPOParts | None, sft: SFTParts | None, coef: float) -> dict[str, float]:
         """One optimizer step: micro-batch k backpropagates GRPO micro-batch k plus SFT
         micro-batch k (with one of each, exactly the single pass's loss)."""
         self.p.optimizer.zero_grad(set_to_none=True)
@@ -353,7 +353,7 @@ class UpdateEngine:
         stats = self._iteration(None, self._sft_parts(examples), 1.0)
         return stats.get("sft_loss", stats["loss"])
 
-    def _source_gradients(self, parts: _GRPOParts) -> dict[str, float]:
+    def _source_gradients(self, parts: GRPOParts) -> dict[str, float]:
         """Gradient norms of the own and the peer samples' loss terms, and their cosine.
 
         Each part keeps the full batch's normaliser (rows of the other source weighted 0), so
