@@ -162,7 +162,7 @@ class UpdateEngine:
                              "unset logprob_chunk_size for it")
         dev, L, T = self.p.device, c.input_ids.shape[1], c.completion_len
         out = base.get_decoder()(input_ids=c.input_ids.to(dev), attention_mask=c.attention_mask.to(dev),
-                                 position_ids=c.position_ids.to(dev))
+                                 position_ids=c.position_ids.to(dev), use_cache=False)
         hidden = out.last_hidden_state[:, L - T - 1:L - 1]                    # (B, T, H)
         return chunked_token_logprobs(hidden, head.weight, head.bias, c.completion_ids.to(dev),
                                       temperature, self.grpo.logprob_chunk_size)
