@@ -183,3 +183,22 @@ def test_default_optimizer_is_torchs_adamw_default(tokenizer_handles):
 def test_schedules_other_than_constant_need_the_run_length(tokenizer_handles):
     with pytest.raises(ValueError, match="lr_scheduler_type.*total_steps"):
         make_policy(tokenizer_handles, lr_scheduler_type="linear")
+
+
+def test_lora_policy_micro_batched_and_chunked_equals_the_single_pass(tokenizer_handles):
+    """The reference of a LoRA policy is its adapter disabled, on the chunked path too."""
+    from mutualrl.config import LoraConfig
+
+    def lora_policy(**grpo):
+        torch.set_num_threads(1)
+        cfg = PolicyConfig(name="p", architecture="llama", tokenizer="mistral-v1", hidden_size=32,
+                           num_layers=2, num_heads=4, lora=LoraConfig(r=4, alpha=8))
+        return Policy(cfg, GRPOConfig(num_generations=4, temperature=0.7, beta=0.04, **grpo),
+                      seed=3, handle=tokenizer_handles["mistral-v1"])
+    whole, split = lora_policy(), lora_policy(per_device_train_batch_size=2, logprob_chunk_size=4)
+    _, g_whole = run_step(whole, batch_for(whole))
+    _, g_split = run_step(split, batch_for(split))
+    torch.testing.assert_close(g_split[0], g_whole[0], **GRAD_TOL)
+    s_whole, _ = run_step(whole, batch_for(whole))
+    s_split, _ = run_step(split, batch_for(split))
+    assert s_whole["kl"] > 0 and s_split["kl"] == pytest.approx(s_whole["kl"], rel=1e-3)
