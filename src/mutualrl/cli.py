@@ -73,7 +73,6 @@ def _train_config(args):
 def _run_train(args) -> int:
     from rich.console import Console
 
-    from mutualrl.config import load_config
     from mutualrl.progress import RunProgress
     from mutualrl.train import train
 

@@ -64,8 +64,37 @@ class GRPOConfig(ConfigStruct):
     vllm_importance_sampling_cap: float = 3.0
     # "sequence": GSPO's length-normalised sequence ratio, clipped per sequence (TRL's name)
     importance_sampling_level: Literal["token", "sequence"] = "token"
+    # ---- the update engine (policies/update.py): memory, precision, schedule -----------------
+    # Each TrainBatch is ONE optimizer step (per iteration). It is cut into
+    # max(gradient_accumulation_steps, ceil(rows / per_device_train_batch_size)) micro-batches of
+    # near-equal size whose gradients accumulate with the whole batch's loss normalisation, so the
+    # step equals the single pass up to float rounding. None and 1: one pass, as before.
+    per_device_train_batch_size: int | None = None  # rows per forward/backward; None: all
+    gradient_accumulation_steps: int = 1  # at least this many micro-batches per optimizer step
+    # Positions per LM-head chunk: log-probs are computed from hidden states chunk by chunk and
+    # recomputed in backward, so no (rows, T, V) logits exist. Only micro-batches with more
+    # positions than this are chunked (smaller ones take the plain path); None: never.
+    logprob_chunk_size: int | None = None
+    gradient_checkpointing: bool = False  # recompute decoder activations in backward (HF, non-reentrant)
+    lr_scheduler_type: Literal["constant", "constant_with_warmup", "linear", "cosine",
+                               "cosine_with_restarts", "polynomial", "inverse_sqrt"] = "constant"
+    warmup_ratio: float = 0.0         # share of the run's optimizer steps spent warming up
+    weight_decay: float = 0.01        # AdamW's (torch's default 0.01)
 
     def __post_init__(self) -> None:
+        check(self.per_device_train_batch_size is None or self.per_device_train_batch_size >= 1,
+              "per_device_train_batch_size must be >= 1 (or absent: the whole batch at once)")
+        check(self.gradient_accumulation_steps >= 1, "gradient_accumulation_steps must be >= 1")
+        check(self.logprob_chunk_size is None or self.logprob_chunk_size >= 1,
+              "logprob_chunk_size must be >= 1 (or absent: no chunking)")
+        check(self.logprob_chunk_size is None or (self.top_k == 0 and self.top_p == 1.0),
+              "logprob_chunk_size takes log-probs of the untruncated distribution; with top_k or "
+              "top_p truncation unset it (the chunked LM head does not truncate)")
+        check(0 <= self.warmup_ratio < 1, "warmup_ratio must be in [0, 1)")
+        check(self.warmup_ratio == 0 or self.lr_scheduler_type != "constant",
+              "warmup_ratio > 0 needs a scheduler with warmup: lr_scheduler_type = "
+              "\"constant_with_warmup\", \"linear\", \"cosine\", ... (\"constant\" ignores it)")
+        check(self.weight_decay >= 0, "weight_decay must be >= 0")
         check(self.num_generations >= 2, "num_generations must be >= 2 (a group needs a baseline)")
         check(self.prompts_per_step >= 1, "prompts_per_step must be >= 1")
         check(self.max_completion_length >= 1, "max_completion_length must be >= 1")
@@ -157,6 +186,9 @@ class PolicyConfig(ConfigStruct):
     chat_template: bool | str = False
     system_prompt: str | None = None  # with a chat template: a system message first
     generation: GenerationConfig = msgspec.field(default_factory=GenerationConfig)
+    # Compute precision. "bf16": forward and backward under bf16 autocast, fp32 master weights and
+    # AdamW moments (bf16 weights would round away small AdamW updates); log-softmax stays fp32.
+    dtype: Literal["fp32", "bf16"] = "fp32"
 
     def __post_init__(self) -> None:
         check(self.system_prompt is None or self.chat_template is not False,

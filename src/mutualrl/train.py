@@ -33,6 +33,7 @@ from mutualrl.experience import PeerLogPool, open_bus, publish_step
 from mutualrl.retokenize import Retokenizer
 from mutualrl.metrics import MetricsWriter, namespaced
 from mutualrl.policies.checkpoints import check_checkpoints, check_policies
+from mutualrl.policies.placement import policy_device
 from mutualrl.policies.policy import Policy, PolicyView, Sample, load_handles
 from mutualrl.progress import RunProgress
 from mutualrl.strategies import Strategy, StrategyContext, build_strategy
@@ -128,16 +129,21 @@ def start_executor(cfg: RunConfig, out: Path, handles: dict):
     the_plan = plan(specs, resolve_inventory(alloc), alloc.memory.usable_memory_fraction)
     (out / "plan.json").write_bytes(msgspec.json.format(msgspec.json.encode(the_plan), indent=2))
     executor = make_executor(alloc)
-    executor.start(policy_factories(cfg, alloc, handles), policy_plan(the_plan, cfg))
+    executor.start(policy_factories(cfg, alloc, handles, the_plan), policy_plan(the_plan, cfg))
     return executor
 
 
-def policy_factories(cfg: RunConfig, alloc: AllocationConfig, handles: dict) -> dict:
+def policy_factories(cfg: RunConfig, alloc: AllocationConfig, handles: dict,
+                     the_plan: Plan | None = None) -> dict:
     """Picklable factories, one per policy. In process they reuse the driver's tokenizers;
-    elsewhere each worker loads its own."""
+    elsewhere each worker loads its own. Each is placed by ``policy_device``; its learning-rate
+    schedule spans the run's optimizer steps (steps x num_iterations GRPO updates)."""
     in_process = alloc.executor == "local"
-    return {p.name: functools.partial(Policy, p, cfg.grpo, seed=cfg.seed * 1000 + i, device=cfg.device,
-                                      handle=handles[p.tokenizer] if in_process else None)
+    return {p.name: functools.partial(
+                Policy, p, cfg.grpo, seed=cfg.seed * 1000 + i,
+                device=policy_device(p.name, cfg.device, the_plan, alloc.executor),
+                handle=handles[p.tokenizer] if in_process else None,
+                total_steps=cfg.steps * cfg.grpo.num_iterations)
             for i, p in enumerate(cfg.policies)}
 
 

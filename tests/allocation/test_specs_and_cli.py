@@ -10,7 +10,7 @@ import pytest
 from mutualrl.allocation import PlanError, parse_allocation, plan, worker_specs_from_config
 from mutualrl.allocation.cli import configure, format_devices, run
 from mutualrl.allocation.planner import GpuSlot
-from mutualrl.allocation.dims import dims_from_hint, dims_from_policy
+from mutualrl.allocation.dims import dims_from_policy
 from mutualrl.allocation.specs import (
     activation_bytes,
     inventory_from_config,

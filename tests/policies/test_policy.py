@@ -219,7 +219,7 @@ def test_nan_loss_is_skipped_and_counted(tokenizer_handles, monkeypatch):
     before = params_of(policy)
     state_before = len(policy.optimizer.state)
     real = policy.completion_logits
-    monkeypatch.setattr(policy, "completion_logits", lambda c, model=None: real(c, model) * float("nan"))
+    monkeypatch.setattr(policy, "completion_logits", lambda c, model=None, **kw: real(c, model, **kw) * float("nan"))
     stats = policy.train_steps([TrainBatch(sequences=sequences_from(samples, [1.0, -1.0] * 4))])
     assert stats["skipped_nan"] == 1.0
     assert stats["skipped_nan_total"] == 1

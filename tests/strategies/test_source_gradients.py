@@ -11,6 +11,7 @@ from mutualrl.config import GRPOConfig, PolicyConfig
 from mutualrl.grpo import completion_mask
 from mutualrl.policies.batch import TrainBatch, TrainSequence, collate_sequences
 from mutualrl.policies.policy import Policy
+from mutualrl.policies.update import GRPOParts
 
 GRPO = GRPOConfig(num_generations=2, max_completion_length=4, temperature=0.7, learning_rate=1e-2)
 
@@ -37,7 +38,8 @@ def pooled_batch(policy, with_peers: bool = True) -> TrainBatch:
 def flat_grad(policy, c, mask, old, weights) -> torch.Tensor:
     params = [p for p in policy.model.parameters() if p.requires_grad]
     policy.optimizer.zero_grad(set_to_none=True)
-    out, _ = policy._grpo_loss(c, mask, old, None, weights)
+    parts = GRPOParts(c, mask, old, [None], None, [slice(0, len(weights))])
+    out, _ = policy.updater.grpo_loss(parts, 0, weights)
     out.loss.backward()
     g = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in params])
     policy.optimizer.zero_grad(set_to_none=True)

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from mutualrl.grpo.normalise import scaled_sum
+
 
 def selective_log_softmax(logits: Tensor, targets: Tensor) -> Tensor:
     """log p(target) per position: (B, T, V), (B, T) -> (B, T), without keeping a (B,T,V) log-softmax.
@@ -96,7 +98,7 @@ class LossOutput:
 def clipped_surrogate(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *,
                       epsilon: float, epsilon_high: float | None, loss_type: str,
                       max_completion_length: int, ref_logp: Tensor | None = None, beta: float = 0.0,
-                      sample_weight: Tensor | None = None,
+                      sample_weight: Tensor | None = None, row_scale: Tensor | None = None,
                       importance_sampling_level: str = "token") -> LossOutput:
     """GRPO/PPO clipped objective.
 
@@ -105,6 +107,9 @@ def clipped_surrogate(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: 
     pooled peer samples), multiplying each sequence's per-token loss, or (B, T) per-token weights
     (the sampler/trainer mismatch correction); None means 1.
     importance_sampling_level: "token" (GRPO) or "sequence" (GSPO, as TRL names it).
+    row_scale: (B,) the whole batch's normaliser per row (``normalise.row_scales``) when these
+    rows are a micro-batch of it: the loss is then this micro-batch's share of the batch loss
+    instead of ``aggregate`` over these rows alone. The statistics stay over these rows.
     """
     eps_high = epsilon if epsilon_high is None else epsilon_high
     ratio = importance_ratio(logp, old_logp, mask, importance_sampling_level)   # (B, T)
@@ -119,7 +124,10 @@ def clipped_surrogate(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: 
     if sample_weight is not None:
         w = sample_weight.detach()
         per_token = per_token * (w.unsqueeze(-1) if w.dim() == 1 else w)
-    loss = aggregate(per_token, mask, loss_type, max_completion_length)
+    if row_scale is None:
+        loss = aggregate(per_token, mask, loss_type, max_completion_length)
+    else:
+        loss = scaled_sum(per_token, mask, row_scale)
     m = mask.to(logp.dtype)
     n = m.sum().clamp(min=1)
     with torch.no_grad():

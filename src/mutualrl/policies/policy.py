@@ -8,23 +8,19 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import math
 import threading
-import time
 from pathlib import Path
 
 import torch
 
 from mutualrl.config import GRPOConfig, PolicyConfig
-from mutualrl.grpo import (clipped_surrogate, completion_mask, entropy_from_logprobs,
-                           selective_log_softmax, token_logprobs)
-from mutualrl.policies.batch import SFTExample, TrainBatch, collate, collate_sequences
+from mutualrl.policies.batch import SFTExample, TrainBatch
 from mutualrl.policies.models import TokenizerFacts, build_model
 from mutualrl.policies.prompting import chat_prompt
 from mutualrl.policies.generation import SamplingSettings, build_backend
-from mutualrl.policies.generation.mismatch import correct_mismatch
 from mutualrl.policies.samples import Sample
 from mutualrl.policies.sampling import truncate_logits, truncates
+from mutualrl.policies.update import UpdateEngine, make_optimizer, prepare_model
 from mutualrl.retokenize.loaders import TokenizerHandle, load_tokenizer
 from mutualrl.tasks.base import Prompt
 
@@ -70,7 +66,9 @@ _BUILD_LOCK = threading.Lock()
 
 class Policy(PolicyView):
     def __init__(self, cfg: PolicyConfig, grpo: GRPOConfig, seed: int, device: str = "cpu",
-                 handle: TokenizerHandle | None = None) -> None:
+                 handle: TokenizerHandle | None = None, total_steps: int | None = None) -> None:
+        """``total_steps``: the optimizer steps the learning-rate schedule spans (the run's
+        steps x num_iterations); only a schedule other than "constant" needs it."""
         super().__init__(cfg, handle or load_tokenizer(cfg.tokenizer))
         self.grpo = grpo
         self.device = torch.device(device)
@@ -80,8 +78,9 @@ class Policy(PolicyView):
         self.reference = None
         if grpo.beta > 0 and cfg.lora is None:
             self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
-        self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad],
-                                           lr=cfg.learning_rate or grpo.learning_rate)
+        prepare_model(self.model, grpo)
+        self.optimizer, self.scheduler = make_optimizer(self.model, cfg, grpo, total_steps)
+        self.updater = UpdateEngine(self)
         self.generator = torch.Generator().manual_seed(seed)
         self.skipped_nan_steps = 0
         self.backend = build_backend(self)
@@ -134,40 +133,26 @@ class Policy(PolicyView):
         # In place: the LM head's backward needs its input and weight, not its output.
         return logits.div_(temperature) if temperature != 1 else logits
 
-    @torch.no_grad()
     def sequence_logprobs(self, prompts: list[tuple[int, ...]], completions: list[tuple[int, ...]]) -> torch.Tensor:
         """Total log-prob of each completion under the current policy: (B,). Used for off-policy ratios."""
-        self.model.eval()
-        c = collate(prompts, completions, self.pad_id)
-        logp = selective_log_softmax(self.completion_logits(c), c.completion_ids.to(self.device))
-        return (logp.cpu() * completion_mask(c.completion_ids, c.lengths)).sum(-1)
-
-    def _reference_logp(self, c) -> torch.Tensor | None:
-        if self.grpo.beta == 0:
-            return None
-        with torch.no_grad():
-            if self.reference is not None:
-                logits = self.completion_logits(c, self.reference)
-            else:
-                with self.model.disable_adapter():
-                    logits = self.completion_logits(c)
-            return selective_log_softmax(logits, c.completion_ids.to(self.device))
+        return self.updater.sequence_logprobs(prompts, completions)
 
     # ---- updates --------------------------------------------------------------------------
     def sft_loss(self, examples: tuple[SFTExample, ...]) -> torch.Tensor:
         """Mean token negative log-likelihood of ``examples`` (completion tokens only)."""
-        c = collate([e.prompt_ids for e in examples], [e.completion_ids for e in examples], self.pad_id)
-        logp, _ = token_logprobs(self.completion_logits(c, temperature=1.0), c.completion_ids.to(self.device))
-        mask = completion_mask(c.completion_ids, c.lengths)
-        return -(logp * mask.to(self.device)).sum() / mask.sum().clamp(min=1)
+        parts = self.updater._sft_parts(examples)
+        return sum(self.updater.sft_loss(parts, k) for k in range(len(parts.slices)))
 
     @contextlib.contextmanager
     def _learning_rate(self, learning_rate: float | None):
         """Run the optimizer at ``learning_rate`` inside the block (None: unchanged)."""
+        if learning_rate is None:
+            # nothing to restore: the schedule may move the rate inside the block
+            yield
+            return
         saved = [grp["lr"] for grp in self.optimizer.param_groups]
-        if learning_rate is not None:
-            for grp in self.optimizer.param_groups:
-                grp["lr"] = learning_rate
+        for grp in self.optimizer.param_groups:
+            grp["lr"] = learning_rate
         try:
             yield
         finally:
@@ -177,38 +162,8 @@ class Policy(PolicyView):
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         """One update (``num_iterations`` optimizer steps) on a batch; NaN losses are skipped, counted."""
         with self._learning_rate(batch.learning_rate):
-            return self._train_step(batch)
-
-    def _train_step(self, batch: TrainBatch) -> dict[str, float]:
-        self.model.train()
-        g, stats, t0 = self.grpo, {}, time.perf_counter()
-        c = collate_sequences(batch.sequences, self.pad_id) if batch.sequences else None
-        if c is not None:
-            stats.update(correct_mismatch(self, c))
-            mask = completion_mask(c.completion_ids, c.lengths, c.extras["truncated"],
-                                   g.mask_truncated_completions).to(self.device)
-            ref_logp = self._reference_logp(c)
-            old = c.extras["old_logprobs"].to(self.device)
-        if c is not None and batch.diagnose_sources:
-            stats.update(self._source_gradients(c, mask, old, ref_logp))
-        for _ in range(g.num_iterations):
-            loss = torch.zeros((), device=self.device)
-            if c is not None:
-                out, logp_all = self._grpo_loss(c, mask, old, ref_logp, c.extras["weights"])
-                loss = loss + out.loss
-                with torch.no_grad():
-                    ent = (entropy_from_logprobs(logp_all) * mask).sum() / mask.sum().clamp(min=1)
-                stats.update(kl=float(out.kl), clip_ratio_low=float(out.clip_low_frac),
-                             clip_ratio_high=float(out.clip_high_frac), entropy=float(ent),
-                             grpo_loss=float(out.loss.detach()))
-            if batch.sft and batch.sft_coef > 0:
-                sft = self.sft_loss(batch.sft)
-                loss = loss + batch.sft_coef * sft
-                stats["sft_loss"] = float(sft.detach())
-            stats.update(self._apply(loss))
-        self.version += 1
-        self.backend.load_weights(self.version)
-        stats["step_time_s"] = time.perf_counter() - t0
+            stats = self.updater.train_step(batch)
+        self.backend.load_weights(self.version)   # the generation engine samples the new weights
         return stats
 
     def train_steps(self, batches: list[TrainBatch]) -> dict[str, float]:
@@ -224,74 +179,22 @@ class Policy(PolicyView):
         """``train_steps``, and the version of the weights after it (for callers in other processes)."""
         return self.train_steps(batches), self.version
 
-    def _grpo_loss(self, c, mask, old, ref_logp, weights):
-        g = self.grpo
-        logp, logp_all = token_logprobs(self.completion_logits(c), c.completion_ids.to(self.device))
-        # Rows without behaviour log-probs (peer samples) use the current policy's, detached:
-        # ratio 1 on the first pass; their off-policy correction travels in ``weights``.
-        old_i = torch.where(torch.isnan(old), logp.detach(), old)
-        out = clipped_surrogate(
-            logp, old_i, c.extras["advantages"].to(self.device), mask, epsilon=g.epsilon,
-            epsilon_high=g.epsilon_high, loss_type=g.loss_type,
-            max_completion_length=g.max_completion_length, ref_logp=ref_logp, beta=g.beta,
-            sample_weight=weights.to(self.device), importance_sampling_level=g.importance_sampling_level)
-        return out, logp_all
-
-    def _source_gradients(self, c, mask, old, ref_logp) -> dict[str, float]:
-        """Gradient norms of the own and the peer samples' loss terms, and their cosine.
-
-        Each part keeps the full batch's normaliser (rows of the other source weighted 0), so
-        the two gradients sum to the gradient of the full loss.
-        """
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        is_peer = c.extras["is_peer"]
-        grads = []
-        for keep in (~is_peer, is_peer):
-            self.optimizer.zero_grad(set_to_none=True)
-            w = c.extras["weights"]                  # (B,) or (B, T) with mismatch weights
-            out, _ = self._grpo_loss(c, mask, old, ref_logp, w * keep.float().view(-1, *[1] * (w.dim() - 1)))
-            out.loss.backward()
-            grads.append(torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten()
-                                    for p in params]))
-        self.optimizer.zero_grad(set_to_none=True)
-        own, peer = grads
-        cos = torch.nn.functional.cosine_similarity(own, peer, dim=0) if peer.norm() > 0 else torch.tensor(0.0)
-        return {"grad/own_norm": float(own.norm()), "grad/peer_norm": float(peer.norm()),
-                "grad/own_peer_cosine": float(cos)}
-
-    def _apply(self, loss: torch.Tensor) -> dict[str, float]:
-        self.optimizer.zero_grad(set_to_none=True)
-        if not loss.requires_grad:
-            # nothing in the batch depends on the parameters (no sequences, SFT weight 0)
-            return {"loss": float(loss), "skipped_empty": 1.0}
-        if not torch.isfinite(loss):
-            self.skipped_nan_steps += 1
-            return {"loss": float("nan"), "skipped_nan": 1.0}
-        loss.backward()
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        norm = torch.nn.utils.clip_grad_norm_(params, self.grpo.max_grad_norm or math.inf)
-        if not torch.isfinite(norm):
-            self.optimizer.zero_grad(set_to_none=True)
-            self.skipped_nan_steps += 1
-            return {"loss": float(loss.detach()), "skipped_nan": 1.0}
-        self.optimizer.step()
-        return {"loss": float(loss.detach()), "grad_norm": float(norm), "skipped_nan": 0.0}
-
     def sft_step(self, examples: tuple[SFTExample, ...], learning_rate: float | None = None) -> float:
         """A plain supervised step (warm start); ``learning_rate`` overrides the optimizer's for it."""
         self.model.train()
         with self._learning_rate(learning_rate):
-            loss = self.sft_loss(examples)
-            self._apply(loss)
+            loss = self.updater.sft_step(examples)
         self.backend.load_weights(self.version)
-        return float(loss.detach())
+        return loss
 
     # ---- persistence ----------------------------------------------------------------------
     def save_state(self, path: str | Path) -> None:
         """Everything a later run needs to continue exactly from here: weights, optimizer moments,
-        the sampler's generator, the version and the skipped-step count (one torch file)."""
+        the learning-rate schedule, the sampler's generator, the version and the skipped-step
+        count (one torch file; readers ignore keys they do not know)."""
         torch.save({"name": self.name, "model": self.model.state_dict(),
-                    "optimizer": self.optimizer.state_dict(), "generator": self.generator.get_state(),
+                    "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                    "generator": self.generator.get_state(),
                     "version": self.version, "skipped_nan_steps": self.skipped_nan_steps}, path)
 
     def load_state(self, path: str | Path) -> None:
@@ -305,6 +208,8 @@ class Policy(PolicyView):
             raise ValueError(f"{path}: holds the state of policy {held!r}, not {self.name!r}")
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        if "scheduler" in state:   # files written before schedules existed have none
+            self.scheduler.load_state_dict(state["scheduler"])
         self.generator.set_state(state["generator"].cpu())
         self.version, self.skipped_nan_steps = int(state["version"]), int(state["skipped_nan_steps"])
         self.backend.load_weights(self.version)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from mutualrl.grpo import completion_mask, selective_log_softmax
+from mutualrl.grpo import completion_mask
 from mutualrl.grpo.mismatch import importance_weights
 
 
@@ -25,9 +25,7 @@ def correct_mismatch(policy, c) -> dict[str, float]:
     has = c.extras["has_old"]                                            # (B,)
     if not bool(has.any()):
         return {}
-    with torch.no_grad():
-        trainer = selective_log_softmax(policy.completion_logits(c),
-                                        c.completion_ids.to(policy.device)).cpu()   # (B, T)
+    trainer = policy.updater.batch_logprobs(c).float().cpu()            # (B, T), micro-batched
     sampler = c.extras["old_logprobs"]                                   # (B, T), NaN for peers
     mask = completion_mask(c.completion_ids, c.lengths) & has.unsqueeze(-1)
     weights, stats = importance_weights(trainer, sampler, mask, g.vllm_importance_sampling_mode,

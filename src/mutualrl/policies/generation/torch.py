@@ -38,7 +38,8 @@ class TorchBackend:
         step = settings.batch_size or len(ids)
         out: list[Sample] = []
         for lo in range(0, len(ids), step):
-            tokens, logps = self._sample(ids[lo:lo + step], settings)
+            with self.policy.updater.autocast():   # the policy's precision (bf16 or fp32)
+                tokens, logps = self._sample(ids[lo:lo + step], settings)
             out += self._to_samples(prompts, ids[lo:lo + step], groups[lo:lo + step], tokens, logps)
         return out
 

@@ -1,0 +1,393 @@
+"""The update engine: how a policy turns a ``TrainBatch`` into optimizer steps within bounded memory.
+
+Each ``TrainBatch`` is one optimizer step per ``num_iterations``. The engine collates it once,
+computes everything that depends on the whole batch once (masks, the loss normalisers of
+``grpo.normalise``, reference log-probs), and cuts its rows into micro-batches
+(``per_device_train_batch_size`` / ``gradient_accumulation_steps``) whose gradients accumulate
+into that one step: for every ``loss_type``, with SFT terms, importance weights and the KL term,
+the step equals the single pass up to float rounding. A micro-batch with more completion
+positions than ``logprob_chunk_size`` takes its log-probs from the final hidden states through
+``grpo.chunked_token_logprobs``, so no (rows, T, V) logits exist.
+
+With neither option set (the default) there is one micro-batch and it runs exactly the code of
+the single pass, bit for bit.
+
+Precision: ``dtype = "bf16"`` runs forward under ``torch.autocast`` (bf16) with fp32 weights and
+AdamW moments. accelerate's ``Accelerator`` is not used: its state (device, mixed precision) is
+process-global, while one process may hold several policies on different devices and in
+different precisions; a per-policy ``torch.autocast`` is what its ``mixed_precision="bf16"``
+would apply, without the shared state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+import warnings
+from dataclasses import dataclass, replace
+
+import torch
+
+from mutualrl.config import GRPOConfig, PolicyConfig
+from mutualrl.grpo import (chunked_token_logprobs, clipped_surrogate, completion_mask,
+                           entropy_from_logprobs, row_scales, selective_log_softmax,
+                           token_logprobs, token_mean_scale)
+from mutualrl.policies.batch import Collated, SFTExample, TrainBatch, collate, collate_sequences
+from mutualrl.policies.generation.mismatch import correct_mismatch
+
+
+# ---- pure helpers -----------------------------------------------------------------------------
+def micro_batch_slices(rows: int, per_device_train_batch_size: int | None,
+                       gradient_accumulation_steps: int) -> list[slice]:
+    """Cut ``rows`` into max(gradient_accumulation_steps, ceil(rows / per_device)) near-equal
+    consecutive slices (never more slices than rows; at least one)."""
+    n = gradient_accumulation_steps
+    if per_device_train_batch_size is not None:
+        n = max(n, math.ceil(rows / per_device_train_batch_size))
+    n = max(1, min(n, rows))
+    base, extra = divmod(rows, n)
+    bounds = [0]
+    for i in range(n):
+        bounds.append(bounds[-1] + base + (i < extra))
+    return [slice(a, b) for a, b in zip(bounds, bounds[1:])]
+
+
+def take_rows(c: Collated, rows: slice) -> Collated:
+    """Rows of a collated batch, without the leading columns that are padding in all of them
+    (left padding only: positions and the completion's last-T layout are unchanged)."""
+    attention = c.attention_mask[rows]
+    used = attention.any(0).nonzero()
+    first = min(int(used[0]) if len(used) else 0, c.input_ids.shape[1] - c.completion_len - 1)
+    first = max(first, 0)
+    return replace(c, input_ids=c.input_ids[rows, first:], attention_mask=attention[:, first:],
+                   position_ids=c.position_ids[rows, first:], completion_ids=c.completion_ids[rows],
+                   lengths=c.lengths[rows], extras={k: v[rows] for k, v in c.extras.items()})
+
+
+class _Mean:
+    """A token-weighted mean over micro-batches; a single part is returned as it is."""
+
+    def __init__(self) -> None:
+        self.parts: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def add(self, value: torch.Tensor, tokens: torch.Tensor) -> None:
+        self.parts.append((value.detach(), tokens))
+
+    def value(self) -> float:
+        if len(self.parts) == 1:
+            return float(self.parts[0][0])
+        total = sum(t for _, t in self.parts)
+        return float(sum(v.double() * t for v, t in self.parts) / max(float(total), 1.0))
+
+
+def make_optimizer(model: torch.nn.Module, cfg: PolicyConfig, grpo: GRPOConfig,
+                   total_steps: int | None):
+    """AdamW and its learning-rate schedule (transformers.get_scheduler).
+
+    ``total_steps``: optimizer steps the schedule spans (the run's steps x num_iterations);
+    needed by every schedule but "constant"."""
+    from transformers import get_scheduler
+
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
+                                  lr=cfg.learning_rate or grpo.learning_rate,
+                                  weight_decay=grpo.weight_decay)
+    if total_steps is None and grpo.lr_scheduler_type != "constant":
+        raise ValueError(f"policy {cfg.name!r}: grpo.lr_scheduler_type = "
+                         f"{grpo.lr_scheduler_type!r} needs the run's number of optimizer steps "
+                         "(total_steps), which was not given")
+    total = max(int(total_steps or 1), 1)
+    scheduler = get_scheduler(grpo.lr_scheduler_type, optimizer,
+                              num_warmup_steps=math.ceil(total * grpo.warmup_ratio),
+                              num_training_steps=total)
+    return optimizer, scheduler
+
+
+def prepare_model(model: torch.nn.Module, grpo: GRPOConfig) -> None:
+    """HF gradient checkpointing, non-reentrant (no inputs need requires_grad; works with LoRA)."""
+    if grpo.gradient_checkpointing:
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+@dataclass
+class GRPOParts:
+    """What one batch's GRPO term needs, computed once per optimizer step."""
+
+    c: Collated
+    mask: torch.Tensor                      # (B, T) on the device
+    old: torch.Tensor                       # (B, T) behaviour log-probs, NaN where none
+    ref: list[torch.Tensor | None]          # per micro-batch (B_mb, T) reference log-probs
+    scales: torch.Tensor | None             # (B,) row normalisers; None: one micro-batch
+    slices: list[slice]
+    stats: dict[str, float]                 # the sampler/trainer mismatch, when corrected
+
+
+@dataclass
+class SFTParts:
+    c: Collated
+    mask: torch.Tensor                      # (B, T) on the device
+    scale: torch.Tensor | None              # 1 / all SFT tokens; None: one micro-batch
+    slices: list[slice]
+
+
+class UpdateEngine:
+    """A policy's updates (``Policy.train_step``, ``sft_step``, ``sequence_logprobs``)."""
+
+    def __init__(self, policy) -> None:
+        self.p = policy
+        self.grpo: GRPOConfig = policy.grpo
+        self.bf16 = policy.cfg.dtype == "bf16"
+
+    def autocast(self):
+        """The policy's compute precision for a forward pass (backward follows it)."""
+        if not self.bf16:
+            return contextlib.nullcontext()
+        return torch.autocast(self.p.device.type, dtype=torch.bfloat16)
+
+    def _slices(self, rows: int) -> list[slice]:
+        g = self.grpo
+        return micro_batch_slices(rows, g.per_device_train_batch_size, g.gradient_accumulation_steps)
+
+    # ---- log-probs ----------------------------------------------------------------------------
+    def _chunked(self, c: Collated) -> bool:
+        size = self.grpo.logprob_chunk_size
+        return size is not None and c.input_ids.shape[0] * c.completion_len > size
+
+    def _hidden_logprobs(self, c: Collated, model, temperature: float):
+        """(B, T) log-probs and entropy from final hidden states, the LM head chunked."""
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        head = base.get_output_embeddings()
+        if type(head) is not torch.nn.Linear or getattr(base.config, "final_logit_softcapping", None):
+            raise ValueError(f"grpo.logprob_chunk_size: policy {self.p.name!r} has an LM head "
+                             f"({type(head).__name__}) that is not a plain linear layer; "
+                             "unset logprob_chunk_size for it")
+        dev, L, T = self.p.device, c.input_ids.shape[1], c.completion_len
+        out = base.get_decoder()(input_ids=c.input_ids.to(dev), attention_mask=c.attention_mask.to(dev),
+                                 position_ids=c.position_ids.to(dev), use_cache=False)
+        hidden = out.last_hidden_state[:, L - T - 1:L - 1]                    # (B, T, H)
+        return chunked_token_logprobs(hidden, head.weight, head.bias, c.completion_ids.to(dev),
+                                      temperature, self.grpo.logprob_chunk_size)
+
+    def token_logprobs(self, c: Collated, model=None, temperature: float | None = None,
+                       entropy: bool = True):
+        """Differentiable (B, T) log-probs of the completion tokens, and (B, T) entropy (no grad;
+        None when not asked for and not free)."""
+        model = model or self.p.model
+        with self.autocast():
+            if self._chunked(c):
+                return self._hidden_logprobs(c, model, temperature or self.grpo.temperature)
+            # temperature None: the sampling distribution, top_k/top_p truncation included
+            logits = self.p.completion_logits(c, model, temperature=temperature)
+            logp, logp_all = token_logprobs(logits, c.completion_ids.to(self.p.device))
+        if not entropy:
+            return logp, None
+        with torch.no_grad():
+            return logp, entropy_from_logprobs(logp_all)
+
+    @torch.no_grad()
+    def plain_logprobs(self, c: Collated, model=None) -> torch.Tensor:
+        """(B, T) log-probs, not differentiated (behaviour, reference, off-policy ratios)."""
+        with self.autocast():
+            if self._chunked(c):
+                return self._hidden_logprobs(c, model or self.p.model, self.grpo.temperature)[0]
+            logits = self.p.completion_logits(c, model)
+            return selective_log_softmax(logits, c.completion_ids.to(self.p.device))
+
+    @torch.no_grad()
+    def sequence_logprobs(self, prompts, completions) -> torch.Tensor:
+        """Total log-prob of each completion under the current policy: (B,), per micro-batch."""
+        self.p.model.eval()
+        c = collate(prompts, completions, self.p.pad_id)
+        mask = completion_mask(c.completion_ids, c.lengths)
+        slices = self._slices(len(prompts))
+        if len(slices) == 1:
+            return (self.plain_logprobs(c).cpu() * mask).sum(-1)
+        return torch.cat([(self.plain_logprobs(take_rows(c, s)).cpu() * mask[s]).sum(-1)
+                          for s in slices])
+
+    @torch.no_grad()
+    def batch_logprobs(self, c: Collated) -> torch.Tensor:
+        """(B, T) log-probs of a whole collated batch, computed micro-batch by micro-batch."""
+        slices = self._slices(c.input_ids.shape[0])
+        if len(slices) == 1:
+            return self.plain_logprobs(c)
+        return torch.cat([self.plain_logprobs(take_rows(c, s)) for s in slices])
+
+    def _reference_logp(self, c: Collated) -> torch.Tensor | None:
+        if self.grpo.beta == 0:
+            return None
+        if self.p.reference is not None:
+            return self.plain_logprobs(c, self.p.reference)
+        with self.p.model.disable_adapter():
+            return self.plain_logprobs(c)
+
+    # ---- the batch's parts, once per optimizer step -------------------------------------------
+    def _grpo_parts(self, batch: TrainBatch) -> GRPOParts:
+        g, dev = self.grpo, self.p.device
+        c = collate_sequences(batch.sequences, self.p.pad_id)
+        # An inexact sampler (vLLM): recompute the behaviour log-probs, weight by the IS ratio.
+        mismatch = correct_mismatch(self.p, c)
+        mask = completion_mask(c.completion_ids, c.lengths, c.extras["truncated"],
+                               g.mask_truncated_completions).to(dev)
+        slices = self._slices(len(batch.sequences))
+        one = len(slices) == 1
+        ref = [self._reference_logp(c if one else take_rows(c, s)) for s in slices]
+        scales = None if one else row_scales(mask, g.loss_type, g.max_completion_length).to(dev)
+        return GRPOParts(c, mask, c.extras["old_logprobs"].to(dev), ref, scales, slices, mismatch)
+
+    def _sft_parts(self, examples: tuple[SFTExample, ...]) -> SFTParts:
+        c = collate([e.prompt_ids for e in examples], [e.completion_ids for e in examples], self.p.pad_id)
+        mask = completion_mask(c.completion_ids, c.lengths).to(self.p.device)
+        slices = self._slices(len(examples))
+        scale = None if len(slices) == 1 else token_mean_scale(mask).to(self.p.device)
+        return SFTParts(c, mask, scale, slices)
+
+    # ---- one micro-batch's losses ---------------------------------------------------------------
+    def grpo_loss(self, parts: GRPOParts, i: int, weights: torch.Tensor):
+        """Micro-batch ``i``'s GRPO loss (its share of the batch's) and its log-prob entropy."""
+        g, s = self.grpo, parts.slices[i]
+        c = parts.c if parts.scales is None else take_rows(parts.c, s)
+        logp, ent = self.token_logprobs(c)
+        old = parts.old[s]
+        # Rows without behaviour log-probs (peer samples) use the current policy's, detached:
+        # ratio 1 on the first pass; their off-policy correction travels in ``weights``.
+        old_i = torch.where(torch.isnan(old), logp.detach(), old)
+        out = clipped_surrogate(
+            logp, old_i, c.extras["advantages"].to(self.p.device), parts.mask[s], epsilon=g.epsilon,
+            epsilon_high=g.epsilon_high, loss_type=g.loss_type,
+            max_completion_length=g.max_completion_length, ref_logp=parts.ref[i], beta=g.beta,
+            sample_weight=weights[s].to(self.p.device),
+            row_scale=None if parts.scales is None else parts.scales[s],
+            importance_sampling_level=g.importance_sampling_level)
+        return out, ent
+
+    def sft_loss(self, parts: SFTParts, i: int) -> torch.Tensor:
+        """Micro-batch ``i``'s share of the mean token NLL over all SFT examples."""
+        s = parts.slices[i]
+        c = parts.c if parts.scale is None else take_rows(parts.c, s)
+        logp, _ = self.token_logprobs(c, temperature=1.0, entropy=False)
+        mask = parts.mask[s]
+        if parts.scale is None:
+            return -(logp * mask).sum() / mask.sum().clamp(min=1)
+        return -(logp * mask).sum() * parts.scale
+
+    # ---- optimizer steps ------------------------------------------------------------------------
+    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+        """One update (``num_iterations`` optimizer steps) on a batch; NaN losses are skipped,
+        counted. The schedule advances once per optimizer step at the policy's learning rate
+        (not for a batch that sets its own)."""
+        p = self.p
+        p.model.train()
+        stats, t0 = {}, time.perf_counter()
+        grpo = self._grpo_parts(batch) if batch.sequences else None
+        sft = self._sft_parts(batch.sft) if batch.sft and batch.sft_coef > 0 else None
+        if grpo is not None:
+            stats.update(grpo.stats)
+        if grpo is not None and batch.diagnose_sources:
+            stats.update(self._source_gradients(grpo))
+        for _ in range(self.grpo.num_iterations):
+            stats.update(self._iteration(grpo, sft, batch.sft_coef))
+            if batch.learning_rate is None:
+                self._advance_schedule()
+        p.version += 1
+        stats["step_time_s"] = time.perf_counter() - t0
+        return stats
+
+    def _advance_schedule(self) -> None:
+        # The schedule counts update attempts, skipped ones too (as transformers' Trainer does),
+        # so a run's rates do not depend on which steps were skipped; torch warns when a
+        # skipped step precedes it (or optimizer.step is wrapped), which is intended here.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`")
+            warnings.filterwarnings("ignore", message=r"Seems like `optimizer\.step\(\)` has been overridden")
+            self.p.scheduler.step()
+
+    def _iteration(self, grpo: GRPOParts | None, sft: SFTParts | None, coef: float) -> dict[str, float]:
+        """One optimizer step: micro-batch k backpropagates GRPO micro-batch k plus SFT
+        micro-batch k (with one of each, exactly the single pass's loss)."""
+        self.p.optimizer.zero_grad(set_to_none=True)
+        n = max(len(grpo.slices) if grpo else 1, len(sft.slices) if sft else 1)
+        means = {k: _Mean() for k in ("kl", "clip_ratio_low", "clip_ratio_high", "entropy")}
+        sums: dict[str, list[torch.Tensor]] = {"grpo_loss": [], "sft_loss": [], "loss": []}
+        grads, finite = False, True
+        for k in range(n):
+            loss = torch.zeros((), device=self.p.device)
+            if grpo is not None and k < len(grpo.slices):
+                out, ent = self.grpo_loss(grpo, k, grpo.c.extras["weights"])
+                loss = loss + out.loss
+                self._grpo_stats(means, sums, grpo.mask[grpo.slices[k]], out, ent)
+            if sft is not None and k < len(sft.slices):
+                part = self.sft_loss(sft, k)
+                loss = loss + coef * part
+                sums["sft_loss"].append(part.detach())
+            sums["loss"].append(loss.detach())
+            if not torch.isfinite(loss):
+                finite = False
+                break
+            if loss.requires_grad:
+                loss.backward()
+                grads = True
+        stats = {k: m.value() for k, m in means.items() if m.parts}
+        stats.update({k: float(sum(v)) if len(v) > 1 else float(v[0]) for k, v in sums.items() if v})
+        stats.update(self._optimizer_step(stats["loss"], grads) if finite else self._skip(float("nan")))
+        return stats
+
+    @staticmethod
+    def _grpo_stats(means, sums, mask, out, ent) -> None:
+        with torch.no_grad():
+            tokens = mask.sum()
+            m = mask.to(ent.dtype)
+            means["entropy"].add((ent * m).sum() / tokens.clamp(min=1), tokens)
+        means["kl"].add(out.kl, tokens)
+        means["clip_ratio_low"].add(out.clip_low_frac, tokens)
+        means["clip_ratio_high"].add(out.clip_high_frac, tokens)
+        sums["grpo_loss"].append(out.loss.detach())
+
+    def _skip(self, loss: float) -> dict[str, float]:
+        self.p.optimizer.zero_grad(set_to_none=True)
+        self.p.skipped_nan_steps += 1
+        return {"loss": loss, "skipped_nan": 1.0}
+
+    def _optimizer_step(self, loss: float, grads: bool) -> dict[str, float]:
+        """Clip and step on the accumulated gradients; a non-finite norm skips the step."""
+        p = self.p
+        if not grads:
+            # nothing in the batch depends on the parameters (no sequences, SFT weight 0)
+            return {"loss": loss, "skipped_empty": 1.0}
+        params = [q for q in p.model.parameters() if q.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, self.grpo.max_grad_norm or math.inf)
+        if not torch.isfinite(norm):
+            return self._skip(loss)
+        p.optimizer.step()
+        return {"loss": loss, "grad_norm": float(norm), "skipped_nan": 0.0}
+
+    def sft_step(self, examples: tuple[SFTExample, ...]) -> float:
+        """A plain supervised step at the optimizer's current learning rate (schedule not advanced)."""
+        self.p.model.train()
+        stats = self._iteration(None, self._sft_parts(examples), 1.0)
+        return stats.get("sft_loss", stats["loss"])
+
+    def _source_gradients(self, parts: GRPOParts) -> dict[str, float]:
+        """Gradient norms of the own and the peer samples' loss terms, and their cosine.
+
+        Each part keeps the full batch's normaliser (rows of the other source weighted 0), so
+        the two gradients sum to the gradient of the full loss.
+        """
+        p = self.p
+        params = [q for q in p.model.parameters() if q.requires_grad]
+        is_peer = parts.c.extras["is_peer"]
+        grads = []
+        for keep in (~is_peer, is_peer):
+            p.optimizer.zero_grad(set_to_none=True)
+            w = parts.c.extras["weights"]                 # (B,), or (B, T) with mismatch weights
+            for k in range(len(parts.slices)):
+                out, _ = self.grpo_loss(parts, k, w * keep.float().view(-1, *[1] * (w.dim() - 1)))
+                out.loss.backward()
+            grads.append(torch.cat([(q.grad if q.grad is not None else torch.zeros_like(q)).flatten()
+                                    for q in params]))
+        p.optimizer.zero_grad(set_to_none=True)
+        own, peer = grads
+        cos = torch.nn.functional.cosine_similarity(own, peer, dim=0) if peer.norm() > 0 else torch.tensor(0.0)
+        return {"grad/own_norm": float(own.norm()), "grad/peer_norm": float(peer.norm()),
+                "grad/own_peer_cosine": float(cos)}
