@@ -25,7 +25,7 @@ import contextlib
 import math
 import time
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -120,7 +120,7 @@ class GRPOParts:
     ref: list[torch.Tensor | None]          # per micro-batch (B_mb, T) reference log-probs
     scales: torch.Tensor | None             # (B,) row normalisers; None: one micro-batch
     slices: list[slice]
-    stats: dict[str, float]                 # the sampler/trainer mismatch, when corrected
+    stats: dict[str, float] = field(default_factory=dict)  # the sampler/trainer mismatch, if corrected
 
 
 @dataclass
