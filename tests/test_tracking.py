@@ -9,10 +9,20 @@ import pytest
 
 from mutualrl.config import ConfigError, load_config
 from mutualrl.metrics import read_metrics
+from mutualrl.progress import RunProgress
 from mutualrl.tracking import TrackedWriter, check_trackers, scalars_of
 from mutualrl.train import train
 
 TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.toml"
+
+
+class RecordingProgress(RunProgress):
+    def __init__(self) -> None:
+        super().__init__(enabled=False)
+        self.finished: list[str] = []
+
+    def finish_phase(self, message: str) -> None:
+        self.finished.append(message)
 
 
 class ListTracker:
@@ -61,7 +71,12 @@ def test_tiny_run_writes_tensorboard_scalars(tmp_path, fast_run_builds):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     out = tmp_path / "run"
-    train(load_config(TINY, [f'output_dir="{out}"', 'report_to=["tensorboard"]']))
+    progress = RecordingProgress()
+    train(load_config(TINY, [f'output_dir="{out}"', 'report_to=["tensorboard"]']), progress)
+    # The tiny warm start (3 steps, target 0.5) ends at max_steps; each bar says why it closed.
+    assert progress.finished[0].startswith("max_steps 3 reached") or \
+        progress.finished[0] == "target accuracy 0.5 reached at step 3"
+    assert progress.finished[1:] == ["2 steps done"]
     acc = EventAccumulator(str(out / "tensorboard"))
     acc.Reload()
     tags = acc.Tags()["scalars"]

@@ -270,6 +270,7 @@ def check_guards(run: Run, record: dict) -> None:
     tripped = run.guards.observe(record, list(run.policies)) if run.guards else None
     if tripped is not None:
         run.writer.write(tripped.record())
+        run.progress.finish_phase(f"stopped: {tripped.guard} tripped for {tripped.policy}")
         raise tripped
 
 
@@ -315,6 +316,7 @@ def train_loop(run: Run) -> None:
         if run.cfg.eval.every and (step + 1) % run.cfg.eval.every == 0 and step + 1 < run.cfg.steps:
             evaluate(run, step + 1)
         run.progress.advance(" | ".join(f"{n} r={np.mean(h[-5:]):.2f}" for n, h in run.history.items()))
+    run.progress.finish_phase(f"{run.cfg.steps} steps done")
 
 
 @dataclass(frozen=True)
