@@ -45,15 +45,15 @@ class TensorBoardTracker:
 
 
 class WandbTracker:
-    """A W&B run in ``<output_dir>/wandb/``; offline unless ``WANDB_MODE`` says otherwise, since
-    a training machine often has no network (``wandb sync`` uploads it later)."""
+    """A W&B run in ``<output_dir>/wandb/`` of project ``mutualrl``; offline unless ``WANDB_MODE``
+    says otherwise, since a training machine often has no network (``wandb sync`` uploads it)."""
 
     module = "wandb"
 
     def __init__(self, out: Path, run_name: str, config: dict) -> None:
         import wandb
-        os.environ.setdefault("WANDB_MODE", "offline")
-        self._run = wandb.init(dir=str(out), name=run_name, config=config, reinit=True)
+        self._run = wandb.init(dir=str(out), project="mutualrl", name=run_name, config=config,
+                               mode=os.environ.get("WANDB_MODE", "offline"))
 
     def log(self, scalars: dict[str, float], step: int) -> None:
         self._run.log(scalars, step=step)
