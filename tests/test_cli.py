@@ -99,3 +99,13 @@ def test_every_peer_log_flag_is_kept():
     for item in _overrides(_args(peer_log=["runs/a", "runs/b"])):
         apply_override(data, item)
     assert data["exchange"]["peer_logs"] == ["runs/a", "runs/b"]
+
+
+def test_output_dir_that_is_a_file_is_a_one_line_error(capsys, tmp_path):
+    path = tmp_path / "taken"
+    path.write_text("not a run directory")
+    assert main(["train", "--config", TINY, "--output-dir", str(path), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--output-dir" in err[0] and "output_dir" in err[0]
+    assert "existing file" in err[0] and "Traceback" not in err[0]
+    assert path.read_text() == "not a run directory"

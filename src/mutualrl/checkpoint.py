@@ -114,6 +114,7 @@ def _run_state(run: Run, step: int) -> dict[str, Any]:
         "versions": {n: p.version for n, p in run.policies.items()},
         "verifier": vars(run.verifier.counters).copy(),
         "bus": run.bus.state_dict(),
+        "guards": run.guards.state_dict() if run.guards is not None else None,
         "append_only": {name: (run.out / name).stat().st_size for name in APPEND_ONLY
                         if (run.out / name).is_file()},
         "segments": {p.name: p.stat().st_size for p in sorted(seg_dir.glob("*.mrlx"))}
@@ -271,6 +272,8 @@ def restore(run: Run, ckpt: Checkpoint) -> int:
     for k, v in s["verifier"].items():
         setattr(run.verifier.counters, k, v)
     run.bus.load_state_dict(s["bus"])
+    if run.guards is not None and s.get("guards") is not None:
+        run.guards.load_state_dict(s["guards"])
     torch.set_rng_state(s["rng"]["torch"])
     np.random.set_state(s["rng"]["numpy"])
     random.setstate(s["rng"]["python"])

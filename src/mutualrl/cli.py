@@ -131,6 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Exit code of a run a guard stopped (mutualrl.guards): not a crash (2 is a usage error), not success.
+GUARD_EXIT = 3
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -138,8 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     # would tear through it.
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()
+    from mutualrl.guards import GuardTripped
     try:
         return int(args.func(args) or 0)
+    except GuardTripped as exc:
+        print(f"mutualrl: stopped: {exc} (policies saved)", file=sys.stderr)
+        return GUARD_EXIT
     except (ConfigError, ValueError, FileNotFoundError) as exc:
         print(f"mutualrl: error: {exc}", file=sys.stderr)
         return 2

@@ -306,6 +306,11 @@ class _NestedRunProgress(RunProgress):
         if self._row is not None:
             self._shared.update(self._row, advance=1, description=description)
 
+    def finish_phase(self, message: str) -> None:
+        if self._row is not None:
+            from mutualrl.progress import finish_task
+            finish_task(self._shared, self._row, message)
+
     def _drop_row(self) -> None:
         if self._row is not None:
             self._shared.remove_task(self._row)

@@ -271,6 +271,22 @@ class DiversityConfig(ConfigStruct):
         check(0 <= self.coef <= 1, "coef must be in [0, 1] (0 turns the regulariser off)")
 
 
+class GuardsConfig(ConfigStruct):
+    """Stop the run cleanly when a policy goes wrong (mutualrl.guards); every guard off by default."""
+
+    max_kl: float | None = None                   # stop when a policy's kl to its reference exceeds it
+    reward_collapse_fraction: float | None = None # stop when the last-window mean reward < this x best
+    reward_window: int = 5                        # steps per reward window
+    max_nan_steps: int | None = None              # stop after this many consecutive NaN-loss steps
+
+    def __post_init__(self) -> None:
+        check(self.max_kl is None or self.max_kl > 0, "max_kl must be > 0")
+        check(self.reward_collapse_fraction is None or 0 < self.reward_collapse_fraction <= 1,
+              "reward_collapse_fraction must be in (0, 1]")
+        check(self.reward_window >= 1, "reward_window must be >= 1")
+        check(self.max_nan_steps is None or self.max_nan_steps >= 1, "max_nan_steps must be >= 1")
+
+
 class RunConfig(ConfigStruct):
     """The whole run. ``strategies`` holds per-strategy parameter tables, checked by each strategy."""
 
@@ -298,6 +314,8 @@ class RunConfig(ConfigStruct):
     # to resume from. See mutualrl.checkpoint.
     save_steps: int = 0
     save_total_limit: int | None = None
+    report_to: list[str] = msgspec.field(default_factory=list)  # trackers: "tensorboard", "wandb"
+    guards: GuardsConfig = msgspec.field(default_factory=GuardsConfig)
 
     def __post_init__(self) -> None:
         check(len(self.policies) >= 1, "policies must list at least one policy")

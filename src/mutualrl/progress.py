@@ -37,3 +37,17 @@ class RunProgress:
     def advance(self, description: str = "") -> None:
         if self._progress is not None and self._task is not None:
             self._progress.update(self._task, advance=1, description=description)
+
+    def finish_phase(self, message: str) -> None:
+        """Close the current phase's bar at its real end, saying why it ended."""
+        if self._progress is not None and self._task is not None:
+            finish_task(self._progress, self._task, message)
+            self._task = None
+
+
+def finish_task(progress: Progress, task_id, message: str) -> None:
+    """Set the bar's total to what was done (a phase that ends early reads full, not cut off),
+    stop its clock, and show ``message`` as its description."""
+    done = progress.tasks[progress.task_ids.index(task_id)].completed
+    progress.update(task_id, total=done, description=message)
+    progress.stop_task(task_id)

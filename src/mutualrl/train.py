@@ -28,6 +28,7 @@ from mutualrl.allocation.config import AllocationConfig, parse_allocation
 from mutualrl.allocation.planner import Plan
 from mutualrl.config import ConfigError, RunConfig, to_dict
 from mutualrl.evaluation import append_heldout, correctness, heldout_record, score_correctness
+from mutualrl.guards import Guards, GuardTripped
 from mutualrl.exchange import ExperienceBus
 from mutualrl.experience import PeerLogPool, open_bus, publish_step
 from mutualrl.retokenize import Retokenizer
@@ -37,8 +38,10 @@ from mutualrl.policies.placement import policy_device
 from mutualrl.policies.policy import Policy, PolicyView, Sample, load_handles
 from mutualrl.progress import RunProgress
 from mutualrl.strategies import Strategy, StrategyContext, build_strategy
+from mutualrl.strategies.common import own_advantages
 from mutualrl.tasks import GuardedVerifier, Task, build_task
 from mutualrl.tasks.rewards import WeightedReward, build_rewards, mean_parts
+from mutualrl.tracking import check_trackers, make_writer
 from mutualrl.warmup import warm_start
 from mutualrl.workers import WorkerUnavailable, call_live, call_one
 
@@ -67,6 +70,7 @@ class Run:
     rewards: WeightedReward | None = None      # task.reward_funcs; None: the verifier alone
     reward_parts: dict[str, dict[str, float]] = field(default_factory=dict)  # last step's means
     history: dict[str, list[float]] = field(default_factory=dict)
+    guards: Guards | None = None
     phase_times: dict[str, float] = field(default_factory=lambda: defaultdict(float))
 
     @contextlib.contextmanager
@@ -90,6 +94,7 @@ def build_run(cfg: RunConfig, progress: RunProgress | None = None) -> Run:
     if cfg.torch_threads:
         torch.set_num_threads(cfg.torch_threads)
     strategy = build_strategy(cfg)           # bad strategy parameters fail here, first
+    check_trackers(cfg.report_to)            # a missing tracker package fails before any work
     task = build_task(cfg.task)
     rewards = build_rewards(cfg.task, task)  # unknown reward functions fail here
     checkpoints = check_checkpoints(cfg.policies)  # present, of a registered family
@@ -99,6 +104,9 @@ def build_run(cfg: RunConfig, progress: RunProgress | None = None) -> Run:
             raise ConfigError(f"policies.{p.name}.warmup_families: {bad} not in task families "
                               f"{list(task.families)}")
     out = Path(cfg.output_dir)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"output_dir (--output-dir): {out} is an existing file; expected a "
+                          "directory to write the run into (or a path that does not exist yet)")
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
     peer_logs = PeerLogPool(cfg.exchange.peer_logs) if cfg.exchange.peer_logs else None
@@ -110,11 +118,12 @@ def build_run(cfg: RunConfig, progress: RunProgress | None = None) -> Run:
     profiles: dict = {}
     return Run(cfg=cfg, out=out, task=task,
                verifier=GuardedVerifier(task.verifier, cfg.task.verifier_timeout_s),
-               policies=policies, strategy=strategy, writer=MetricsWriter(out / "metrics.jsonl"),
+               policies=policies, strategy=strategy,
+               writer=make_writer(out / "metrics.jsonl", cfg.report_to, out.name, to_dict(cfg)),
                progress=progress or RunProgress(enabled=False), bus=bus, subscription=sub,
                retokenizers={n: Retokenizer(p.handle, max_length=cfg.grpo.max_completion_length,
                                             profiles=profiles) for n, p in policies.items()},
-               peer_logs=peer_logs, executor=executor, rewards=rewards)
+               peer_logs=peer_logs, executor=executor, rewards=rewards, guards=Guards(cfg.guards))
 
 
 def start_executor(cfg: RunConfig, out: Path, handles: dict):
@@ -267,13 +276,15 @@ def sample_metrics(samples: list[Sample], elapsed: float, g) -> dict[str, float]
            "frac_reward_zero_std": float((groups.std(1) == 0).mean()),
            "completion_length": lengths.mean(),
            "truncated_frac": float(np.mean([s.finish_reason == "length" for s in samples])),
-           "tokens_per_s": lengths.sum() / max(elapsed, 1e-9)}
+           "tokens_per_s": lengths.sum() / max(elapsed, 1e-9),
+           # GRPO guides aim for about 0.5-1.5; near 0 means the groups carry no signal.
+           "adv_var": float(own_advantages(samples, g)[0].var(unbiased=False))}
     for fam in sorted({s.prompt.family for s in samples}):
         out[f"reward/{fam}/mean"] = float(np.mean([s.reward for s in samples if s.prompt.family == fam]))
     return out
 
 
-def log_step(run: Run, step: int, samples, gen_time, update_stats, ctx, step_time) -> None:
+def log_step(run: Run, step: int, samples, gen_time, update_stats, ctx, step_time) -> dict:
     record: dict = {"phase": "train", "step": step, "time_s": step_time}
     for name, ss in samples.items():
         m = sample_metrics(ss, gen_time[name], run.cfg.grpo)
@@ -292,6 +303,16 @@ def log_step(run: Run, step: int, samples, gen_time, update_stats, ctx, step_tim
                    "exchange/raw_bytes": bus["raw_bytes_written"], "exchange/dropped": bus["dropped"],
                    "exchange/duplicates": bus["duplicates"]})
     run.writer.write(record)
+    return record
+
+
+def check_guards(run: Run, record: dict) -> None:
+    """After a finished step: record and raise the first guard it tripped, if any."""
+    tripped = run.guards.observe(record, list(run.policies)) if run.guards else None
+    if tripped is not None:
+        run.writer.write(tripped.record())
+        run.progress.finish_phase(f"stopped: {tripped.guard} tripped for {tripped.policy}")
+        raise tripped
 
 
 def evaluate(run: Run, step: int) -> dict[str, float]:
@@ -341,11 +362,13 @@ def train_loop(run: Run, start: int = 0) -> None:
             ctx = make_context(run, step, prompts)
             run.strategy.observe(ctx, samples)
             stats = update(run, ctx, samples)
-            log_step(run, step, samples, gen_time, stats, ctx, time.perf_counter() - t0)
+            record = log_step(run, step, samples, gen_time, stats, ctx, time.perf_counter() - t0)
+        check_guards(run, record)
         if run.cfg.eval.every and (step + 1) % run.cfg.eval.every == 0 and step + 1 < run.cfg.steps:
             evaluate(run, step + 1)
         save_checkpoint(run, step + 1)
         run.progress.advance(" | ".join(f"{n} r={np.mean(h[-5:]):.2f}" for n, h in run.history.items()))
+    run.progress.finish_phase(f"{run.cfg.steps} steps done")
 
 
 @dataclass(frozen=True)
@@ -369,6 +392,11 @@ def summarize(run: Run, final_eval: dict, wall: float) -> RunSummary:
                          dict(run.phase_times))
     (run.out / "summary.json").write_bytes(msgspec.json.format(msgspec.json.encode(summary), indent=2))
     return summary
+
+
+def save_policies(run: Run) -> None:
+    with run.timed("save"):
+        call_live(run.executor, "save", directory=str(run.out / "policies"))
 
 
 def open_checkpoint(cfg: RunConfig) -> tuple[checkpoint.Checkpoint, dict]:
@@ -411,10 +439,14 @@ def train(cfg: RunConfig, progress: RunProgress | None = None, resume: bool = Fa
             start = 0
         else:
             start = resume_from(run, *opened)
-        train_loop(run, start)
+        try:
+            train_loop(run, start)
+        except GuardTripped as exc:   # its record is written; checkpoint what was trained, stop
+            checkpoint.save(run, exc.step + 1)
+            save_policies(run)
+            raise
         final = evaluate(run, cfg.steps)
-        with run.timed("save"):
-            call_live(run.executor, "save", directory=str(run.out / "policies"))
+        save_policies(run)
         return summarize(run, final, time.perf_counter() - t0)
     finally:
         run.executor.shutdown()

@@ -57,7 +57,10 @@ def warm_start(run: Run) -> None:
              if plans[p.name].families and p.name in run.executor.live_workers()]
     if names and run.cfg.warmup.max_steps > 0:
         cache = WarmStartCache(run.cfg) if run.cfg.warmup.cache_dir else None
-        if cache is None or not cache.load(run, names):
+        if cache is not None and cache.load(run, names):
+            run.progress.start_phase("warm start", 0)
+            run.progress.finish_phase(f"loaded from cache {cache.path}")
+        else:
             records, complete = supervised_warm_start(run, names, plans)
             if cache is not None and complete:
                 cache.store(run, names, records)
@@ -128,7 +131,17 @@ def supervised_warm_start(run: Run, names: list[str],
             break
     for s in warming.values():
         write(s.done_record())
+    run.progress.finish_phase(end_message(w, step, list(warming), complete))
     return records, complete
+
+
+def end_message(w, step: int, unfinished: list[str], complete: bool) -> str:
+    """Why the warm start ended, for its progress bar."""
+    if unfinished:
+        return f"max_steps {w.max_steps} reached ({', '.join(unfinished)} below target accuracy)"
+    if not complete:
+        return f"stopped at step {step}: a policy failed"
+    return f"target accuracy {w.target_accuracy:g} reached at step {step}"
 
 
 def demonstrations(run: Run, s: _Warming) -> tuple[SFTExample, ...]:

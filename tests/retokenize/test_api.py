@@ -54,12 +54,23 @@ def test_encode_prompt_uses_receiver_format(retokenizers):
 
 @pytest.mark.parametrize(("kwargs", "match"), [
     ({"source_ids": [1, 2, 3], "source_logprobs": [-1.0]}, r"source_logprobs\[0\]: expected 3"),
+    ({"source_ids": [1, 2, 3], "source_logprobs": [-1.0, float("nan"), -0.5]},
+     r"source_logprobs\[0\]: log-prob at position 1 is nan"),
+    ({"source_logprobs": [float("nan")]}, r"source_logprobs\[0\]: .*position 0 is nan"),
+    ({"source_ids": [1, 2], "source_logprobs": [float("inf"), -1.0]}, r"position 0 is inf"),
     ({"source_ids": [10**9]}, r"source_ids\[0\]: expected ids in \[0, "),
     ({"source_ids": [[1, 2]]}, r"source_ids\[0\]: expected a 1-D sequence"),
 ])
 def test_errors_name_the_field(retokenizers, handles, kwargs, match):
     with pytest.raises(ValueError, match=match):
         retokenizers["deepseek-v3"].retokenize("abc", source=handles["mistral-v1"], **kwargs)
+
+
+def test_nan_logprob_in_a_batch_names_the_text_and_position(retokenizers, handles):
+    with pytest.raises(ValueError, match=r"source_logprobs\[1\]: log-prob at position 0 is nan"):
+        retokenizers["deepseek-v3"].retokenize_batch(
+            ["ab", "cd"], source=handles["mistral-v1"], source_ids=[[1], [2]],
+            source_logprobs=[[-1.0], [float("nan")]])
 
 
 def test_errors_for_bad_text_and_settings(retokenizers, handles):

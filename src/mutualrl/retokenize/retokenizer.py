@@ -368,6 +368,11 @@ def _as_logprobs(lps, n: int, field: str) -> np.ndarray:
     if arr.shape != (n,):
         raise ValueError(f"{field}: expected {n} log-probs (one per source id), got shape "
                          f"{arr.shape}")
+    # A NaN (or +inf) would flow silently into every moved log-prob and importance ratio.
+    bad = np.flatnonzero(np.isnan(arr) | (arr == np.inf))
+    if bad.size:
+        raise ValueError(f"{field}: log-prob at position {int(bad[0])} is {arr[bad[0]]}; expected a "
+                         f"number <= 0 ({bad.size} such value(s))")
     return arr
 
 
