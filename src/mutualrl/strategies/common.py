@@ -91,3 +91,22 @@ def peer_logprob_totals(adapted: list) -> tuple[torch.Tensor, torch.Tensor]:
             counts.append(len(d.record.token_array))
     return (torch.tensor(totals, dtype=torch.float64),
             torch.tensor(counts, dtype=torch.float64).clamp(min=1))
+
+
+def select_peers(ctx, receiver: str, own, max_per_group: int | None) -> tuple[dict[str, int], list]:
+    """(prompt id -> the receiver's group index, peer rollouts for those prompts), at most
+    ``max_per_group`` per prompt (None: all). A prompt sampled twice in a step: its peers join
+    the first group."""
+    pid_group: dict[str, int] = {}
+    for s in own:
+        pid_group.setdefault(s.prompt.id, s.group)
+    peers = peer_rollouts(ctx, receiver, set(pid_group))
+    if max_per_group is not None:
+        kept, count = [], {}
+        for d in peers:
+            pid = d.record.prompt_id
+            if count.get(pid, 0) < max_per_group:
+                kept.append(d)
+                count[pid] = count.get(pid, 0) + 1
+        peers = kept
+    return pid_group, peers

@@ -47,7 +47,7 @@ import torch
 from mutualrl.grpo import group_moments, normalize
 from mutualrl.policies.batch import TrainBatch, TrainSequence
 from mutualrl.strategies.base import StrategyContext, register_strategy
-from mutualrl.strategies.common import adapt_to_receiver, peer_logprob_totals, peer_rollouts
+from mutualrl.strategies.common import adapt_to_receiver, peer_logprob_totals, select_peers
 
 CAPABILITY_FLOOR = 1e-8
 
@@ -149,23 +149,8 @@ class HACPO:
             del h[:-self.p.capability_window]
 
     # ---- batches -------------------------------------------------------------------------
-    def _select(self, ctx, receiver, own):
-        pid_group: dict[str, int] = {}
-        for s in own:
-            pid_group.setdefault(s.prompt.id, s.group)
-        peers = peer_rollouts(ctx, receiver, set(pid_group))
-        if self.p.max_peer_per_group is not None:
-            kept, count = [], {}
-            for d in peers:
-                pid = d.record.prompt_id
-                if count.get(pid, 0) < self.p.max_peer_per_group:
-                    kept.append(d)
-                    count[pid] = count.get(pid, 0) + 1
-            peers = kept
-        return pid_group, peers
-
     def build_batches(self, ctx: StrategyContext, receiver: str, own) -> list[TrainBatch]:
-        pid_group, peers = self._select(ctx, receiver, own)
+        pid_group, peers = select_peers(ctx, receiver, own, self.p.max_peer_per_group)
         adapted = adapt_to_receiver(ctx, receiver, peers)
         prompts = [ctx.encode_prompt[receiver](d.record.prompt) for d, _ in adapted]
         completions = [tuple(int(t) for t in res.target_ids) for _, res in adapted]

@@ -102,3 +102,14 @@ class GuardedVerifier:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def sample_split(splits: dict[str, list[Prompt]], default_families: Sequence[str], source: object,
+                 rng: np.random.Generator, n: int, split: Split,
+                 families: Sequence[str] | None = None) -> list[Prompt]:
+    """``n`` prompts drawn with replacement from a file-based task's ``split`` in ``families``."""
+    fams = set(families or default_families)
+    pool = [p for p in splits[split] if p.family in fams]
+    if not pool:
+        raise TaskError(f"{source}: no {split} prompts in families {sorted(fams)}")
+    return [pool[i] for i in rng.integers(len(pool), size=n)]

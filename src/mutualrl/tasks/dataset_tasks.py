@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from mutualrl.tasks.answers import gsm8k_equal, last_boxed, math_equal, math_reference
-from mutualrl.tasks.base import TASKS, Prompt, Split, TaskError
+from mutualrl.tasks.base import TASKS, Prompt, Split, TaskError, sample_split
 
 FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".arrow": "arrow",
                  ".csv": "csv"}
@@ -111,11 +111,7 @@ class DatasetTask:
 
     def sample(self, rng: np.random.Generator, n: int, split: Split,
                families: Sequence[str] | None = None) -> list[Prompt]:
-        fams = set(families or self.families)
-        pool = [p for p in self.splits[split] if p.family in fams]
-        if not pool:
-            raise TaskError(f"{self.path}: no {split} prompts in families {sorted(fams)}")
-        return [pool[i] for i in rng.integers(len(pool), size=n)]
+        return sample_split(self.splits, self.families, self.path, rng, n, split, families)
 
     def demonstration(self, prompt: Prompt) -> str:
         return " " + prompt.answer

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mutualrl.tasks.base import TASKS, Prompt, Split, TaskError
+from mutualrl.tasks.base import TASKS, Prompt, Split, TaskError, sample_split
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
@@ -73,11 +73,7 @@ class JsonlTask:
 
     def sample(self, rng: np.random.Generator, n: int, split: Split,
                families: Sequence[str] | None = None) -> list[Prompt]:
-        fams = set(families or self.families)
-        pool = [p for p in self.splits[split] if p.family in fams]
-        if not pool:
-            raise TaskError(f"{self.path}: no {split} prompts in families {sorted(fams)}")
-        return [pool[i] for i in rng.integers(len(pool), size=n)]
+        return sample_split(self.splits, self.families, self.path, rng, n, split, families)
 
     def demonstration(self, prompt: Prompt) -> str:
         return " " + prompt.answer
