@@ -26,8 +26,8 @@ TIMING = ("time_s", "tokens_per_s", "step_time_s")
 
 
 def shortened(out: Path, cache: Path, *extra: str) -> list[str]:
-    sets = ["save_steps=2", "warmup.max_steps=30", "eval.every=2", "eval.num_prompts=4",
-            "eval.k=2", "torch_threads=1", f'warmup.cache_dir="{cache}"', *extra]
+    sets = ["save_steps=2", "warmup.max_steps=30", "eval.every=2", "eval.num_prompts=2",
+            "eval.k=1", "torch_threads=1", f'warmup.cache_dir="{cache}"', *extra]
     return [sys.executable, "-m", "mutualrl.cli", "train", "--config", str(DEFAULT), "--steps", "5",
             "--no-progress", "--output-dir", str(out), *(a for s in sets for a in ("--set", s))]
 

@@ -29,7 +29,7 @@ def _add_train(sub) -> None:
     p.add_argument("--output-dir", help="run directory (overrides output_dir)")
     p.add_argument("--steps", type=int, help="number of GRPO steps (overrides steps)")
     p.add_argument("--peer-log", action="append", default=[], metavar="RUN_DIR",
-                   help="replay a recorded experience log as a frozen peer (prp, sgt)")
+                   help="replay a recorded experience log as a frozen peer (strategies that read peer rollouts: prp, sgt, hacpo, codistill, hint)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_run_train)
 
