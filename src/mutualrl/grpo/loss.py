@@ -48,22 +48,28 @@ def k3_kl(logp: Tensor, ref_logp: Tensor) -> Tensor:
     return torch.exp(delta) - delta - 1
 
 
-def aggregate(per_token: Tensor, mask: Tensor, loss_type: str, max_completion_length: int) -> Tensor:
+def aggregate(per_token: Tensor, mask: Tensor, loss_type: str, max_completion_length: int,
+              skipped_rows: int = 0, skipped_tokens: int = 0) -> Tensor:
     """Reduce a (B, T) per-token loss to a scalar.
 
     grpo:    mean over each sequence's tokens, then mean over sequences (the original GRPO; longer
              sequences get smaller per-token weight).
     dr_grpo: sum over all tokens / (B * max_completion_length): a constant normaliser, no length bias.
     dapo:    mean over all tokens in the batch (token-level, DAPO).
+
+    ``skipped_rows`` / ``skipped_tokens``: rows left out of the batch because their per-token
+    loss is exactly 0 (see ``TrainBatch.skipped_rows``); they still count in the normaliser, so
+    the result equals that of the full batch.
     """
     mask = mask.to(per_token.dtype)
     if loss_type == "grpo":
         per_seq = (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-        return per_seq.mean()
+        # mean() when nothing was skipped keeps results bit-identical to the unskipped path
+        return per_seq.sum() / (per_seq.shape[0] + skipped_rows) if skipped_rows else per_seq.mean()
     if loss_type == "dr_grpo":
-        return (per_token * mask).sum() / (per_token.shape[0] * max_completion_length)
+        return (per_token * mask).sum() / ((per_token.shape[0] + skipped_rows) * max_completion_length)
     if loss_type == "dapo":
-        return (per_token * mask).sum() / mask.sum().clamp(min=1)
+        return (per_token * mask).sum() / (mask.sum() + skipped_tokens).clamp(min=1)
     raise ValueError(f"loss_type must be 'grpo', 'dr_grpo' or 'dapo', got {loss_type!r}")
 
 
@@ -78,12 +84,14 @@ class LossOutput:
 def clipped_surrogate(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *,
                       epsilon: float, epsilon_high: float | None, loss_type: str,
                       max_completion_length: int, ref_logp: Tensor | None = None, beta: float = 0.0,
-                      sample_weight: Tensor | None = None) -> LossOutput:
+                      sample_weight: Tensor | None = None, skipped_rows: int = 0,
+                      skipped_tokens: int = 0) -> LossOutput:
     """GRPO/PPO clipped objective.
 
     logp, old_logp, mask: (B, T); advantages: (B,); ref_logp: (B, T) or None;
     sample_weight: (B,) detached per-sequence weights (e.g. a truncated off-policy ratio for
     pooled peer samples), multiplying each sequence's per-token loss; None means 1.
+    skipped_rows, skipped_tokens: zero-loss rows left out, counted in the normaliser (``aggregate``).
     """
     eps_high = epsilon if epsilon_high is None else epsilon_high
     ratio = torch.exp(logp - old_logp)                                   # (B, T)
@@ -97,7 +105,7 @@ def clipped_surrogate(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: 
         per_token = per_token + beta * kl
     if sample_weight is not None:
         per_token = per_token * sample_weight.detach().unsqueeze(-1)
-    loss = aggregate(per_token, mask, loss_type, max_completion_length)
+    loss = aggregate(per_token, mask, loss_type, max_completion_length, skipped_rows, skipped_tokens)
     m = mask.to(logp.dtype)
     n = m.sum().clamp(min=1)
     with torch.no_grad():

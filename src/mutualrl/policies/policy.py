@@ -239,11 +239,11 @@ class Policy(PolicyView):
             ref_logp = self._reference_logp(c)
             old = c.extras["old_logprobs"].to(self.device)
         if c is not None and batch.diagnose_sources:
-            stats.update(self._source_gradients(c, mask, old, ref_logp))
+            stats.update(self._source_gradients(c, mask, old, ref_logp, batch))
         for _ in range(g.num_iterations):
             loss = torch.zeros((), device=self.device)
             if c is not None:
-                out, logp_all = self._grpo_loss(c, mask, old, ref_logp, c.extras["weights"])
+                out, logp_all = self._grpo_loss(c, mask, old, ref_logp, c.extras["weights"], batch)
                 loss = loss + out.loss
                 with torch.no_grad():
                     ent = (entropy_from_logprobs(logp_all) * mask).sum() / mask.sum().clamp(min=1)
@@ -272,8 +272,9 @@ class Policy(PolicyView):
         """``train_steps``, and the version of the weights after it (for callers in other processes)."""
         return self.train_steps(batches), self.version
 
-    def _grpo_loss(self, c, mask, old, ref_logp, weights):
+    def _grpo_loss(self, c, mask, old, ref_logp, weights, batch: TrainBatch | None = None):
         g = self.grpo
+        skipped = TrainBatch() if batch is None else batch  # rows left out, counted in the normaliser
         logp, logp_all = token_logprobs(self.completion_logits(c), c.completion_ids.to(self.device))
         # Rows without behaviour log-probs (peer samples) use the current policy's, detached:
         # ratio 1 on the first pass; their off-policy correction travels in ``weights``.
@@ -282,10 +283,11 @@ class Policy(PolicyView):
             logp, old_i, c.extras["advantages"].to(self.device), mask, epsilon=g.epsilon,
             epsilon_high=g.epsilon_high, loss_type=g.loss_type,
             max_completion_length=g.max_completion_length, ref_logp=ref_logp, beta=g.beta,
-            sample_weight=weights.to(self.device))
+            sample_weight=weights.to(self.device), skipped_rows=skipped.skipped_rows,
+            skipped_tokens=skipped.skipped_tokens)
         return out, logp_all
 
-    def _source_gradients(self, c, mask, old, ref_logp) -> dict[str, float]:
+    def _source_gradients(self, c, mask, old, ref_logp, batch) -> dict[str, float]:
         """Gradient norms of the own and the peer samples' loss terms, and their cosine.
 
         Each part keeps the full batch's normaliser (rows of the other source weighted 0), so
@@ -296,7 +298,7 @@ class Policy(PolicyView):
         grads = []
         for keep in (~is_peer, is_peer):
             self.optimizer.zero_grad(set_to_none=True)
-            out, _ = self._grpo_loss(c, mask, old, ref_logp, c.extras["weights"] * keep.float())
+            out, _ = self._grpo_loss(c, mask, old, ref_logp, c.extras["weights"] * keep.float(), batch)
             out.loss.backward()
             grads.append(torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten()
                                     for p in params]))
