@@ -82,3 +82,38 @@ def test_converted_tokenizers_are_cached_and_fingerprinted(tekken):
     assert list((cache_dir() / "converted").glob("tekken-*.json"))
     assert tekken.fingerprint == fingerprint(tekken.tokenizer) and len(tekken.fingerprint) == 64
     assert {"qwen2", "qwen2.5", "mistral-tekken"} <= set(PACKAGED_TOKENIZERS.names())
+
+
+def test_qwen_retokenizes_both_ways_with_nfc_fast_path(qwen, tokenizer_handles):
+    """Qwen's NFC normaliser: NFC text takes the byte-table path, other text the offsets path;
+    both tile the bytes and keep log-prob mass, and only non-NFC text is a round-trip residual."""
+    import numpy as np
+
+    from mutualrl.retokenize import Retokenizer
+
+    from .helpers import check_tiling, group_text_equal, source_ids
+    from .test_cases import CASES
+
+    if qwen.name != "qwen2.5":
+        pytest.skip("one Qwen vocabulary is enough here")
+    other = "mistral-v1"
+    rts = {qwen.name: Retokenizer(qwen), other: Retokenizer(tokenizer_handles[other])}
+    handles = {qwen.name: qwen, other: rts[other].target}
+    assert rts[qwen.name].profile.lossless
+    for src, tgt in ((qwen.name, other), (other, qwen.name)):
+        for name, text in CASES.items():
+            ids = source_ids(rts, src, text)
+            lps = -np.linspace(0.1, 2.0, ids.size)
+            out = rts[tgt].retokenize(text, source=handles[src], source_ids=ids, source_logprobs=lps)
+            check_tiling(out, ids.size, len(text.encode()), eos_group=False)
+            group_text_equal(rts[src], rts[tgt], out, ids, text.encode())
+            assert out.group_logprob_sums.sum() == pytest.approx(lps.sum(), abs=1e-9)
+            if tgt == qwen.name:
+                nfc = unicodedata_nfc(text) == text
+                assert out.residuals.roundtrip_mismatch == (not nfc), name
+
+
+def unicodedata_nfc(text: str) -> str:
+    import unicodedata
+
+    return unicodedata.normalize("NFC", text)
