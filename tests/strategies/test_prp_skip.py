@@ -30,7 +30,7 @@ def sequences(policy) -> list[TrainSequence]:
     peer = [TrainSequence(a, (5255, 2), 0.8, None, weight=1.7, source="q"),
             TrainSequence(b, (8006, 5255, 8006, 2), -0.6, None, weight=0.0, source="q"),  # w == 0
             TrainSequence(a, (8006,), 0.0, None, weight=0.9, source="q"),             # A == 0
-            TrainSequence(b, (5255, 5255, 8006), 0.5, None, weight=float(1e-46), source="q",
+            TrainSequence(b, (5255, 5255, 8006), 0.5, None, weight=1e-46, source="q",
                           truncated=True),                                            # w -> 0 in f32
             TrainSequence(b, (8006, 2), -0.3, None, weight=0.4, source="q", truncated=True)]
     return own + peer
