@@ -50,22 +50,28 @@ def k3_kl(logp: Tensor, ref_logp: Tensor) -> Tensor:
     return torch.exp(delta) - delta - 1
 
 
-def aggregate(per_token: Tensor, mask: Tensor, loss_type: str, max_completion_length: int) -> Tensor:
+def aggregate(per_token: Tensor, mask: Tensor, loss_type: str, max_completion_length: int,
+              skipped_rows: int = 0, skipped_tokens: int = 0) -> Tensor:
     """Reduce a (B, T) per-token loss to a scalar.
 
     grpo:    mean over each sequence's tokens, then mean over sequences (the original GRPO; longer
              sequences get smaller per-token weight).
     dr_grpo: sum over all tokens / (B * max_completion_length): a constant normaliser, no length bias.
     dapo:    mean over all tokens in the batch (token-level, DAPO).
+
+    ``skipped_rows`` / ``skipped_tokens``: rows left out of the batch because their per-token
+    loss is exactly 0 (see ``TrainBatch.skipped_rows``); they still count in the normaliser, so
+    the result equals that of the full batch.
     """
     mask = mask.to(per_token.dtype)
     if loss_type == "grpo":
         per_seq = (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-        return per_seq.mean()
+        # mean() when nothing was skipped keeps results bit-identical to the unskipped path
+        return per_seq.sum() / (per_seq.shape[0] + skipped_rows) if skipped_rows else per_seq.mean()
     if loss_type == "dr_grpo":
-        return (per_token * mask).sum() / (per_token.shape[0] * max_completion_length)
+        return (per_token * mask).sum() / ((per_token.shape[0] + skipped_rows) * max_completion_length)
     if loss_type == "dapo":
-        return (per_token * mask).sum() / mask.sum().clamp(min=1)
+        return (per_token * mask).sum() / (mask.sum() + skipped_tokens).clamp(min=1)
     raise ValueError(f"loss_type must be 'grpo', 'dr_grpo' or 'dapo', got {loss_type!r}")
 
 
@@ -99,7 +105,8 @@ def clipped_surrogate(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: 
                       epsilon: float, epsilon_high: float | None, loss_type: str,
                       max_completion_length: int, ref_logp: Tensor | None = None, beta: float = 0.0,
                       sample_weight: Tensor | None = None, row_scale: Tensor | None = None,
-                      importance_sampling_level: str = "token") -> LossOutput:
+                      importance_sampling_level: str = "token", skipped_rows: int = 0,
+                      skipped_tokens: int = 0) -> LossOutput:
     """GRPO/PPO clipped objective.
 
     logp, old_logp, mask: (B, T); advantages: (B,); ref_logp: (B, T) or None;
@@ -110,6 +117,8 @@ def clipped_surrogate(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: 
     row_scale: (B,) the whole batch's normaliser per row (``normalise.row_scales``) when these
     rows are a micro-batch of it: the loss is then this micro-batch's share of the batch loss
     instead of ``aggregate`` over these rows alone. The statistics stay over these rows.
+    skipped_rows, skipped_tokens: zero-loss rows left out, counted in the normaliser (``aggregate``;
+    with ``row_scale`` they are already in it).
     """
     eps_high = epsilon if epsilon_high is None else epsilon_high
     ratio = importance_ratio(logp, old_logp, mask, importance_sampling_level)   # (B, T)
@@ -125,7 +134,8 @@ def clipped_surrogate(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: 
         w = sample_weight.detach()
         per_token = per_token * (w.unsqueeze(-1) if w.dim() == 1 else w)
     if row_scale is None:
-        loss = aggregate(per_token, mask, loss_type, max_completion_length)
+        loss = aggregate(per_token, mask, loss_type, max_completion_length, skipped_rows,
+                         skipped_tokens)
     else:
         loss = scaled_sum(per_token, mask, row_scale)
     m = mask.to(logp.dtype)

@@ -14,21 +14,25 @@ import torch
 from torch import Tensor
 
 
-def row_scales(mask: Tensor, loss_type: str, max_completion_length: int) -> Tensor:
+def row_scales(mask: Tensor, loss_type: str, max_completion_length: int, skipped_rows: int = 0,
+               skipped_tokens: int = 0) -> Tensor:
     """Per-row factor turning masked token sums into the batch loss: (B, T) mask -> (B,) fp32.
 
     grpo:    1 / (B * n_i)  (n_i: tokens of row i, at least 1) -- mean of per-sequence means;
     dr_grpo: 1 / (B * max_completion_length);
     dapo:    1 / N          (N: tokens of the whole batch, at least 1).
+    ``skipped_rows``/``skipped_tokens``: zero-loss rows a strategy left out of the batch
+    (``TrainBatch.skipped_rows``); they count in B and N as they would in the full batch.
     """
     m = mask.to(torch.float32)
     B = m.shape[0]
+    rows = B + skipped_rows
     if loss_type == "grpo":
-        return 1.0 / (B * m.sum(-1).clamp(min=1))
+        return 1.0 / (rows * m.sum(-1).clamp(min=1))
     if loss_type == "dr_grpo":
-        return torch.full((B,), 1.0 / (B * max_completion_length))
+        return torch.full((B,), 1.0 / (rows * max_completion_length))
     if loss_type == "dapo":
-        return torch.full((B,), 1.0) / m.sum().clamp(min=1)
+        return torch.full((B,), 1.0) / (m.sum() + skipped_tokens).clamp(min=1)
     raise ValueError(f"loss_type must be 'grpo', 'dr_grpo' or 'dapo', got {loss_type!r}")
 
 

@@ -50,6 +50,11 @@ class TrainBatch:
     # Report the own-sample and peer-sample gradient norms and their cosine before updating
     # (two extra backward passes; the two parts sum to the full GRPO gradient).
     diagnose_sources: bool = False
+    # Sequences a strategy left out because their loss terms are exactly 0 (weight 0, or advantage
+    # 0 without KL): they still count in the loss normaliser — rows for grpo/dr_grpo, masked
+    # completion tokens for dapo — so the loss and its gradient equal those of the full batch.
+    skipped_rows: int = 0
+    skipped_tokens: int = 0
 
 
 @dataclass(frozen=True)

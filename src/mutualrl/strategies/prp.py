@@ -9,6 +9,9 @@ policy of a pooled sample is the peer, so its ratio is off-policy:
   across tokenizations; the text's total log-prob is the one quantity both sides define.
 * ``on_receiver``: ``w = 1`` (advantage-weighted imitation of the peer's text).
 
+Peer rows whose loss is exactly 0 (weight 0 after truncation, or advantage 0 without KL) skip the
+update's forward and backward but keep their place in the normaliser (``drop_inert_peers``).
+
 Inside the clipped objective a pooled sample's token ratio is taken against the receiver's own
 current log-probs (ratio 1 at the first iteration), so clipping acts only on later iterations.
 """
@@ -45,6 +48,28 @@ def truncated_ratio(logp_receiver: torch.Tensor, logp_peer: torch.Tensor, cap: f
     return torch.exp(logp_receiver - logp_peer).clamp(max=cap)
 
 
+def drop_inert_peers(seqs: list[TrainSequence], n_own: int, grpo) -> tuple[list[TrainSequence], int, int]:
+    """Peer rows (after the first ``n_own``) whose loss terms are exactly 0, left out of the update.
+
+    A row's per-token loss is ``weight * (surrogate + beta * kl)``, so it is exactly 0 when the
+    float32 weight is 0 (a truncated ratio that underflowed: log-ratio below about -103), or when
+    the advantage is 0 and there is no KL term (beta == 0). Such rows cost a forward and backward
+    and add nothing; they still count in the normaliser (returned: rows, and the completion tokens
+    the mask would have counted), so loss and gradient are unchanged. At least one row is kept.
+    Returns (kept sequences, skipped rows, skipped tokens).
+    """
+    def inert(s: TrainSequence) -> bool:
+        return float(np.float32(s.weight)) == 0.0 or (s.advantage == 0.0 and grpo.beta == 0.0)
+
+    kept = seqs[:n_own] + [s for s in seqs[n_own:] if not inert(s)]
+    if not kept:
+        return seqs, 0, 0
+    dropped = [s for s in seqs[n_own:] if inert(s)]
+    tokens = sum(0 if (s.truncated and grpo.mask_truncated_completions) else len(s.completion_ids)
+                 for s in dropped)
+    return kept, len(dropped), tokens
+
+
 class PeerRolloutPooling:
     name = "prp"
 
@@ -73,11 +98,14 @@ class PeerRolloutPooling:
                                                   adv.advantages[n:].tolist(), weights.tolist(),
                                                   adv.zero_std[n:].tolist())
                  if not (z and ctx.grpo.skip_zero_std_groups)]
+        kept, rows, tokens = drop_inert_peers(seqs, n, ctx.grpo)
         ctx.log(receiver, "prp/peer_share", len(adapted) / max(len(own) + len(adapted), 1))
         ctx.log(receiver, "prp/peer_samples", len(adapted))
+        ctx.log(receiver, "prp/skipped_rows", rows)
         ctx.log(receiver, "prp/frac_reward_zero_std_mixed",
                 float(adv.zero_std[:len(own)].float().mean()) if own else 0.0)
-        return [TrainBatch(sequences=tuple(seqs), diagnose_sources=self.p.grad_diagnostic)] if seqs else []
+        return [TrainBatch(sequences=tuple(kept), diagnose_sources=self.p.grad_diagnostic,
+                           skipped_rows=rows, skipped_tokens=tokens)] if kept else []
 
     def _weights(self, ctx, receiver, adapted, prompts, completions) -> torch.Tensor:
         if not adapted:
