@@ -52,6 +52,8 @@ def test_tiny_run_writes_metrics_for_both_policies(tiny_run):
             assert r[f"policy/{name}/entropy"] > 0
             assert r[f"policy/{name}/kl"] == 0.0     # beta 0: no reference
         assert r["verifier/errors"] == 0 and r["verifier/timeouts"] == 0
+        steps = [r[f"phase/{p}_time_s"] for p in ("generate", "verify", "publish", "strategy", "update")]
+        assert all(t >= 0 for t in steps) and sum(steps) <= r["time_s"]
     phases = [r["phase"] for r in read_metrics(out / "metrics.jsonl")]
     assert phases.count("warmup_done") == 2          # the warm start is part of the run
     assert phases[-1] == "eval"                      # eval every 0: only at the end

@@ -72,6 +72,8 @@ class Run:
     history: dict[str, list[float]] = field(default_factory=dict)
     guards: Guards | None = None
     phase_times: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    # Wall seconds of the current GRPO step by loop phase, logged as ``phase/<phase>_time_s``.
+    step_phases: dict[str, float] = field(default_factory=lambda: defaultdict(float))
 
     @contextlib.contextmanager
     def timed(self, phase: str):
@@ -81,6 +83,15 @@ class Run:
             yield
         finally:
             self.phase_times[phase] += time.perf_counter() - t0
+
+    @contextlib.contextmanager
+    def step_phase(self, phase: str):
+        """Add the block's wall time to this step's ``step_phases[phase]``."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.step_phases[phase] += time.perf_counter() - t0
 
 
 def seed_everything(seed: int) -> None:
@@ -253,12 +264,14 @@ def make_context(run: Run, step: int, prompts) -> StrategyContext:
 def update(run: Run, ctx: StrategyContext, samples: dict[str, list[Sample]]) -> dict[str, dict]:
     """The strategy assembles each receiver's batches; the policies train on them concurrently."""
     batches = {}
-    for name, own in samples.items():
-        try:
-            batches[name] = run.strategy.build_batches(ctx, name, own)
-        except WorkerUnavailable:   # its receiver-side call failed; on_failure has dealt with it
-            continue
-    results = run.executor.call("update", {n: {"batches": b} for n, b in batches.items()})
+    with run.step_phase("strategy"):   # includes the strategy's retokenization and log-prob calls
+        for name, own in samples.items():
+            try:
+                batches[name] = run.strategy.build_batches(ctx, name, own)
+            except WorkerUnavailable:   # its receiver-side call failed; on_failure has dealt with it
+                continue
+    with run.step_phase("update"):
+        results = run.executor.call("update", {n: {"batches": b} for n, b in batches.items()})
     for name in results:
         run.strategy.after_update(ctx, name)
     stats = {}
@@ -302,6 +315,7 @@ def log_step(run: Run, step: int, samples, gen_time, update_stats, ctx, step_tim
     record.update({"exchange/published": bus["published"], "exchange/bytes": bus["bytes_written"],
                    "exchange/raw_bytes": bus["raw_bytes_written"], "exchange/dropped": bus["dropped"],
                    "exchange/duplicates": bus["duplicates"]})
+    record.update({f"phase/{k}_time_s": v for k, v in run.step_phases.items()})
     run.writer.write(record)
     return record
 
@@ -354,14 +368,20 @@ def train_loop(run: Run, start: int = 0) -> None:
     run.progress.start_phase("train", run.cfg.steps, completed=start)
     for step in range(start, run.cfg.steps):
         with run.timed("train"):
-            t0 = time.perf_counter()
+            t0, clock = time.perf_counter(), run.step_phase
+            run.step_phases.clear()
             prompts = sample_prompts(run, step)
-            samples, gen_time = generate(run, prompts)
-            samples = verify(run, samples)
-            publish(run, samples)
-            ctx = make_context(run, step, prompts)
-            run.strategy.observe(ctx, samples)
+            with clock("generate"):
+                samples, gen_time = generate(run, prompts)
+            with clock("verify"):
+                samples = verify(run, samples)
+            with clock("publish"):
+                publish(run, samples)
+            with clock("strategy"):   # with update()'s batch building: routing, THL, buffers
+                ctx = make_context(run, step, prompts)
+                run.strategy.observe(ctx, samples)
             stats = update(run, ctx, samples)
+            # time_s minus the phases is prompt sampling and logging (a record cannot time its own write)
             record = log_step(run, step, samples, gen_time, stats, ctx, time.perf_counter() - t0)
         check_guards(run, record)
         if run.cfg.eval.every and (step + 1) % run.cfg.eval.every == 0 and step + 1 < run.cfg.steps:
