@@ -40,9 +40,14 @@ def source_digest() -> str:
 
 
 def machine_info(**versions: str) -> dict[str, object]:
-    """Platform, processor, cores and Python, plus the library ``versions`` a benchmark names."""
+    """Platform, processor, cores, load and Python, plus the library ``versions`` a benchmark names.
+
+    ``loadavg`` (1, 5, 15 min) says how busy the machine was: on a shared host, absolute timings
+    are only comparable between runs of similar load, ratios measured side by side much more so.
+    """
+    load = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     return {"platform": platform.platform(), "machine": platform.machine(),
-            "processor": platform.processor(), "cpu_count": os.cpu_count(),
+            "processor": platform.processor(), "cpu_count": os.cpu_count(), "loadavg": load,
             "python": sys.version.split()[0], **versions}
 
 
