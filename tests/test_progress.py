@@ -30,7 +30,9 @@ def test_finish_phase_sets_total_to_done_and_stops_the_clock():
 def test_disabled_progress_finishes_quietly():
     progress = RunProgress(enabled=False)
     progress.start_phase("train", 3)
-    progress.finish_phase("3 steps done")
+    progress.advance("step")
+    progress.finish_phase("3 steps done")       # no display: nothing drawn, nothing raised
+    assert progress._progress is None and progress._task is None
 
 
 def test_warm_start_end_messages():

@@ -75,23 +75,23 @@ class Run:
     # Wall seconds of the current GRPO step by loop phase, logged as ``phase/<phase>_time_s``.
     step_phases: dict[str, float] = field(default_factory=lambda: defaultdict(float))
 
-    @contextlib.contextmanager
     def timed(self, phase: str):
-        """Add the block's wall time to ``phase_times[phase]``."""
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.phase_times[phase] += time.perf_counter() - t0
+        """Add the block's wall time to ``phase_times[phase]`` (the run's totals)."""
+        return _clocked(self.phase_times, phase)
 
-    @contextlib.contextmanager
     def step_phase(self, phase: str):
         """Add the block's wall time to this step's ``step_phases[phase]``."""
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.step_phases[phase] += time.perf_counter() - t0
+        return _clocked(self.step_phases, phase)
+
+
+@contextlib.contextmanager
+def _clocked(bucket: dict[str, float], key: str):
+    """Add the block's wall time to ``bucket[key]``, also when it raises."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        bucket[key] += time.perf_counter() - t0
 
 
 def seed_everything(seed: int) -> None:
