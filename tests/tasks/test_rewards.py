@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import time
 
 import pytest
 
 from mutualrl.config import ConfigError, TaskConfig
 from mutualrl.tasks.base import Prompt
+from tests.tasks.test_verifier import Raises, Sleeps
 from mutualrl.tasks.rewards import REWARD_FUNCS, WeightedReward, build_rewards, mean_parts
 
 P = Prompt(text="2 + 2?", answer="2 + 2 = 4\n#### 4", family="default")
@@ -23,21 +23,6 @@ class _Right:
 
     def __call__(self, prompt, completion):
         return 1.0 if "4" in completion else 0.0
-
-
-class _Broken:
-    verifier_id, version = "broken", 1
-
-    def __call__(self, prompt, completion):
-        raise RuntimeError("bad verifier")
-
-
-class _Slow:
-    verifier_id, version = "slow", 1
-
-    def __call__(self, prompt, completion):
-        time.sleep(0.5)
-        return 1.0
 
 
 def test_builtins_are_registered():
@@ -64,10 +49,10 @@ def test_weighted_sum_and_parts():
 
 
 def test_failures_give_zero_and_are_counted():
-    r = WeightedReward(_Task(_Broken()), ["correctness", "hash_format"], [], timeout_s=5)
+    r = WeightedReward(_Task(Raises()), ["correctness", "hash_format"], [], timeout_s=5)
     assert r.score(P, "#### 4") == (1.0, {"correctness": 0.0, "hash_format": 1.0})
     assert r.failures() == (1, 0)
-    slow = WeightedReward(_Task(_Slow()), ["correctness"], [2.0], timeout_s=0.05)
+    slow = WeightedReward(_Task(Sleeps(0.5)), ["correctness"], [2.0], timeout_s=0.05)
     assert slow(P, "4") == 0.0 and slow.failures() == (0, 1)
     r.close(), slow.close()
 
