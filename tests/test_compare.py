@@ -295,3 +295,76 @@ def test_report_only_rebuilds_the_report_from_the_runs(fake_report):
     (out / "report.json").unlink()
     assert main(["compare", "--output-dir", str(out), "--report-only"]) == 0
     assert (out / "report.md").exists() and (out / "report.json").exists()
+
+
+# ---- --jobs: runs in worker processes ---------------------------------------------------------
+def logged_fake_train(cfg, progress) -> RunSummary:
+    """fake_train that also notes when it started and ended and in which process."""
+    import os
+    import time
+    start = time.time()
+    summary = fake_train(cfg, progress)
+    time.sleep(0.2)
+    (Path(cfg.output_dir) / "clock.json").write_text(
+        json.dumps({"start": start, "end": time.time(), "pid": os.getpid()}))
+    return summary
+
+
+def failing_fake_train(cfg, progress) -> RunSummary:
+    if cfg.strategy == ALL[-1] and cfg.seed == 1:
+        raise RuntimeError("worker failed on purpose")
+    return fake_train(cfg, progress)
+
+
+def test_parallel_compare_writes_what_the_sequential_one_does_and_waits_for_each_warm_start(
+        fake_report, tmp_path):
+    seq, _ = fake_report
+    config, sets = _config()
+    out = tmp_path / "parallel"
+    compare(config, ALL, SEEDS, out, overrides=sets, train_fn=logged_fake_train, jobs=2)
+    assert set(_summaries(out)) == _names(ALL)
+    strip = lambda d: {k: v for k, v in d.items() if k not in ("commit", "created")}  # noqa: E731
+    assert json.loads((out / "report.json").read_text())["rows"] == \
+        json.loads((seq / "report.json").read_text())["rows"]
+    assert {r["status"] for r in read_state(out)["runs"].values()} == {"done"}
+    assert strip(read_state(out))["strategies"] == ALL
+    clocks = {p.parent.name: json.loads(p.read_text()) for p in (out / "runs").glob("*/clock.json")}
+    assert len({c["pid"] for c in clocks.values()}) == len(clocks)      # a fresh process per run
+    for seed in range(SEEDS):
+        leader = clocks[f"{ALL[0]}-seed{seed}"]
+        for s in ALL[1:]:                # the seed's other runs start after its first has ended
+            assert clocks[f"{s}-seed{seed}"]["start"] >= leader["end"]
+    overlapping = [(a, b) for a in clocks for b in clocks if a < b
+                   and clocks[a]["start"] < clocks[b]["end"] and clocks[b]["start"] < clocks[a]["end"]]
+    assert overlapping                   # two runs did run at once
+
+
+def test_a_failed_parallel_run_is_recorded_and_the_others_are_kept(tmp_path):
+    config, sets = _config()
+    out = tmp_path / "r"
+    with pytest.raises(RuntimeError, match="on purpose"):
+        compare(config, ALL, SEEDS, out, overrides=sets, train_fn=failing_fake_train, jobs=2)
+    runs = read_state(out)["runs"]
+    bad = f"{ALL[-1]}-seed1"
+    assert runs[bad]["status"] == "failed" and "on purpose" in runs[bad]["error"]
+    done = {n for n, r in runs.items() if r["status"] == "done"}
+    assert done == set(_summaries(out)) and f"{ALL[0]}-seed0" in done
+    compare(config, ALL, SEEDS, out, overrides=sets, resume=True, train_fn=fake_train, jobs=2)
+    assert set(_summaries(out)) == _names(ALL)
+
+
+def test_real_parallel_compare_reproduces_the_sequential_runs(real_report, tmp_path):
+    """Runs in worker processes compute exactly what they compute one after another."""
+    config, sets = _config()
+    out = tmp_path / "parallel"
+    argv = ["compare", "--config", config, "--strategies", ",".join(REAL), "--seeds", "1",
+            "--output-dir", str(out), "--no-progress", "--jobs", "2"]
+    for s in sets:
+        argv += ["--set", s]
+    assert main(argv) == 0
+    timing = ("time_s", "tokens_per_s", "step_time_s")
+    for s in REAL:
+        recs = [read_metrics(d / "runs" / f"{s}-seed0" / "metrics.jsonl") for d in (real_report, out)]
+        strip = [[{k: v for k, v in r.items() if not k.endswith(timing) and k not in ("path",)}
+                  for r in rs if r["phase"] != "warmup_cache"] for rs in recs]
+        assert strip[0] == strip[1]

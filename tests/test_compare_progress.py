@@ -23,3 +23,14 @@ def test_eta_from_finished_runs_is_printed_with_each_run():
     lines = buf.getvalue().splitlines()
     assert lines[0] == "  none-seed0: 60s; ETA 3m00s (from 1 finished)"
     assert lines[1] == "  sgt-seed0: 100s; ETA 2m40s (from 2 finished)"
+
+
+def test_eta_with_jobs_divides_the_work_left_among_the_runs_at_a_time():
+    p = CompareProgress(enabled=False, jobs=2)
+    p.start(total=6, done=0)
+    p.run_finished("a", "a", 60.0)
+    p.run_finished("b", "b", 100.0)
+    assert p.eta() == "ETA 2m40s (from 2 finished)"         # 4 left x 80 s / 2 at a time
+    for name in "cde":
+        p.run_finished(name, name, 80.0)
+    assert p.eta() == "ETA 1m20s (from 5 finished)"         # the last run alone

@@ -7,7 +7,9 @@ weights and see the same prompts. Only the sharing differs. The warm start goes 
 policies, the seed's other runs load them, so they start from identical weights by construction
 and the warm start is paid once per seed.
 
-Runs go sequentially into ``<report>/runs/<strategy>-seed<s>/``. The compare's own state
+Runs go into ``<report>/runs/<strategy>-seed<s>/``, one after another, or ``jobs`` at a time in
+separate processes (``--jobs``): a seed's first run goes first and its other runs start once it has
+stored the warm start, so every run computes exactly what it would sequentially. The compare's own state
 (``compare.json``: what was asked, the commit, each run's status) is rewritten after every change,
 so ``--resume`` continues an interrupted compare: a run is finished when its ``summary.json``
 exists; anything else is cleared and redone. The report is built only from what runs wrote
@@ -20,6 +22,7 @@ import argparse
 import json
 import os
 import shutil
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -64,6 +67,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="continue an interrupted compare in --output-dir; finished runs are kept")
     parser.add_argument("--report-only", action="store_true",
                         help="rebuild the report from the runs already in --output-dir; run nothing")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="runs at a time, each in its own process (default 1); a run of the "
+                             "embedded default keeps about one core busy")
     parser.add_argument("--no-progress", action="store_true", help="no progress display")
 
 
@@ -86,9 +92,9 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"report: {path}")
         return 0
     strategies = parse_strategies(args.strategies)
-    with CompareProgress(enabled=not args.no_progress, console=console) as progress:
+    with CompareProgress(enabled=not args.no_progress, console=console, jobs=args.jobs) as progress:
         report = compare(args.config, strategies, args.seeds, out, overrides=overrides,
-                         resume=args.resume, progress=progress)
+                         resume=args.resume, progress=progress, jobs=args.jobs)
     console.print(f"[bold]report[/]: {report}")
     return 0
 
@@ -229,8 +235,9 @@ def open_state(out: Path, fresh: dict[str, Any], resume: bool) -> dict[str, Any]
 class CompareProgress:
     """One rich display: runs done / total and the current run's phase (warm start, train)."""
 
-    def __init__(self, enabled: bool = True, console=None) -> None:
+    def __init__(self, enabled: bool = True, console=None, jobs: int = 1) -> None:
         self.enabled = enabled
+        self.jobs = max(1, jobs)          # runs at a time: the ETA divides the work among them
         self.console = console            # finished runs are reported here even without a display
         self._progress = None
         self._overall = None
@@ -259,7 +266,7 @@ class CompareProgress:
             return RunProgress(enabled=False)
         eta = self.eta()
         self._progress.update(self._overall, description=f"running {name}" + (f"; {eta}" if eta else ""))
-        return _NestedRunProgress(self._progress)
+        return _NestedRunProgress(self._progress) if self.jobs == 1 else RunProgress(enabled=False)
 
     def note(self, line: str) -> None:
         """A message for the user (e.g. a damaged checkpoint that is skipped)."""
@@ -273,7 +280,7 @@ class CompareProgress:
         warm start, so early estimates run a little high)."""
         if not self._walls or self._remaining <= 0:
             return ""
-        left = sum(self._walls) / len(self._walls) * self._remaining
+        left = sum(self._walls) / len(self._walls) * self._remaining / min(self.jobs, self._remaining)
         return f"ETA {int(left // 60)}m{int(left % 60):02d}s (from {len(self._walls)} finished)"
 
     def run_finished(self, name: str, line: str, wall_s: float | None = None, extra: str = "") -> None:
@@ -337,7 +344,8 @@ class _Runner:
         self.state["runs"].setdefault(r.name, {"strategy": r.strategy, "seed": r.seed}).update(fields)
         write_state(self.out, self.state)
 
-    def execute(self, r: PlannedRun) -> None:
+    def begin(self, r: PlannedRun) -> bool:
+        """Clear or keep the run's directory and mark it running; True: it resumes a checkpoint."""
         from mutualrl.checkpoint import latest
 
         run_dir = self.out / "runs" / r.name
@@ -347,21 +355,31 @@ class _Runner:
         if run_dir.exists() and not resume:
             shutil.rmtree(run_dir)
         self.set_status(r, status="running", commit=self.state["commit"], error=None)
+        return resume
+
+    def failed(self, r: PlannedRun, exc: BaseException) -> None:
+        status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+        self.set_status(r, status=status, error=f"{type(exc).__name__}: {exc}")
+
+    def execute(self, r: PlannedRun) -> None:
+        resume = self.begin(r)
         rp = self.progress.run_started(r.name)
         try:
             summary = self.train_fn(r.cfg, rp, resume=True) if resume else self.train_fn(r.cfg, rp)
         except BaseException as exc:
-            status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
-            self.set_status(r, status=status, error=f"{type(exc).__name__}: {exc}")
+            self.failed(r, exc)
             raise
         finally:
             if isinstance(rp, _NestedRunProgress):
                 rp.close()
+        self.done(r, summary)
+
+    def done(self, r: PlannedRun, summary) -> None:
         self.set_status(r, status="done", wall_time_s=summary.wall_time_s)
         self.redone.append(r.name)
         evals = ", ".join(f"{n} pass@1 {summary.final_eval.get(f'policy/{n}/heldout/pass@1', float('nan')):.2f}"
                           for n in summary.reward_first)
-        start = starting_point_line(run_dir) if r.seed not in self.seeds_shown else ""
+        start = starting_point_line(self.out / "runs" / r.name) if r.seed not in self.seeds_shown else ""
         if start:   # the seed's starting point, once: every run of a seed shares its warm start
             self.seeds_shown.add(r.seed)
             start = f"\n    starting point, seed {r.seed} (family greedy/sampled): {start}"
@@ -369,16 +387,74 @@ class _Runner:
                                    summary.wall_time_s, start)
 
 
+def _train_in_process(train_fn: Callable, cfg, resume: bool):
+    """One run in a worker process of ``--jobs``: no display of its own (the compare shows it)."""
+    progress = RunProgress(enabled=False)
+    return train_fn(cfg, progress, resume=True) if resume else train_fn(cfg, progress)
+
+
+def run_parallel(runner: _Runner, todo: list[PlannedRun], jobs: int) -> None:
+    """``jobs`` runs at a time, each in a fresh process. A seed's first run starts before the
+    seed's others, which wait until it has finished (and so stored the warm start they load).
+    After a failure no new run starts; those running finish, then the first error is raised."""
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    leaders = {}
+    for r in todo:
+        leaders.setdefault(r.seed, r)
+    pending = list(leaders.values()) + [r for r in todo if leaders[r.seed] is not r]
+    warmed: set[int] = set()
+    running: dict = {}
+    error: BaseException | None = None
+    fresh = {"max_tasks_per_child": 1} if sys.version_info >= (3, 11) else {}
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                             **fresh) as pool:
+        try:
+            while running or (pending and error is None):
+                while error is None and len(running) < jobs:
+                    r = next((r for r in pending if r.seed in warmed or leaders[r.seed] is r), None)
+                    if r is None:
+                        break
+                    pending.remove(r)
+                    resume = runner.begin(r)
+                    runner.progress.run_started(r.name)
+                    running[pool.submit(_train_in_process, runner.train_fn, r.cfg, resume)] = r
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for fut in finished:
+                    r = running.pop(fut)
+                    try:
+                        summary = fut.result()
+                    except Exception as exc:
+                        runner.failed(r, exc)
+                        error = error or exc
+                        continue
+                    warmed.add(r.seed)
+                    runner.done(r, summary)
+        except KeyboardInterrupt as exc:
+            for r in running.values():
+                runner.failed(r, exc)
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+    if error is not None:
+        raise error
+
+
 def compare(config_path: str | Path, strategies: Sequence[str], seeds: int, output_dir: str | Path,
             *, overrides: Sequence[str] = (), resume: bool = False,
-            progress: CompareProgress | None = None, train_fn: Callable | None = None) -> Path:
+            progress: CompareProgress | None = None, train_fn: Callable | None = None,
+            jobs: int = 1) -> Path:
     """Run every strategy x seed (skipping finished ones on ``resume``) and write the report.
 
     Returns the path of ``report.md``. Everything is validated before the first run starts.
-    ``train_fn(cfg, progress) -> RunSummary`` defaults to ``mutualrl.train.train``.
+    ``train_fn(cfg, progress) -> RunSummary`` defaults to ``mutualrl.train.train`` (with
+    ``jobs`` > 1 it must be picklable: a module-level function). ``jobs``: runs at a time, each
+    in its own process.
     """
     from mutualrl.report import write_report
 
+    if jobs < 1:
+        raise ConfigError(f"--jobs must be >= 1, got {jobs}")
     out = Path(output_dir)
     runs = plan_runs(config_path, strategies, seeds, out, overrides)
     state = open_state(out, _new_state(config_path, strategies, seeds, overrides, runs), resume)
@@ -393,6 +469,9 @@ def compare(config_path: str | Path, strategies: Sequence[str], seeds: int, outp
             state["runs"][r.name]["status"] = "done"
     write_state(out, state)
     runner.progress.start(len(runs), len(runs) - len(todo))
-    for r in todo:
-        runner.execute(r)
+    if jobs > 1 and len(todo) > 1:
+        run_parallel(runner, todo, jobs)
+    else:
+        for r in todo:
+            runner.execute(r)
     return write_report(out, state)
