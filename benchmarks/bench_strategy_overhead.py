@@ -9,10 +9,13 @@ dropped (first-call allocations) and the median over the remaining steps is take
 time and of each loop phase (``phase/<name>_time_s`` in the train records). Ratios are to
 ``none`` of the same round; median and min/max over rounds are reported.
 
-Where the cost sits: ``generate``/``verify`` are the same work in every strategy; ``update`` over
-``none``'s is extra model compute (pooled rows, SFT batches); ``strategy`` is batch assembly
-including retokenization and, for ``prp`` with ``truncated_is``, the receiver's log-prob forward;
-``publish`` is the exchange. Timing-only: nothing here is asserted.
+Where the cost sits: ``generate``/``verify`` are the same work in every strategy. **Extra model
+compute** is ``update`` over ``none``'s (pooled rows, SFT batches) plus the strategy phase's model
+calls: ``strategy.logprobs`` (the receiver's log-prob forward, e.g. PRP's importance weights) and
+``strategy.generate`` (extra completions, e.g. ``hint``). **Pure overhead** is the rest of the
+strategy phase (``strategy.retokenize``, i.e. THL, plus routing, buffers and advantages) plus
+``publish`` over ``none``'s (the exchange). Both are given as a share of a ``none`` step.
+Timing-only: nothing here is asserted.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from mutualrl.strategies.base import STRATEGIES
 from mutualrl.train import train
 
 PHASES = ("generate", "verify", "publish", "strategy", "update")
+PARTS = ("strategy.retokenize", "strategy.logprobs", "strategy.generate")   # inside "strategy"
 
 
 def one_run(config: str, strategy: str, steps: int, overrides: list[str], out: Path) -> dict:
@@ -38,8 +42,15 @@ def one_run(config: str, strategy: str, steps: int, overrides: list[str], out: P
     train(cfg)
     recs = [r for r in read_metrics(out / "metrics.jsonl") if r["phase"] == "train"][1:]
     res = {"step": statistics.median(r["time_s"] for r in recs)}
-    for p in PHASES:
+    for p in PHASES + PARTS:
         res[p] = statistics.median(r.get(f"phase/{p}_time_s", 0.0) for r in recs)
+    # per step, then the median: the parts of one step belong together
+    res["model_in_strategy"] = statistics.median(
+        r.get("phase/strategy.logprobs_time_s", 0.0) + r.get("phase/strategy.generate_time_s", 0.0)
+        for r in recs)
+    res["strategy_overhead"] = statistics.median(
+        r.get("phase/strategy_time_s", 0.0) - r.get("phase/strategy.logprobs_time_s", 0.0)
+        - r.get("phase/strategy.generate_time_s", 0.0) for r in recs)
     return res
 
 
@@ -47,9 +58,17 @@ def summarize(rounds: list[dict[str, dict]]) -> dict:
     out = {}
     for name in rounds[0]:
         ratio = [r[name]["step"] / r["none"]["step"] for r in rounds]
-        extra = {p: [(r[name][p] - r["none"][p]) / r["none"]["step"] for r in rounds] for p in PHASES}
+        keys = PHASES + PARTS + ("model_in_strategy", "strategy_overhead")
+        extra = {p: [(r[name][p] - r["none"][p]) / r["none"]["step"] for r in rounds] for p in keys}
+        model = [(r[name]["update"] - r["none"]["update"] + r[name]["model_in_strategy"]
+                  - r["none"]["model_in_strategy"]) / r["none"]["step"] for r in rounds]
+        pure = [(r[name]["strategy_overhead"] - r["none"]["strategy_overhead"]
+                 + r[name]["publish"] - r["none"]["publish"]) / r["none"]["step"] for r in rounds]
         out[name] = {"step_ratio_median": statistics.median(ratio), "step_ratio_min": min(ratio),
                      "step_ratio_max": max(ratio),
+                     "extra_model_compute": statistics.median(model),
+                     "pure_overhead": statistics.median(pure),
+                     "pure_overhead_min": min(pure), "pure_overhead_max": max(pure),
                      "extra_over_none_step": {p: statistics.median(v) for p, v in extra.items()},
                      "per_round": [r[name] for r in rounds]}
     return out
@@ -78,9 +97,12 @@ def main() -> None:
     Path(a.output).parent.mkdir(parents=True, exist_ok=True)
     Path(a.output).write_text(json.dumps(result, indent=2))
     for n, s in result["strategies"].items():
-        extra = ", ".join(f"{p} {v:+.1%}" for p, v in s["extra_over_none_step"].items())
-        print(f"{n:6s} step x{s['step_ratio_median']:.2f} ({s['step_ratio_min']:.2f}-"
-              f"{s['step_ratio_max']:.2f})  extra vs none step: {extra}")
+        extra = ", ".join(f"{p} {v:+.1%}" for p, v in s["extra_over_none_step"].items()
+                          if p in PHASES + PARTS)
+        print(f"{n:9s} step x{s['step_ratio_median']:.2f} ({s['step_ratio_min']:.2f}-"
+              f"{s['step_ratio_max']:.2f})  model {s['extra_model_compute']:+.1%}  pure overhead "
+              f"{s['pure_overhead']:+.1%} ({s['pure_overhead_min']:+.1%}..{s['pure_overhead_max']:+.1%})"
+              f"  [{extra}]")
     print(f"wrote {a.output}")
 
 

@@ -368,3 +368,16 @@ def test_real_parallel_compare_reproduces_the_sequential_runs(real_report, tmp_p
         strip = [[{k: v for k, v in r.items() if not k.endswith(timing) and k not in ("path",)}
                   for r in rs if r["phase"] != "warmup_cache"] for rs in recs]
         assert strip[0] == strip[1]
+
+
+@pytest.mark.skipif("prp" not in REAL, reason="prp is not registered")
+def test_prp_steps_time_retokenization_and_receiver_logprobs_apart(real_report):
+    """The strategy phase's parts: THL and the receiver's log-prob forward, inside its total."""
+    recs = [r for s in range(SEEDS) for r in read_metrics(real_report / "runs" / f"prp-seed{s}" / "metrics.jsonl")
+            if r["phase"] == "train"]
+    pooled = [r for r in recs if any(v > 0 for k, v in r.items() if k.endswith("prp/peer_samples"))]
+    assert pooled
+    for r in pooled:
+        parts = r["phase/strategy.retokenize_time_s"] + r["phase/strategy.logprobs_time_s"]
+        assert r["phase/strategy.retokenize_time_s"] > 0 and r["phase/strategy.logprobs_time_s"] > 0
+        assert parts <= r["phase/strategy_time_s"]

@@ -251,20 +251,42 @@ def make_context(run: Run, step: int, prompts) -> StrategyContext:
         step=step, grpo=run.cfg.grpo, policy_names=list(ps),
         rng=np.random.default_rng([run.cfg.seed, 4, step]),
         encode_prompt={n: p.encode_prompt for n, p in ps.items()},
-        sequence_logprobs={n: remote_logprobs(run.executor, n) for n in ps},
-        retokenizers=run.retokenizers,
+        # The strategy phase's model compute and THL, timed apart (phase/strategy.<part>_time_s).
+        sequence_logprobs={n: _timed(remote_logprobs(run.executor, n), run, "strategy.logprobs")
+                           for n in ps},
+        retokenizers={n: _TimedRetokenizer(rt, run) for n, rt in run.retokenizers.items()},
         tokenizers={p.handle.fingerprint: p.handle for p in ps.values()},
         peer_experience=experience,
-        generate={n: remote_generate(run.executor, n, run.cfg.grpo) for n in ps},
+        generate={n: _timed(remote_generate(run.executor, n, run.cfg.grpo), run, "strategy.generate")
+                  for n in ps},
         verify=run.verifier,
         publish=lambda record, producer: run.bus.publish(
             record, producer=producer, version=ps[producer].version))
 
 
+def _timed(fn, run: Run, part: str):
+    def call(*args, **kwargs):
+        with run.step_phase(part):
+            return fn(*args, **kwargs)
+    return call
+
+
+class _TimedRetokenizer:
+    """A receiver's Retokenizer whose retokenize calls count as ``strategy.retokenize`` time."""
+
+    def __init__(self, rt: Retokenizer, run: Run) -> None:
+        self._rt = rt
+        self.retokenize = _timed(rt.retokenize, run, "strategy.retokenize")
+        self.retokenize_batch = _timed(rt.retokenize_batch, run, "strategy.retokenize")
+
+    def __getattr__(self, name: str):
+        return getattr(self._rt, name)
+
+
 def update(run: Run, ctx: StrategyContext, samples: dict[str, list[Sample]]) -> dict[str, dict]:
     """The strategy assembles each receiver's batches; the policies train on them concurrently."""
     batches = {}
-    with run.step_phase("strategy"):   # includes the strategy's retokenization and log-prob calls
+    with run.step_phase("strategy"):   # includes its retokenize, logprobs and generate parts
         for name, own in samples.items():
             try:
                 batches[name] = run.strategy.build_batches(ctx, name, own)
