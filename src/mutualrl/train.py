@@ -247,7 +247,7 @@ def make_context(run: Run, step: int, prompts) -> StrategyContext:
     experience = run.subscription.drain_deliveries()
     if run.peer_logs is not None:
         experience += run.peer_logs.for_prompts(p.id for p in prompts)
-    return StrategyContext(
+    ctx = StrategyContext(
         step=step, grpo=run.cfg.grpo, policy_names=list(ps),
         rng=np.random.default_rng([run.cfg.seed, 4, step]),
         encode_prompt={n: p.encode_prompt for n, p in ps.items()},
@@ -262,12 +262,27 @@ def make_context(run: Run, step: int, prompts) -> StrategyContext:
         verify=run.verifier,
         publish=lambda record, producer: run.bus.publish(
             record, producer=producer, version=ps[producer].version))
+    for n, fn in ctx.generate.items():
+        ctx.generate[n] = _counting_tokens(fn, ctx, n)
+    return ctx
 
 
 def _timed(fn, run: Run, part: str):
     def call(*args, **kwargs):
         with run.step_phase(part):
             return fn(*args, **kwargs)
+    return call
+
+
+def _counting_tokens(generate, ctx: StrategyContext, receiver: str):
+    """The strategy's extra sampling, counted in ``strategy/generated_tokens`` (completion tokens
+    beyond the step's own groups: rollouts are paid for wherever they are drawn)."""
+    def call(prompts, num_generations):
+        samples = generate(prompts, num_generations)
+        m = ctx.metrics.setdefault(receiver, {})
+        m["strategy/generated_tokens"] = m.get("strategy/generated_tokens", 0.0) + float(
+            sum(len(s.completion_ids) for s in samples))
+        return samples
     return call
 
 

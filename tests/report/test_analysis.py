@@ -49,8 +49,9 @@ def fake_train(cfg, progress) -> RunSummary:
         for n in names:
             rec.update({f"policy/{n}/reward/mean": 0.5 + gain * step, f"policy/{n}/entropy": 1.0,
                         f"policy/{n}/completion_length": 2.0, f"policy/{n}/kl": 0.0})
-            if gain:
-                rec[f"policy/{n}/prp/density_ratio_var"] = 0.25
+            if gain:   # the strategy's own importance-weight variance, and extra sampling
+                rec[f"policy/{n}/{cfg.strategy}/density_ratio_var"] = 0.25
+                rec[f"policy/{n}/strategy/generated_tokens"] = 5.0
         writer.write(rec)
     final = {}
     for step in range(0, cfg.steps + 1, cfg.eval.every):
@@ -77,7 +78,8 @@ def test_the_report_tells_a_known_difference_from_none(tmp_path):
     assert verdicts[("sgt", "pass@1 end (own)")]["verdict"] == "no difference at 95%"
     assert {r["verdict"] for (s, _), r in verdicts.items() if s == "xgrpo"} == {"no difference at 95%"}
     eff = {(r["policy"], r["strategy"]): r for r in data["efficiency"]}
-    assert eff[("llama-mistral", "sgt")]["tokens_to_target"] == [2 * 2 * 4 * 2] * 3   # step 2
+    # step 2: two steps of 2 prompts x 4 samples x 2 tokens, plus 5 tokens of extra sampling each
+    assert eff[("llama-mistral", "sgt")]["tokens_to_target"] == [(2 * 4 * 2 + 5) * 2] * 3
     assert eff[("llama-mistral", "none")]["tokens_to_target"] == [None] * 3
     assert np.mean(eff[("llama-mistral", "sgt")]["area"]) > np.mean(eff[("llama-mistral", "none")]["area"])
     trade = {(r["policy"], r["strategy"]): r["values"] for r in data["tradeoff"]}
@@ -91,8 +93,12 @@ def test_the_report_tells_a_known_difference_from_none(tmp_path):
     for heading in ("## Starting point (scenario `disjoint`)", "## Paired differences against `none`",
                     "## Sample efficiency", "## Trade-off"):
         assert heading in md
-    assert "**better**" in md and "| density-ratio var |" in md and "0.250 ± 0.000" in md
-    assert trade[("llama-mistral", "sgt")]["density_ratio_var"] == [0.25] * 3
+    assert "**better**" in md and "| IS-weight var |" in md and "0.250 ± 0.000" in md
+    assert trade[("llama-mistral", "sgt")]["is_weight_var"] == [0.25] * 3
+    assert trade[("llama-mistral", "none")]["is_weight_var"] == [None] * 3
+    # extra sampling counts: 5 tokens per step on top of the groups' 2.0 x prompts x generations
+    own = trade[("llama-mistral", "none")]["tokens"][0]
+    assert trade[("llama-mistral", "sgt")]["tokens"] == [own + 5.0 * 4] * 3       # steps=4
     assert "first 1.00/0.75" in starting_point_line(out / "runs" / "none-seed0")
 
 

@@ -214,3 +214,17 @@ def test_hints_are_sampled_on_the_receiver_and_scored_by_the_task(one_step):
     assert ctx.metrics[first]["hint/candidates"] == 0
     hinted = sum(len(b.sequences) for b in batches[second]) - len(samples[second])
     assert hinted == G * m["hint/rescued_prompts"]
+
+
+def test_extra_sampling_by_a_strategy_is_counted_in_tokens(one_step):
+    """What a strategy samples beyond the step's groups is paid for: ``strategy/generated_tokens``."""
+    name, run, _, _, _, ctx = one_step
+    limit = run.cfg.grpo.max_completion_length
+    generated = {n: m.get("hint/generated", 0) for n, m in ctx.metrics.items()}
+    if name != "hint":
+        assert not any("strategy/generated_tokens" in m for m in ctx.metrics.values())
+        return
+    assert sum(generated.values()) > 0
+    for n, count in generated.items():
+        tokens = ctx.metrics[n].get("strategy/generated_tokens", 0.0)
+        assert count <= tokens <= count * limit

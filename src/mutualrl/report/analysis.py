@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from mutualrl.evaluation import read_heldout
-from mutualrl.report.data import (DENSITY_PREFIX, THL_HEADLINE, THL_PREFIX, RunData, bytes_exchanged,
-                                  own_families_of, policies_of)
+from mutualrl.report.data import (THL_HEADLINE, THL_PREFIX, RunData, bytes_exchanged, is_weight_var,
+                                  own_families_of, policies_of, tokens_generated, tokens_per_step)
 from mutualrl.report.stats import cost_to_target, curve_area, paired_difference
 
 # Held-out pass@1 (all families) a regime must reach for "tokens to target".
@@ -113,9 +113,7 @@ def significance(runs: list[RunData], curves: dict, strategies: Sequence[str]) -
 # ---- sample efficiency ------------------------------------------------------------------------
 def tokens_before(run: RunData, policy: str, steps: np.ndarray) -> np.ndarray:
     """Completion tokens the policy generated in GRPO steps before each of ``steps``."""
-    s, lengths = run.series(f"policy/{policy}/completion_length", "train")
-    g = run.config["grpo"]
-    per_step = lengths * g["prompts_per_step"] * g["num_generations"]
+    s, per_step = tokens_per_step(run, policy)
     return np.array([per_step[s < x].sum() for x in steps], float)
 
 
@@ -197,7 +195,7 @@ def tradeoff_of(run: RunData, policy: str, curve: Curve | None) -> dict[str, flo
     out = {"reward_var": _var_over_steps(run, head + "reward/mean"),
            "entropy_var": _var_over_steps(run, head + "entropy"),
            "kl_to_start": _mean_over_steps(run, head + "kl") if beta > 0 else None,
-           "density_ratio_var": _mean_over_steps(run, head + DENSITY_PREFIX + "_var")}
+           "is_weight_var": is_weight_var(run, policy)}
     thl = [k for k in THL_HEADLINE if run.series(head + THL_PREFIX + k, "train")[1].size][:2]
     for k in thl:
         out[THL_PREFIX + k] = _mean_over_steps(run, head + THL_PREFIX + k)
@@ -208,9 +206,7 @@ def tradeoff_of(run: RunData, policy: str, curve: Curve | None) -> dict[str, flo
         out.update(rescued=float((~start & end).sum()), lost=float((start & ~end).sum()),
                    failed_at_start=float((~start).sum()))
     out["train_time_s"] = run.summary.get("phase_times_s", {}).get("train")
-    _, lengths = run.series(head + "completion_length", "train")
-    g = run.config["grpo"]
-    out["tokens"] = float(lengths.sum() * g["prompts_per_step"] * g["num_generations"])
+    out["tokens"] = tokens_generated(run, policy)
     out["bytes_exchanged"] = bytes_exchanged(run)[0]
     return out
 

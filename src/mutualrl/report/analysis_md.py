@@ -107,14 +107,16 @@ Per strategy, side by side (mean ± std over seeds; – where not measured). **S
 over GRPO steps of the train reward and of the policy's token entropy; KL to the start (the k3
 estimate against the warm-started reference, logged only when `grpo.beta` > 0); *answers changed*:
 share of held-out prompts whose greedy answer differs between step 0 and the end (a drift measure
-that needs no reference); PRP's density-ratio variance. **Support**: *rescued*: held-out prompts
-the policy failed (greedy) at step 0 and solves at the end; *lost*: the reverse; out of *failed at
-start*. **THL residuals** of the peer rollouts it received (mean over steps). **Cost**: time in
-GRPO steps, completion tokens generated, bytes through the exchange (per run)."""
+that needs no reference); *IS-weight var*: variance of the importance weights the strategy put on
+peer samples (PRP's density ratios, HACPO's and CoDistill's ratios), mean over steps. **Support**:
+*rescued*: held-out prompts the policy failed (greedy) at step 0 and solves at the end; *lost*:
+the reverse; out of *failed at start*. **THL residuals** of the peer rollouts it received (mean over steps). **Cost**: time in
+GRPO steps, completion tokens generated (its own groups and any extra sampling by the strategy,
+such as `hint`'s), bytes through the exchange (per run)."""
 
 _COLUMNS = [("reward_var", "reward var", 4, ""), ("entropy_var", "entropy var", 4, ""),
             ("kl_to_start", "KL to start", 4, ""), ("answers_changed", "answers changed", 3, ""),
-            ("density_ratio_var", "density-ratio var", 3, ""), ("rescued", "rescued", 1, ""),
+            ("is_weight_var", "IS-weight var", 3, ""), ("rescued", "rescued", 1, ""),
             ("lost", "lost", 1, ""), ("failed_at_start", "failed at start", 1, "")]
 _COST = [("train_time_s", "GRPO time", 1, " s"), ("tokens", "tokens", 0, "human"),
          ("bytes_exchanged", "bytes", 0, "human")]

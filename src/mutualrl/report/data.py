@@ -19,6 +19,8 @@ from mutualrl.metrics import read_metrics
 
 THL_PREFIX = "thl/"
 DENSITY_PREFIX = "prp/density_ratio"
+# What a strategy samples beyond the step's own groups (e.g. hint's hinted prompts), per step.
+EXTRA_TOKENS = "strategy/generated_tokens"
 # THL residuals shown in the markdown tables when present (report.json carries every thl/ key).
 THL_HEADLINE = ("boundary_iou_mean", "roundtrip_mismatch_frac", "frac_groups_1_1",
                 "length_ratio_mean", "byte_fallback_rate", "logprob_mass_error_max")
@@ -80,12 +82,34 @@ def final_heldout(run: RunData, policy: str) -> dict[str, float]:
     return heldout_scores(run.summary["final_eval"], policy)
 
 
-def tokens_generated(run: RunData, policy: str) -> float:
-    """Completion tokens the policy sampled in GRPO steps: per step, the mean completion length
-    (over all the step's samples) x prompts_per_step x num_generations, summed over steps."""
-    _, lengths = run.series(f"policy/{policy}/completion_length", "train")
+def tokens_per_step(run: RunData, policy: str) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, completion tokens the policy sampled in each GRPO step): its own groups (the mean
+    completion length over the step's samples x prompts_per_step x num_generations) plus what the
+    strategy sampled for it beyond them (``strategy/generated_tokens``)."""
+    steps, lengths = run.series(f"policy/{policy}/completion_length", "train")
     g = run.config["grpo"]
-    return float(lengths.sum() * g["prompts_per_step"] * g["num_generations"])
+    tokens = lengths * g["prompts_per_step"] * g["num_generations"]
+    extra_steps, extra = run.series(f"policy/{policy}/{EXTRA_TOKENS}", "train")
+    by_step = dict(zip(extra_steps.tolist(), extra.tolist()))
+    return steps, tokens + np.array([by_step.get(s, 0.0) for s in steps.tolist()], float)
+
+
+def tokens_generated(run: RunData, policy: str) -> float:
+    """Completion tokens the policy sampled in GRPO steps, summed over steps (``tokens_per_step``)."""
+    return float(tokens_per_step(run, policy)[1].sum())
+
+
+def is_weight_var(run: RunData, policy: str) -> float | None:
+    """Mean over steps of the variance of the importance weights the run's strategy put on peer
+    samples: its own ``<strategy>/...ratio_var`` or ``...weight_var`` metric (PRP's
+    ``prp/density_ratio_var``, HACPO's ``hacpo/ratio_var``, CoDistill's ``codistill/is_weight_var``);
+    None when it logs none."""
+    keys = sorted(k for k in run.policy_keys(policy, f"{run.strategy}/")
+                  if k.endswith(("ratio_var", "weight_var")))
+    if not keys:
+        return None
+    _, v = run.series(f"policy/{policy}/{keys[0]}", "train")
+    return float(v.mean()) if len(v) else None
 
 
 def bytes_exchanged(run: RunData) -> tuple[float, str]:

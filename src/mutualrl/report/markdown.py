@@ -77,8 +77,8 @@ pass@k: k samples at the training temperature, unbiased estimator). Table cells 
 std over seeds; plot lines are means over seeds, shaded bands span min–max. Times and bytes are
 per run (shared by its policies); the GRPO steps time is what a strategy costs, while a run's wall
 time also holds its warm start, paid only by the first run of each seed (the others load it).
-Tokens are each policy's own sampled completion tokens in GRPO steps. With few seeds, differences
-smaller than the spread are not evidence. Details: `docs/reading-the-report.md`."""
+Tokens are the completion tokens each policy sampled in GRPO steps, its groups and any extra
+sampling by the strategy. With few seeds, differences smaller than the spread are not evidence. Details: `docs/reading-the-report.md`."""
 
 
 TRANSFER = """\
