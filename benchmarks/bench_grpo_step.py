@@ -14,6 +14,14 @@ same machine load. Medians, min/max, the ratio of medians and ``os.getloadavg()`
     python benchmarks/bench_grpo_step.py --json benchmarks/results/grpo_step_small.json
     python benchmarks/bench_grpo_step.py --tokenizer deepseek-v3 --max-completion-length 128 \\
         --prompts 4 --generations 4 --steps 3 --json benchmarks/results/grpo_step_129k.json
+    python benchmarks/bench_grpo_step.py --tokenizer deepseek-v3 --max-completion-length 128 \\
+        --prompts 4 --generations 4 --steps 3 --micro-batch 4 \\
+        --json benchmarks/results/grpo_step_129k_micro4.json
+
+``--micro-batch N`` trains both sides on N completions per forward/backward with gradient
+accumulation up to one optimizer step on all of them (ours: ``per_device_train_batch_size``;
+TRL: ``per_device_train_batch_size=N`` and ``gradient_accumulation_steps`` = completions / N, one
+generation per optimizer step), so neither holds the whole batch's (B, T, V) logits at once.
 """
 
 from __future__ import annotations
@@ -53,7 +61,8 @@ def make_prompts(n: int) -> list[Prompt]:
 def build_policy(args, handle) -> Policy:
     grpo = GRPOConfig(num_generations=args.generations, prompts_per_step=args.prompts,
                       max_completion_length=args.max_completion_length, temperature=1.0,
-                      beta=args.beta, loss_type=args.loss_type, learning_rate=1e-4)
+                      beta=args.beta, loss_type=args.loss_type, learning_rate=1e-4,
+                      per_device_train_batch_size=args.micro_batch)
     cfg = PolicyConfig(name="bench", architecture="llama", tokenizer=args.tokenizer,
                        hidden_size=64, num_layers=2, num_heads=4, learning_rate=1e-4)
     return Policy(cfg, grpo, seed=0, handle=handle)
@@ -111,8 +120,11 @@ def trl_trainer(args, model, tokenizer, prompts, on_step_end):
         return [reward(c) for c in completions]
 
     n = args.prompts * args.generations
+    micro = args.micro_batch or n
+    if n % micro:
+        raise SystemExit(f"--micro-batch: expected a divisor of prompts x generations ({n}), got {micro}")
     cfg = TRLConfig(output_dir=str(Path(args.tmp) / "trl"), use_cpu=True, report_to="none",
-                    per_device_train_batch_size=n, gradient_accumulation_steps=1,
+                    per_device_train_batch_size=micro, gradient_accumulation_steps=n // micro,
                     num_generations=args.generations, max_completion_length=args.max_completion_length,
                     beta=args.beta, loss_type=args.loss_type, learning_rate=1e-4, temperature=1.0,
                     max_steps=args.steps + 1, logging_steps=1, save_strategy="no",
@@ -137,6 +149,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5, help="timed steps each (after one warm-up)")
     ap.add_argument("--beta", type=float, default=0.0)
     ap.add_argument("--loss-type", default="grpo")
+    ap.add_argument("--micro-batch", type=int, default=None,
+                    help="completions per forward/backward on both sides (default: all at once)")
     ap.add_argument("--tmp", default="/tmp/mutualrl-bench-grpo")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
