@@ -94,6 +94,12 @@ def test_the_report_tells_a_known_difference_from_none(tmp_path):
                     "## Sample efficiency", "## Trade-off"):
         assert heading in md
     assert "**better**" in md and "| IS-weight var |" in md and "0.250 ± 0.000" in md
+    glance = md.split("## At a glance", 1)[1].split("\n## ", 1)[0]
+    rows = {line.split(" | ")[1]: line for line in glance.splitlines() if line.startswith("| llama-mistral")}
+    assert set(rows) == {"`xgrpo`", "`sgt`"}
+    assert rows["`sgt`"].split(" | ")[2].endswith("**better**")              # peer pass@1 end
+    assert rows["`xgrpo`"].count("no difference") == 3
+    assert rows["`xgrpo`"].endswith("| 1.00× | 1.00× |")                       # same time, tokens
     assert trade[("llama-mistral", "sgt")]["is_weight_var"] == [0.25] * 3
     assert trade[("llama-mistral", "none")]["is_weight_var"] == [None] * 3
     # extra sampling counts: 5 tokens per step on top of the groups' 2.0 x prompts x generations

@@ -55,8 +55,48 @@ averaged; the 95% interval is a hierarchical paired bootstrap over seeds and, wi
 prompts ({n_boot} replicates, seeded). *end*: after the last GRPO step; *area*: mean height of the
 held-out greedy curve over the run (sample efficiency); *sampled*: share of correct samples at the
 GRPO temperature; *own*/*peer*: the families a policy was / was not warm started on. **better** or
-**worse** only when the whole interval is on one side of zero. With few seeds (3) the interval is coarse;
-a "no difference" says the data cannot tell, not that the strategies are equal."""
+**worse** only when the whole interval is on one side of zero. With few seeds the interval is
+coarse; a "no difference" says the data cannot tell, not that the strategies are equal."""
+
+
+GLANCE = """\
+One line per policy and sharing strategy: the paired difference against `none` (same seeds, same
+held-out prompts) with its 95% bootstrap interval and verdict, for greedy pass@1 at the end on the
+policy's *peer* families (what sharing should teach) and *own* families (what it may cost), and
+for the area under its held-out curve over all families (sample efficiency); then what the
+strategy cost, as its mean GRPO time and generated tokens over `none`'s. Details in the sections
+below."""
+_GLANCE_METRICS = ("pass@1 end (peer)", "pass@1 end (own)", "pass@1 area (all)")
+
+
+def _verdict_cell(r: dict[str, Any] | None) -> str:
+    if r is None:
+        return "–"
+    verdict = "no difference" if r["verdict"].startswith("no") else f"**{r['verdict']}**"
+    return f"{r['mean']:+.3f} [{r['lo']:+.2f}, {r['hi']:+.2f}] {verdict}"
+
+
+def _ratio_to_none(rows: dict, policy: str, strategy: str, key: str) -> str:
+    def mean(s: str) -> float | None:
+        v = [x for x in rows.get((policy, s), {}).get(key, []) if x is not None]
+        return float(np.mean(v)) if v else None
+    mine, base = mean(strategy), mean("none")
+    return f"{mine / base:.2f}×" if mine is not None and base else "–"
+
+
+def section_glance(analysis: dict[str, Any]) -> list[str]:
+    """The verdicts that answer "does it help, and at what cost", one line per regime."""
+    sig = {(r["policy"], r["strategy"], r["metric"]): r for r in analysis["significance"]}
+    pairs = list(dict.fromkeys((p, s) for p, s, _ in sig))
+    if not pairs:
+        return []
+    trade = {(r["policy"], r["strategy"]): r["values"] for r in analysis["tradeoff"]}
+    body = [[p, f"`{s}`", *(_verdict_cell(sig.get((p, s, m))) for m in _GLANCE_METRICS),
+             _ratio_to_none(trade, p, s, "train_time_s"), _ratio_to_none(trade, p, s, "tokens")]
+            for p, s in pairs]
+    return ["## At a glance: each regime against `none`", "", GLANCE, "",
+            *_table(["policy", "strategy", "Δ peer pass@1 end", "Δ own pass@1 end",
+                     "Δ area (all)", "GRPO time", "tokens"], body, 2), ""]
 
 
 def section_significance(rows: list[dict[str, Any]], n_boot: int) -> list[str]:

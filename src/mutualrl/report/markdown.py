@@ -16,7 +16,7 @@ from mutualrl.report.data import (THL_HEADLINE, THL_PREFIX, DENSITY_PREFIX, RunD
                                   build_table, bytes_exchanged, cost_columns, load_runs, policies_of,
                                   transfer_columns)
 from mutualrl.report.analysis import analyse
-from mutualrl.report.analysis_md import analysis_sections
+from mutualrl.report.analysis_md import analysis_sections, section_glance
 from mutualrl.report.plots import MAX_PANELS, make_plots
 
 
@@ -159,7 +159,8 @@ def render_markdown(data: dict[str, Any], state: dict[str, Any], runs: list[RunD
              f"Config `{data['config_path']}` (overrides: {overrides}); seeds 0..{data['seeds'] - 1}; "
              f"code at commit `{data['commit']}`{_other_commits(state, data['commit'])}. "
              f"{len(runs)} of {len(state['runs'])} runs finished.",
-             "", "## How to read this", "", HOW_TO_READ, "", *_section_transfer(rows),
+             "", "## How to read this", "", HOW_TO_READ, "",
+             *section_glance(data["analysis"]), *_section_transfer(rows),
              "## Final held-out accuracy", "", markdown_table(rows, data["accuracy_columns"]), "",
              *analysis_sections(data["analysis"], data.get("scenario") or "disjoint"),
              "## Cost", "", markdown_table(rows, data["cost_columns"]), ""]
