@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -395,7 +394,7 @@ def _train_in_process(train_fn: Callable, cfg, resume: bool):
 
 
 def run_parallel(runner: _Runner, todo: list[PlannedRun], jobs: int) -> None:
-    """``jobs`` runs at a time, each in a fresh process. A seed's first run starts before the
+    """``jobs`` runs at a time in worker processes. A seed's first run starts before the
     seed's others, which wait until it has finished (and so stored the warm start they load).
     After a failure no new run starts; those running finish, then the first error is raised."""
     import multiprocessing
@@ -408,9 +407,9 @@ def run_parallel(runner: _Runner, todo: list[PlannedRun], jobs: int) -> None:
     warmed: set[int] = set()
     running: dict = {}
     error: BaseException | None = None
-    fresh = {"max_tasks_per_child": 1} if sys.version_info >= (3, 11) else {}
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
-                             **fresh) as pool:
+    # Workers are reused, as one process runs every run of a sequential compare: their tokenizer
+    # and THL byte-table caches then serve several runs (building them costs seconds per run).
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         try:
             while running or (pending and error is None):
                 while error is None and len(running) < jobs:
@@ -449,8 +448,8 @@ def compare(config_path: str | Path, strategies: Sequence[str], seeds: int, outp
 
     Returns the path of ``report.md``. Everything is validated before the first run starts.
     ``train_fn(cfg, progress) -> RunSummary`` defaults to ``mutualrl.train.train`` (with
-    ``jobs`` > 1 it must be picklable: a module-level function). ``jobs``: runs at a time, each
-    in its own process.
+    ``jobs`` > 1 it must be picklable: a module-level function). ``jobs``: runs at a time, in
+    worker processes.
     """
     from mutualrl.report import write_report
 
