@@ -14,7 +14,7 @@ from mutualrl.provenance import git_commit, machine_info
 from mutualrl.retokenize.benchmark import DEFAULT_PAIRS, run_benchmark
 
 _ROWS = ("encode", "encode_batch", "align", "align_per_text", "end_to_end", "end_to_end_batch",
-         "align_trl", "align_spacy", "align_naive")
+         "e2e_target", "e2e_source", "align_trl", "align_spacy", "align_naive")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -71,6 +71,8 @@ def _print_table(results: dict) -> None:
                               f"{t['tokens_per_s']:,.0f}", t["note"])
         console.print(table)
         console.print("  ratios: " + ", ".join(f"{k}={v:.2f}" for k, v in pair["ratios"].items()))
+        console.print("  end_to_end_batch / encode_batch in parts: " + ", ".join(
+            f"{k}={v:.2f}" for k, v in pair["end_to_end_batch_parts_over_encode_batch"].items()))
         console.print("  residuals: " + ", ".join(f"{k}={v:.3g}"
                                                   for k, v in pair["residuals"].items()))
 

@@ -16,6 +16,11 @@ Measurements per (source -> target) pair:
   (it is quadratic); its inputs are the ids, since finding ends *is* its cost.
 * ``end_to_end`` / ``end_to_end_batch``  ``Retokenizer.retokenize`` / ``retokenize_batch`` with
   the cache off: target encode + source spans + alignment + log-prob sums + residuals.
+* ``e2e_target``, ``e2e_source``  two stages of ``end_to_end_batch`` timed alone: the target side
+  (Rust ``encode_batch`` plus the ids as arrays, byte ends and the byte-exact spelling check per
+  text) and the source side (checking the caller's ids and log-probs, byte ends of the ids and
+  their spelling check); what ``end_to_end_batch`` adds beyond them is alignment, log-prob sums
+  and residual records.
 """
 
 from __future__ import annotations
@@ -134,6 +139,8 @@ def _token_strings(prof, ids: np.ndarray) -> list[str]:
 def _bench_ours(d: PairData, repeats: int) -> list[Timing]:
     backend, n = d.tgt.profile.continuation, d.target_tokens
     source = d.src.target
+    datas = [utf8(t) for t in d.texts]
+    src_prof = d.tgt.profile_for(source)
     return [
         Timing("encode", time_calls(lambda: [backend.encode(t, add_special_tokens=False).ids
                                               for t in d.texts], repeats), n),
@@ -150,6 +157,10 @@ def _bench_ours(d: PairData, repeats: int) -> list[Timing]:
         Timing("end_to_end_batch", time_calls(lambda: d.tgt.retokenize_batch(
             d.texts, source=source, source_ids=d.src_ids, source_logprobs=d.src_lps),
             repeats), n),
+        Timing("e2e_target", time_calls(lambda: encode_texts(
+            d.tgt.profile, d.texts, datas, d.tgt.cache), repeats), n),
+        Timing("e2e_source", time_calls(lambda: d.tgt._sources(
+            src_prof, d.texts, datas, d.src_ids, d.src_lps, [False] * len(d.texts)), repeats), n),
     ]
 
 
@@ -193,6 +204,12 @@ def bench_pair(src: Retokenizer, tgt: Retokenizer, texts: list[str], *, repeats:
         "end_to_end_batch_over_encode_batch":
             by["end_to_end_batch"].median / by["encode_batch"].median,
     }
+    # end_to_end_batch in parts, each over encode_batch: where the time beyond encoding goes
+    enc = by["encode_batch"].median
+    parts = {"target_side": by["e2e_target"].median / enc,
+             "source_side": by["e2e_source"].median / enc,
+             "align_and_assemble": (by["end_to_end_batch"].median - by["e2e_target"].median
+                                    - by["e2e_source"].median) / enc}
     for peer in ("align_trl", "align_spacy", "align_naive"):
         if peer in by:  # per token, since the naive peer runs on a subset
             ratios[f"align_speedup_vs_{peer[6:]}"] = by["align"].tokens_per_s / by[peer].tokens_per_s
@@ -200,6 +217,7 @@ def bench_pair(src: Retokenizer, tgt: Retokenizer, texts: list[str], *, repeats:
             "bytes": int(sum(d.totals)), "source_tokens": int(sum(i.size for i in d.src_ids)),
             "target_tokens": d.target_tokens,
             "timings": {t.name: t.to_dict() for t in timings}, "ratios": ratios,
+            "end_to_end_batch_parts_over_encode_batch": parts,
             "residuals": {k: agg[k] for k in RESIDUAL_KEYS}}
 
 

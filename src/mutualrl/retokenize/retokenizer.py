@@ -221,7 +221,7 @@ class Retokenizer:
         lo = 0
         for j, k in enumerate(full):
             hi = int(split[j])
-            g = AlignmentGroups(*local[:, lo:hi])
+            g = AlignmentGroups.of_columns(local[:, lo:hi])
             src, tgt = sources[k], targets[k]
             m = tgt.ids.size
             if (src.n_specials or (flags[k] and eos) or (max_len is not None and m > max_len)

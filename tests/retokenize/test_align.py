@@ -1,0 +1,61 @@
+"""The vectorised aligner against a Python two-pointer walk and a binary-search formulation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mutualrl.retokenize.align import AlignmentGroups, align_ends, align_many
+from mutualrl.retokenize.baselines import two_pointer_walk
+
+
+def _random_ends(rng, total: int, n: int, duplicates: bool) -> np.ndarray:
+    """n token ends in [1, total], the last == total; with ``duplicates``, zero-length tokens."""
+    inner = rng.choice(np.arange(1, total), size=min(n - 1, total - 1), replace=duplicates)
+    return np.sort(np.concatenate([inner, [total]])).astype(np.int64)
+
+
+def _by_binary_search(src: np.ndarray, tgt: np.ndarray) -> list[tuple[int, ...]]:
+    """Groups from the common ends, each side's range found by searchsorted (right side)."""
+    bounds = np.intersect1d(src, tgt)
+    s = np.searchsorted(src, bounds, side="right")
+    t = np.searchsorted(tgt, bounds, side="right")
+    s0, t0, b0 = np.r_[0, s[:-1]], np.r_[0, t[:-1]], np.r_[0, bounds[:-1]]
+    return list(zip(s0.tolist(), s.tolist(), t0.tolist(), t.tolist(), b0.tolist(), bounds.tolist()))
+
+
+def _rows(g: AlignmentGroups) -> list[tuple[int, ...]]:
+    return list(zip(*(a.tolist() for a in (g.src_start, g.src_end, g.tgt_start, g.tgt_end,
+                                            g.byte_start, g.byte_end))))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_strictly_increasing_ends_group_as_the_two_pointer_walk(seed):
+    rng = np.random.default_rng(seed)
+    total = int(rng.integers(1, 300))
+    src = _random_ends(rng, total, int(rng.integers(1, total + 1)), duplicates=False)
+    tgt = _random_ends(rng, total, int(rng.integers(1, total + 1)), duplicates=False)
+    g = align_ends(src, tgt, total)
+    assert [r[:4] for r in _rows(g)] == two_pointer_walk(src.tolist(), tgt.tolist())
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_zero_length_tokens_join_the_group_they_end_in(seed):
+    rng = np.random.default_rng(100 + seed)
+    total = int(rng.integers(1, 200))
+    src = _random_ends(rng, total, int(rng.integers(1, 2 * total + 2)), duplicates=True)
+    tgt = _random_ends(rng, total, int(rng.integers(1, 2 * total + 2)), duplicates=True)
+    assert _rows(align_ends(src, tgt, total)) == _by_binary_search(src, tgt)
+
+
+def test_a_batch_aligns_each_text_as_alone():
+    rng = np.random.default_rng(7)
+    totals = [int(t) for t in rng.integers(1, 120, size=30)] + [0, 5]
+    src = [_random_ends(rng, t, int(rng.integers(1, t + 1)), duplicates=True) for t in totals[:-2]]
+    tgt = [_random_ends(rng, t, int(rng.integers(1, t + 1)), duplicates=True) for t in totals[:-2]]
+    src += [np.zeros(0, np.int64), np.zeros(0, np.int64)]          # an empty text; a side without tokens
+    tgt += [np.zeros(0, np.int64), np.array([2, 5])]
+    batch = align_many(src, tgt, totals)
+    for s, t, total, g in zip(src, tgt, totals, batch):
+        assert _rows(g) == _rows(align_ends(s, t, total))
+    assert _rows(batch[-1]) == [(0, 0, 0, 2, 0, 5)]
