@@ -97,8 +97,8 @@ def test_the_report_tells_a_known_difference_from_none(tmp_path):
     glance = md.split("## At a glance", 1)[1].split("\n## ", 1)[0]
     rows = {line.split(" | ")[1]: line for line in glance.splitlines() if line.startswith("| llama-mistral")}
     assert set(rows) == {"`xgrpo`", "`sgt`"}
-    assert rows["`sgt`"].split(" | ")[2].endswith("**better**")              # peer pass@1 end
-    assert rows["`xgrpo`"].count("no difference") == 3
+    assert rows["`sgt`"].split(" | ")[3].endswith("**better**")              # peer pass@1 end
+    assert rows["`xgrpo`"].count("no difference") == 4
     assert rows["`xgrpo`"].endswith("| 1.00× | 1.00× |")                       # same time, tokens
     assert trade[("llama-mistral", "sgt")]["is_weight_var"] == [0.25] * 3
     assert trade[("llama-mistral", "none")]["is_weight_var"] == [None] * 3

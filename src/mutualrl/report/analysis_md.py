@@ -61,12 +61,13 @@ coarse; a "no difference" says the data cannot tell, not that the strategies are
 
 GLANCE = """\
 One line per policy and sharing strategy: the paired difference against `none` (same seeds, same
-held-out prompts) with its 95% bootstrap interval and verdict, for greedy pass@1 at the end on the
-policy's *peer* families (what sharing should teach) and *own* families (what it may cost), and
-for the area under its held-out curve over all families (sample efficiency); then what the
+held-out prompts) with its 95% bootstrap interval and verdict, for greedy pass@1 at the end on all
+families, on the policy's *peer* families (what sharing should teach) and *own* families (what it
+may cost; `–` where the scenario warm starts a policy on every family), and for the area under
+its held-out curve over all families (sample efficiency); then what the
 strategy cost, as its mean GRPO time and generated tokens over `none`'s. Details in the sections
 below."""
-_GLANCE_METRICS = ("pass@1 end (peer)", "pass@1 end (own)", "pass@1 area (all)")
+_GLANCE_METRICS = ("pass@1 end (all)", "pass@1 end (peer)", "pass@1 end (own)", "pass@1 area (all)")
 
 
 def _verdict_cell(r: dict[str, Any] | None) -> str:
@@ -95,8 +96,8 @@ def section_glance(analysis: dict[str, Any]) -> list[str]:
              _ratio_to_none(trade, p, s, "train_time_s"), _ratio_to_none(trade, p, s, "tokens")]
             for p, s in pairs]
     return ["## At a glance: each regime against `none`", "", GLANCE, "",
-            *_table(["policy", "strategy", "Δ peer pass@1 end", "Δ own pass@1 end",
-                     "Δ area (all)", "GRPO time", "tokens"], body, 2), ""]
+            *_table(["policy", "strategy", "Δ pass@1 end", "Δ peer pass@1 end", "Δ own pass@1 end",
+                     "Δ area", "GRPO time", "tokens"], body, 2), ""]
 
 
 def section_significance(rows: list[dict[str, Any]], n_boot: int) -> list[str]:
