@@ -8,9 +8,9 @@ policies, the seed's other runs load them, so they start from identical weights 
 and the warm start is paid once per seed.
 
 Runs go into ``<report>/runs/<strategy>-seed<s>/``, one after another, or ``jobs`` at a time in
-separate processes (``--jobs``): a seed's first run goes first and its other runs start once it has
-stored the warm start, so every run computes exactly what it would sequentially. The compare's own state
-(``compare.json``: what was asked, the commit, each run's status) is rewritten after every change,
+worker processes (``--jobs``): a seed's first run goes first and its other runs start once it has
+stored the warm start, so every run computes exactly what it would sequentially. The compare's
+own state (``compare.json``: what was asked, the commit, each run's status) is rewritten after every change,
 so ``--resume`` continues an interrupted compare: a run is finished when its ``summary.json``
 exists; anything else is cleared and redone. The report is built only from what runs wrote
 (``mutualrl.report``), so ``--report-only`` can rebuild it at any time.
@@ -68,7 +68,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--report-only", action="store_true",
                         help="rebuild the report from the runs already in --output-dir; run nothing")
     parser.add_argument("--jobs", type=int, default=1,
-                        help="runs at a time, each in its own process (default 1); a run of the "
+                        help="runs at a time, in worker processes (default 1); a run of the "
                              "embedded default keeps about one core busy")
     parser.add_argument("--no-progress", action="store_true", help="no progress display")
 
