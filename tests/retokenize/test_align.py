@@ -59,3 +59,31 @@ def test_a_batch_aligns_each_text_as_alone():
     for s, t, total, g in zip(src, tgt, totals, batch):
         assert _rows(g) == _rows(align_ends(s, t, total))
     assert _rows(batch[-1]) == [(0, 0, 0, 2, 0, 5)]
+
+
+@pytest.mark.parametrize("name", ["qwen2.5", "mistral-v1"])
+def test_batch_spelling_check_and_ends_equal_the_per_text_ones(name):
+    """``spelled_ends`` over a whole batch equals ``text_bytes(ids) == data`` and the per-text
+    cumsum of piece lengths, including texts whose ids do not spell them and empty ones."""
+    from mutualrl.retokenize.encoding import spelled_ends
+    from mutualrl.retokenize.loaders import load_tokenizer
+    from mutualrl.retokenize.retokenizer import Retokenizer
+
+    prof = Retokenizer(load_tokenizer(name)).profile
+    texts = ["the cat sat", "naïve café ✓", "x = 1 + 2\n", "", "  two  spaces", "漢字 and ascii"]
+    ids = [np.array(e.ids, dtype=np.int64)
+           for e in prof.continuation.encode_batch(texts, add_special_tokens=False)]
+    datas = [t.encode() for t in texts]
+    ids[0] = ids[0][::-1].copy()                 # same bytes in another order: wrong spelling
+    ids[2] = ids[2][:-1].copy()                  # one token short
+    ids.append(np.zeros(0, np.int64))            # no ids for a non-empty text
+    datas.append(b"x")
+    sizes = np.array([a.size for a in ids])
+    spells, ends = spelled_ends(prof, np.concatenate(ids), sizes, datas)
+    assert spells.tolist() == [prof.text_bytes(a.tolist()) == d for a, d in zip(ids, datas)]
+    assert spells.tolist()[1] and not spells.tolist()[0] and not spells.tolist()[2]
+    assert not ends.flags.writeable
+    lo = 0
+    for a in ids:
+        assert ends[lo:lo + a.size].tolist() == np.cumsum(prof.piece_len[a]).tolist()
+        lo += a.size

@@ -233,3 +233,13 @@ class TokenizerProfile:
     def text_bytes(self, ids) -> bytes:
         """The bytes a sequence of ids spells (specials contribute nothing)."""
         return b"".join(map(self.pieces.__getitem__, ids))
+
+    def piece_table(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every id's piece end to end as one uint8 array, and where each id's piece starts in it;
+        built on first use (``text_bytes`` for whole batches in numpy, see ``encoding``)."""
+        table = self.__dict__.get("_piece_table")
+        if table is None:
+            table = (np.frombuffer(b"".join(self.pieces), dtype=np.uint8),
+                     np.cumsum(self.piece_len) - self.piece_len)
+            self.__dict__["_piece_table"] = table
+        return table

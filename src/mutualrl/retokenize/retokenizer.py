@@ -30,7 +30,8 @@ import numpy as np
 
 from mutualrl.retokenize.align import (AlignmentGroups, BatchAlignment, align_batch, align_ends,
                                        byte_iou, common_boundaries)
-from mutualrl.retokenize.encoding import Encoded, EncodingCache, encode_texts, pin_last, utf8
+from mutualrl.retokenize.encoding import (Encoded, EncodingCache, encode_texts, pin_last,
+                                          spelled_ends, utf8)
 from mutualrl.retokenize.loaders import TokenizerHandle
 from mutualrl.retokenize.profile import TokenizerProfile
 from mutualrl.retokenize.residuals import AlignmentResiduals, byte_edit_distance
@@ -277,13 +278,18 @@ class Retokenizer:
                 if flags[i] and int(ids[-1]) == prof.eos_id:
                     eos_index = ids.size - 1
             parts.append((ids, kept, kept_index, eos_index, n_special, lp))
-            rendered = None
-            if prof.lossless:
-                rendered = prof.text_bytes(kept.tolist())
-                if rendered == datas[i]:
-                    ends[i] = (np.cumsum(prof.piece_len[kept]), False, 0)
-                    continue
-            todo.append((i, rendered))
+        if prof.lossless and n:   # ids that spell their text give their byte ends directly
+            sizes = np.fromiter((p[1].size for p in parts), dtype=np.int64, count=n)
+            spells, rel = spelled_ends(prof, np.concatenate([p[1] for p in parts]), sizes, datas)
+            lo = 0
+            for i, (hi, ok) in enumerate(zip(np.cumsum(sizes).tolist(), spells.tolist())):
+                if ok:
+                    ends[i] = (rel[lo:hi], False, 0)
+                else:
+                    todo.append((i, prof.text_bytes(parts[i][1].tolist())))
+                lo = hi
+        else:
+            todo = [(i, None) for i in range(n)]
         if todo:
             encs = encode_texts(prof, [texts[i] for i, _ in todo], [datas[i] for i, _ in todo],
                                 self.cache, residuals=False)
