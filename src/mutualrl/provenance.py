@@ -60,3 +60,18 @@ def time_calls(fn: Callable[[], object], repeats: int) -> list[float]:
         fn()
         out.append(time.perf_counter() - start)
     return out
+
+
+def time_paired(fn_a: Callable[[], object], fn_b: Callable[[], object],
+                repeats: int) -> tuple[list[float], list[float]]:
+    """Wall seconds of ``repeats`` calls of each of two contenders, alternating A B A B after one
+    warm-up call of each, so that drift in the machine's speed falls on both alike."""
+    fn_a()
+    fn_b()
+    a, b = [], []
+    for _ in range(repeats):
+        for fn, out in ((fn_a, a), (fn_b, b)):
+            start = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - start)
+    return a, b

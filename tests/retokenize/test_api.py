@@ -73,6 +73,37 @@ def test_nan_logprob_in_a_batch_names_the_text_and_position(retokenizers, handle
             source_logprobs=[[-1.0], [float("nan")]])
 
 
+def test_batch_errors_name_the_offending_text(retokenizers, handles):
+    """The whole-batch id and log-prob checks trace a failure back to its text and position."""
+    rt = retokenizers["deepseek-v3"]
+    with pytest.raises(ValueError, match=r"source_ids\[2\]: expected ids in \[0, .*got range "
+                                         r"\[-1, 5\]"):
+        rt.retokenize_batch(["a", "", "c"], source=handles["mistral-v1"],
+                            source_ids=[[1], [], [5, -1]])
+    with pytest.raises(ValueError, match=r"source_logprobs\[2\]: log-prob at position 1 is inf;"
+                                         r".*\(2 such"):
+        rt.retokenize_batch(["a", "", "cd"], source=handles["mistral-v1"],
+                            source_ids=[[1], [], [2, 3, 4]],
+                            source_logprobs=[[-1.0], [], [-1.0, float("inf"), float("nan")]])
+
+
+def test_batch_target_ids_are_the_callers(handles):
+    """A batch hands out slices of one fresh array: writing into one result changes neither the
+    other results nor the cached encodings."""
+    rt = Retokenizer(handles["mistral-v1"])
+    texts = ["one two", "three four", "one two"]
+    ids = [rt.profile_for(handles["deepseek-v3"]).continuation.encode(t, add_special_tokens=False)
+           .ids for t in texts]
+    first = rt.retokenize_batch(texts, source=handles["deepseek-v3"], source_ids=ids)
+    want = [r.target_ids.copy() for r in first]
+    first[0].target_ids[:] = -1
+    assert np.array_equal(first[1].target_ids, want[1])
+    assert np.array_equal(first[2].target_ids, want[2])
+    again = rt.retokenize_batch(texts, source=handles["deepseek-v3"], source_ids=ids)
+    for r, w in zip(again, want):
+        assert np.array_equal(r.target_ids, w)
+
+
 def test_errors_for_bad_text_and_settings(retokenizers, handles):
     with pytest.raises(ValueError, match=r"texts\[0\]: expected valid Unicode"):
         retokenizers["deepseek-v3"].retokenize("bad \ud800", source=handles["mistral-v1"])

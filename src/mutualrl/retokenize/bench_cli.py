@@ -73,6 +73,9 @@ def _print_table(results: dict) -> None:
         console.print("  ratios: " + ", ".join(f"{k}={v:.2f}" for k, v in pair["ratios"].items()))
         console.print("  end_to_end_batch / encode_batch in parts: " + ", ".join(
             f"{k}={v:.2f}" for k, v in pair["end_to_end_batch_parts_over_encode_batch"].items()))
+        console.print("  paired (alternating calls), median (min-max): " + ", ".join(
+            f"{k}={v['median']:.2f} ({v['min']:.2f}-{v['max']:.2f})"
+            for k, v in pair["paired"].items()))
         console.print("  residuals: " + ", ".join(f"{k}={v:.3g}"
                                                   for k, v in pair["residuals"].items()))
 

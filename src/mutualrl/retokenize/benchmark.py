@@ -21,6 +21,11 @@ Measurements per (source -> target) pair:
   text) and the source side (checking the caller's ids and log-probs, byte ends of the ids and
   their spelling check); what ``end_to_end_batch`` adds beyond them is alignment, log-prob sums
   and residual records.
+
+The two goal ratios are also taken *paired*: the contenders alternate call by call (encode_batch,
+end_to_end_batch, encode_batch, ...; our align, TRL's, ...) and each pair gives one ratio, whose
+median and range are reported under ``paired`` — robust to the machine's speed drifting between
+the separate passes above.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mutualrl.provenance import time_calls
+from mutualrl.provenance import time_calls, time_paired
 from mutualrl.retokenize import baselines
 from mutualrl.retokenize.align import align_ends, align_many
 from mutualrl.retokenize.encoding import encode_texts, utf8
@@ -190,6 +195,29 @@ def _bench_peers(d: PairData, repeats: int, naive_texts: int) -> list[Timing]:
     return out
 
 
+def _ratio_summary(num: list[float], den: list[float]) -> dict:
+    r = [a / b for a, b in zip(num, den)]
+    return {"median": statistics.median(r), "min": min(r), "max": max(r), "pairs": len(r)}
+
+
+def _bench_paired(d: PairData, repeats: int, peers: bool) -> dict:
+    """The goal ratios from alternating calls (see the module docstring)."""
+    backend, source = d.tgt.profile.continuation, d.src.target
+    enc, e2e = time_paired(
+        lambda: [e.ids for e in backend.encode_batch(d.texts, add_special_tokens=False)],
+        lambda: d.tgt.retokenize_batch(d.texts, source=source, source_ids=d.src_ids,
+                                       source_logprobs=d.src_lps), repeats)
+    out = {"end_to_end_batch_over_encode_batch": _ratio_summary(e2e, enc)}
+    trl = baselines.trl_align_fn() if peers else None
+    if trl is not None:
+        s_off = [_offsets(e) for e in d.src_ends]
+        t_off = [_offsets(e) for e in d.tgt_ends]
+        theirs, ours = time_paired(lambda: [trl(a, b) for a, b in zip(s_off, t_off)],
+                                   lambda: align_many(d.src_ends, d.tgt_ends, d.totals), repeats)
+        out["align_speedup_vs_trl"] = _ratio_summary(theirs, ours)
+    return out
+
+
 def bench_pair(src: Retokenizer, tgt: Retokenizer, texts: list[str], *, repeats: int = 5,
                naive_texts: int = 8, peers: bool = True) -> dict:
     """All measurements, speed ratios and a residual summary for one (source -> target) pair."""
@@ -218,6 +246,7 @@ def bench_pair(src: Retokenizer, tgt: Retokenizer, texts: list[str], *, repeats:
             "target_tokens": d.target_tokens,
             "timings": {t.name: t.to_dict() for t in timings}, "ratios": ratios,
             "end_to_end_batch_parts_over_encode_batch": parts,
+            "paired": _bench_paired(d, repeats, peers),
             "residuals": {k: agg[k] for k in RESIDUAL_KEYS}}
 
 

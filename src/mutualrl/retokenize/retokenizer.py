@@ -217,20 +217,23 @@ class Retokenizer:
                 largest[0].tolist(), largest[1].tolist(), largest[2].tolist(),
                 uniq[0].tolist(), uniq[1].tolist(),
                 unk.tolist() if unk is not None else [0] * len(full), fallback.tolist())
+        # The caller's target ids: slices of the fresh concatenation above (writeable, and never
+        # the cached arrays), one slice per text instead of one copy per text.
+        tgt_stop = (batch.tgt_offset + np.diff(batch.tgt_offset, append=tgt_ids.size)).tolist()
         eos = self.profile.eos_id is not None
         max_len = self.max_length
+        has_unk = prof.unk_id is not None
         lo = 0
-        for j, k in enumerate(full):
-            hi = int(split[j])
+        for k, hi, t0, t1, ng, c11, c1n, cn1, big_s, big_t, big_b, us, ut, n_unk, n_fb in zip(
+                full, split.tolist(), batch.tgt_offset.tolist(), tgt_stop, *cols):
             g = AlignmentGroups.of_columns(local[:, lo:hi])
             src, tgt = sources[k], targets[k]
-            m = tgt.ids.size
+            m = t1 - t0
             if (src.n_specials or (flags[k] and eos) or (max_len is not None and m > max_len)
                     or (gsums is None and src.logprobs is not None)):
                 groups[k] = g
                 lo = hi
                 continue
-            ng, c11, c1n, cn1, big_s, big_t, big_b, us, ut, n_unk, n_fb = (c[j] for c in cols)
             n_src = src.ends.size
             sums, mass_error = None, 0.0
             if gsums is not None:
@@ -245,42 +248,47 @@ class Retokenizer:
                 groups_1_1=c11, groups_1_n=c1n, groups_n_1=cn1, groups_n_m=ng - c11 - c1n - cn1,
                 largest_group_source_tokens=big_s, largest_group_target_tokens=big_t,
                 largest_group_bytes=big_b, length_ratio=m / n_src,
-                unknown_rate=float(n_unk) / m if prof.unk_id is not None else 0.0,
-                byte_fallback_rate=float(n_fb) / m, specials_stripped=0, specials_added=0,
+                unknown_rate=n_unk / m if has_unk else 0.0,
+                byte_fallback_rate=n_fb / m, specials_stripped=0, specials_added=0,
                 eos_paired=False, truncated_tokens=0, truncated_bytes=0,
                 logprob_mass_error=mass_error, logprob_mass_unassigned=0.0)
-            out[k] = RetokenizedTrajectory(texts[k], tgt.ids.copy(), g, sums, residuals)
+            out[k] = _trajectory(texts[k], tgt_ids[t0:t1], g, sums, residuals)
             lo = hi
 
     def _sources(self, prof, texts, datas, source_ids, source_logprobs, flags) -> list[_Source]:
         if source_ids is None:
             encs = encode_texts(prof, texts, datas, self.cache, residuals=False)
-            out = []
-            for i, enc in enumerate(encs):
-                lp = None if source_logprobs is None else _as_logprobs(
-                    source_logprobs[i], enc.ids.size, f"source_logprobs[{i}]")
-                out.append(_Source(enc.ids, None, enc.ends, None, 0, lp, False, 0))
-            return out
+            lps = _logprob_arrays(source_logprobs, [e.ids.size for e in encs])
+            return [_Source(enc.ids, None, enc.ends, None, 0, lp, False, 0)
+                    for enc, lp in zip(encs, lps)]
         n = len(texts)
-        parts = []      # (ids, kept_index, eos_index, n_special, logprobs) per text
+        # Whole-batch checks: one range test of every id, one NaN/+inf test of every log-prob,
+        # one special-token lookup; a failure is traced back to its text for the message.
+        id_arrs = [_as_id_array(source_ids[i], f"source_ids[{i}]") for i in range(n)]
+        sizes = np.fromiter(map(len, id_arrs), dtype=np.int64, count=n)
+        flat = np.concatenate(id_arrs) if n else _NO_TOKENS
+        _check_id_range(flat, sizes, prof)
+        lps = _logprob_arrays(source_logprobs, sizes.tolist())
+        special = prof.special[flat]
+        stops = np.cumsum(sizes)
+        counts = np.concatenate(([0], np.cumsum(special, dtype=np.int64)))
+        n_specials = (counts[stops] - counts[stops - sizes]).tolist()
+        parts = []      # (ids, kept, kept_index, eos_index, n_special, logprobs) per text
         ends: list = [None] * n
         todo = []       # texts whose ids do not simply spell them: need the source's encoding
-        for i in range(n):
-            ids = _as_ids(source_ids[i], prof, f"source_ids[{i}]")
-            lps = source_logprobs[i] if source_logprobs is not None else None
-            lp = None if lps is None else _as_logprobs(lps, ids.size, f"source_logprobs[{i}]")
-            special = prof.special[ids]
-            n_special = int(np.count_nonzero(special))
+        for i, (ids, n_special, lp) in enumerate(zip(id_arrs, n_specials, lps)):
             kept, kept_index, eos_index = ids, None, None
             if n_special:
-                kept_index = np.flatnonzero(~special)
+                kept_index = np.flatnonzero(~prof.special[ids])
                 kept = ids[kept_index]
                 if flags[i] and int(ids[-1]) == prof.eos_id:
                     eos_index = ids.size - 1
             parts.append((ids, kept, kept_index, eos_index, n_special, lp))
         if prof.lossless and n:   # ids that spell their text give their byte ends directly
-            sizes = np.fromiter((p[1].size for p in parts), dtype=np.int64, count=n)
-            spells, rel = spelled_ends(prof, np.concatenate([p[1] for p in parts]), sizes, datas)
+            if any(n_specials):
+                sizes = np.fromiter((p[1].size for p in parts), dtype=np.int64, count=n)
+                flat = np.concatenate([p[1] for p in parts])
+            spells, rel = spelled_ends(prof, flat, sizes, datas)
             lo = 0
             for i, (hi, ok) in enumerate(zip(np.cumsum(sizes).tolist(), spells.tolist())):
                 if ok:
@@ -352,34 +360,70 @@ class Retokenizer:
         return groups.slice(keep), target_ids[:cut], lost
 
 
+def _trajectory(text, target_ids, groups, sums, residuals) -> RetokenizedTrajectory:
+    """``RetokenizedTrajectory(...)`` without the frozen dataclass's per-field ``__setattr__``
+    (a batch builds one per text)."""
+    obj = object.__new__(RetokenizedTrajectory)
+    obj.__dict__.update(text=text, target_ids=target_ids, groups=groups,
+                        group_logprob_sums=sums, residuals=residuals)
+    return obj
+
+
 def _check_len(field: str, values, n: int) -> None:
     if values is not None and len(values) != n:
         raise ValueError(f"{field}: expected one entry per text ({n}), got {len(values)}")
 
 
-def _as_ids(ids, prof: TokenizerProfile, field: str) -> np.ndarray:
+def _as_id_array(ids, field: str) -> np.ndarray:
+    """A text's ids as int64, checked for shape and type (their range: ``_check_id_range``)."""
     arr = np.asarray(ids)
     if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
         raise ValueError(f"{field}: expected a 1-D sequence of integer token ids, "
                          f"got shape {arr.shape} dtype {arr.dtype}")
-    arr = arr.astype(np.int64, copy=False)
-    if arr.size and (arr.min() < 0 or arr.max() >= prof.piece_len.size):
-        raise ValueError(f"{field}: expected ids in [0, {prof.piece_len.size}) for tokenizer "
-                         f"{prof.handle.name!r}, got range [{arr.min()}, {arr.max()}]")
-    return arr
+    return arr.astype(np.int64, copy=False)
 
 
-def _as_logprobs(lps, n: int, field: str) -> np.ndarray:
-    arr = np.asarray(lps, dtype=np.float64)
-    if arr.shape != (n,):
-        raise ValueError(f"{field}: expected {n} log-probs (one per source id), got shape "
-                         f"{arr.shape}")
-    # A NaN (or +inf) would flow silently into every moved log-prob and importance ratio.
-    bad = np.flatnonzero(np.isnan(arr) | (arr == np.inf))
+def _check_id_range(flat: np.ndarray, sizes: np.ndarray, prof: TokenizerProfile) -> None:
+    """Every id of the batch (laid end to end) inside the vocabulary, or an error naming the
+    first text with one outside."""
+    vocab = prof.piece_len.size
+    if not flat.size or (flat.min() >= 0 and flat.max() < vocab):
+        return
+    i = _text_of(np.flatnonzero((flat < 0) | (flat >= vocab))[0], sizes)
+    arr = flat[np.cumsum(sizes)[i] - sizes[i]:][:sizes[i]]
+    raise ValueError(f"source_ids[{i}]: expected ids in [0, {vocab}) for tokenizer "
+                     f"{prof.handle.name!r}, got range [{arr.min()}, {arr.max()}]")
+
+
+def _logprob_arrays(source_logprobs, sizes: list[int]) -> list:
+    """Each text's log-probs as float64, one per source id, with no NaN or +inf anywhere in the
+    batch (such a value would flow silently into every moved log-prob and importance ratio);
+    an error names the first offending text and position. All None without log-probs."""
+    if source_logprobs is None:
+        return [None] * len(sizes)
+    out = []
+    for i, n in enumerate(sizes):
+        arr = np.asarray(source_logprobs[i], dtype=np.float64)
+        if arr.shape != (n,):
+            raise ValueError(f"source_logprobs[{i}]: expected {n} log-probs (one per source "
+                             f"id), got shape {arr.shape}")
+        out.append(arr)
+    flat = np.concatenate(out) if out else np.zeros(0)
+    bad = np.flatnonzero(np.isnan(flat) | (flat == np.inf))
     if bad.size:
-        raise ValueError(f"{field}: log-prob at position {int(bad[0])} is {arr[bad[0]]}; expected a "
-                         f"number <= 0 ({bad.size} such value(s))")
-    return arr
+        lengths = np.array(sizes, dtype=np.int64)
+        i = _text_of(bad[0], lengths)
+        start = int(np.cumsum(lengths)[i] - lengths[i])
+        here = bad[(bad >= start) & (bad < start + lengths[i])] - start
+        raise ValueError(f"source_logprobs[{i}]: log-prob at position {int(here[0])} is "
+                         f"{flat[start + here[0]]}; expected a number <= 0 ({here.size} such "
+                         f"value(s))")
+    return out
+
+
+def _text_of(position: int, sizes: np.ndarray) -> int:
+    """Which text of a batch laid end to end holds ``position``."""
+    return int(np.searchsorted(np.cumsum(sizes), position, side="right"))
 
 
 def _clip_ends(ends: np.ndarray, total: int) -> np.ndarray:
