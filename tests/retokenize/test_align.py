@@ -37,6 +37,19 @@ def test_strictly_increasing_ends_group_as_the_two_pointer_walk(seed):
     tgt = _random_ends(rng, total, int(rng.integers(1, total + 1)), duplicates=False)
     g = align_ends(src, tgt, total)
     assert [r[:4] for r in _rows(g)] == two_pointer_walk(src.tolist(), tgt.tolist())
+    assert _rows(g) == _by_binary_search(src, tgt)       # byte ranges too
+    assert all(a.dtype == np.int64 for a in vars(g).values())
+
+
+@pytest.mark.parametrize(("src", "tgt"), [([0, 3, 5], [0, 5]), ([0, 5], [2, 5]),
+                                          ([1, 2, 3, 4, 5], [5]), ([2, 4, 5], [1, 3, 5])])
+def test_marking_and_counting_paths_agree_at_the_edges(src, tgt):
+    """Strictly increasing ends take the marking path, a repeated end the counting path; a token
+    ending at offset 0 and one-token sides group the same either way."""
+    src, tgt = np.array(src, dtype=np.int64), np.array(tgt, dtype=np.int64)
+    assert _rows(align_ends(src, tgt, 5)) == _by_binary_search(src, tgt)
+    dup = np.insert(src, 0, src[0])                       # a zero-length first token: counting path
+    assert _rows(align_ends(dup, tgt, 5)) == _by_binary_search(dup, tgt)
 
 
 @pytest.mark.parametrize("seed", range(20))

@@ -4,11 +4,13 @@ Each side is given as the cumulative byte *end* of every token (non-decreasing; 
 the text length). Token ``i`` covers bytes ``[end[i-1], end[i])`` — so whitespace a tokenizer
 has no token for (WordPiece) belongs to the next token, exactly like a byte-level ``Ġ``. A group
 closes wherever both sides have a boundary: the common boundaries are the values present in both
-end arrays. This is the classic two-pointer walk over end offsets, done in linear time over the
-bytes: each side's ends are counted per byte offset (``bincount``), a common boundary is an offset
-both sides end a token at, and a group's token range on each side is the running count of ends up
-to its boundary. For text (a few bytes per token) counting over the bytes is several times faster
-than binary searches of one side's ends in the other's.
+end arrays. This is the classic two-pointer walk over end offsets, done in linear time: when
+every token covers at least one byte (strictly increasing ends, the usual case) each side marks
+its ends in a byte-offset array, an end of one side is common where the other side marked it,
+and a group's token range on each side ends just past its boundary's position there. Otherwise
+each side's ends are counted per byte offset (``bincount``) and a group's token range is the
+running count of ends up to its boundary. Either is several times faster than binary searches
+of one side's ends in the other's.
 
 Zero-length tokens (none after specials are stripped, but tolerated) join the group their end
 falls in. Every group has at least one token on each side, except when one side is empty: then
@@ -70,23 +72,11 @@ class AlignmentGroups:
         out[pos] = np.repeat(np.arange(len(self), dtype=np.int64), sizes)
         return out
 
-    @classmethod
-    def of_columns(cls, block: np.ndarray) -> AlignmentGroups:
-        """The groups whose six fields are the rows of a (6, G) int64 block (views, not copies).
-
-        Equal to ``AlignmentGroups(*block)``, without the frozen dataclass's per-field
-        ``__setattr__``: a batch builds one of these per text."""
-        obj = object.__new__(cls)
-        obj.__dict__.update(zip(_FIELDS, block))
-        return obj
-
     def slice(self, stop: int) -> AlignmentGroups:
         """The first ``stop`` groups."""
         return AlignmentGroups(self.src_start[:stop], self.src_end[:stop], self.tgt_start[:stop],
                                self.tgt_end[:stop], self.byte_start[:stop], self.byte_end[:stop])
 
-
-_FIELDS = ("src_start", "src_end", "tgt_start", "tgt_end", "byte_start", "byte_end")
 
 
 def _ranks(sizes: np.ndarray) -> np.ndarray:
@@ -119,15 +109,33 @@ def align_ends(src_ends: np.ndarray, tgt_ends: np.ndarray, total: int) -> Alignm
             return AlignmentGroups.empty()
         one = lambda v: np.array([v], dtype=np.int64)  # noqa: E731 - tiny local constructor
         return AlignmentGroups(one(0), one(n), one(0), one(m), one(0), one(total))
-    s_count = np.bincount(src_ends, minlength=total + 1)     # tokens ending at each byte offset
-    t_count = np.bincount(tgt_ends, minlength=total + 1)
-    bounds = np.flatnonzero((s_count > 0) & (t_count > 0))
-    # tokens ending at or before each boundary (zero-length tokens join the group they end in)
-    src_end = np.cumsum(s_count)[bounds]
-    tgt_end = np.cumsum(t_count)[bounds]
+    if _increasing(src_ends) and _increasing(tgt_ends):
+        # No zero-length tokens (the usual case): an end is common when the other side marks
+        # it, and a group's token range ends just past its boundary's position on each side.
+        mark = np.zeros(total + 1, dtype=bool)
+        mark[tgt_ends] = True
+        src_end = np.flatnonzero(mark[src_ends])
+        bounds = src_ends[src_end]
+        src_end += 1
+        mark[tgt_ends] = False
+        mark[src_ends] = True
+        tgt_end = np.flatnonzero(mark[tgt_ends])
+        tgt_end += 1
+    else:
+        s_count = np.bincount(src_ends, minlength=total + 1)  # tokens ending at each byte offset
+        t_count = np.bincount(tgt_ends, minlength=total + 1)
+        bounds = np.flatnonzero((s_count > 0) & (t_count > 0))
+        # tokens ending at or before each boundary (zero-length tokens join the group they end in)
+        src_end = np.cumsum(s_count)[bounds]
+        tgt_end = np.cumsum(t_count)[bounds]
     return AlignmentGroups(
         src_start=_shift(src_end), src_end=src_end, tgt_start=_shift(tgt_end), tgt_end=tgt_end,
         byte_start=_shift(bounds), byte_end=bounds)
+
+
+def _increasing(ends: np.ndarray) -> bool:
+    """Strictly increasing (every token covers at least one byte)."""
+    return bool((ends[1:] > ends[:-1]).all())
 
 
 def _shift(ends: np.ndarray) -> np.ndarray:
@@ -169,12 +177,8 @@ def align_many(src_ends: list[np.ndarray], tgt_ends: list[np.ndarray],
             out[k] = align_ends(src_ends[k], tgt_ends[k], totals[k])
     if batch is None:
         return out  # type: ignore[return-value]
-    # One (6, G) array; each text's groups are column slices of it (views, one per field).
-    local, split = batch.local, batch.split.tolist()
-    lo = 0
-    for k, hi in zip(batch.full, split):
-        out[k] = AlignmentGroups.of_columns(local[:, lo:hi])
-        lo = hi
+    for k, g in zip(batch.full, batch.groups()):
+        out[k] = g
     return out  # type: ignore[return-value]
 
 
@@ -195,6 +199,23 @@ class BatchAlignment:
     src_all: np.ndarray
     tgt_all: np.ndarray
 
+    def groups(self) -> list[AlignmentGroups]:
+        """Each text's groups, in the order of ``full``: column slices of ``local`` (views).
+
+        Built without the frozen dataclass's per-field ``__setattr__`` (a batch builds one per
+        text); equal to ``AlignmentGroups(*local[:, lo:hi])``."""
+        r0, r1, r2, r3, r4, r5 = self.local
+        new = object.__new__
+        out = []
+        lo = 0
+        for hi in self.split.tolist():
+            g = new(AlignmentGroups)
+            g.__dict__.update(src_start=r0[lo:hi], src_end=r1[lo:hi], tgt_start=r2[lo:hi],
+                              tgt_end=r3[lo:hi], byte_start=r4[lo:hi], byte_end=r5[lo:hi])
+            out.append(g)
+            lo = hi
+        return out
+
 
 def align_batch(src_ends: list[np.ndarray], tgt_ends: list[np.ndarray],
                 totals: list[int]) -> BatchAlignment | None:
@@ -203,12 +224,17 @@ def align_batch(src_ends: list[np.ndarray], tgt_ends: list[np.ndarray],
     full = [k for k in range(len(totals)) if src_ends[k].size and tgt_ends[k].size]
     if not full:
         return None
-    tot = np.array([totals[k] for k in full], dtype=np.int64)
+    if len(full) == len(totals):
+        srcs, tgts, tots = src_ends, tgt_ends, totals
+    else:
+        srcs, tgts = [src_ends[k] for k in full], [tgt_ends[k] for k in full]
+        tots = [totals[k] for k in full]
+    tot = np.fromiter(tots, dtype=np.int64, count=len(full))
     byte_off = np.cumsum(tot + 1) - (tot + 1)
-    s_sizes = np.array([src_ends[k].size for k in full], dtype=np.int64)
-    t_sizes = np.array([tgt_ends[k].size for k in full], dtype=np.int64)
-    s_all = np.concatenate([src_ends[k] for k in full]) + np.repeat(byte_off, s_sizes)
-    t_all = np.concatenate([tgt_ends[k] for k in full]) + np.repeat(byte_off, t_sizes)
+    s_sizes = np.fromiter(map(len, srcs), dtype=np.int64, count=len(full))
+    t_sizes = np.fromiter(map(len, tgts), dtype=np.int64, count=len(full))
+    s_all = np.concatenate(srcs) + np.repeat(byte_off, s_sizes)
+    t_all = np.concatenate(tgts) + np.repeat(byte_off, t_sizes)
     g = align_ends(s_all, t_all, int(byte_off[-1] + tot[-1]))
     split = np.searchsorted(g.byte_end, byte_off + tot, side="right")
     item = np.repeat(np.arange(len(full)), np.diff(split, prepend=0))

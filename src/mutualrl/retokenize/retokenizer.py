@@ -224,9 +224,8 @@ class Retokenizer:
         max_len = self.max_length
         has_unk = prof.unk_id is not None
         lo = 0
-        for k, hi, t0, t1, ng, c11, c1n, cn1, big_s, big_t, big_b, us, ut, n_unk, n_fb in zip(
-                full, split.tolist(), batch.tgt_offset.tolist(), tgt_stop, *cols):
-            g = AlignmentGroups.of_columns(local[:, lo:hi])
+        for k, g, hi, t0, t1, ng, c11, c1n, cn1, big_s, big_t, big_b, us, ut, n_unk, n_fb in zip(
+                full, batch.groups(), split.tolist(), batch.tgt_offset.tolist(), tgt_stop, *cols):
             src, tgt = sources[k], targets[k]
             m = t1 - t0
             if (src.n_specials or (flags[k] and eos) or (max_len is not None and m > max_len)
