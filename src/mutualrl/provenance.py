@@ -10,7 +10,7 @@ import platform
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 
@@ -62,16 +62,22 @@ def time_calls(fn: Callable[[], object], repeats: int) -> list[float]:
     return out
 
 
-def time_paired(fn_a: Callable[[], object], fn_b: Callable[[], object],
-                repeats: int) -> tuple[list[float], list[float]]:
-    """Wall seconds of ``repeats`` calls of each of two contenders, alternating A B A B after one
-    warm-up call of each, so that drift in the machine's speed falls on both alike."""
-    fn_a()
-    fn_b()
-    a, b = [], []
+def time_alternating(fns: Sequence[Callable[[], object]], repeats: int) -> list[list[float]]:
+    """Wall seconds of ``repeats`` calls of each contender, in turn (A B C A B C ...) after one
+    warm-up call of each, so that drift in the machine's speed falls on all alike."""
+    for fn in fns:
+        fn()
+    out: list[list[float]] = [[] for _ in fns]
     for _ in range(repeats):
-        for fn, out in ((fn_a, a), (fn_b, b)):
+        for fn, times in zip(fns, out):
             start = time.perf_counter()
             fn()
-            out.append(time.perf_counter() - start)
+            times.append(time.perf_counter() - start)
+    return out
+
+
+def time_paired(fn_a: Callable[[], object], fn_b: Callable[[], object],
+                repeats: int) -> tuple[list[float], list[float]]:
+    """``time_alternating`` of two contenders: A B A B ..."""
+    a, b = time_alternating((fn_a, fn_b), repeats)
     return a, b

@@ -63,9 +63,10 @@ class RetokenizedTrajectory:
         return self.groups.target_group_index(self.target_ids.shape[0])
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class _Source:
-    """One trajectory's source side with specials separated out."""
+    """One trajectory's source side with specials separated out (internal; not frozen, since a
+    batch builds one per text and a frozen dataclass sets each field through ``__setattr__``)."""
 
     ids: np.ndarray                 # as given (or as encoded from the text)
     kept_index: np.ndarray | None   # positions of non-special ids; None = all kept
