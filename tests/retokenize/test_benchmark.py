@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from mutualrl.provenance import time_paired
+from mutualrl.provenance import time_alternating, time_paired
 from mutualrl.retokenize.align import align_batch
 from mutualrl.retokenize.benchmark import PairData, _floor, run_benchmark
 from mutualrl.retokenize.retokenizer import Retokenizer
@@ -15,6 +15,9 @@ def test_time_paired_alternates_the_contenders():
     a, b = time_paired(lambda: calls.append("a"), lambda: calls.append("b"), 3)
     assert calls == ["a", "b"] * 4          # one warm-up of each, then A B A B A B
     assert len(a) == len(b) == 3 and all(t >= 0 for t in a + b)
+    calls.clear()
+    times = time_alternating([lambda c=c: calls.append(c) for c in "xyz"], 2)
+    assert calls == list("xyz") * 3 and [len(t) for t in times] == [2, 2, 2]
 
 
 def test_benchmark_reports_paired_goal_ratios(handles, tmp_path):

@@ -43,7 +43,7 @@ import numpy as np
 from mutualrl.provenance import time_alternating, time_calls, time_paired
 from mutualrl.retokenize import baselines
 from mutualrl.retokenize.align import align_batch, align_ends, align_many
-from mutualrl.retokenize.encoding import encode_texts, utf8
+from mutualrl.retokenize.encoding import batch_ends, encode_texts, utf8
 from mutualrl.retokenize.loaders import TokenizerHandle, load_tokenizer
 from mutualrl.retokenize.residuals import aggregate_residuals
 from mutualrl.retokenize.retokenizer import Retokenizer
@@ -214,9 +214,7 @@ def _floor(d: PairData):
     src_sizes = np.fromiter(map(len, d.src_ids), dtype=np.int64, count=len(d.src_ids))
 
     def ends(flat, sizes, lens):
-        cum = np.cumsum(lens[flat])
-        before = np.concatenate(([0], cum))[np.cumsum(sizes) - sizes]
-        return np.split(cum - np.repeat(before, sizes), np.cumsum(sizes)[:-1])
+        return np.split(batch_ends(lens[flat], sizes)[0], np.cumsum(sizes)[:-1])
 
     def run():
         ids = [e.ids for e in backend.encode_batch(d.texts, add_special_tokens=False)]

@@ -172,6 +172,15 @@ def encode_from(profile: TokenizerProfile, enc, text: str, data: bytes) -> Encod
                    lazy=(profile, text, data, rendered))
 
 
+def batch_ends(lens: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Token byte lengths laid end to end (``lens``; ``sizes`` tokens per text) -> each token's
+    byte end within its own text (aligned with ``lens``) and each text's total bytes."""
+    cum = np.concatenate(([0], np.cumsum(lens)))
+    stops = np.cumsum(sizes)
+    before = cum[stops - sizes]                                 # bytes before each text
+    return cum[1:] - np.repeat(before, sizes), cum[stops] - before
+
+
 def spelled_ends(profile: TokenizerProfile, flat: np.ndarray, sizes: np.ndarray,
                  datas: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
     """Id sequences laid end to end (``flat``; ``sizes`` ids per text), checked against their
@@ -182,13 +191,10 @@ def spelled_ends(profile: TokenizerProfile, flat: np.ndarray, sizes: np.ndarray,
     """
     n = sizes.size
     lens = profile.piece_len[flat]
-    cum = np.cumsum(lens)
-    stops = np.cumsum(sizes)
-    before = np.concatenate(([0], cum))[stops - sizes]          # bytes before each text
-    ends = cum - np.repeat(before, sizes)
+    ends, text_bytes = batch_ends(lens, sizes)
     ends.flags.writeable = False
     want = np.fromiter(map(len, datas), dtype=np.int64, count=n)
-    spells = np.concatenate(([0], cum))[stops] - before == want  # the right length first
+    spells = text_bytes == want                                 # the right length first
     check = spells & (want > 0)
     if check.any():                                             # then the bytes themselves
         buf, start = profile.piece_table()

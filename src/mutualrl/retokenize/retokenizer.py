@@ -32,6 +32,7 @@ from mutualrl.retokenize.align import (AlignmentGroups, BatchAlignment, align_ba
                                        byte_iou, common_boundaries)
 from mutualrl.retokenize.encoding import (Encoded, EncodingCache, encode_texts, pin_last,
                                           spelled_ends, utf8)
+from mutualrl.retokenize.inputs import as_id_array, check_id_range, check_len, logprob_arrays
 from mutualrl.retokenize.loaders import TokenizerHandle
 from mutualrl.retokenize.profile import TokenizerProfile
 from mutualrl.retokenize.residuals import AlignmentResiduals, byte_edit_distance
@@ -155,9 +156,9 @@ class Retokenizer:
         texts = list(texts)
         n = len(texts)
         flags = [bool(ends_with_eos)] * n if isinstance(ends_with_eos, bool) else list(ends_with_eos)
-        _check_len("source_ids", source_ids, n)
-        _check_len("source_logprobs", source_logprobs, n)
-        _check_len("ends_with_eos", flags, n)
+        check_len("source_ids", source_ids, n)
+        check_len("source_logprobs", source_logprobs, n)
+        check_len("ends_with_eos", flags, n)
         if source is None and (source_ids is not None or source_logprobs is not None):
             raise ValueError("source: expected the sender's TokenizerHandle when source_ids or "
                              "source_logprobs are given")
@@ -258,17 +259,17 @@ class Retokenizer:
     def _sources(self, prof, texts, datas, source_ids, source_logprobs, flags) -> list[_Source]:
         if source_ids is None:
             encs = encode_texts(prof, texts, datas, self.cache, residuals=False)
-            lps = _logprob_arrays(source_logprobs, [e.ids.size for e in encs])
+            lps = logprob_arrays(source_logprobs, [e.ids.size for e in encs])
             return [_Source(enc.ids, None, enc.ends, None, 0, lp, False, 0)
                     for enc, lp in zip(encs, lps)]
         n = len(texts)
         # Whole-batch checks: one range test of every id, one NaN/+inf test of every log-prob,
         # one special-token lookup; a failure is traced back to its text for the message.
-        id_arrs = [_as_id_array(source_ids[i], f"source_ids[{i}]") for i in range(n)]
+        id_arrs = [as_id_array(source_ids[i], f"source_ids[{i}]") for i in range(n)]
         sizes = np.fromiter(map(len, id_arrs), dtype=np.int64, count=n)
         flat = np.concatenate(id_arrs) if n else _NO_TOKENS
-        _check_id_range(flat, sizes, prof)
-        lps = _logprob_arrays(source_logprobs, sizes.tolist())
+        check_id_range(flat, sizes, prof)
+        lps = logprob_arrays(source_logprobs, sizes.tolist())
         special = prof.special[flat]
         stops = np.cumsum(sizes)
         counts = np.concatenate(([0], np.cumsum(special, dtype=np.int64)))
@@ -367,63 +368,6 @@ def _trajectory(text, target_ids, groups, sums, residuals) -> RetokenizedTraject
     obj.__dict__.update(text=text, target_ids=target_ids, groups=groups,
                         group_logprob_sums=sums, residuals=residuals)
     return obj
-
-
-def _check_len(field: str, values, n: int) -> None:
-    if values is not None and len(values) != n:
-        raise ValueError(f"{field}: expected one entry per text ({n}), got {len(values)}")
-
-
-def _as_id_array(ids, field: str) -> np.ndarray:
-    """A text's ids as int64, checked for shape and type (their range: ``_check_id_range``)."""
-    arr = np.asarray(ids)
-    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
-        raise ValueError(f"{field}: expected a 1-D sequence of integer token ids, "
-                         f"got shape {arr.shape} dtype {arr.dtype}")
-    return arr.astype(np.int64, copy=False)
-
-
-def _check_id_range(flat: np.ndarray, sizes: np.ndarray, prof: TokenizerProfile) -> None:
-    """Every id of the batch (laid end to end) inside the vocabulary, or an error naming the
-    first text with one outside."""
-    vocab = prof.piece_len.size
-    if not flat.size or (flat.min() >= 0 and flat.max() < vocab):
-        return
-    i = _text_of(np.flatnonzero((flat < 0) | (flat >= vocab))[0], sizes)
-    arr = flat[np.cumsum(sizes)[i] - sizes[i]:][:sizes[i]]
-    raise ValueError(f"source_ids[{i}]: expected ids in [0, {vocab}) for tokenizer "
-                     f"{prof.handle.name!r}, got range [{arr.min()}, {arr.max()}]")
-
-
-def _logprob_arrays(source_logprobs, sizes: list[int]) -> list:
-    """Each text's log-probs as float64, one per source id, with no NaN or +inf anywhere in the
-    batch (such a value would flow silently into every moved log-prob and importance ratio);
-    an error names the first offending text and position. All None without log-probs."""
-    if source_logprobs is None:
-        return [None] * len(sizes)
-    out = []
-    for i, n in enumerate(sizes):
-        arr = np.asarray(source_logprobs[i], dtype=np.float64)
-        if arr.shape != (n,):
-            raise ValueError(f"source_logprobs[{i}]: expected {n} log-probs (one per source "
-                             f"id), got shape {arr.shape}")
-        out.append(arr)
-    flat = np.concatenate(out) if out else np.zeros(0)
-    bad = np.flatnonzero(np.isnan(flat) | (flat == np.inf))
-    if bad.size:
-        lengths = np.array(sizes, dtype=np.int64)
-        i = _text_of(bad[0], lengths)
-        start = int(np.cumsum(lengths)[i] - lengths[i])
-        here = bad[(bad >= start) & (bad < start + lengths[i])] - start
-        raise ValueError(f"source_logprobs[{i}]: log-prob at position {int(here[0])} is "
-                         f"{flat[start + here[0]]}; expected a number <= 0 ({here.size} such "
-                         f"value(s))")
-    return out
-
-
-def _text_of(position: int, sizes: np.ndarray) -> int:
-    """Which text of a batch laid end to end holds ``position``."""
-    return int(np.searchsorted(np.cumsum(sizes), position, side="right"))
 
 
 def _clip_ends(ends: np.ndarray, total: int) -> np.ndarray:
