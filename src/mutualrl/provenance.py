@@ -75,9 +75,3 @@ def time_alternating(fns: Sequence[Callable[[], object]], repeats: int) -> list[
             times.append(time.perf_counter() - start)
     return out
 
-
-def time_paired(fn_a: Callable[[], object], fn_b: Callable[[], object],
-                repeats: int) -> tuple[list[float], list[float]]:
-    """``time_alternating`` of two contenders: A B A B ..."""
-    a, b = time_alternating((fn_a, fn_b), repeats)
-    return a, b

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import json
 
-from mutualrl.provenance import time_alternating, time_paired
+from mutualrl.provenance import time_alternating
 from mutualrl.retokenize.align import align_batch
 from mutualrl.retokenize.benchmark import PairData, _floor, run_benchmark
 from mutualrl.retokenize.retokenizer import Retokenizer
 
 
-def test_time_paired_alternates_the_contenders():
+def test_time_alternating_takes_the_contenders_in_turn():
     calls = []
-    a, b = time_paired(lambda: calls.append("a"), lambda: calls.append("b"), 3)
+    a, b = time_alternating((lambda: calls.append("a"), lambda: calls.append("b")), 3)
     assert calls == ["a", "b"] * 4          # one warm-up of each, then A B A B A B
     assert len(a) == len(b) == 3 and all(t >= 0 for t in a + b)
     calls.clear()
