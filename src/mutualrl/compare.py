@@ -388,13 +388,7 @@ class _Runner:
 
 
 def _train_in_process(train_fn: Callable, cfg, resume: bool):
-    """One run in a worker process of ``--jobs``: no display of its own (the compare shows it).
-
-    A spawned worker starts afresh, so transformers' per-save progress bars, which the CLI turns
-    off in its own process, are turned off here too."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
+    """One run in a worker process of ``--jobs``: no display of its own (the compare shows it)."""
     progress = RunProgress(enabled=False)
     return train_fn(cfg, progress, resume=True) if resume else train_fn(cfg, progress)
 

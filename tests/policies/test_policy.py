@@ -358,3 +358,23 @@ def test_freeze_reference_makes_the_current_weights_the_kl_reference(tokenizer_h
     assert p.train_step(batch)["kl"] > 1e-6     # measured against the initial weights
     p.freeze_reference()
     assert p.train_step(batch)["kl"] == 0.0     # measured against the weights just frozen
+
+
+def test_saving_draws_no_progress_bar_and_keeps_the_setting(policy, tmp_path, capfd):
+    """``Policy.save`` goes through ``save_pretrained_quietly``: transformers draws no bar in any
+    process (with bars on, as in a spawned worker), and the caller's setting is left as it was."""
+    from transformers.utils import logging as hf_logging
+
+    from mutualrl.policies.checkpoints import save_pretrained_quietly
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.enable_progress_bar()
+    try:
+        policy.save(tmp_path)
+        assert "Writing model shards" not in capfd.readouterr().err
+        assert hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()
+        save_pretrained_quietly(policy.model, tmp_path / "again")
+        assert not hf_logging.is_progress_bar_enabled()
+    finally:
+        (hf_logging.enable_progress_bar if was_enabled else hf_logging.disable_progress_bar)()

@@ -95,3 +95,22 @@ def check_policies(policies: list[PolicyConfig], handles: dict,
             raise ConfigError(f"policies.{p.name}.tokenizer: {p.tokenizer!r} has {handle.vocab_size} "
                               f"tokens but checkpoint {p.checkpoint} embeds {vocab}; expected the "
                               "checkpoint's own tokenizer (set tokenizer to the checkpoint folder)")
+
+
+def save_pretrained_quietly(model, path: str | Path, tokenizer=None) -> Path:
+    """``model.save_pretrained(path)`` (and the tokenizer's) without transformers' per-save
+    progress bar, which would tear through a run's or a compare's own display in every process
+    that saves (the CLI's, a compare's worker processes, a benchmark's). The bar setting is
+    restored afterwards."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(path)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(path)
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+    return Path(path)

@@ -15,6 +15,7 @@ import torch
 
 from mutualrl.config import GRPOConfig, PolicyConfig
 from mutualrl.policies.batch import SFTExample, TrainBatch
+from mutualrl.policies.checkpoints import save_pretrained_quietly
 from mutualrl.policies.models import TokenizerFacts, build_model
 from mutualrl.policies.prompting import chat_prompt
 from mutualrl.policies.generation import SamplingSettings, build_backend
@@ -246,6 +247,4 @@ class Policy(PolicyView):
             # A random base exists nowhere else: saving only the adapter would lose it. Merge the
             # adapter into a copy and save a whole model.
             model = copy.deepcopy(self.model).merge_and_unload()
-        model.save_pretrained(path)
-        self.tokenizer.save_pretrained(path)
-        return path
+        return save_pretrained_quietly(model, path, self.tokenizer)

@@ -24,6 +24,7 @@ import torch
 
 from mutualrl.grpo import selective_log_softmax
 from mutualrl.policies.batch import collate
+from mutualrl.policies.checkpoints import save_pretrained_quietly
 from mutualrl.policies.generation import GENERATION_BACKENDS, SamplingSettings
 from mutualrl.policies.samples import Sample
 
@@ -100,7 +101,7 @@ class VLLMBackend:
         """A new adapter id per load: vLLM caches adapters by id, so reusing one would keep
         serving the first adapter it loaded under it. The previous adapter is removed."""
         path = self.work_dir / f"adapter-{self.loads}"
-        self.policy.model.save_pretrained(path)          # a peft model saves the adapter only
+        save_pretrained_quietly(self.policy.model, path)   # a peft model saves the adapter only
         previous = self.lora
         self.lora = self.api.LoRARequest(f"{self.policy.name}-{self.loads}", self.loads, str(path))
         if previous is not None:
@@ -211,9 +212,7 @@ def _save_base(policy, path: Path) -> Path:
     if policy.cfg.lora is not None:
         # unload() takes the LoRA layers out without merging them into the base
         model = copy.deepcopy(model).unload()
-    model.save_pretrained(path)
-    policy.tokenizer.save_pretrained(path)
-    return path
+    return save_pretrained_quietly(model, path, policy.tokenizer)
 
 
 GENERATION_BACKENDS.register("vllm", build_vllm_backend)
