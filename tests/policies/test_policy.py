@@ -378,3 +378,41 @@ def test_saving_draws_no_progress_bar_and_keeps_the_setting(policy, tmp_path, ca
         assert not hf_logging.is_progress_bar_enabled()
     finally:
         (hf_logging.enable_progress_bar if was_enabled else hf_logging.disable_progress_bar)()
+
+
+def test_concurrent_saves_keep_the_bars_off_until_the_last_ends(tmp_path):
+    """The threaded executor saves policies at once: the first save ending must not turn the bars
+    back on under a second one still writing."""
+    import threading
+
+    from transformers.utils import logging as hf_logging
+
+    from mutualrl.policies.checkpoints import save_pretrained_quietly
+
+    first_started, second_started, first_done = (threading.Event() for _ in range(3))
+    seen = []
+
+    class First:                      # starts first, ends while the second is still writing
+        def save_pretrained(self, path):
+            first_started.set()
+            assert second_started.wait(10)
+
+    class Second:
+        def save_pretrained(self, path):
+            second_started.set()
+            assert first_done.wait(10)
+            seen.append(hf_logging.is_progress_bar_enabled())
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.enable_progress_bar()
+    try:
+        first = threading.Thread(target=lambda: (save_pretrained_quietly(First(), tmp_path / "a"),
+                                                 first_done.set()))
+        first.start()
+        assert first_started.wait(10)
+        save_pretrained_quietly(Second(), tmp_path / "b")
+        first.join(10)
+        assert seen == [False]
+        assert hf_logging.is_progress_bar_enabled()
+    finally:
+        (hf_logging.enable_progress_bar if was_enabled else hf_logging.disable_progress_bar)()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from pathlib import Path
 
 from mutualrl.config import ConfigError, PolicyConfig
@@ -97,20 +98,30 @@ def check_policies(policies: list[PolicyConfig], handles: dict,
                               "checkpoint's own tokenizer (set tokenizer to the checkpoint folder)")
 
 
+# Transformers' bar switch is process-wide, and the threaded executor saves several policies at
+# once: the bars go off with the first save under way and come back (if they were on) with the last.
+_quiet = {"lock": threading.Lock(), "saving": 0, "restore": False}
+
+
 def save_pretrained_quietly(model, path: str | Path, tokenizer=None) -> Path:
     """``model.save_pretrained(path)`` (and the tokenizer's) without transformers' per-save
     progress bar, which would tear through a run's or a compare's own display in every process
     that saves (the CLI's, a compare's worker processes, a benchmark's). The bar setting is
-    restored afterwards."""
+    restored once no save is under way in this process."""
     from transformers.utils import logging as hf_logging
 
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
+    with _quiet["lock"]:
+        if _quiet["saving"] == 0:
+            _quiet["restore"] = hf_logging.is_progress_bar_enabled()
+            hf_logging.disable_progress_bar()
+        _quiet["saving"] += 1
     try:
         model.save_pretrained(path)
         if tokenizer is not None:
             tokenizer.save_pretrained(path)
     finally:
-        if was_enabled:
-            hf_logging.enable_progress_bar()
+        with _quiet["lock"]:
+            _quiet["saving"] -= 1
+            if _quiet["saving"] == 0 and _quiet["restore"]:
+                hf_logging.enable_progress_bar()
     return Path(path)
