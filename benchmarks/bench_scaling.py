@@ -32,9 +32,9 @@ import tempfile
 from pathlib import Path
 
 from mutualrl.config import config_from_dict, load_config, to_dict
-from mutualrl.metrics import read_metrics
+from mutualrl.run.metrics import read_metrics
 from mutualrl.provenance import git_commit, machine_info
-from mutualrl.train import train
+from mutualrl.run import train
 
 PHASES = ("generate", "verify", "publish", "strategy", "update")
 

@@ -27,10 +27,10 @@ import tempfile
 from pathlib import Path
 
 from mutualrl.config import load_config
-from mutualrl.metrics import read_metrics
+from mutualrl.run.metrics import read_metrics
 from mutualrl.provenance import git_commit, machine_info
 from mutualrl.strategies.base import STRATEGIES
-from mutualrl.train import train
+from mutualrl.run import train
 
 PHASES = ("generate", "verify", "publish", "strategy", "update")
 PARTS = ("strategy.retokenize", "strategy.logprobs", "strategy.generate")   # inside "strategy"

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from mutualrl import checkpoint
+from mutualrl.run import checkpoint
 from mutualrl.compare import compare, read_state
 from mutualrl.config import ConfigError, load_config
-from mutualrl.metrics import read_metrics
+from mutualrl.run.metrics import read_metrics
 from mutualrl.provenance import source_digest
-from mutualrl.train import train
+from mutualrl.run import train
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.toml"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from mutualrl.cli import _overrides, main
-from mutualrl.metrics import read_metrics
+from mutualrl.run.metrics import read_metrics
 from mutualrl.strategies import STRATEGIES
 
 TINY = str(Path(__file__).resolve().parents[1] / "configs" / "tiny.toml")

@@ -9,8 +9,8 @@ import pytest
 
 from mutualrl.cli import GUARD_EXIT, main
 from mutualrl.config import ConfigError, GuardsConfig, load_config
-from mutualrl.guards import Guards
-from mutualrl.metrics import read_metrics
+from mutualrl.run.guards import Guards
+from mutualrl.run.metrics import read_metrics
 
 TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.toml"
 

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 from rich.console import Console
 
-from mutualrl.progress import RunProgress
-from mutualrl.warmup import end_message
+from mutualrl.run.progress import RunProgress
+from mutualrl.run.warmup import end_message
 
 
 def test_finish_phase_sets_total_to_done_and_stops_the_clock():

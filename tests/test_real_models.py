@@ -16,7 +16,7 @@ from mutualrl.allocation import PlanError
 from mutualrl.config import ConfigError, config_from_dict
 from mutualrl.retokenize.loaders import load_tokenizer
 from mutualrl.tasks import TaskError
-from mutualrl.train import train
+from mutualrl.run import train
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATES = ROOT / "tests" / "data" / "chat_templates"

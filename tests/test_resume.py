@@ -18,7 +18,7 @@ import pytest
 
 from mutualrl.exchange import read_log
 from mutualrl.exchange.framing import ReadStats
-from mutualrl.metrics import read_metrics
+from mutualrl.run.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = ROOT / "configs" / "default.toml"

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from mutualrl.config import ConfigError, load_config
-from mutualrl.metrics import read_metrics
-from mutualrl.progress import RunProgress
-from mutualrl.tracking import TrackedWriter, check_trackers, scalars_of
-from mutualrl.train import train
+from mutualrl.run.metrics import read_metrics
+from mutualrl.run.progress import RunProgress
+from mutualrl.run.tracking import TrackedWriter, check_trackers, scalars_of
+from mutualrl.run import train
 
 TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.toml"
 
@@ -92,7 +92,7 @@ def test_tiny_run_writes_tensorboard_scalars(tmp_path, fast_run_builds):
 
 def test_wandb_offline_writes_a_run_dir(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
-    from mutualrl.tracking import WandbTracker
+    from mutualrl.run.tracking import WandbTracker
     monkeypatch.delenv("WANDB_MODE", raising=False)
     tracker = WandbTracker(tmp_path, "t", {"seed": 0})
     tracker.log({"policy/a/kl": 0.1}, 0)

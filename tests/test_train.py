@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from mutualrl.config import ConfigError, load_config
-from mutualrl.metrics import read_metrics
-from mutualrl.train import train
+from mutualrl.run.metrics import read_metrics
+from mutualrl.run import train
 
 TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.toml"
 POLICIES = ("llama-mistral", "qwen-deepseek")

@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 
 from mutualrl.config import load_config
-from mutualrl.metrics import read_metrics
+from mutualrl.run.metrics import read_metrics
 from mutualrl.allocation import LocalExecutor
 from mutualrl.allocation.config import AllocationConfig
-from mutualrl.train import train
-from mutualrl.workers import WorkerUnavailable, call_one
+from mutualrl.run import train
+from mutualrl.allocation import WorkerUnavailable, call_one
+from mutualrl.policies.worker import SequenceLogprobs
 
 TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.toml"
 TIMING = ("time_s", "tokens_per_s", "step_time_s")
@@ -94,5 +95,5 @@ def test_a_failed_call_kept_going_by_on_failure_is_unavailable_to_the_loop():
     ex = LocalExecutor(AllocationConfig(on_failure="continue", local_mode="sequential"))
     ex.start({"a": _Flaky})
     with pytest.raises(WorkerUnavailable, match="no weights here"):
-        call_one(ex, "a", "sequence_logprobs", prompts=[], completions=[])
+        call_one(ex, "a", SequenceLogprobs(prompts=[], completions=[]))
     assert ex.live_workers() == []        # removed, as on_failure says

@@ -11,9 +11,9 @@ import pytest
 
 from mutualrl.allocation.executors import WorkerFailedError
 from mutualrl.config import load_config
-from mutualrl.metrics import read_metrics
-from mutualrl.train import train
-from mutualrl.warmup import cache_key
+from mutualrl.run.metrics import read_metrics
+from mutualrl.run import train
+from mutualrl.run.warmup import cache_key
 
 TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.toml"
 TIMING = ("time_s", "tokens_per_s", "step_time_s")

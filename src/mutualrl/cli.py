@@ -73,8 +73,8 @@ def _train_config(args):
 def _run_train(args) -> int:
     from rich.console import Console
 
-    from mutualrl.progress import RunProgress
-    from mutualrl.train import train
+    from mutualrl.run.progress import RunProgress
+    from mutualrl.run import train
 
     # Strategy name and parameters are validated by train's first step, before anything is built.
     cfg = _train_config(args)
@@ -131,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# Exit code of a run a guard stopped (mutualrl.guards): not a crash (2 is a usage error), not success.
+# Exit code of a run a guard stopped (mutualrl.run.guards): not a crash (2 is a usage error), not success.
 GUARD_EXIT = 3
 
 
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     # would tear through it.
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()
-    from mutualrl.guards import GuardTripped
+    from mutualrl.run.guards import GuardTripped
     try:
         return int(args.func(args) or 0)
     except GuardTripped as exc:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from mutualrl.config import ConfigError
-from mutualrl.progress import RunProgress
+from mutualrl.run.progress import RunProgress
 from mutualrl.provenance import git_commit
 from mutualrl.report.analysis import starting_point_line
 
@@ -244,7 +244,7 @@ class CompareProgress:
         self._remaining = 0
         self._walls: list[float] = []     # wall seconds of the runs finished in this session
         if enabled:
-            from mutualrl.progress import make_progress
+            from mutualrl.run.progress import make_progress
             self._progress = make_progress(console)
 
     def __enter__(self) -> CompareProgress:
@@ -315,7 +315,7 @@ class _NestedRunProgress(RunProgress):
 
     def finish_phase(self, message: str) -> None:
         if self._row is not None:
-            from mutualrl.progress import finish_task
+            from mutualrl.run.progress import finish_task
             finish_task(self._shared, self._row, message)
 
     def _drop_row(self) -> None:
@@ -346,7 +346,7 @@ class _Runner:
 
     def begin(self, r: PlannedRun) -> bool:
         """Clear or keep the run's directory and mark it running; True: it resumes a checkpoint."""
-        from mutualrl.checkpoint import latest
+        from mutualrl.run.checkpoint import latest
 
         run_dir = self.out / "runs" / r.name
         # An unfinished run continues from its last complete checkpoint; without one it is redone
@@ -447,7 +447,7 @@ def compare(config_path: str | Path, strategies: Sequence[str], seeds: int, outp
     """Run every strategy x seed (skipping finished ones on ``resume``) and write the report.
 
     Returns the path of ``report.md``. Everything is validated before the first run starts.
-    ``train_fn(cfg, progress) -> RunSummary`` defaults to ``mutualrl.train.train`` (with
+    ``train_fn(cfg, progress) -> RunSummary`` defaults to ``mutualrl.run.train`` (with
     ``jobs`` > 1 it must be picklable: a module-level function). ``jobs``: runs at a time, in
     worker processes.
     """
@@ -461,7 +461,7 @@ def compare(config_path: str | Path, strategies: Sequence[str], seeds: int, outp
     out.mkdir(parents=True, exist_ok=True)
     write_state(out, state)
     if train_fn is None:
-        from mutualrl.train import train as train_fn
+        from mutualrl.run import train as train_fn
     runner = _Runner(out, state, progress or CompareProgress(enabled=False), train_fn)
     todo = [r for r in runs if not runner.finished(r)]
     for r in runs:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 
 import pytest
 
@@ -42,6 +43,26 @@ class Hangs(Echo):
         return self.name, x
 
 
+@dataclass(frozen=True)
+class Work:
+    x: int
+
+    def __call__(self, worker):
+        return worker.work(self.x)
+
+
+@dataclass(frozen=True)
+class Boom:
+    def __call__(self, worker):
+        return worker.boom()
+
+
+@dataclass(frozen=True)
+class Nope:
+    def __call__(self, worker):
+        return worker.nope()
+
+
 def _ex(mode="threads", **kw) -> LocalExecutor:
     return LocalExecutor(AllocationConfig(local_mode=mode, call_timeout_s=5.0, **kw))
 
@@ -51,7 +72,7 @@ def test_threads_and_sequential_give_the_same_results():
     for mode in ("threads", "sequential"):
         ex = _ex(mode)
         ex.start({n: (lambda n=n: Echo(n)) for n in ("a", "b", "c")})
-        out = ex.call("work", {"a": {"x": 1}, "b": {"x": 2}, "c": {"x": 3}})
+        out = ex.call({"a": Work(1), "b": Work(2), "c": Work(3)})
         results[mode] = {n: r.value for n, r in out.items()}
         ex.shutdown()
     assert results["threads"] == results["sequential"] == {"a": ("a", 2), "b": ("b", 4),
@@ -69,7 +90,7 @@ def test_calls_run_concurrently_in_threads_mode():
 
     ex = _ex()
     ex.start({n: (lambda n=n: Meets(n)) for n in ("a", "b", "c", "d")})
-    out = ex.call("work", {n: {"x": 0} for n in ("a", "b", "c", "d")})
+    out = ex.call({n: Work(0) for n in ("a", "b", "c", "d")})
     assert all(r.ok for r in out.values()), out
     ex.shutdown()
 
@@ -78,9 +99,9 @@ def test_a_raising_worker_reports_its_traceback_and_stop_raises_with_all_results
     ex = _ex(on_failure="stop")
     ex.start({"a": lambda: Echo("a"), "b": lambda: Echo("b")})
     with pytest.raises(WorkerFailedError) as err:
-        ex.call("boom", {"a": {}})
+        ex.call({"a": Boom()})
     f = err.value.failures[0]
-    assert (f.worker, f.method, f.kind, f.exc_type) == ("a", "boom", "raised", "RuntimeError")
+    assert (f.worker, f.method, f.kind, f.exc_type) == ("a", "Boom", "raised", "RuntimeError")
     assert "a exploded" in f.message and "in boom" in f.traceback
     assert "a exploded" in str(err.value)
     ex.shutdown()
@@ -91,13 +112,13 @@ def test_a_hung_worker_times_out_while_the_others_results_come_back():
     ex = _ex(on_failure="continue")
     ex.start({"fast": lambda: Echo("fast"), "hung": lambda: Hangs("hung", release)})
     t0 = time.monotonic()
-    out = ex.call("work", {"fast": {"x": 1}, "hung": {"x": 1}}, timeout_s=0.5)
+    out = ex.call({"fast": Work(1), "hung": Work(1)}, timeout_s=0.5)
     assert time.monotonic() - t0 < 2.0
     assert out["fast"].value == ("fast", 2)
     f = out["hung"].failure
     assert f.kind == "timeout" and "release.wait()" in f.traceback  # where it hangs
     # "continue": the hung worker is removed, later calls say so and the rest go on.
-    again = ex.call("work", {"fast": {"x": 2}, "hung": {"x": 2}}, timeout_s=0.5)
+    again = ex.call({"fast": Work(2), "hung": Work(2)}, timeout_s=0.5)
     assert again["fast"].value == ("fast", 4) and again["hung"].failure.kind == "unavailable"
     assert ex.live_workers() == ["fast"]
     release.set()
@@ -113,12 +134,12 @@ def test_restart_rebuilds_from_the_factory_and_loads_the_checkpoint():
 
     ex = _ex(on_failure="restart", max_restarts=1)
     ex.start({"a": factory})
-    out = ex.call("boom", {"a": {}})
+    out = ex.call({"a": Boom()})
     assert out["a"].failure.kind == "raised"  # the failed call is reported, not retried
     assert len(built) == 2 and built[1].loaded and not built[0].loaded
-    assert ex.call("work", {"a": {"x": 5}})["a"].value == ("a", 10)
+    assert ex.call({"a": Work(5)})["a"].value == ("a", 10)
     with pytest.raises(WorkerFailedError):  # restart budget spent: as "stop"
-        ex.call("boom", {"a": {}})
+        ex.call({"a": Boom()})
     ex.shutdown()
 
 
@@ -129,9 +150,9 @@ def test_constructor_failures_and_unknown_names_are_explained():
     ex = _ex()
     ex.start({"a": lambda: Echo("a")})
     with pytest.raises(ValueError, match=r"unknown worker\(s\) \['z'\]; started: \['a'\]"):
-        ex.call("work", {"z": {"x": 1}})
-    with pytest.raises(WorkerFailedError, match="has no method 'nope'"):
-        ex.call("nope", {"a": {}})
+        ex.call({"z": Work(1)})
+    with pytest.raises(WorkerFailedError, match="Nope\\(\\): raised: AttributeError: .*'nope'"):
+        ex.call({"a": Nope()})
     assert ex.put(obj := object()) is obj
     ex.shutdown()
 

@@ -24,6 +24,33 @@ def _classes():
     # Defined inside a function so cloudpickle ships them by value: Ray's worker processes
     # cannot import this test module.
     import time
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class Produce:
+        n: int
+
+        def __call__(self, worker):
+            return worker.produce(self.n)
+
+    @dataclass(frozen=True)
+    class Consume:
+        items: object   # a list, or an ObjectRef the actor resolves (a top-level field)
+
+        def __call__(self, worker):
+            return worker.consume(self.items)
+
+    @dataclass(frozen=True)
+    class Boom:
+        def __call__(self, worker):
+            return worker.boom()
+
+    @dataclass(frozen=True)
+    class Sleep:
+        s: float
+
+        def __call__(self, worker):
+            return worker.sleep(self.s)
 
     class Worker:
         def __init__(self, name: str) -> None:
@@ -44,7 +71,7 @@ def _classes():
         def sleep(self, s: float) -> None:
             time.sleep(s)
 
-    return Worker
+    return Worker, Produce, Consume, Boom, Sleep
 
 
 def _plan(cpus: int = 2, gpus: int = 2):
@@ -64,25 +91,24 @@ def _executor(**kw):
 
 
 def test_actors_in_placement_groups_call_results_failures_and_refs(cluster):
-    Worker = _classes()
+    Worker, Produce, Consume, Boom, Sleep = _classes()
     p = _plan()
     ex = _executor(on_failure="continue")
     names = [a.worker for a in p.assignments]
     ex.start({n: (lambda n=n: Worker(n)) for n in names}, p)
     try:
-        out = ex.call("consume", {n: {"items": [1, 2]} for n in names})
+        out = ex.call({n: Consume([1, 2]) for n in names})
         assert {n: r.value for n, r in out.items()} == {n: (n, 3) for n in names}
         # experience as object refs: produced on one actor, consumed on another, not via us
-        refs = ex.call("produce", {"a/generator": {"n": 4}}, fetch=False)
+        refs = ex.call({"a/generator": Produce(4)}, fetch=False)
         ref = refs["a/generator"].value
         assert isinstance(ref, ray.ObjectRef)
-        got = ex.call("consume", {"b/learner": {"items": ref},
-                                  "a/learner": {"items": ex.put([10, 20])}})
+        got = ex.call({"b/learner": Consume(ref), "a/learner": Consume(ex.put([10, 20]))})
         assert got["b/learner"].value == ("b/learner", 6) and got["a/learner"].value[1] == 30
-        bad = ex.call("boom", {"a/learner": {}, "b/learner": {}})
+        bad = ex.call({"a/learner": Boom(), "b/learner": Boom()})
         assert all(r.failure.kind == "raised" and "refuses" in r.failure.message for r in bad.values())
         assert "in boom" in bad["a/learner"].failure.traceback
-        slow = ex.call("sleep", {"b/generator": {"s": 30.0}, "a/generator": {"s": 0.0}}, timeout_s=1.0)
+        slow = ex.call({"b/generator": Sleep(30.0), "a/generator": Sleep(0.0)}, timeout_s=1.0)
         assert slow["b/generator"].failure.kind == "timeout" and slow["a/generator"].ok
         assert set(ex.live_workers()) == {"a/generator"}
     finally:
@@ -93,7 +119,7 @@ def test_actors_in_placement_groups_call_results_failures_and_refs(cluster):
 def test_unplaceable_gangs_are_all_or_nothing_with_a_diagnostic(cluster):
     from mutualrl.allocation.ray_executor import PlacementError
 
-    Worker = _classes()
+    Worker, Produce, Consume, Boom, Sleep = _classes()
     p = _plan(cpus=2, gpus=4)  # the plan believes in 4 GPUs; the cluster has 2 fake ones
     ex = _executor(placement_timeout_s=1.0)
     with pytest.raises(PlacementError) as err:
@@ -105,13 +131,13 @@ def test_unplaceable_gangs_are_all_or_nothing_with_a_diagnostic(cluster):
 
 
 def test_restart_rebuilds_the_actor_in_its_placement_group(cluster):
-    Worker = _classes()
+    Worker, Produce, Consume, Boom, Sleep = _classes()
     p = _plan()
     ex = _executor(on_failure="restart", max_restarts=1)
     ex.start({a.worker: (lambda n=a.worker: Worker(n)) for a in p.assignments}, p)
     try:
-        assert ex.call("boom", {"a/learner": {}})["a/learner"].failure.kind == "raised"
-        again = ex.call("consume", {"a/learner": {"items": [1]}, "b/learner": {"items": [2]}})
+        assert ex.call({"a/learner": Boom()})["a/learner"].failure.kind == "raised"
+        again = ex.call({"a/learner": Consume([1]), "b/learner": Consume([2])})
         assert again["a/learner"].value == ("a/learner+restored", 1)  # load_checkpoint() ran
         assert again["b/learner"].value == ("b/learner", 2)
     finally:

@@ -36,7 +36,7 @@ def make_policy(handles, *, grpo=None, tok="mistral-v1", **kw) -> Policy:
 def trainer_logprobs(policy, samples) -> list[torch.Tensor]:
     c = collate([s.prompt_ids for s in samples], [s.completion_ids for s in samples], policy.pad_id)
     with torch.no_grad():
-        lp = selective_log_softmax(policy.completion_logits(c), c.completion_ids)
+        lp = selective_log_softmax(policy.learner.completion_logits(c), c.completion_ids)
     return [lp[i, :len(s.completion_ids)] for i, s in enumerate(samples)]
 
 
@@ -73,7 +73,7 @@ def test_truncated_sampling_logprobs_match_the_trainer(tokenizer_handles, top_k,
     if top_k:   # every sampled token is among the top-k of its step
         c = collate([s.prompt_ids for s in samples], [s.completion_ids for s in samples], pol.pad_id)
         with torch.no_grad():
-            logits = pol.completion_logits(c, temperature=1.0)
+            logits = pol.learner.completion_logits(c, temperature=1.0)
         rank = (logits > logits.gather(-1, c.completion_ids.unsqueeze(-1))).sum(-1)
         real = torch.arange(c.completion_len) < c.lengths.unsqueeze(-1)
         assert int(rank[real].max()) < top_k
@@ -96,7 +96,7 @@ def test_generation_batch_size_splits_the_group(tokenizer_handles):
 # ---- the vLLM backend on a fake engine --------------------------------------------------------
 def with_fake(policy, **fake) -> FakeLLM:
     llm = FakeLLM(policy, **fake)
-    policy.backend = VLLMBackend(policy, llm, API)
+    policy.backend = VLLMBackend(policy, policy.learner, policy.generator, llm, API)
     return llm
 
 
@@ -142,7 +142,7 @@ def test_lora_policy_sends_only_a_fresh_adapter(tokenizer_handles, tmp_path):
     from mutualrl.config import LoraConfig
     pol = make_policy(tokenizer_handles, lora=LoraConfig(r=4, alpha=8))
     llm = FakeLLM(pol)
-    pol.backend = VLLMBackend(pol, llm, API, work_dir=tmp_path)
+    pol.backend = VLLMBackend(pol, pol.learner, pol.generator, llm, API, work_dir=tmp_path)
     first = pol.backend.lora
     samples = pol.generate(PROMPTS, 4, 4, 0.7)
     pol.train_step(batch_of(samples))
@@ -213,12 +213,12 @@ def test_real_vllm_engine_generates_and_syncs(tokenizer_handles):
 
 def test_torch_samples_carry_the_version_into_the_rollout(tokenizer_handles):
     from mutualrl.exchange import ExperienceBus
-    from mutualrl.experience import publish_step
+    from mutualrl.run.experience import publish_step
     pol = make_policy(tokenizer_handles)
     pol.train_step(batch_of(pol.generate(PROMPTS, 2, 3, 0.7)))
     samples = pol.generate(PROMPTS, 2, 3, 0.7)
     assert {s.policy_version for s in samples} == {1}
     bus = ExperienceBus()
     sub = bus.subscribe(kinds={"rollout"}, name="t")
-    publish_step(bus, {"p": pol}, {"p": samples}, "v", 1, 1.0)
+    publish_step(bus, {"p": pol}, {"p": pol.version}, {"p": samples}, "v", 1, 1.0)
     assert {d.record.policy_version for d in sub.drain_deliveries()} == {1}

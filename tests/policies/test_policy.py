@@ -60,14 +60,14 @@ def test_builds_the_requested_architecture_on_its_tokenizer(policy, arch_tok, to
     assert policy.handle is tokenizer_handles[tok]
     emb = policy.model.get_input_embeddings().weight
     assert emb.shape[0] == len(tokenizer_handles[tok].tokenizer)
-    assert policy.reference is None  # beta 0 builds no reference
+    assert policy.learner.reference is None  # beta 0 builds no reference
 
 
 def test_reference_only_with_beta(tokenizer_handles):
     grpo = GRPOConfig(num_generations=2, beta=0.1)
     p = make_policy(tokenizer_handles, "llama", "mistral-v1", grpo=grpo)
-    assert p.reference is not None
-    assert all(not q.requires_grad for q in p.reference.parameters())
+    assert p.learner.reference is not None
+    assert all(not q.requires_grad for q in p.learner.reference.parameters())
 
 
 def test_generate_shapes_logprobs_and_finish_reasons(policy):
@@ -145,7 +145,7 @@ def test_behaviour_logprobs_match_the_training_forward(policy):
     c = collate([s.prompt_ids for s in samples], [s.completion_ids for s in samples], policy.pad_id)
     policy.model.eval()
     with torch.no_grad():
-        logp = selective_log_softmax(policy.completion_logits(c), c.completion_ids)
+        logp = selective_log_softmax(policy.learner.completion_logits(c), c.completion_ids)
     for i, s in enumerate(samples):
         n = len(s.completion_ids)
         torch.testing.assert_close(logp[i, :n], torch.tensor(s.logprobs), atol=1e-4, rtol=0)
@@ -162,7 +162,7 @@ def test_greedy_generation_takes_the_argmax(policy):
     c = collate([samples[0].prompt_ids], [samples[0].completion_ids], policy.pad_id)
     policy.model.eval()
     with torch.no_grad():
-        logits = policy.completion_logits(c)[0]
+        logits = policy.learner.completion_logits(c)[0]
     assert logits.argmax(-1).tolist() == list(samples[0].completion_ids)
 
 
@@ -207,7 +207,7 @@ def test_zero_advantages_give_zero_gradient_and_only_weight_decay(tokenizer_hand
     assert stats["grad_norm"] == 0.0
     assert stats["grpo_loss"] == 0.0
     # AdamW with a zero gradient moves nothing but its decoupled weight decay: p <- p (1 - lr wd)
-    group = p.optimizer.param_groups[0]
+    group = p.learner.optimizer.param_groups[0]
     shrink = 1 - group["lr"] * group["weight_decay"]
     for b, a in zip(before, p.model.parameters()):
         torch.testing.assert_close(a.detach(), b * shrink, atol=0, rtol=1e-6)
@@ -217,42 +217,42 @@ def test_nan_loss_is_skipped_and_counted(tokenizer_handles, monkeypatch):
     policy = make_policy(tokenizer_handles, "llama", "mistral-v1")
     samples = policy.generate(PROMPTS, 4, 4, GRPO.temperature)
     before = params_of(policy)
-    state_before = len(policy.optimizer.state)
-    real = policy.completion_logits
-    monkeypatch.setattr(policy, "completion_logits", lambda c, model=None, **kw: real(c, model, **kw) * float("nan"))
+    state_before = len(policy.learner.optimizer.state)
+    real = policy.learner.completion_logits
+    monkeypatch.setattr(policy.learner, "completion_logits", lambda c, model=None, **kw: real(c, model, **kw) * float("nan"))
     stats = policy.train_steps([TrainBatch(sequences=sequences_from(samples, [1.0, -1.0] * 4))])
     assert stats["skipped_nan"] == 1.0
     assert stats["skipped_nan_total"] == 1
-    assert policy.skipped_nan_steps == 1
+    assert policy.learner.skipped_nan_steps == 1
     assert not changed(before, policy)
-    assert len(policy.optimizer.state) == state_before  # the optimizer never stepped
+    assert len(policy.learner.optimizer.state) == state_before  # the optimizer never stepped
 
 
 def test_sft_step_lowers_the_loss_on_a_repeated_batch(policy):
     examples = tuple(SFTExample(policy.encode_prompt(p.text), policy.encode_completion(p.answer))
                      for p in PROMPTS)
     with torch.no_grad():
-        start = float(policy.sft_loss(examples))
+        start = float(policy.learner.sft_loss(examples))
     for _ in range(3):
         policy.sft_step(examples, learning_rate=3e-2)
     with torch.no_grad():
-        end = float(policy.sft_loss(examples))
+        end = float(policy.learner.sft_loss(examples))
     assert end < start - 0.1, (start, end)
     # the override applied to those steps only
-    assert policy.optimizer.param_groups[0]["lr"] == GRPO.learning_rate
+    assert policy.learner.optimizer.param_groups[0]["lr"] == GRPO.learning_rate
 
 
 def test_a_batch_learning_rate_applies_to_that_update_only(policy, monkeypatch):
     examples = tuple(SFTExample(policy.encode_prompt(p.text), policy.encode_completion(p.answer))
                      for p in PROMPTS)
     seen: list[float] = []
-    step = policy.optimizer.step
-    monkeypatch.setattr(policy.optimizer, "step",
-                        lambda *a, **k: (seen.append(policy.optimizer.param_groups[0]["lr"]), step(*a, **k))[1])
+    step = policy.learner.optimizer.step
+    monkeypatch.setattr(policy.learner.optimizer, "step",
+                        lambda *a, **k: (seen.append(policy.learner.optimizer.param_groups[0]["lr"]), step(*a, **k))[1])
     policy.train_steps([TrainBatch(sft=examples, sft_coef=1.0, tag="sft", learning_rate=3e-2),
                         TrainBatch(sft=examples, sft_coef=1.0, tag="sft")])
     assert seen == [3e-2, GRPO.learning_rate]
-    assert policy.optimizer.param_groups[0]["lr"] == GRPO.learning_rate
+    assert policy.learner.optimizer.param_groups[0]["lr"] == GRPO.learning_rate
 
 
 def test_encode_completion_appends_eos(policy):
@@ -286,7 +286,7 @@ def test_kl_to_the_reference_starts_at_zero_and_grows(tokenizer_handles, lora):
                       learning_rate=5e-2)
     p = make_policy(tokenizer_handles, "llama", "mistral-v1", grpo=grpo,
                     lora=LoraConfig(r=4, alpha=8) if lora else None)
-    assert (p.reference is None) == lora   # a LoRA policy's reference is its adapter disabled
+    assert (p.learner.reference is None) == lora   # a LoRA policy's reference is its adapter disabled
     samples = p.generate(PROMPTS, 4, 4, grpo.temperature)
     batch = TrainBatch(sequences=sequences_from(samples, [1.0, -1.0] * 4))
     first = p.train_step(batch)
@@ -329,7 +329,7 @@ def test_a_loaded_state_continues_exactly_where_the_saved_policy_stands(tokenize
     a.save_state(tmp_path / "a.pt")
     b = make_policy(tokenizer_handles, "qwen2", "deepseek-v3", seed=7)
     b.load_state(tmp_path / "a.pt")
-    assert b.optimizer.state_dict()["state"].keys() == a.optimizer.state_dict()["state"].keys()
+    assert b.learner.optimizer.state_dict()["state"].keys() == a.learner.optimizer.state_dict()["state"].keys()
     sa, sb = (p.generate(PROMPTS, 4, 4, 0.7) for p in (a, b))
     assert [(s.completion_ids, s.logprobs) for s in sa] == [(s.completion_ids, s.logprobs) for s in sb]
     batch = TrainBatch(sequences=sequences_from(sa, [1.0, -1.0] * 4))

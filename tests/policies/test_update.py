@@ -46,12 +46,12 @@ def batch_for(p: Policy, sft_coef: float = 0.5, diagnose: bool = False) -> Train
 
 def run_step(p: Policy, batch: TrainBatch):
     """The stats and each optimizer step's flat gradient."""
-    grads, step = [], p.optimizer.step
+    grads, step = [], p.learner.optimizer.step
 
     def recording_step(*a, **k):
         grads.append(torch.cat([q.grad.flatten() for q in p.model.parameters() if q.grad is not None]))
         return step(*a, **k)
-    p.optimizer.step = recording_step
+    p.learner.optimizer.step = recording_step
     stats = p.train_step(batch)
     return stats, grads
 
@@ -109,25 +109,25 @@ def test_micro_batched_sft_step_and_sequence_logprobs_equal_the_single_pass(toke
 def test_nan_in_a_later_micro_batch_skips_the_whole_step(tokenizer_handles, monkeypatch):
     p = make_policy(tokenizer_handles, per_device_train_batch_size=4)
     before = [q.detach().clone() for q in p.model.parameters()]
-    real, calls = p.completion_logits, []
+    real, calls = p.learner.completion_logits, []
 
     def poisoned(c, model=None, **kw):
         calls.append(1)
         out = real(c, model, **kw)
         return out * float("nan") if len(calls) == 2 else out
-    monkeypatch.setattr(p, "completion_logits", poisoned)
+    monkeypatch.setattr(p.learner, "completion_logits", poisoned)
     stats = p.train_step(batch_for(p, sft_coef=0.0))
-    assert stats["skipped_nan"] == 1.0 and p.skipped_nan_steps == 1
+    assert stats["skipped_nan"] == 1.0 and p.learner.skipped_nan_steps == 1
     assert all(torch.equal(a, b) for a, b in zip(before, p.model.parameters()))
-    assert len(p.optimizer.state) == 0
+    assert len(p.learner.optimizer.state) == 0
 
 
 def test_bf16_policy_trains_on_cpu_with_fp32_log_probs(tokenizer_handles):
     p = make_policy(tokenizer_handles, dtype="bf16", logprob_chunk_size=4)
     assert all(q.dtype == torch.float32 for q in p.model.parameters())   # fp32 master weights
     b = batch_for(p)
-    parts = p.updater._grpo_parts(b)
-    out, ent = p.updater.grpo_loss(parts, 0, parts.c.extras["weights"])
+    parts = p.learner.engine._grpo_parts(b)
+    out, ent = p.learner.engine.grpo_loss(parts, 0, parts.c.extras["weights"])
     assert out.loss.dtype == torch.float32 and ent.dtype == torch.float32
     before = [q.detach().clone() for q in p.model.parameters()]
     stats = p.train_step(b)
@@ -146,8 +146,8 @@ def test_bf16_policy_trains_on_cpu_with_fp32_log_probs(tokenizer_handles):
 def test_linear_warmup_schedule_moves_the_learning_rate(tokenizer_handles):
     p = make_policy(tokenizer_handles, total_steps=4, lr_scheduler_type="linear", warmup_ratio=0.5,
                     learning_rate=1e-3)
-    seen, step = [], p.optimizer.step
-    p.optimizer.step = lambda *a, **k: (seen.append(p.optimizer.param_groups[0]["lr"]), step(*a, **k))[1]
+    seen, step = [], p.learner.optimizer.step
+    p.learner.optimizer.step = lambda *a, **k: (seen.append(p.learner.optimizer.param_groups[0]["lr"]), step(*a, **k))[1]
     b = batch_for(p)
     for _ in range(4):
         p.train_step(b)
@@ -155,8 +155,8 @@ def test_linear_warmup_schedule_moves_the_learning_rate(tokenizer_handles):
     assert seen == pytest.approx([0.0, 5e-4, 1e-3, 5e-4])
     # an SFT-only batch with its own rate neither uses nor advances the schedule
     p.train_step(TrainBatch(sft=b.sft, sft_coef=1.0, tag="sft", learning_rate=3e-2))
-    assert seen[-1] == 3e-2 and p.optimizer.param_groups[0]["lr"] == pytest.approx(0.0)
-    assert p.scheduler.last_epoch == 4
+    assert seen[-1] == 3e-2 and p.learner.optimizer.param_groups[0]["lr"] == pytest.approx(0.0)
+    assert p.learner.scheduler.last_epoch == 4
 
 
 def test_scheduler_state_travels_with_save_state(tokenizer_handles, tmp_path):
@@ -167,8 +167,8 @@ def test_scheduler_state_travels_with_save_state(tokenizer_handles, tmp_path):
     a.save_state(tmp_path / "a.pt")
     b = make_policy(tokenizer_handles, **kw)
     b.load_state(tmp_path / "a.pt")
-    assert b.scheduler.last_epoch == a.scheduler.last_epoch == 2
-    assert b.optimizer.param_groups[0]["lr"] == a.optimizer.param_groups[0]["lr"]
+    assert b.learner.scheduler.last_epoch == a.learner.scheduler.last_epoch == 2
+    assert b.learner.optimizer.param_groups[0]["lr"] == a.learner.optimizer.param_groups[0]["lr"]
     a.train_step(batch_for(a))
     b.train_step(batch_for(b))
     assert all(torch.equal(x, y) for x, y in zip(a.model.parameters(), b.model.parameters()))
@@ -176,8 +176,8 @@ def test_scheduler_state_travels_with_save_state(tokenizer_handles, tmp_path):
 
 def test_default_optimizer_is_torchs_adamw_default(tokenizer_handles):
     p = make_policy(tokenizer_handles)
-    assert p.optimizer.param_groups[0]["weight_decay"] == torch.optim.AdamW([torch.zeros(1)]).defaults["weight_decay"]
-    assert p.optimizer.param_groups[0]["lr"] == 1e-3
+    assert p.learner.optimizer.param_groups[0]["weight_decay"] == torch.optim.AdamW([torch.zeros(1)]).defaults["weight_decay"]
+    assert p.learner.optimizer.param_groups[0]["lr"] == 1e-3
 
 
 def test_schedules_other_than_constant_need_the_run_length(tokenizer_handles):

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from mutualrl.config import config_from_dict
-from mutualrl.metrics import read_metrics
+from mutualrl.run.metrics import read_metrics
 from mutualrl.strategies import STRATEGIES
-from mutualrl.train import build_run, generate, make_context, publish, sample_prompts, train, verify
+from mutualrl.run import build_run, train
+from mutualrl.run.phases import generate, make_context, publish, sample_prompts, verify
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny.toml"
 NAMES = STRATEGIES.names()

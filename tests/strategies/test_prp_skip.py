@@ -38,13 +38,13 @@ def sequences(policy) -> list[TrainSequence]:
 def loss_and_grad(policy, batch: TrainBatch):
     """The update engine's GRPO loss of ``batch`` (summed over its micro-batches) and gradient."""
     params = [p for p in policy.model.parameters() if p.requires_grad]
-    policy.optimizer.zero_grad(set_to_none=True)
-    parts = policy.updater._grpo_parts(batch)
-    loss = sum(policy.updater.grpo_loss(parts, k, parts.c.extras["weights"])[0].loss
+    policy.learner.optimizer.zero_grad(set_to_none=True)
+    parts = policy.learner.engine._grpo_parts(batch)
+    loss = sum(policy.learner.engine.grpo_loss(parts, k, parts.c.extras["weights"])[0].loss
                for k in range(len(parts.slices)))
     loss.backward()
     grad = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in params])
-    policy.optimizer.zero_grad(set_to_none=True)
+    policy.learner.optimizer.zero_grad(set_to_none=True)
     return loss.detach(), grad.detach().clone()
 
 
@@ -52,7 +52,7 @@ def loss_and_grad(policy, batch: TrainBatch):
 @pytest.mark.parametrize("mask_truncated", [False, True])
 @pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
 def test_skipping_inert_peers_keeps_loss_and_gradient(policy, loss_type, mask_truncated, micro_batch):
-    policy.grpo = policy.updater.grpo = msgspec.structs.replace(
+    policy.grpo = policy.learner.grpo = policy.learner.engine.grpo = msgspec.structs.replace(
         GRPO, loss_type=loss_type, mask_truncated_completions=mask_truncated,
         per_device_train_batch_size=micro_batch)
     policy.model.train()

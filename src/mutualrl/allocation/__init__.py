@@ -2,7 +2,8 @@
 
 * ``plan(specs, inventory)`` — the pure planner (``planner``); ``worker_specs_from_config`` and
   ``resolve_inventory`` build its inputs from a run config and the machine (``specs``).
-* ``make_executor(alloc)`` — ``local`` (threads or sequential, default) or ``ray`` executors.
+* ``make_executor(alloc)`` — ``local`` (threads or sequential, default) or ``ray`` executors,
+  applying typed calls (``calls``: ``call_each``, ``call_live``, ``call_one``) to their workers.
 * ``VersionGate``, ``is_fresh``, ``run_paced``, ``starvation_report`` — bounded-staleness pacing.
 
 The Ray executor lives in ``ray_executor`` and is imported only when asked for (extra ``ray``).
@@ -15,15 +16,19 @@ from mutualrl.allocation.config import (
     WorkerOverride,
     parse_allocation,
 )
-from mutualrl.allocation.executors import (
-    EXECUTORS,
+from mutualrl.allocation.calls import (
     CallResult,
     Executor,
-    LocalExecutor,
+    WorkerCall,
     WorkerFailedError,
     WorkerFailure,
-    make_executor,
+    WorkerUnavailable,
+    call_each,
+    call_live,
+    call_one,
 )
+from mutualrl.allocation.executors import LocalExecutor
+from mutualrl.allocation.kinds import EXECUTORS, make_executor
 from mutualrl.allocation.paced import PacedReport, StepWorker, run_paced
 from mutualrl.allocation.pacing import (
     Channel,
@@ -52,8 +57,8 @@ from mutualrl.allocation.specs import (
 
 __all__ = [
     "AllocationConfig", "InventoryConfig", "MemoryModel", "WorkerOverride", "parse_allocation",
-    "EXECUTORS", "CallResult", "Executor", "LocalExecutor", "WorkerFailedError", "WorkerFailure",
-    "make_executor", "PacedReport", "StepWorker", "run_paced", "Channel", "PacedRecord",
+    "EXECUTORS", "CallResult", "Executor", "LocalExecutor", "WorkerCall", "WorkerFailedError",
+    "WorkerFailure", "WorkerUnavailable", "call_each", "call_live", "call_one", "make_executor", "PacedReport", "StepWorker", "run_paced", "Channel", "PacedRecord",
     "QueueChannel", "VersionGate", "is_fresh", "starvation_report", "Assignment", "GpuSlot",
     "Plan", "PlanError", "largest_remainder", "plan", "Inventory", "WorkerSpec",
     "detect_inventory", "inventory_from_config", "resolve_inventory", "worker_specs_from_config",

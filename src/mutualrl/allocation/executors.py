@@ -1,23 +1,9 @@
-"""Executors realise a plan: they build workers from factories and call a method on all at once.
+"""The local executor: workers in this process, one thread each or one after another.
 
-A worker is any Python object; the loop calls ``executor.call("generate", {name: kwargs, ...})``
-and gets one ``CallResult`` per named worker — a value or a ``WorkerFailure`` (``raised`` with the
-worker's traceback, ``timeout`` with the stack where it hangs when that can be read, or
-``unavailable`` for a worker removed earlier). Every call is bounded by a timeout.
-
-Failure policy (``[allocation] on_failure``), applied after all results of a call are in:
-
-* ``stop``     — ``call`` raises ``WorkerFailedError`` carrying every result, so the loop can
-  write what it has and stop cleanly;
-* ``continue`` — the failed worker is removed; later calls report it ``unavailable``;
-* ``restart``  — the worker is rebuilt from its factory (at most ``max_restarts`` times; beyond
-  that, as ``stop``). The failed call is *not* retried: methods need not be idempotent, so the loop
-  decides. Checkpoint contract: if the rebuilt object has ``load_checkpoint()`` (no arguments), it
-  is called once, before any other method; the worker itself knows where its last checkpoint is
-  (its factory closes over the run directory) and returns with the state of that checkpoint. If
-  it raises, the restart counts as a failure.
-
-Kinds are a registry (``EXECUTORS``): ``local`` (this process, the default) and ``ray``.
+Executors realise a plan: they build workers from factories and apply typed calls
+(``mutualrl.allocation.calls``) to them, all at once, each bounded by a timeout; failures and the
+``on_failure`` policy are described there. Kinds are a registry (``allocation.kinds``): ``local``
+(this module, the default) and ``ray``.
 """
 
 from __future__ import annotations
@@ -30,127 +16,15 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures import wait as wait_futures
-from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any
 
-import msgspec
-
+from mutualrl.allocation.calls import (CallResult, FailurePolicy, WorkerCall, WorkerFailedError,
+                                       WorkerFailure, build_worker, call_name, check_names,
+                                       failure_from_exception)
 from mutualrl.allocation.config import AllocationConfig
-from mutualrl.allocation.planner import Plan
-from mutualrl.registry import Registry
 
-FailureKind = Literal["raised", "timeout", "unavailable"]
-
-
-class WorkerFailure(msgspec.Struct, frozen=True, kw_only=True):
-    worker: str
-    method: str
-    exc_type: str
-    message: str
-    traceback: str
-    kind: FailureKind
-
-    def __str__(self) -> str:
-        return f"worker {self.worker!r} {self.method}(): {self.kind}: {self.exc_type}: {self.message}"
-
-
-@dataclass(frozen=True)
-class CallResult:
-    """The outcome of one worker's call: ``value`` when ``ok``, else ``failure``."""
-
-    worker: str
-    value: Any = None
-    failure: WorkerFailure | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.failure is None
-
-
-class WorkerFailedError(RuntimeError):
-    """A call failed under ``on_failure = "stop"``; ``results`` holds every worker's outcome."""
-
-    def __init__(self, failures: list[WorkerFailure], results: dict[str, CallResult]) -> None:
-        self.failures = failures
-        self.results = results
-        details = "\n".join(f"{f}\n{f.traceback}" for f in failures)
-        super().__init__(f"{len(failures)} worker(s) failed, stopping:\n{details}")
-
-
-class Executor(Protocol):
-    def start(self, factories: dict[str, Callable[[], object]], plan: Plan | None = None) -> None: ...
-
-    def call(self, method: str, kwargs: dict[str, dict], timeout_s: float | None = None, *,
-             fetch: bool = True) -> dict[str, CallResult]: ...
-
-    def put(self, obj: Any) -> Any: ...
-
-    def live_workers(self) -> list[str]: ...
-
-    def shutdown(self) -> None: ...
-
-
-EXECUTORS: Registry[Callable[[AllocationConfig], Executor]] = Registry("executor kind")
-
-
-def make_executor(alloc: AllocationConfig) -> Executor:
-    return EXECUTORS.get(alloc.executor)(alloc)
-
-
-def failure_from_exception(worker: str, method: str, exc: BaseException) -> WorkerFailure:
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    return WorkerFailure(worker=worker, method=method, exc_type=type(exc).__name__,
-                         message=str(exc), traceback=tb, kind="raised")
-
-
-def check_names(method: str, kwargs: dict[str, dict], known: dict) -> None:
-    unknown = sorted(set(kwargs) - set(known))
-    if unknown:
-        raise ValueError(f"call {method}(): unknown worker(s) {unknown}; started: {sorted(known)}")
-
-
-class FailurePolicy:
-    """The ``on_failure`` decision shared by every executor kind (see the module docstring)."""
-
-    def __init__(self, alloc: AllocationConfig) -> None:
-        self.mode = alloc.on_failure
-        self.max_restarts = alloc.max_restarts
-        self.restarts: dict[str, int] = {}
-        self.removed: dict[str, WorkerFailure] = {}
-
-    def unavailable(self, worker: str, method: str) -> CallResult:
-        why = self.removed[worker]
-        return CallResult(worker, failure=WorkerFailure(
-            worker=worker, method=method, exc_type="WorkerRemoved", traceback=why.traceback,
-            message=f"removed after {why.kind} in {why.method}(): {why.message}", kind="unavailable"))
-
-    def apply(self, results: dict[str, CallResult], restart: Callable[[str], None],
-              remove: Callable[[str], None]) -> None:
-        failures = [r.failure for r in results.values()
-                    if r.failure is not None and r.failure.kind != "unavailable"]
-        fatal = []
-        for f in failures:
-            if self.mode == "restart" and self.restarts.get(f.worker, 0) < self.max_restarts:
-                self.restarts[f.worker] = self.restarts.get(f.worker, 0) + 1
-                try:
-                    restart(f.worker)
-                    continue
-                except Exception as exc:  # a failed rebuild is a failure of its own
-                    fatal.append(failure_from_exception(f.worker, "restart", exc))
-            if self.mode == "continue":
-                self.removed[f.worker] = f
-                remove(f.worker)
-            else:
-                fatal.append(f)
-        if fatal:
-            raise WorkerFailedError(fatal, results)
-
-
-def build_worker(factory: Callable[[], object], restarted: bool) -> object:
-    obj = factory()
-    if restarted and callable(getattr(obj, "load_checkpoint", None)):
-        obj.load_checkpoint()
-    return obj
+if TYPE_CHECKING:
+    from mutualrl.allocation.planner import Plan
 
 
 class _WorkerThread:
@@ -241,27 +115,25 @@ class LocalExecutor:
         """The object a worker runs (in process). A restart replaces it: read it again after one."""
         return self._workers[name]
 
-    def call(self, method: str, kwargs: dict[str, dict], timeout_s: float | None = None, *,
+    def call(self, calls: dict[str, WorkerCall], timeout_s: float | None = None, *,
              fetch: bool = True) -> dict[str, CallResult]:
-        check_names(method, kwargs, self._factories)
-        live = {n: kw for n, kw in kwargs.items() if n not in self.policy.removed}
-        jobs = {n: (lambda n=n, kw=kw: self._invoke(n, method, kw)) for n, kw in live.items()}
+        """Apply each named worker's call at once; one ``CallResult`` per name (``fetch`` is the
+        Ray executor's: in process nothing is copied)."""
+        method = call_name(next(iter(calls.values()))) if calls else "call"
+        check_names(method, calls, self._factories)
+        live = {n: c for n, c in calls.items() if n not in self.policy.removed}
+        jobs = {n: (lambda n=n, c=c: self._invoke(n, c)) for n, c in live.items()}
         results = self._run(jobs, method, timeout_s or self.alloc.call_timeout_s)
-        for n in kwargs:
+        for n in calls:
             if n not in live:
                 results[n] = self.policy.unavailable(n, method)
         self.policy.apply(results, self._restart, self._remove)
-        return {n: results[n] for n in kwargs}
+        return {n: results[n] for n in calls}
 
-    def _invoke(self, name: str, method: str, kw: dict) -> Any:
+    def _invoke(self, name: str, call: WorkerCall) -> Any:
         if self.mode == "sequential" and self._planned_threads.get(name):
             _set_torch_threads(self._planned_threads[name])
-        try:
-            fn = getattr(self._workers[name], method)
-        except AttributeError:
-            raise AttributeError(f"worker {name!r} ({type(self._workers[name]).__name__}) has no "
-                                 f"method {method!r}") from None
-        return fn(**kw)
+        return call(self._workers[name])
 
     def _run(self, jobs: dict[str, Callable[[], Any]], method: str,
              timeout_s: float) -> dict[str, CallResult]:
@@ -318,16 +190,3 @@ def _done_future(job: Callable[[], Any]) -> Future:
     except Exception as exc:  # KeyboardInterrupt still reaches the user in sequential mode
         fut.set_exception(exc)
     return fut
-
-
-def _make_ray(alloc: AllocationConfig) -> Executor:
-    try:
-        from mutualrl.allocation.ray_executor import RayExecutor
-    except ImportError as exc:
-        raise ImportError("executor 'ray' needs Ray: pip install 'mutualrl[ray]' "
-                          f"(or: pip install 'ray>=2.40'); import failed: {exc}") from exc
-    return RayExecutor(alloc)
-
-
-EXECUTORS.register("local", LocalExecutor)
-EXECUTORS.register("ray", _make_ray)

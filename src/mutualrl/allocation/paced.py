@@ -9,7 +9,7 @@ past ``step_timeout_s`` is declared hung, reported with the stack where it hangs
 others go on without its experience. Then ``on_failure``: ``stop`` ends the run cleanly (steps
 in flight finish and publish; everything so far is in the report), ``continue`` goes on without
 it, ``restart`` rebuilds it from its factory (``load_checkpoint()`` contract as in
-``executors``) and it resumes at the step after its last completed one.
+``allocation.calls``) and it resumes at the step after its last completed one.
 
 Accounting invariant (checked by ``PacedReport.balanced``): every delivery of a record to a
 recipient is either consumed, dropped as stale, or left undelivered when the run ended.
@@ -27,7 +27,7 @@ from typing import Any, Literal, Protocol
 
 import msgspec
 
-from mutualrl.allocation.executors import WorkerFailure, build_worker, failure_from_exception
+from mutualrl.allocation.calls import WorkerFailure, build_worker, failure_from_exception
 from mutualrl.allocation.pacing import Channel, PacedRecord, QueueChannel, VersionGate, is_fresh
 
 

@@ -14,10 +14,10 @@ has one, but with more than one GPU each actor gets a disjoint whole-GPU share; 
 share several GPUs should be one object playing both roles.
 
 Moving experience: ``put(obj)`` returns an ``ObjectRef``; ``call(..., fetch=False)`` returns each
-worker's value as an ``ObjectRef`` without copying it through the driver. Refs passed as *top-level*
-keyword values of another call are resolved by Ray inside the receiving actor (from the object
-store, node to node); refs nested inside containers arrive as refs and the worker calls
-``ray.get`` itself.
+worker's value as an ``ObjectRef`` without copying it through the driver. A call travels as its
+class and its fields; refs that are *top-level* fields of a call are resolved by Ray inside the
+receiving actor (from the object store, node to node); refs nested inside containers arrive as
+refs and the worker calls ``ray.get`` itself.
 """
 
 from __future__ import annotations
@@ -35,14 +35,9 @@ from ray.util.placement_group import (
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from mutualrl.allocation.config import AllocationConfig
-from mutualrl.allocation.executors import (
-    CallResult,
-    FailurePolicy,
-    WorkerFailedError,
-    WorkerFailure,
-    build_worker,
-    check_names,
-)
+from mutualrl.allocation.calls import (CallResult, FailurePolicy, WorkerCall, WorkerFailedError,
+                                       WorkerFailure, build_worker, call_fields, call_name,
+                                       check_names)
 from mutualrl.allocation.planner import Assignment, Plan
 
 
@@ -62,12 +57,12 @@ class _Host:
     def ready(self) -> bool:
         return True
 
-    def invoke(self, _mutualrl_method: str, **kwargs: Any) -> tuple[tuple, Any]:
-        # Keyword arguments travel as Ray task arguments, so top-level ObjectRefs among them are
-        # resolved here, in this actor, straight from the object store.
+    def invoke(self, _mutualrl_call: type, **fields: Any) -> tuple[tuple, Any]:
+        # The call's fields travel as Ray task arguments, so top-level ObjectRefs among them are
+        # resolved here, in this actor, straight from the object store; the call is rebuilt here.
         import traceback
         try:
-            return ("ok",), getattr(self.obj, _mutualrl_method)(**kwargs)
+            return ("ok",), _mutualrl_call(**fields)(self.obj)
         except Exception as exc:
             tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
             return ("raised", type(exc).__name__, str(exc), tb), None
@@ -201,19 +196,21 @@ class RayExecutor:
     def live_workers(self) -> list[str]:
         return [n for n in self._factories if n not in self.policy.removed]
 
-    def call(self, method: str, kwargs: dict[str, dict], timeout_s: float | None = None, *,
+    def call(self, calls: dict[str, WorkerCall], timeout_s: float | None = None, *,
              fetch: bool = True) -> dict[str, CallResult]:
-        check_names(method, kwargs, self._factories)
-        live = [n for n in kwargs if n not in self.policy.removed]
-        refs = {n: self._actors[n].invoke.options(num_returns=2).remote(method, **kwargs[n])
+        method = call_name(next(iter(calls.values()))) if calls else "call"
+        check_names(method, calls, self._factories)
+        live = [n for n in calls if n not in self.policy.removed]
+        refs = {n: self._actors[n].invoke.options(num_returns=2).remote(type(calls[n]),
+                                                                         **call_fields(calls[n]))
                 for n in live}
         results = self._wait(refs, method, timeout_s or self.alloc.call_timeout_s,
                              statuses=True, fetch=fetch)
-        for n in kwargs:
+        for n in calls:
             if n not in live:
                 results[n] = self.policy.unavailable(n, method)
         self.policy.apply(results, self._restart, self._remove)
-        return {n: results[n] for n in kwargs}
+        return {n: results[n] for n in calls}
 
     def _wait(self, refs: dict[str, Any], method: str, timeout_s: float, *, statuses: bool,
               fetch: bool = True) -> dict[str, CallResult]:

@@ -134,12 +134,14 @@ class SFTParts:
 
 
 class UpdateEngine:
-    """A policy's updates (``Policy.train_step``, ``sft_step``, ``sequence_logprobs``)."""
+    """How a learner's batches become optimizer steps (``Learner.train_step``, ``sft_step``,
+    ``sequence_logprobs``). It changes the learner's state (weights, optimizer, schedule, version,
+    skipped-step count) and owns none of it."""
 
-    def __init__(self, policy) -> None:
-        self.p = policy
-        self.grpo: GRPOConfig = policy.grpo
-        self.bf16 = policy.cfg.dtype == "bf16"
+    def __init__(self, learner) -> None:
+        self.p = learner
+        self.grpo: GRPOConfig = learner.grpo
+        self.bf16 = learner.cfg.dtype == "bf16"
 
     def autocast(self):
         """The policy's compute precision for a forward pass (backward follows it)."""
@@ -225,11 +227,11 @@ class UpdateEngine:
             return self.plain_logprobs(c)
 
     # ---- the batch's parts, once per optimizer step -------------------------------------------
-    def _grpo_parts(self, batch: TrainBatch) -> GRPOParts:
+    def _grpo_parts(self, batch: TrainBatch, inexact_sampler: bool = False) -> GRPOParts:
         g, dev = self.grpo, self.p.device
         c = collate_sequences(batch.sequences, self.p.pad_id)
         # An inexact sampler (vLLM): recompute the behaviour log-probs, weight by the IS ratio.
-        mismatch = correct_mismatch(self.p, c)
+        mismatch = correct_mismatch(c, g, self.batch_logprobs) if inexact_sampler else {}
         mask = completion_mask(c.completion_ids, c.lengths, c.extras["truncated"],
                                g.mask_truncated_completions).to(dev)
         slices = self._slices(len(batch.sequences))
@@ -267,6 +269,11 @@ class UpdateEngine:
             skipped_rows=parts.skipped_rows, skipped_tokens=parts.skipped_tokens)
         return out, ent
 
+    def sft_total_loss(self, examples: tuple[SFTExample, ...]) -> torch.Tensor:
+        """Mean token NLL of ``examples`` over all micro-batches (differentiable)."""
+        parts = self._sft_parts(examples)
+        return sum(self.sft_loss(parts, k) for k in range(len(parts.slices)))
+
     def sft_loss(self, parts: SFTParts, i: int) -> torch.Tensor:
         """Micro-batch ``i``'s share of the mean token NLL over all SFT examples."""
         s = parts.slices[i]
@@ -278,14 +285,15 @@ class UpdateEngine:
         return -(logp * mask).sum() * parts.scale
 
     # ---- optimizer steps ------------------------------------------------------------------------
-    def train_step(self, batch: TrainBatch) -> dict[str, float]:
+    def train_step(self, batch: TrainBatch, inexact_sampler: bool = False) -> dict[str, float]:
         """One update (``num_iterations`` optimizer steps) on a batch; NaN losses are skipped,
         counted. The schedule advances once per optimizer step at the policy's learning rate
-        (not for a batch that sets its own)."""
+        (not for a batch that sets its own). ``inexact_sampler``: correct the behaviour log-probs
+        (``generation.mismatch``)."""
         p = self.p
         p.model.train()
         stats, t0 = {}, time.perf_counter()
-        grpo = self._grpo_parts(batch) if batch.sequences else None
+        grpo = self._grpo_parts(batch, inexact_sampler) if batch.sequences else None
         sft = self._sft_parts(batch.sft) if batch.sft and batch.sft_coef > 0 else None
         if grpo is not None:
             stats.update(grpo.stats)

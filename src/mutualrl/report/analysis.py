@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from mutualrl.evaluation import read_heldout
+from mutualrl.run.evaluation import read_heldout
 from mutualrl.report.data import (THL_HEADLINE, THL_PREFIX, RunData, bytes_exchanged, is_weight_var,
                                   own_families_of, policies_of, tokens_generated, tokens_per_step)
 from mutualrl.report.stats import cost_to_target, curve_area, paired_difference

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from mutualrl.metrics import read_metrics
+from mutualrl.run.metrics import read_metrics
 
 THL_PREFIX = "thl/"
 DENSITY_PREFIX = "prp/density_ratio"

@@ -4,7 +4,9 @@
 log-probs, reproducible from the policy's own generator); ``vllm`` runs a vLLM engine per policy
 (GPUs). A policy owns one backend, chosen by ``[[policies]] generation.backend``; the loop only
 ever calls ``Policy.generate``. Backends register on ``GENERATION_BACKENDS`` as builders
-``(policy) -> GenerationBackend``.
+``(view, learner, generator) -> GenerationBackend``: the policy's tokenizer view, the learner
+whose weights it samples (model, version, precision, trainer log-probs) and the sampler's
+``torch.Generator``.
 """
 
 from __future__ import annotations
@@ -53,8 +55,8 @@ class GenerationBackend(Protocol):
 GENERATION_BACKENDS: Registry = Registry("generation backend", "mutualrl.generation_backends")
 
 
-def build_backend(policy) -> GenerationBackend:
-    """The backend ``policy.cfg.generation.backend`` names, built for ``policy``."""
+def build_backend(view, learner, generator) -> GenerationBackend:
+    """The backend ``view.cfg.generation.backend`` names, sampling ``learner``'s weights."""
     # Imported for their registrations; vllm itself is imported only when that backend is built.
     from mutualrl.policies.generation import torch as _torch, vllm as _vllm  # noqa: F401
-    return GENERATION_BACKENDS.get(policy.cfg.generation.backend)(policy)
+    return GENERATION_BACKENDS.get(view.cfg.generation.backend)(view, learner, generator)

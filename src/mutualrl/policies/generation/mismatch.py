@@ -1,4 +1,4 @@
-"""The trainer's side of the mismatch correction, called once per update by ``Policy``.
+"""The trainer's side of the mismatch correction, called once per update by the update engine.
 
 For a backend whose behaviour log-probs are not the trainer's (``exact_logprobs`` False), the
 trainer recomputes the log-probs of the sampled tokens before updating; they become the GRPO
@@ -15,17 +15,17 @@ from mutualrl.grpo import completion_mask
 from mutualrl.grpo.mismatch import importance_weights
 
 
-def correct_mismatch(policy, c) -> dict[str, float]:
+def correct_mismatch(c, g, batch_logprobs) -> dict[str, float]:
     """Rewrite ``c.extras`` old log-probs and weights in place; the mismatch statistics out.
 
-    A no-op (no statistics) for exact backends or with the correction switched off."""
-    g = policy.grpo
-    if policy.backend.exact_logprobs or not g.vllm_importance_sampling_correction:
+    ``g``: the run's GRPO settings; ``batch_logprobs``: the trainer's (B, T) log-probs of a
+    collated batch. Called only for inexact samplers; a no-op with the correction switched off."""
+    if not g.vllm_importance_sampling_correction:
         return {}
     has = c.extras["has_old"]                                            # (B,)
     if not bool(has.any()):
         return {}
-    trainer = policy.updater.batch_logprobs(c).float().cpu()            # (B, T), micro-batched
+    trainer = batch_logprobs(c).float().cpu()                           # (B, T), micro-batched
     sampler = c.extras["old_logprobs"]                                   # (B, T), NaN for peers
     mask = completion_mask(c.completion_ids, c.lengths) & has.unsqueeze(-1)
     weights, stats = importance_weights(trainer, sampler, mask, g.vllm_importance_sampling_mode,

@@ -19,8 +19,8 @@ from mutualrl.policies.sampling import sample_tokens, truncate_logits, truncates
 class TorchBackend:
     exact_logprobs = True
 
-    def __init__(self, policy) -> None:
-        self.policy = policy
+    def __init__(self, view, learner, generator: torch.Generator) -> None:
+        self.view, self.learner, self.generator = view, learner, generator
 
     def load_weights(self, version: int) -> None:
         """Nothing to do: generation runs on the trainer's own parameters."""
@@ -32,26 +32,25 @@ class TorchBackend:
     def generate(self, prompts, prompt_ids, settings: SamplingSettings) -> list[Sample]:
         """``settings.num_generations`` completions per prompt, ``settings.batch_size`` sequences
         per pass (None: all at once; each pass draws from the generator in turn)."""
-        self.policy.model.eval()
+        self.learner.model.eval()
         ids = [p for p in prompt_ids for _ in range(settings.num_generations)]
         groups = [g for g in range(len(prompts)) for _ in range(settings.num_generations)]
         step = settings.batch_size or len(ids)
         out: list[Sample] = []
         for lo in range(0, len(ids), step):
-            with self.policy.updater.autocast():   # the policy's precision (bf16 or fp32)
+            with self.learner.autocast():   # the policy's precision (bf16 or fp32)
                 tokens, logps = self._sample(ids[lo:lo + step], settings)
             out += self._to_samples(prompts, ids[lo:lo + step], groups[lo:lo + step], tokens, logps)
         return out
 
     def _sample(self, prompt_ids, s: SamplingSettings) -> tuple[torch.Tensor, torch.Tensor]:
         """Token ids (B, T) (pad after EOS) and their behaviour log-probs (B, T) (0 after EOS)."""
-        pol = self.policy
-        model, device, pad = pol.model, pol.device, pol.pad_id
+        model, device, pad = self.learner.model, self.learner.device, self.view.pad_id
         c = collate(prompt_ids, [()] * len(prompt_ids), pad)
         P = c.input_ids.shape[1] - 1
         ids, attn = c.input_ids[:, :P].to(device), c.attention_mask[:, :P].to(device)
         pos = c.position_ids[:, :P].to(device)
-        B, eos = ids.shape[0], pol.tokenizer.eos_token_id
+        B, eos = ids.shape[0], self.view.tokenizer.eos_token_id
         out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True,
                     logits_to_keep=1)
         tokens, logps = [], []
@@ -65,7 +64,7 @@ class TorchBackend:
                 if truncate:
                     logits = truncate_logits(logits, s.top_k, s.top_p)
                 logp_all = torch.log_softmax(logits, -1)
-                tok = sample_tokens(logp_all, pol.generator)
+                tok = sample_tokens(logp_all, self.generator)
             else:
                 logp_all = torch.log_softmax(logits, -1)
                 tok = logits.argmax(-1)
@@ -83,7 +82,7 @@ class TorchBackend:
         return torch.stack(tokens, 1).cpu(), torch.stack(logps, 1).cpu()
 
     def _to_samples(self, prompts, prompt_ids, groups, tokens, logps) -> list[Sample]:
-        tok, version = self.policy.tokenizer, self.policy.version
+        tok, version = self.view.tokenizer, self.learner.version
         eos, out = tok.eos_token_id, []
         for i in range(tokens.shape[0]):
             row = tokens[i].tolist()

@@ -42,28 +42,31 @@ class WeightSyncError(RuntimeError):
 class VLLMBackend:
     exact_logprobs = False
 
-    def __init__(self, policy, llm, api, work_dir: str | Path | None = None) -> None:
-        """``llm``: a ``vllm.LLM`` (or a fake with its interface); ``api``: the module that
+    def __init__(self, view, learner, generator: torch.Generator, llm, api,
+                 work_dir: str | Path | None = None) -> None:
+        """``view``: the policy's tokenizer side; ``learner``: whose weights the engine serves;
+        ``llm``: a ``vllm.LLM`` (or a fake with its interface); ``api``: the module that
         provides ``SamplingParams`` and ``LoRARequest`` (``vllm`` itself, or the fake's)."""
-        self.policy, self.llm, self.api = policy, llm, api
-        self.cfg = policy.cfg.generation
-        self.work_dir = Path(work_dir or tempfile.mkdtemp(prefix=f"mutualrl-{policy.name}-"))
-        self.lora, self.loads, self.version = None, 0, policy.version
+        self.view, self.learner, self.generator = view, learner, generator
+        self.llm, self.api = llm, api
+        self.cfg = view.cfg.generation
+        self.work_dir = Path(work_dir or tempfile.mkdtemp(prefix=f"mutualrl-{view.name}-"))
+        self.lora, self.loads, self.version = None, 0, learner.version
         self.asleep = False
-        self.probe_ids = policy.encode_prompt(PROBE_TEXT)
+        self.probe_ids = view.encode_prompt(PROBE_TEXT)
         self.last_probe: tuple[torch.Tensor, torch.Tensor] | None = None   # (engine, trainer)
-        self.load_weights(policy.version)
+        self.load_weights(learner.version)
 
     # ---- generation -----------------------------------------------------------------------
     def generate(self, prompts, prompt_ids, settings: SamplingSettings) -> list[Sample]:
         """All prompts in one call (``settings.batch_size`` unused: vLLM schedules its own
         batches), ``n`` completions each, seeded from the policy's generator."""
         self._wake()
-        seed = int(torch.randint(2**31 - 1, (1,), generator=self.policy.generator))
+        seed = int(torch.randint(2**31 - 1, (1,), generator=self.generator))
         params = self.api.SamplingParams(
             n=settings.num_generations, temperature=settings.temperature, top_p=settings.top_p,
             top_k=settings.top_k if settings.top_k > 0 else -1, max_tokens=settings.max_new_tokens,
-            logprobs=0, seed=seed, stop_token_ids=[self.policy.tokenizer.eos_token_id])
+            logprobs=0, seed=seed, stop_token_ids=[self.view.tokenizer.eos_token_id])
         outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompt_ids], params,
                                     lora_request=self.lora, use_tqdm=False)
         samples = [self._sample(prompts[g], prompt_ids[g], g, o)
@@ -75,9 +78,9 @@ class VLLMBackend:
         ids = tuple(o.token_ids)
         # logprobs=0 returns, per position, a dict holding the sampled token's Logprob
         logps = tuple(float(step[t].logprob) for t, step in zip(ids, o.logprobs))
-        stopped = bool(ids) and ids[-1] == self.policy.tokenizer.eos_token_id
+        stopped = bool(ids) and ids[-1] == self.view.tokenizer.eos_token_id
         return Sample(prompt=prompt, prompt_ids=tuple(prompt_ids), completion_ids=ids, logprobs=logps,
-                      text=self.policy.tokenizer.decode(ids, skip_special_tokens=True),
+                      text=self.view.tokenizer.decode(ids, skip_special_tokens=True),
                       finish_reason="stop" if stopped else "length", group=group,
                       policy_version=self.version)
 
@@ -86,10 +89,10 @@ class VLLMBackend:
         """Push the policy's weights (only the adapter for a LoRA policy), then verify them."""
         self._wake()
         self.loads += 1
-        if self.policy.cfg.lora is not None:
+        if self.view.cfg.lora is not None:
             self._load_adapter()
         else:
-            state = self.policy.model.state_dict()
+            state = self.learner.model.state_dict()
             _engine_model(self.llm).load_weights((k, v.detach()) for k, v in state.items())
         # cached prefixes hold keys/values computed with the old weights
         self.llm.reset_prefix_cache()
@@ -101,9 +104,9 @@ class VLLMBackend:
         """A new adapter id per load: vLLM caches adapters by id, so reusing one would keep
         serving the first adapter it loaded under it. The previous adapter is removed."""
         path = self.work_dir / f"adapter-{self.loads}"
-        save_pretrained_quietly(self.policy.model, path)   # a peft model saves the adapter only
+        save_pretrained_quietly(self.learner.model, path)   # a peft model saves the adapter only
         previous = self.lora
-        self.lora = self.api.LoRARequest(f"{self.policy.name}-{self.loads}", self.loads, str(path))
+        self.lora = self.api.LoRARequest(f"{self.view.name}-{self.loads}", self.loads, str(path))
         if previous is not None:
             self.llm.llm_engine.remove_lora(previous.lora_int_id)
 
@@ -114,7 +117,7 @@ class VLLMBackend:
         # hundredths per token, with rare larger outliers even when in sync.
         diff = (engine - trainer).abs()
         gap, worst = float(diff.mean()), float(diff.max())
-        name, tol = self.policy.name, self.cfg.sync_tolerance
+        name, tol = self.view.name, self.cfg.sync_tolerance
         if gap > tol:
             raise WeightSyncError(
                 f"policy {name!r}: the vLLM engine's log-probs of the probe differ from the "
@@ -144,13 +147,13 @@ class VLLMBackend:
 
     @torch.no_grad()
     def _trainer_probe(self) -> torch.Tensor:
-        pol = self.policy
-        was_training = pol.model.training
-        pol.model.eval()
-        c = collate([self.probe_ids[:1]], [self.probe_ids[1:]], pol.pad_id)
-        logp = selective_log_softmax(pol.completion_logits(c, temperature=1.0),
-                                     c.completion_ids.to(pol.device))
-        pol.model.train(was_training)
+        learner = self.learner
+        was_training = learner.model.training
+        learner.model.eval()
+        c = collate([self.probe_ids[:1]], [self.probe_ids[1:]], self.view.pad_id)
+        logp = selective_log_softmax(learner.completion_logits(c, temperature=1.0),
+                                     c.completion_ids.to(learner.device))
+        learner.model.train(was_training)
         return logp[0].float().cpu()
 
     # ---- memory ---------------------------------------------------------------------------
@@ -187,32 +190,32 @@ def _engine_model(llm):
                        "(VLLM_ENABLE_V1_MULTIPROCESSING=0)")
 
 
-def build_vllm_backend(policy) -> VLLMBackend:
-    """A colocated engine for ``policy`` on its device; vLLM imported only here."""
+def build_vllm_backend(view, learner, generator) -> VLLMBackend:
+    """A colocated engine for the policy on its device; vLLM imported only here."""
     try:
         import vllm
     except ImportError:
-        raise ImportError(f"policy {policy.name!r}: {INSTALL}") from None
-    g, lora = policy.cfg.generation, policy.cfg.lora
+        raise ImportError(f"policy {view.name!r}: {INSTALL}") from None
+    g, lora = view.cfg.generation, view.cfg.lora
     # the engine in this process, so its model can take weights directly (no IPC)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    work = Path(tempfile.mkdtemp(prefix=f"mutualrl-{policy.name}-"))
-    model_dir = policy.cfg.checkpoint or _save_base(policy, work / "base")
+    work = Path(tempfile.mkdtemp(prefix=f"mutualrl-{view.name}-"))
+    model_dir = view.cfg.checkpoint or _save_base(view, learner, work / "base")
     llm = vllm.LLM(model=str(model_dir), tokenizer=str(model_dir), dtype=g.dtype,
                    gpu_memory_utilization=g.gpu_memory_utilization, max_model_len=g.max_model_len,
                    enable_sleep_mode=g.enable_sleep_mode, enable_lora=lora is not None,
                    max_lora_rank=lora.r if lora else 16, logprobs_mode="processed_logprobs",
                    enable_prefix_caching=True)
-    return VLLMBackend(policy, llm, vllm, work)
+    return VLLMBackend(view, learner, generator, llm, vllm, work)
 
 
-def _save_base(policy, path: Path) -> Path:
+def _save_base(view, learner, path: Path) -> Path:
     """A randomly initialised policy exists nowhere on disk: save its base model and tokenizer."""
-    model = policy.model
-    if policy.cfg.lora is not None:
+    model = learner.model
+    if view.cfg.lora is not None:
         # unload() takes the LoRA layers out without merging them into the base
         model = copy.deepcopy(model).unload()
-    return save_pretrained_quietly(model, path, policy.tokenizer)
+    return save_pretrained_quietly(model, path, view.tokenizer)
 
 
 GENERATION_BACKENDS.register("vllm", build_vllm_backend)

@@ -11,11 +11,18 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from mutualrl.policies.policy import Sample
+from mutualrl.allocation import call_live
+from mutualrl.policies.samples import Sample
+from mutualrl.policies.worker import Generate
+from mutualrl.run.metrics import namespaced
 from mutualrl.tasks.base import GuardedVerifier, Prompt
+
+if TYPE_CHECKING:
+    from mutualrl.run.state import Run
 
 HELDOUT_FILE = "heldout.jsonl"
 
@@ -90,3 +97,31 @@ def read_heldout(run_dir: str | Path) -> list[dict]:
 def accuracy(samples: list[Sample], verifier: GuardedVerifier) -> float:
     """The fraction of ``samples`` the verifier accepts."""
     return float(np.mean([verifier(s.prompt, s.text) > 0 for s in samples]))
+
+
+# ---- the run's evaluation phase ----------------------------------------------------------------
+def evaluate(run: Run, step: int) -> dict[str, float]:
+    """Held-out pass@1 (greedy) and pass@k of every live policy; samples come from the workers,
+    the verifier runs here."""
+    with run.timed("eval"):
+        return _evaluate(run, step)
+
+
+def _evaluate(run: Run, step: int) -> dict[str, float]:
+    e, g = run.cfg.eval, run.cfg.grpo
+    prompts = []
+    for fam in run.task.families:
+        prompts += run.task.sample(np.random.default_rng([run.cfg.seed, 5]), e.num_prompts, "heldout", [fam])
+    greedy = call_live(run.executor, Generate(prompts, 1, g.max_completion_length, 0.0))
+    sampled = (call_live(run.executor, Generate(prompts, e.k, g.max_completion_length, g.temperature))
+               if e.k > 1 else greedy)
+    record: dict = {"phase": "eval", "step": step}
+    per_prompt = []
+    for name in run.policies:
+        if name in greedy and name in sampled:
+            c = correctness(prompts, greedy[name], sampled[name], run.verifier)
+            record.update(namespaced(name, score_correctness(prompts, c, k=e.k)))
+            per_prompt.append(heldout_record(step, name, prompts, c))
+    run.writer.write(record)
+    append_heldout(run.out, per_prompt)
+    return record

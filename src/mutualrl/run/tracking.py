@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from mutualrl.config import ConfigError
-from mutualrl.metrics import MetricsWriter
+from mutualrl.run.metrics import MetricsWriter
 from mutualrl.registry import Registry
 
 

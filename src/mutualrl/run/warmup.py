@@ -33,16 +33,17 @@ import torch
 
 import mutualrl
 from mutualrl.config import RunConfig, to_dict
-from mutualrl.evaluation import accuracy
-from mutualrl.metrics import MetricsWriter, namespaced, read_metrics
+from mutualrl.run.evaluation import accuracy
+from mutualrl.run.metrics import MetricsWriter, namespaced, read_metrics
 from mutualrl.policies.batch import SFTExample
 from mutualrl.provenance import source_digest
 from mutualrl.scenarios import (WarmPlan, own_prompts, peer_count, peer_prompts, shared_answers,
                                 warm_plans)
-from mutualrl.workers import call_each, call_live
+from mutualrl.allocation import call_each, call_live
+from mutualrl.policies.worker import FreezeReference, Generate, LoadState, SaveState, SFTStep
 
 if TYPE_CHECKING:
-    from mutualrl.train import Run
+    from mutualrl.run.state import Run
 
 # Config fields that only phases after the warm start read: runs differing only in these share it.
 AFTER_WARM_START = ("steps", "strategy", "output_dir", "strategies", "eval", "exchange", "diversity")
@@ -54,7 +55,7 @@ def warm_start(run: Run) -> None:
     """Warm start the run's policies (or load them from the cache), then freeze their references."""
     plans = warm_plans(run.cfg)
     names = [p.name for p in run.cfg.policies
-             if plans[p.name].families and p.name in run.executor.live_workers()]
+             if plans[p.name].families and p.name in run.live()]
     if names and run.cfg.warmup.max_steps > 0:
         cache = WarmStartCache(run.cfg) if run.cfg.warmup.cache_dir else None
         if cache is not None and cache.load(run, names):
@@ -64,7 +65,7 @@ def warm_start(run: Run) -> None:
             records, complete = supervised_warm_start(run, names, plans)
             if cache is not None and complete:
                 cache.store(run, names, records)
-    call_live(run.executor, "freeze_reference")
+    call_live(run.executor, FreezeReference())
 
 
 @dataclass
@@ -107,16 +108,15 @@ def supervised_warm_start(run: Run, names: list[str],
     complete = True
     run.progress.start_phase("warm start", w.max_steps)
     for step in range(1, w.max_steps + 1):
-        losses = call_each(run.executor, "sft_step", {
-            n: {"examples": demonstrations(run, s), "learning_rate": w.learning_rate}
-            for n, s in warming.items()})
+        losses = call_each(run.executor, {n: SFTStep(demonstrations(run, s), w.learning_rate)
+                                          for n, s in warming.items()})
         complete &= _keep_succeeded(warming, losses)
         for n, loss in losses.items():
             warming[n].step, warming[n].loss = step, loss
         if step % w.eval_every == 0 and warming:
-            greedy = call_each(run.executor, "generate", {
-                n: {"prompts": s.probe, "num_generations": 1, "temperature": 0.0,
-                    "max_new_tokens": run.cfg.grpo.max_completion_length} for n, s in warming.items()})
+            greedy = call_each(run.executor, {
+                n: Generate(s.probe, num_generations=1, max_new_tokens=run.cfg.grpo.max_completion_length,
+                            temperature=0.0) for n, s in warming.items()})
             complete &= _keep_succeeded(warming, greedy)
             for n, samples in greedy.items():
                 s = warming[n]
@@ -194,7 +194,7 @@ class WarmStartCache:
         files = {n: self.path / f"{n}.pt" for n in names}
         if not (self.path / RECORDS).is_file() or not all(f.is_file() for f in files.values()):
             return False
-        loaded = call_each(run.executor, "load_state", {n: {"path": str(f)} for n, f in files.items()})
+        loaded = call_each(run.executor, {n: LoadState(str(f)) for n, f in files.items()})
         missing = sorted(set(names) - set(loaded))
         if missing:
             raise RuntimeError(f"warm-start cache {self.path}: loading {missing} failed; delete that "
@@ -209,7 +209,7 @@ class WarmStartCache:
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{self.key}-", dir=self.root))
         try:
-            saved = call_each(run.executor, "save_state", {n: {"path": str(tmp / f"{n}.pt")} for n in names})
+            saved = call_each(run.executor, {n: SaveState(str(tmp / f"{n}.pt")) for n in names})
             if set(saved) != set(names):
                 return
             writer = MetricsWriter(tmp / RECORDS)

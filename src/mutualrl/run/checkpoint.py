@@ -31,7 +31,6 @@ import hashlib
 import json
 import os
 import pickle
-import random
 import shutil
 import sys
 import tempfile
@@ -40,14 +39,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import torch
 
+from mutualrl.allocation import call_each
 from mutualrl.config import ConfigError, to_dict
-from mutualrl.workers import call_each
+from mutualrl.policies.worker import RestoreCheckpoint, SaveCheckpoint
 
 if TYPE_CHECKING:
-    from mutualrl.train import Run
+    from mutualrl.run.state import Run
 
 CHECKPOINT_DIR = "checkpoints"
 MANIFEST = "manifest.json"
@@ -79,15 +77,14 @@ def save(run: Run, step: int) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{PREFIX}{step:06d}-", dir=root))
     try:
         run.bus.flush()           # the log on disk holds every record published so far
-        names = list(run.executor.live_workers())
-        saved = call_each(run.executor, "save_checkpoint",
-                          {n: {"directory": str(tmp / "policies" / n)} for n in names})
+        names = run.live()
+        saved = call_each(run.executor, {n: SaveCheckpoint(str(tmp / "policies" / n)) for n in names})
         if set(saved) != set(names):
             raise RuntimeError(f"checkpoint at step {step}: saving {sorted(set(names) - set(saved))} failed")
-        strategy_state = getattr(run.strategy, "state_dict", None)
-        if strategy_state is not None:
-            _write(tmp / "strategy.pkl", pickle.dumps(strategy_state(), protocol=4))
-        _write(tmp / "run.pkl", pickle.dumps(_run_state(run, step), protocol=4))
+        state = _run_state(run, step)
+        if "strategy" in state:
+            _write(tmp / "strategy.pkl", pickle.dumps(state.pop("strategy"), protocol=4))
+        _write(tmp / "run.pkl", pickle.dumps(state, protocol=4))
         files = sorted(p for p in tmp.rglob("*") if p.is_file())
         for p in files:
             _fsync(p)
@@ -106,21 +103,15 @@ def save(run: Run, step: int) -> Path:
 
 
 def _run_state(run: Run, step: int) -> dict[str, Any]:
+    """The run's ``state_dict`` and what the checkpoint adds: format, step, the resolved config,
+    and the byte length of every append-only file at this moment (what a resume cuts back to)."""
     seg_dir = run.out / "experience"
     return {
-        "format": FORMAT, "step": step, "config": to_dict(run.cfg),
-        "history": {n: list(h) for n, h in run.history.items()},
-        "phase_times": dict(run.phase_times),
-        "versions": {n: p.version for n, p in run.policies.items()},
-        "verifier": vars(run.verifier.counters).copy(),
-        "bus": run.bus.state_dict(),
-        "guards": run.guards.state_dict() if run.guards is not None else None,
+        "format": FORMAT, "step": step, "config": to_dict(run.cfg), **run.state_dict(),
         "append_only": {name: (run.out / name).stat().st_size for name in APPEND_ONLY
                         if (run.out / name).is_file()},
         "segments": {p.name: p.stat().st_size for p in sorted(seg_dir.glob("*.mrlx"))}
         if seg_dir.is_dir() else {},
-        "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
-                "python": random.getstate()},
     }
 
 
@@ -252,32 +243,19 @@ def _move_tail(path: Path, keep: int, aside: Path) -> int:
 
 def restore(run: Run, ckpt: Checkpoint) -> int:
     """Load the checkpoint into a freshly built run; returns the next step to train."""
-    s = ckpt.state
-    names = list(run.executor.live_workers())
+    names = run.live()
     missing = [n for n in names if not (ckpt.path / "policies" / n).is_dir()]
     if missing:
         raise ConfigError(f"--resume: checkpoint {ckpt.path} has no state for policies {missing}")
-    loaded = call_each(run.executor, "restore_checkpoint",
-                       {n: {"directory": str(ckpt.path / "policies" / n)} for n in names})
+    loaded = call_each(run.executor, {n: RestoreCheckpoint(str(ckpt.path / "policies" / n))
+                                      for n in names})
     if set(loaded) != set(names):
         raise RuntimeError(f"--resume: restoring {sorted(set(names) - set(loaded))} failed")
+    state = dict(ckpt.state)
     if (ckpt.path / "strategy.pkl").is_file():
-        run.strategy.load_state_dict(pickle.loads((ckpt.path / "strategy.pkl").read_bytes()))
-    run.history.update({n: list(h) for n, h in s["history"].items()})
-    for phase, seconds in s["phase_times"].items():   # wall time spent before the interruption
-        run.phase_times[phase] += seconds
-    for n, v in s["versions"].items():
-        if n in run.policies:
-            run.policies[n].version = v
-    for k, v in s["verifier"].items():
-        setattr(run.verifier.counters, k, v)
-    run.bus.load_state_dict(s["bus"])
-    if run.guards is not None and s.get("guards") is not None:
-        run.guards.load_state_dict(s["guards"])
-    torch.set_rng_state(s["rng"]["torch"])
-    np.random.set_state(s["rng"]["numpy"])
-    random.setstate(s["rng"]["python"])
-    return int(s["step"])
+        state["strategy"] = pickle.loads((ckpt.path / "strategy.pkl").read_bytes())
+    run.load_state_dict(state)
+    return int(state["step"])
 
 
 # ---- small file helpers -------------------------------------------------------------------------

@@ -24,12 +24,13 @@ def open_bus(run_dir: Path, cfg) -> tuple[ExperienceBus, object]:
     return bus, sub
 
 
-def publish_step(bus: ExperienceBus, policies: dict, samples: dict, verifier_id: str,
-                 verifier_version: int, success_threshold: float) -> None:
-    """Publish each policy's rollouts, per-prompt group stats, successes and watermark."""
+def publish_step(bus: ExperienceBus, policies: dict, versions: dict[str, int], samples: dict,
+                 verifier_id: str, verifier_version: int, success_threshold: float) -> None:
+    """Publish each policy's rollouts, per-prompt group stats, successes and watermark, under the
+    version of its weights (``versions``, the run's record)."""
     for name, ss in samples.items():
         policy = policies[name]
-        version = policy.version
+        version = versions[name]
         by_group: dict[int, list] = defaultdict(list)
         for j, s in enumerate(ss):
             by_group[s.group].append(s)

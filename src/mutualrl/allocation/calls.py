@@ -1,0 +1,187 @@
+"""Typed calls on workers, and what every executor kind reports back.
+
+A worker is any Python object an executor built from a factory. What the run asks of it is a
+*call*: a frozen dataclass whose fields are the arguments and whose ``__call__(worker)`` runs it
+on the worker object, e.g. ``Generate(prompts, ...)(policy)`` is ``policy.generate(...)``. The same
+call object goes to every executor kind: the local one applies it in its thread, the Ray one
+sends its fields to the worker's actor (top-level ``ObjectRef`` fields are resolved there, from
+the object store) and applies it in that process. No method names travel as strings, so a
+renamed worker method breaks its call class (one place, found by reading), not a string.
+
+Each call returns one ``CallResult`` per named worker: a value, or a ``WorkerFailure``
+(``raised`` with the worker's traceback, ``timeout`` with the stack where it hangs when that can
+be read, or ``unavailable`` for a worker removed earlier).
+
+Failure policy (``[allocation] on_failure``), applied after all results of a call are in:
+
+* ``stop``     — ``call`` raises ``WorkerFailedError`` carrying every result, so the loop can
+  write what it has and stop cleanly;
+* ``continue`` — the failed worker is removed; later calls report it ``unavailable``;
+* ``restart``  — the worker is rebuilt from its factory (at most ``max_restarts`` times; beyond
+  that, as ``stop``). The failed call is *not* retried: calls need not be idempotent, so the loop
+  decides. Checkpoint contract: if the rebuilt object has ``load_checkpoint()`` (no arguments), it
+  is called once, before any other call; the worker itself knows where its last checkpoint is
+  (its factory closes over the run directory) and returns with the state of that checkpoint. If
+  it raises, the restart counts as a failure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import msgspec
+
+if TYPE_CHECKING:
+    from mutualrl.allocation.config import AllocationConfig
+
+FailureKind = Literal["raised", "timeout", "unavailable"]
+
+
+class WorkerCall(Protocol):
+    """A call on one worker: a dataclass of its arguments, applied to the worker object."""
+
+    def __call__(self, worker: Any) -> Any: ...
+
+
+def call_name(call: WorkerCall | str) -> str:
+    """The call's name in reports and errors (its class name; executors' own steps are strings)."""
+    return call if isinstance(call, str) else type(call).__name__
+
+
+def call_fields(call: WorkerCall) -> dict[str, Any]:
+    """The call's arguments, top level only (Ray resolves object refs among them in the actor)."""
+    return {f.name: getattr(call, f.name) for f in dataclasses.fields(call)}
+
+
+class WorkerFailure(msgspec.Struct, frozen=True, kw_only=True):
+    worker: str
+    method: str
+    exc_type: str
+    message: str
+    traceback: str
+    kind: FailureKind
+
+    def __str__(self) -> str:
+        return f"worker {self.worker!r} {self.method}(): {self.kind}: {self.exc_type}: {self.message}"
+
+
+@dataclass(frozen=True)
+class CallResult:
+    """The outcome of one worker's call: ``value`` when ``ok``, else ``failure``."""
+
+    worker: str
+    value: Any = None
+    failure: WorkerFailure | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None
+
+
+class WorkerFailedError(RuntimeError):
+    """A call failed under ``on_failure = "stop"``; ``results`` holds every worker's outcome."""
+
+    def __init__(self, failures: list[WorkerFailure], results: dict[str, CallResult]) -> None:
+        self.failures = failures
+        self.results = results
+        details = "\n".join(f"{f}\n{f.traceback}" for f in failures)
+        super().__init__(f"{len(failures)} worker(s) failed, stopping:\n{details}")
+
+
+class WorkerUnavailable(RuntimeError):
+    """A call to one worker failed and ``on_failure`` kept the run going (the worker was removed
+    or rebuilt; under ``stop`` the executor raises ``WorkerFailedError`` instead)."""
+
+
+class Executor(Protocol):
+    def start(self, factories: dict[str, Callable[[], object]], plan: Any = None) -> None: ...
+
+    def call(self, calls: dict[str, WorkerCall], timeout_s: float | None = None, *,
+             fetch: bool = True) -> dict[str, CallResult]: ...
+
+    def put(self, obj: Any) -> Any: ...
+
+    def live_workers(self) -> list[str]: ...
+
+    def shutdown(self) -> None: ...
+
+
+def failure_from_exception(worker: str, method: str, exc: BaseException) -> WorkerFailure:
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return WorkerFailure(worker=worker, method=method, exc_type=type(exc).__name__,
+                         message=str(exc), traceback=tb, kind="raised")
+
+
+def check_names(method: str, calls: dict[str, Any], known: dict) -> None:
+    unknown = sorted(set(calls) - set(known))
+    if unknown:
+        raise ValueError(f"call {method}(): unknown worker(s) {unknown}; started: {sorted(known)}")
+
+
+def build_worker(factory: Callable[[], object], restarted: bool) -> object:
+    obj = factory()
+    if restarted and callable(getattr(obj, "load_checkpoint", None)):
+        obj.load_checkpoint()
+    return obj
+
+
+class FailurePolicy:
+    """The ``on_failure`` decision shared by every executor kind (see the module docstring)."""
+
+    def __init__(self, alloc: AllocationConfig) -> None:
+        self.mode = alloc.on_failure
+        self.max_restarts = alloc.max_restarts
+        self.restarts: dict[str, int] = {}
+        self.removed: dict[str, WorkerFailure] = {}
+
+    def unavailable(self, worker: str, method: str) -> CallResult:
+        why = self.removed[worker]
+        return CallResult(worker, failure=WorkerFailure(
+            worker=worker, method=method, exc_type="WorkerRemoved", traceback=why.traceback,
+            message=f"removed after {why.kind} in {why.method}(): {why.message}", kind="unavailable"))
+
+    def apply(self, results: dict[str, CallResult], restart: Callable[[str], None],
+              remove: Callable[[str], None]) -> None:
+        failures = [r.failure for r in results.values()
+                    if r.failure is not None and r.failure.kind != "unavailable"]
+        fatal = []
+        for f in failures:
+            if self.mode == "restart" and self.restarts.get(f.worker, 0) < self.max_restarts:
+                self.restarts[f.worker] = self.restarts.get(f.worker, 0) + 1
+                try:
+                    restart(f.worker)
+                    continue
+                except Exception as exc:  # a failed rebuild is a failure of its own
+                    fatal.append(failure_from_exception(f.worker, "restart", exc))
+            if self.mode == "continue":
+                self.removed[f.worker] = f
+                remove(f.worker)
+            else:
+                fatal.append(f)
+        if fatal:
+            raise WorkerFailedError(fatal, results)
+
+
+# ---- the run's side: values of the workers that succeeded ------------------------------------
+def call_one(executor: Executor, name: str, call: WorkerCall) -> Any:
+    """One worker's ``call``; its value, or ``WorkerUnavailable``."""
+    result = executor.call({name: call})[name]
+    if not result.ok:
+        raise WorkerUnavailable(str(result.failure))
+    return result.value
+
+
+def call_each(executor: Executor, calls: dict[str, WorkerCall]) -> dict[str, Any]:
+    """Each named worker's own call, all at once; the values of those that succeeded (a worker
+    missing from the result failed, and ``on_failure`` has dealt with it)."""
+    results = executor.call(calls)
+    return {n: r.value for n, r in results.items() if r.ok}
+
+
+def call_live(executor: Executor, call: WorkerCall) -> dict[str, Any]:
+    """The same call on every live worker at once; the values of those that succeeded."""
+    return call_each(executor, {n: call for n in executor.live_workers()})

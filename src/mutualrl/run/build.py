@@ -1,0 +1,126 @@
+"""Building a run: validate everything, plan the workers, start them, and assemble the ``Run``.
+
+Everything that can fail on bad input fails here, before any training work and before anything
+but the run's folder, ``config.json`` and ``plan.json`` is written.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import torch
+
+from mutualrl.allocation import make_executor, plan, resolve_inventory, worker_specs_from_config
+from mutualrl.allocation.config import AllocationConfig, parse_allocation
+from mutualrl.allocation.placement import policy_device
+from mutualrl.allocation.planner import Plan
+from mutualrl.config import ConfigError, RunConfig, to_dict
+from mutualrl.policies.checkpoints import check_checkpoints, check_policies
+from mutualrl.policies.policy import Policy, PolicyView, load_handles
+from mutualrl.retokenize import Retokenizer
+from mutualrl.run.experience import PeerLogPool, open_bus
+from mutualrl.run.guards import Guards
+from mutualrl.run.progress import RunProgress
+from mutualrl.run.state import Run
+from mutualrl.run.tracking import check_trackers, make_writer
+from mutualrl.strategies import build_strategy
+from mutualrl.tasks import GuardedVerifier, build_task
+from mutualrl.tasks.rewards import build_rewards
+
+
+def seed_everything(seed: int) -> None:
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+
+
+def build_run(cfg: RunConfig, progress: RunProgress | None = None) -> Run:
+    """Validate and build everything before any training work (fail fast, write nothing odd)."""
+    seed_everything(cfg.seed)
+    if cfg.torch_threads:
+        torch.set_num_threads(cfg.torch_threads)
+    strategy = build_strategy(cfg)           # bad strategy parameters fail here, first
+    check_trackers(cfg.report_to)            # a missing tracker package fails before any work
+    task = build_task(cfg.task)
+    rewards = build_rewards(cfg.task, task)  # unknown reward functions fail here
+    checkpoints = check_checkpoints(cfg.policies)  # present, of a registered family
+    for p in cfg.policies:
+        bad = [f for f in p.warmup_families if f not in task.families]
+        if bad:
+            raise ConfigError(f"policies.{p.name}.warmup_families: {bad} not in task families "
+                              f"{list(task.families)}")
+    out = Path(cfg.output_dir)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"output_dir (--output-dir): {out} is an existing file; expected a "
+                          "directory to write the run into (or a path that does not exist yet)")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
+    peer_logs = PeerLogPool(cfg.exchange.peer_logs) if cfg.exchange.peer_logs else None
+    handles = load_handles(cfg.policies)      # each tokenizer once; the driver encodes prompts
+    check_policies(cfg.policies, handles, checkpoints)  # chat templates present, vocab fits
+    bus, sub = open_bus(out, cfg.exchange)
+    executor = start_executor(cfg, out, handles)
+    policies = driver_policies(cfg, executor, handles)
+    profiles: dict = {}
+    return Run(cfg=cfg, out=out, task=task,
+               verifier=GuardedVerifier(task.verifier, cfg.task.verifier_timeout_s),
+               policies=policies, strategy=strategy,
+               writer=make_writer(out / "metrics.jsonl", cfg.report_to, out.name, to_dict(cfg)),
+               progress=progress or RunProgress(enabled=False), bus=bus, subscription=sub,
+               retokenizers={n: Retokenizer(p.handle, max_length=cfg.grpo.max_completion_length,
+                                            profiles=profiles) for n, p in policies.items()},
+               peer_logs=peer_logs, executor=executor, rewards=rewards, guards=Guards(cfg.guards),
+               versions={n: 0 for n in policies})
+
+
+def start_executor(cfg: RunConfig, out: Path, handles: dict):
+    """Plan resources for the run's workers, record the plan, and start the executor on it.
+
+    Each policy is one worker, built by the executor from its factory (in this process for
+    ``local``, in its own actor for ``ray``); the run reaches it only through typed calls
+    (``policies.worker``).
+    """
+    alloc = parse_allocation(cfg.allocation)
+    vocab = {spec: h.vocab_size for spec, h in handles.items()}
+    specs = worker_specs_from_config(cfg, alloc, vocab_size=vocab.__getitem__)
+    the_plan = plan(specs, resolve_inventory(alloc), alloc.memory.usable_memory_fraction)
+    (out / "plan.json").write_bytes(msgspec.json.format(msgspec.json.encode(the_plan), indent=2))
+    executor = make_executor(alloc)
+    executor.start(policy_factories(cfg, alloc, handles, the_plan), policy_plan(the_plan, cfg))
+    return executor
+
+
+def policy_factories(cfg: RunConfig, alloc: AllocationConfig, handles: dict,
+                     the_plan: Plan | None = None) -> dict:
+    """Picklable factories, one per policy. In process they reuse the driver's tokenizers;
+    elsewhere each worker loads its own. Each is placed by ``policy_device``; its learning-rate
+    schedule spans the run's optimizer steps (steps x num_iterations GRPO updates)."""
+    in_process = alloc.executor == "local"
+    return {p.name: functools.partial(
+                Policy, p, cfg.grpo, seed=cfg.seed * 1000 + i,
+                device=policy_device(p.name, cfg.device, the_plan, alloc.executor),
+                handle=handles[p.tokenizer] if in_process else None,
+                total_steps=cfg.steps * cfg.grpo.num_iterations)
+            for i, p in enumerate(cfg.policies)}
+
+
+def policy_plan(the_plan: Plan, cfg: RunConfig) -> Plan:
+    """The plan as the executor sees the loop's workers: a policy's learner and generator are one
+    object, named after the policy, on its learner's devices. Its CPU threads are capped at
+    ``torch_threads`` when that is set, so every executor kind computes with the same count."""
+    names = {p.name for p in cfg.policies}
+    cap = cfg.torch_threads or None
+    merged = tuple(msgspec.structs.replace(a, worker=a.policy, threads=min(a.threads, cap or a.threads))
+                   for a in the_plan.assignments if a.role == "learner" and a.policy in names)
+    return msgspec.structs.replace(the_plan, assignments=merged)
+
+
+def driver_policies(cfg: RunConfig, executor, handles: dict) -> dict[str, PolicyView]:
+    """The run's view of each policy. An in-process executor's worker is a Policy, which is its
+    own view (tests may reach its model); otherwise a tokenizer-only ``PolicyView``."""
+    worker = getattr(executor, "worker", None)
+    return {p.name: worker(p.name) if worker else PolicyView(p, handles[p.tokenizer])
+            for p in cfg.policies}

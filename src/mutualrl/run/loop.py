@@ -1,0 +1,151 @@
+"""The whole job: build, warm start, the GRPO steps, evaluation, checkpoints, saving.
+
+One GRPO step, top to bottom (``run.phases``):
+
+    sample prompts -> each policy generates -> verify -> publish experience
+    -> the strategy routes and adapts peer experience -> each policy updates -> log
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+import numpy as np
+
+from mutualrl.allocation import call_live
+from mutualrl.config import ConfigError, RunConfig
+from mutualrl.policies.worker import SavePretrained
+from mutualrl.run import checkpoint
+from mutualrl.run.build import build_run
+from mutualrl.run.evaluation import evaluate
+from mutualrl.run.guards import GuardTripped
+from mutualrl.run.phases import (build_batches, check_guards, generate, log_step, make_context,
+                                 publish, sample_prompts, update, verify)
+from mutualrl.run.progress import RunProgress
+from mutualrl.run.state import Run
+from mutualrl.run.warmup import warm_start
+
+
+def grpo_step(run: Run, step: int, names: list[str] | None = None) -> dict:
+    """One GRPO step of the named policies (default: every live one); its logged record."""
+    t0, clock = time.perf_counter(), run.step_phase
+    run.step_phases.clear()
+    prompts = sample_prompts(run, step)
+    with clock("generate"):
+        samples, gen_time = generate(run, prompts, names)
+    with clock("verify"):
+        samples = verify(run, samples)
+    with clock("publish"):
+        publish(run, samples)
+    with clock("strategy"):   # with build_batches: routing, THL, buffers
+        ctx = make_context(run, step, prompts)
+        run.strategy.observe(ctx, samples)
+    stats = update(run, ctx, build_batches(run, ctx, samples))
+    # time_s minus the phases is prompt sampling and logging (a record cannot time its own write)
+    return log_step(run, step, samples, gen_time, stats, ctx, time.perf_counter() - t0)
+
+
+def save_checkpoint(run: Run, step: int) -> None:
+    """Every ``save_steps`` steps: a complete, atomic checkpoint (``run.checkpoint``)."""
+    if run.cfg.save_steps and step % run.cfg.save_steps == 0:
+        with run.timed("save"):
+            checkpoint.save(run, step)
+
+
+def train_loop(run: Run, start: int = 0) -> None:
+    """Lock-step: every live policy takes each step together."""
+    run.progress.start_phase("train", run.cfg.steps, completed=start)
+    for step in range(start, run.cfg.steps):
+        with run.timed("train"):
+            record = grpo_step(run, step)
+        check_guards(run, record)
+        if run.cfg.eval.every and (step + 1) % run.cfg.eval.every == 0 and step + 1 < run.cfg.steps:
+            evaluate(run, step + 1)
+        save_checkpoint(run, step + 1)
+        run.progress.advance(" | ".join(f"{n} r={np.mean(h[-5:]):.2f}" for n, h in run.history.items()))
+    run.progress.finish_phase(f"{run.cfg.steps} steps done")
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    output_dir: str
+    reward_first: dict[str, float]
+    reward_last: dict[str, float]
+    final_eval: dict[str, float]
+    wall_time_s: float
+    # Wall seconds by phase: build, warm start, train (GRPO steps), eval, save.
+    phase_times_s: dict[str, float] = field(default_factory=dict)
+
+
+def summarize(run: Run, final_eval: dict, wall: float) -> RunSummary:
+    # First and last quarter of the steps: a few prompts per step make single steps noisy.
+    window = max(1, len(next(iter(run.history.values()), [])) // 4)
+    first = {n: float(np.mean(h[:window])) for n, h in run.history.items()}
+    last = {n: float(np.mean(h[-window:])) for n, h in run.history.items()}
+    summary = RunSummary(str(run.out), first, last,
+                         {k: v for k, v in final_eval.items() if k not in ("phase", "step")}, wall,
+                         dict(run.phase_times))
+    (run.out / "summary.json").write_bytes(msgspec.json.format(msgspec.json.encode(summary), indent=2))
+    return summary
+
+
+def save_policies(run: Run) -> None:
+    with run.timed("save"):
+        call_live(run.executor, SavePretrained(str(run.out / "policies")))
+
+
+def open_checkpoint(cfg: RunConfig) -> tuple[checkpoint.Checkpoint, dict]:
+    """The checkpoint a resumed run continues from, checked against ``cfg`` before anything is
+    written; then the run's files are cut back to it (what follows is moved aside, not lost)."""
+    notes: list[str] = []
+    ckpt = checkpoint.latest(Path(cfg.output_dir), report=notes.append)
+    for line in notes:
+        print(f"mutualrl: {line}", file=sys.stderr)
+    if ckpt is None:
+        raise ConfigError(f"--resume: no complete checkpoint in {Path(cfg.output_dir) / checkpoint.CHECKPOINT_DIR} "
+                          "(checkpoints are written every save_steps steps; save_steps = 0 writes none)")
+    harmless = checkpoint.check_config(ckpt, cfg)
+    moved = checkpoint.cut_back(Path(cfg.output_dir), ckpt)
+    return ckpt, {"phase": "resume", "step": ckpt.step, "checkpoint": str(ckpt.path),
+                  "skipped_checkpoints": notes, "changed_harmless": harmless, "moved_aside": moved}
+
+
+def resume_from(run: Run, ckpt: checkpoint.Checkpoint, record: dict) -> int:
+    """Load the checkpoint into the freshly built run; returns the next step."""
+    start = checkpoint.restore(run, ckpt)
+    run.writer.write(record)
+    return start
+
+
+def train(cfg: RunConfig, progress: RunProgress | None = None, resume: bool = False) -> RunSummary:
+    """Run the whole job: build, warm start, train, evaluate, save. Metrics are kept on failure.
+
+    ``resume``: continue ``cfg.output_dir`` from its last complete checkpoint instead (no warm
+    start; the config may differ only in harmless fields, see ``run.checkpoint``)."""
+    t0 = time.perf_counter()
+    opened = open_checkpoint(cfg) if resume else None
+    run = build_run(cfg, progress)
+    run.phase_times["build"] = time.perf_counter() - t0
+    try:
+        if opened is None:
+            with run.timed("warm start"):
+                warm_start(run)
+            evaluate(run, 0)   # the starting point every later evaluation is compared with
+            start = 0
+        else:
+            start = resume_from(run, *opened)
+        try:
+            train_loop(run, start)
+        except GuardTripped as exc:   # its record is written; checkpoint what was trained, stop
+            checkpoint.save(run, exc.step + 1)
+            save_policies(run)
+            raise
+        final = evaluate(run, cfg.steps)
+        save_policies(run)
+        return summarize(run, final, time.perf_counter() - t0)
+    finally:
+        run.close()

@@ -1,0 +1,216 @@
+"""The phases of one GRPO step, in order; each takes the run and the policies it acts for.
+
+    sample prompts -> generate -> verify -> publish -> strategy context -> build batches
+    -> update -> log
+
+Every phase takes ``names``, the policies of this step (default: every live one), so one policy's
+step (generate, verify, publish, build its batches, update) can run on its own; the lock-step
+loop (``run.loop``) runs them for all policies at once. Policies learn from verifiable rewards
+with GRPO; the strategy decides what, if anything, they share. No phase branches on a strategy's
+name.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import numpy as np
+
+from mutualrl.allocation import WorkerUnavailable, call_each, call_one
+from mutualrl.policies.samples import Sample
+from mutualrl.policies.worker import Generate, SequenceLogprobs, Update
+from mutualrl.retokenize import Retokenizer
+from mutualrl.run.experience import publish_step
+from mutualrl.run.metrics import namespaced
+from mutualrl.run.state import Run
+from mutualrl.strategies import StrategyContext
+from mutualrl.strategies.common import own_advantages
+from mutualrl.tasks.rewards import mean_parts
+
+
+def sample_prompts(run: Run, step: int):
+    rng = np.random.default_rng([run.cfg.seed, 3, step])
+    return run.task.sample(rng, run.cfg.grpo.prompts_per_step, "train")
+
+
+def generate(run: Run, prompts, names: list[str] | None = None
+             ) -> tuple[dict[str, list[Sample]], dict[str, float]]:
+    """Each policy samples its group for each prompt, concurrently through the executor."""
+    g = run.cfg.grpo
+    call = Generate(prompts, g.num_generations, g.max_completion_length, g.temperature)
+    t0 = time.perf_counter()
+    samples = call_each(run.executor, {n: call for n in (names or run.live())})
+    elapsed = time.perf_counter() - t0
+    return samples, {n: elapsed for n in samples}
+
+
+def verify(run: Run, samples: dict[str, list[Sample]]) -> dict[str, list[Sample]]:
+    if run.rewards is not None:
+        return verify_weighted(run, samples)
+    return {name: [replace(s, reward=run.verifier(s.prompt, s.text)) for s in ss]
+            for name, ss in samples.items()}
+
+
+def verify_weighted(run: Run, samples: dict[str, list[Sample]]) -> dict[str, list[Sample]]:
+    """Rewards as the weighted sum of ``task.reward_funcs``; each function's mean is kept for the log."""
+    out = {}
+    for name, ss in samples.items():
+        scored = [run.rewards.score(s.prompt, s.text) for s in ss]
+        run.reward_parts[name] = mean_parts([parts for _, parts in scored])
+        out[name] = [replace(s, reward=total) for s, (total, _) in zip(ss, scored)]
+    return out
+
+
+def publish(run: Run, samples: dict[str, list[Sample]]) -> None:
+    v = run.rewards or run.task.verifier
+    publish_step(run.bus, run.policies, run.versions, samples, v.verifier_id, v.version,
+                 run.cfg.exchange.success_threshold)
+
+
+# ---- the strategy's view of the step ----------------------------------------------------------
+def make_context(run: Run, step: int, prompts) -> StrategyContext:
+    """The strategy's view of this step: peer experience comes from the exchange only."""
+    ps = run.policies
+    experience = run.subscription.drain_deliveries()
+    if run.peer_logs is not None:
+        experience += run.peer_logs.for_prompts(p.id for p in prompts)
+    ctx = StrategyContext(
+        step=step, grpo=run.cfg.grpo, policy_names=list(ps),
+        rng=np.random.default_rng([run.cfg.seed, 4, step]),
+        encode_prompt={n: p.encode_prompt for n, p in ps.items()},
+        # The strategy phase's model compute and THL, timed apart (phase/strategy.<part>_time_s).
+        sequence_logprobs={n: _timed(remote_logprobs(run, n), run, "strategy.logprobs") for n in ps},
+        retokenizers={n: _TimedRetokenizer(rt, run) for n, rt in run.retokenizers.items()},
+        tokenizers={p.handle.fingerprint: p.handle for p in ps.values()},
+        peer_experience=experience,
+        generate={n: _timed(remote_generate(run, n), run, "strategy.generate") for n in ps},
+        verify=run.verifier,
+        publish=lambda record, producer: run.bus.publish(
+            record, producer=producer, version=run.versions[producer]))
+    for n, fn in ctx.generate.items():
+        ctx.generate[n] = _counting_tokens(fn, ctx, n)
+    return ctx
+
+
+def remote_generate(run: Run, name: str):
+    """A policy's sampler for the strategy (e.g. on hinted prompts), run where its weights are."""
+    g = run.cfg.grpo
+
+    def generate(prompts, num_generations):
+        return call_one(run.executor, name, Generate(prompts, num_generations,
+                                                     g.max_completion_length, g.temperature))
+    return generate
+
+
+def remote_logprobs(run: Run, name: str):
+    """A policy's ``sequence_logprobs`` for the strategy, computed where its weights are."""
+    def sequence_logprobs(prompts, completions):
+        return call_one(run.executor, name, SequenceLogprobs(prompts, completions))
+    return sequence_logprobs
+
+
+def _timed(fn, run: Run, part: str):
+    def call(*args, **kwargs):
+        with run.step_phase(part):
+            return fn(*args, **kwargs)
+    return call
+
+
+def _counting_tokens(generate, ctx: StrategyContext, receiver: str):
+    """The strategy's extra sampling, counted in ``strategy/generated_tokens`` (completion tokens
+    beyond the step's own groups: rollouts are paid for wherever they are drawn)."""
+    def call(prompts, num_generations):
+        samples = generate(prompts, num_generations)
+        m = ctx.metrics.setdefault(receiver, {})
+        m["strategy/generated_tokens"] = m.get("strategy/generated_tokens", 0.0) + float(
+            sum(len(s.completion_ids) for s in samples))
+        return samples
+    return call
+
+
+class _TimedRetokenizer:
+    """A receiver's Retokenizer whose retokenize calls count as ``strategy.retokenize`` time."""
+
+    def __init__(self, rt: Retokenizer, run: Run) -> None:
+        self._rt = rt
+        self.retokenize = _timed(rt.retokenize, run, "strategy.retokenize")
+        self.retokenize_batch = _timed(rt.retokenize_batch, run, "strategy.retokenize")
+
+    def __getattr__(self, name: str):
+        return getattr(self._rt, name)
+
+
+# ---- batches and updates ----------------------------------------------------------------------
+def build_batches(run: Run, ctx: StrategyContext, samples: dict[str, list[Sample]]) -> dict[str, list]:
+    """The strategy assembles each receiver's batches from its own samples and the exchange."""
+    batches = {}
+    with run.step_phase("strategy"):   # includes its retokenize, logprobs and generate parts
+        for name, own in samples.items():
+            try:
+                batches[name] = run.strategy.build_batches(ctx, name, own)
+            except WorkerUnavailable:   # its receiver-side call failed; on_failure has dealt with it
+                continue
+    return batches
+
+
+def update(run: Run, ctx: StrategyContext, batches: dict[str, list]) -> dict[str, dict]:
+    """The policies train on their batches concurrently; each reports its new weight version."""
+    with run.step_phase("update"):
+        results = run.executor.call({n: Update(b) for n, b in batches.items()})
+    for name in results:
+        run.strategy.after_update(ctx, name)
+    stats = {}
+    for n, r in results.items():
+        if r.ok:
+            stats[n], run.versions[n] = r.value
+    return stats
+
+
+# ---- logging ----------------------------------------------------------------------------------
+def sample_metrics(samples: list[Sample], elapsed: float, g) -> dict[str, float]:
+    rewards = np.array([s.reward for s in samples])
+    groups = rewards.reshape(-1, g.num_generations)
+    lengths = np.array([len(s.completion_ids) for s in samples])
+    out = {"reward/mean": rewards.mean(), "reward/std": rewards.std(),
+           "frac_reward_zero_std": float((groups.std(1) == 0).mean()),
+           "completion_length": lengths.mean(),
+           "truncated_frac": float(np.mean([s.finish_reason == "length" for s in samples])),
+           "tokens_per_s": lengths.sum() / max(elapsed, 1e-9),
+           # GRPO guides aim for about 0.5-1.5; near 0 means the groups carry no signal.
+           "adv_var": float(own_advantages(samples, g)[0].var(unbiased=False))}
+    for fam in sorted({s.prompt.family for s in samples}):
+        out[f"reward/{fam}/mean"] = float(np.mean([s.reward for s in samples if s.prompt.family == fam]))
+    return out
+
+
+def log_step(run: Run, step: int, samples, gen_time, update_stats, ctx, step_time) -> dict:
+    record: dict = {"phase": "train", "step": step, "time_s": step_time}
+    for name, ss in samples.items():
+        m = sample_metrics(ss, gen_time[name], run.cfg.grpo)
+        m.update(update_stats.get(name, {}))
+        m.update(ctx.metrics.get(name, {}))
+        m.update(run.reward_parts.get(name, {}))
+        record.update(namespaced(name, m))
+        run.history.setdefault(name, []).append(m["reward/mean"])
+    c = run.verifier.counters
+    record.update({"verifier/errors": c.errors, "verifier/timeouts": c.timeouts})
+    if run.rewards is not None:
+        errors, timeouts = run.rewards.failures()
+        record.update({"rewards/errors": errors, "rewards/timeouts": timeouts})
+    bus = run.bus.stats()
+    record.update({"exchange/published": bus["published"], "exchange/bytes": bus["bytes_written"],
+                   "exchange/raw_bytes": bus["raw_bytes_written"], "exchange/dropped": bus["dropped"],
+                   "exchange/duplicates": bus["duplicates"]})
+    record.update({f"phase/{k}_time_s": v for k, v in run.step_phases.items()})
+    run.writer.write(record)
+    return record
+
+
+def check_guards(run: Run, record: dict) -> None:
+    """After a finished step: record and raise the first guard it tripped, if any."""
+    tripped = run.guards.observe(record, list(run.policies)) if run.guards else None
+    if tripped is not None:
+        run.writer.write(tripped.record())
+        run.progress.finish_phase(f"stopped: {tripped.guard} tripped for {tripped.policy}")
+        raise tripped

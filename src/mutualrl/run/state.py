@@ -1,0 +1,131 @@
+"""The run object: everything one run holds, and the one place its state is saved and restored.
+
+A ``Run`` is built once (``run.build``) and handed to the phases, the warm start, evaluation and
+checkpointing. What a resumed run needs of it is ``state_dict()``: the union of its parts' own
+state (reward history, phase times, weight versions, verifier counters, the exchange bus, the
+guards, the strategy's state, the global RNGs); ``load_state_dict`` puts each part back. The
+policies' weights are not here: each worker saves its own (``policies.worker.SaveCheckpoint``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from mutualrl.config import RunConfig
+from mutualrl.exchange import ExperienceBus
+from mutualrl.policies.policy import PolicyView
+from mutualrl.retokenize import Retokenizer
+from mutualrl.run.experience import PeerLogPool
+from mutualrl.run.guards import Guards
+from mutualrl.run.metrics import MetricsWriter
+from mutualrl.run.progress import RunProgress
+from mutualrl.strategies import Strategy
+from mutualrl.tasks import GuardedVerifier, Task
+from mutualrl.tasks.rewards import WeightedReward
+
+
+@dataclass
+class Run:
+    """Everything one run holds; built once by ``run.build.build_run``.
+
+    ``policies`` are the run's views of the policies (tokenizers, prompt encodings); every call
+    that touches weights goes through ``executor``, wherever the policies live. ``versions`` is
+    the run's record of each policy's weight version, as its last update reported it.
+    """
+
+    cfg: RunConfig
+    out: Path
+    task: Task
+    verifier: GuardedVerifier
+    policies: dict[str, PolicyView]
+    strategy: Strategy
+    writer: MetricsWriter
+    progress: RunProgress
+    bus: ExperienceBus
+    subscription: object
+    retokenizers: dict[str, Retokenizer]
+    executor: Any = None
+    peer_logs: PeerLogPool | None = None
+    rewards: WeightedReward | None = None      # task.reward_funcs; None: the verifier alone
+    reward_parts: dict[str, dict[str, float]] = field(default_factory=dict)  # last step's means
+    history: dict[str, list[float]] = field(default_factory=dict)
+    guards: Guards | None = None
+    versions: dict[str, int] = field(default_factory=dict)
+    phase_times: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    # Wall seconds of the current GRPO step by loop phase, logged as ``phase/<phase>_time_s``.
+    step_phases: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+
+    def timed(self, phase: str):
+        """Add the block's wall time to ``phase_times[phase]`` (the run's totals)."""
+        return _clocked(self.phase_times, phase)
+
+    def step_phase(self, phase: str):
+        """Add the block's wall time to this step's ``step_phases[phase]``."""
+        return _clocked(self.step_phases, phase)
+
+    def live(self) -> list[str]:
+        """The policies whose workers are live (``on_failure`` may have removed some)."""
+        return list(self.executor.live_workers())
+
+    # ---- state ----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The run's own state, part by part (``strategy`` only for a strategy that keeps any)."""
+        state = {
+            "history": {n: list(h) for n, h in self.history.items()},
+            "phase_times": dict(self.phase_times),
+            "versions": dict(self.versions),
+            "verifier": vars(self.verifier.counters).copy(),
+            "bus": self.bus.state_dict(),
+            "guards": self.guards.state_dict() if self.guards is not None else None,
+            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
+                    "python": random.getstate()},
+        }
+        strategy_state = getattr(self.strategy, "state_dict", None)
+        if strategy_state is not None:
+            state["strategy"] = strategy_state()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Put every part back; wall time spent before is added to this run's phase times."""
+        if state.get("strategy") is not None:
+            self.strategy.load_state_dict(state["strategy"])
+        self.history.update({n: list(h) for n, h in state["history"].items()})
+        for phase, seconds in state["phase_times"].items():
+            self.phase_times[phase] += seconds
+        self.versions.update({n: v for n, v in state["versions"].items() if n in self.policies})
+        for k, v in state["verifier"].items():
+            setattr(self.verifier.counters, k, v)
+        self.bus.load_state_dict(state["bus"])
+        if self.guards is not None and state.get("guards") is not None:
+            self.guards.load_state_dict(state["guards"])
+        torch.set_rng_state(state["rng"]["torch"])
+        np.random.set_state(state["rng"]["numpy"])
+        random.setstate(state["rng"]["python"])
+
+    def close(self) -> None:
+        """Stop the workers and flush and close everything the run writes."""
+        self.executor.shutdown()
+        self.bus.close()           # flushes the experience log
+        self.writer.close()
+        self.verifier.close()
+        if self.rewards is not None:
+            self.rewards.close()
+
+
+@contextlib.contextmanager
+def _clocked(bucket: dict[str, float], key: str):
+    """Add the block's wall time to ``bucket[key]``, also when it raises."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        bucket[key] += time.perf_counter() - t0
