@@ -194,32 +194,9 @@ class Retokenizer:
         Fills ``out`` for those texts and ``groups`` (views of the batch alignment) for the
         others, which go through ``_assemble``. Field values equal ``_assemble``'s exactly.
         """
-        prof, full, local = self.profile, batch.full, batch.local
-        split = batch.split
-        n_groups = np.diff(split, prepend=0)
-        gstart = split - n_groups                      # every batch text has >= 1 group
-        ns, nt = local[1] - local[0], local[3] - local[2]
-        one_s, one_t = ns == 1, nt == 1
-        card = np.add.reduceat(np.stack([one_s & one_t, one_s & (nt > 1), (ns > 1) & one_t]
-                                        ).astype(np.int64), gstart, axis=1)
-        largest = np.maximum.reduceat(np.stack([ns, nt, local[5] - local[4]]), gstart, axis=1)
-        uniq = [np.add.reduceat(_new_value(a, off), off)
-                for a, off in ((batch.src_all, batch.src_offset), (batch.tgt_all, batch.tgt_offset))]
-        tgt_ids = np.concatenate([targets[k].ids for k in full])
-        unk = (np.add.reduceat((tgt_ids == prof.unk_id).astype(np.int64), batch.tgt_offset)
-               if prof.unk_id is not None else None)
-        fallback = np.add.reduceat(prof.byte_fallback[tgt_ids].astype(np.int64), batch.tgt_offset)
-        gsums = None
-        if all(sources[k].logprobs is not None for k in full):
-            # Texts with specials have more log-probs than ends: placeholders keep the layout.
-            lp_all = np.concatenate([sources[k].logprobs if not sources[k].n_specials
-                                     else np.zeros(sources[k].ends.size) for k in full])
-            gsums = np.add.reduceat(lp_all, local[0] + np.repeat(batch.src_offset, n_groups))
-        cols = (n_groups.tolist(), card[0].tolist(), card[1].tolist(), card[2].tolist(),
-                largest[0].tolist(), largest[1].tolist(), largest[2].tolist(),
-                uniq[0].tolist(), uniq[1].tolist(),
-                unk.tolist() if unk is not None else [0] * len(full), fallback.tolist())
-        # The caller's target ids: slices of the fresh concatenation above (writeable, and never
+        prof, full, split = self.profile, batch.full, batch.split
+        cols, tgt_ids, gsums = self._batch_columns(batch, targets, sources)
+        # The caller's target ids: slices of the fresh batch concatenation (writeable, and never
         # the cached arrays), one slice per text instead of one copy per text.
         tgt_stop = (batch.tgt_offset + np.diff(batch.tgt_offset, append=tgt_ids.size)).tolist()
         eos = self.profile.eos_id is not None
@@ -255,6 +232,36 @@ class Retokenizer:
                 logprob_mass_error=mass_error, logprob_mass_unassigned=0.0)
             out[k] = _trajectory(texts[k], tgt_ids[t0:t1], g, sums, residuals)
             lo = hi
+
+    def _batch_columns(self, batch: BatchAlignment, targets, sources):
+        """Per-text residual columns of a whole batch by segment reductions: (columns, the batch's
+        target ids concatenated, per-group log-prob sums or None)."""
+        prof, full, local = self.profile, batch.full, batch.local
+        split = batch.split
+        n_groups = np.diff(split, prepend=0)
+        gstart = split - n_groups                      # every batch text has >= 1 group
+        ns, nt = local[1] - local[0], local[3] - local[2]
+        one_s, one_t = ns == 1, nt == 1
+        card = np.add.reduceat(np.stack([one_s & one_t, one_s & (nt > 1), (ns > 1) & one_t]
+                                        ).astype(np.int64), gstart, axis=1)
+        largest = np.maximum.reduceat(np.stack([ns, nt, local[5] - local[4]]), gstart, axis=1)
+        uniq = [np.add.reduceat(_new_value(a, off), off)
+                for a, off in ((batch.src_all, batch.src_offset), (batch.tgt_all, batch.tgt_offset))]
+        tgt_ids = np.concatenate([targets[k].ids for k in full])
+        unk = (np.add.reduceat((tgt_ids == prof.unk_id).astype(np.int64), batch.tgt_offset)
+               if prof.unk_id is not None else None)
+        fallback = np.add.reduceat(prof.byte_fallback[tgt_ids].astype(np.int64), batch.tgt_offset)
+        gsums = None
+        if all(sources[k].logprobs is not None for k in full):
+            # Texts with specials have more log-probs than ends: placeholders keep the layout.
+            lp_all = np.concatenate([sources[k].logprobs if not sources[k].n_specials
+                                     else np.zeros(sources[k].ends.size) for k in full])
+            gsums = np.add.reduceat(lp_all, local[0] + np.repeat(batch.src_offset, n_groups))
+        cols = (n_groups.tolist(), card[0].tolist(), card[1].tolist(), card[2].tolist(),
+                largest[0].tolist(), largest[1].tolist(), largest[2].tolist(),
+                uniq[0].tolist(), uniq[1].tolist(),
+                unk.tolist() if unk is not None else [0] * len(full), fallback.tolist())
+        return cols, tgt_ids, gsums
 
     def _sources(self, prof, texts, datas, source_ids, source_logprobs, flags) -> list[_Source]:
         if source_ids is None:
