@@ -30,6 +30,9 @@ def _add_train(sub) -> None:
     p.add_argument("--steps", type=int, help="number of GRPO steps (overrides steps)")
     p.add_argument("--peer-log", action="append", default=[], metavar="RUN_DIR",
                    help="replay a recorded experience log as a frozen peer (strategies that read peer rollouts: prp, sgt, hacpo, codistill, hint)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start afresh in an output directory that holds a run, deleting its run "
+                        "files (without it such a directory is refused)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_run_train)
 
@@ -80,7 +83,7 @@ def _run_train(args) -> int:
     cfg = _train_config(args)
     console = Console(stderr=True)
     with RunProgress(enabled=not args.no_progress, console=console) as progress:
-        summary = train(cfg, progress, resume=bool(args.resume))
+        summary = train(cfg, progress, resume=bool(args.resume), overwrite=args.overwrite)
     console.print(f"[bold]done[/] in {summary.wall_time_s:.0f}s -> {summary.output_dir}")
     from mutualrl.report.analysis import starting_point_line
     start = starting_point_line(summary.output_dir)
@@ -143,17 +146,22 @@ def main(argv: list[str] | None = None) -> int:
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()
     from mutualrl.run.guards import GuardTripped
+    from mutualrl.run.signals import RunInterrupted
     try:
         return int(args.func(args) or 0)
     except GuardTripped as exc:
         print(f"mutualrl: stopped: {exc} (policies saved)", file=sys.stderr)
         return GUARD_EXIT
+    except RunInterrupted as exc:
+        print(f"mutualrl: {exc}", file=sys.stderr)
+        return exc.exit_code
     except (ConfigError, ValueError, FileNotFoundError) as exc:
         print(f"mutualrl: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("mutualrl: interrupted; everything written so far is kept "
-              "(an interrupted compare continues with --resume)", file=sys.stderr)
+        again = ("continue it with `mutualrl compare ... --resume`" if args.command == "compare"
+                 else "a run continues from its last checkpoint with `mutualrl train --resume RUN_DIR`")
+        print(f"mutualrl: interrupted; everything written so far is kept ({again})", file=sys.stderr)
         return 130
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
@@ -27,9 +28,9 @@ from mutualrl.run.guards import Guards
 from mutualrl.run.progress import RunProgress
 from mutualrl.run.state import Run
 from mutualrl.run.tracking import check_trackers, make_writer
-from mutualrl.strategies import build_strategy
-from mutualrl.tasks import GuardedVerifier, build_task
-from mutualrl.tasks.rewards import build_rewards
+from mutualrl.strategies import Strategy, build_strategy
+from mutualrl.tasks import GuardedVerifier, Task, build_task
+from mutualrl.tasks.rewards import WeightedReward, build_rewards
 
 
 def seed_everything(seed: int) -> None:
@@ -37,8 +38,21 @@ def seed_everything(seed: int) -> None:
     np.random.seed(seed)
 
 
-def build_run(cfg: RunConfig, progress: RunProgress | None = None) -> Run:
-    """Validate and build everything before any training work (fail fast, write nothing odd)."""
+@dataclass
+class Prepared:
+    """What building a run needs, checked and loaded, with nothing written yet."""
+
+    strategy: Strategy
+    task: Task
+    rewards: WeightedReward | None
+    peer_logs: PeerLogPool | None
+    handles: dict
+    alloc: AllocationConfig
+    plan: Plan
+
+
+def prepare(cfg: RunConfig) -> Prepared:
+    """Validate everything that can fail on bad input, before anything is written anywhere."""
     seed_everything(cfg.seed)
     if cfg.torch_threads:
         torch.set_num_threads(cfg.torch_threads)
@@ -56,41 +70,46 @@ def build_run(cfg: RunConfig, progress: RunProgress | None = None) -> Run:
     if out.exists() and not out.is_dir():
         raise ConfigError(f"output_dir (--output-dir): {out} is an existing file; expected a "
                           "directory to write the run into (or a path that does not exist yet)")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
     peer_logs = PeerLogPool(cfg.exchange.peer_logs) if cfg.exchange.peer_logs else None
     handles = load_handles(cfg.policies)      # each tokenizer once; the driver encodes prompts
     check_policies(cfg.policies, handles, checkpoints)  # chat templates present, vocab fits
+    alloc, the_plan = plan_workers(cfg, handles)        # an infeasible plan fails here
+    return Prepared(strategy, task, rewards, peer_logs, handles, alloc, the_plan)
+
+
+def build_run(cfg: RunConfig, progress: RunProgress | None = None,
+              prepared: Prepared | None = None) -> Run:
+    """Validate (``prepare``) and build everything before any training work: the run folder
+    gets ``config.json`` and ``plan.json``, the workers start, the exchange opens."""
+    prep = prepared or prepare(cfg)
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
+    (out / "plan.json").write_bytes(msgspec.json.format(msgspec.json.encode(prep.plan), indent=2))
     bus, sub = open_bus(out, cfg.exchange)
-    executor = start_executor(cfg, out, handles)
-    policies = driver_policies(cfg, executor, handles)
+    executor = make_executor(prep.alloc)
+    executor.start(policy_factories(cfg, prep.alloc, prep.handles, prep.plan), policy_plan(prep.plan, cfg))
+    policies = driver_policies(cfg, executor, prep.handles)
     profiles: dict = {}
-    return Run(cfg=cfg, out=out, task=task,
-               verifier=GuardedVerifier(task.verifier, cfg.task.verifier_timeout_s),
-               policies=policies, strategy=strategy,
+    return Run(cfg=cfg, out=out, task=prep.task,
+               verifier=GuardedVerifier(prep.task.verifier, cfg.task.verifier_timeout_s),
+               policies=policies, strategy=prep.strategy,
                writer=make_writer(out / "metrics.jsonl", cfg.report_to, out.name, to_dict(cfg)),
                progress=progress or RunProgress(enabled=False), bus=bus, subscription=sub,
                retokenizers={n: Retokenizer(p.handle, max_length=cfg.grpo.max_completion_length,
                                             profiles=profiles) for n, p in policies.items()},
-               peer_logs=peer_logs, executor=executor, rewards=rewards, guards=Guards(cfg.guards),
-               versions={n: 0 for n in policies})
+               peer_logs=prep.peer_logs, executor=executor, rewards=prep.rewards,
+               guards=Guards(cfg.guards), versions={n: 0 for n in policies})
 
 
-def start_executor(cfg: RunConfig, out: Path, handles: dict):
-    """Plan resources for the run's workers, record the plan, and start the executor on it.
-
-    Each policy is one worker, built by the executor from its factory (in this process for
-    ``local``, in its own actor for ``ray``); the run reaches it only through typed calls
-    (``policies.worker``).
-    """
+def plan_workers(cfg: RunConfig, handles: dict) -> tuple[AllocationConfig, Plan]:
+    """The resource plan for the run's workers. Each policy is one worker, built by the executor
+    from its factory (in this process for ``local``, in its own actor for ``ray``); the run
+    reaches it only through typed calls (``policies.worker``)."""
     alloc = parse_allocation(cfg.allocation)
     vocab = {spec: h.vocab_size for spec, h in handles.items()}
     specs = worker_specs_from_config(cfg, alloc, vocab_size=vocab.__getitem__)
-    the_plan = plan(specs, resolve_inventory(alloc), alloc.memory.usable_memory_fraction)
-    (out / "plan.json").write_bytes(msgspec.json.format(msgspec.json.encode(the_plan), indent=2))
-    executor = make_executor(alloc)
-    executor.start(policy_factories(cfg, alloc, handles, the_plan), policy_plan(the_plan, cfg))
-    return executor
+    return alloc, plan(specs, resolve_inventory(alloc), alloc.memory.usable_memory_fraction)
 
 
 def policy_factories(cfg: RunConfig, alloc: AllocationConfig, handles: dict,

@@ -20,12 +20,14 @@ from mutualrl.allocation import call_live
 from mutualrl.config import ConfigError, RunConfig
 from mutualrl.policies.worker import SavePretrained
 from mutualrl.run import checkpoint
-from mutualrl.run.build import build_run
+from mutualrl.run.build import build_run, prepare
 from mutualrl.run.evaluation import evaluate
+from mutualrl.run.folder import claim
 from mutualrl.run.guards import GuardTripped
 from mutualrl.run.phases import (build_batches, check_guards, generate, log_step, make_context,
                                  publish, sample_prompts, update, verify)
 from mutualrl.run.progress import RunProgress
+from mutualrl.run.signals import RunInterrupted, StopRequests
 from mutualrl.run.state import Run
 from mutualrl.run.warmup import warm_start
 
@@ -67,7 +69,24 @@ def train_loop(run: Run, start: int = 0) -> None:
             evaluate(run, step + 1)
         save_checkpoint(run, step + 1)
         run.progress.advance(" | ".join(f"{n} r={np.mean(h[-5:]):.2f}" for n, h in run.history.items()))
+        if run.stop.requested:
+            stop_here(run, step + 1)
     run.progress.finish_phase(f"{run.cfg.steps} steps done")
+
+
+def stop_here(run: Run, step: int) -> None:
+    """A signal asked the run to stop: checkpoint the steps done (if checkpoints are on and this
+    step has none yet) and raise ``RunInterrupted`` with the command that continues it."""
+    ckpt = None
+    every = run.cfg.save_steps
+    if every:
+        if step % every:
+            with run.timed("save"):
+                ckpt = checkpoint.save(run, step)
+        else:
+            ckpt = run.out / checkpoint.CHECKPOINT_DIR / f"{checkpoint.PREFIX}{step:06d}"
+    run.progress.finish_phase(f"stopped after step {step}")
+    raise RunInterrupted(run.stop.signum, step, run.out, ckpt)
 
 
 @dataclass(frozen=True)
@@ -121,15 +140,27 @@ def resume_from(run: Run, ckpt: checkpoint.Checkpoint, record: dict) -> int:
     return start
 
 
-def train(cfg: RunConfig, progress: RunProgress | None = None, resume: bool = False) -> RunSummary:
+def train(cfg: RunConfig, progress: RunProgress | None = None, resume: bool = False,
+          overwrite: bool = False) -> RunSummary:
     """Run the whole job: build, warm start, train, evaluate, save. Metrics are kept on failure.
 
     ``resume``: continue ``cfg.output_dir`` from its last complete checkpoint instead (no warm
-    start; the config may differ only in harmless fields, see ``run.checkpoint``)."""
+    start; the config may differ only in harmless fields, see ``run.checkpoint``). A fresh run
+    into a folder holding a run is refused unless ``overwrite`` (``run.folder``). The process
+    holds the folder's lock from before its first write to the end; SIGINT and SIGTERM stop the
+    run at a step boundary (``run.signals``)."""
     t0 = time.perf_counter()
-    opened = open_checkpoint(cfg) if resume else None
-    run = build_run(cfg, progress)
-    run.phase_times["build"] = time.perf_counter() - t0
+    prepared = prepare(cfg)
+    with claim(cfg.output_dir, resume=resume, overwrite=overwrite), StopRequests() as stop:
+        opened = open_checkpoint(cfg) if resume else None
+        run = build_run(cfg, progress, prepared)
+        run.stop = stop
+        run.phase_times["build"] = time.perf_counter() - t0
+        return _train_built(run, opened, t0)
+
+
+def _train_built(run: Run, opened, t0: float) -> RunSummary:
+    cfg = run.cfg
     try:
         if opened is None:
             with run.timed("warm start"):

@@ -28,6 +28,7 @@ from mutualrl.run.experience import PeerLogPool
 from mutualrl.run.guards import Guards
 from mutualrl.run.metrics import MetricsWriter
 from mutualrl.run.progress import RunProgress
+from mutualrl.run.signals import StopRequests
 from mutualrl.strategies import Strategy
 from mutualrl.tasks import GuardedVerifier, Task
 from mutualrl.tasks.rewards import WeightedReward
@@ -60,6 +61,7 @@ class Run:
     history: dict[str, list[float]] = field(default_factory=dict)
     guards: Guards | None = None
     versions: dict[str, int] = field(default_factory=dict)
+    stop: StopRequests = field(default_factory=StopRequests)   # SIGINT/SIGTERM asked to stop
     phase_times: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     # Wall seconds of the current GRPO step by loop phase, logged as ``phase/<phase>_time_s``.
     step_phases: dict[str, float] = field(default_factory=lambda: defaultdict(float))

@@ -35,6 +35,7 @@ import mutualrl
 from mutualrl.config import RunConfig, to_dict
 from mutualrl.run.evaluation import accuracy
 from mutualrl.run.metrics import MetricsWriter, namespaced, read_metrics
+from mutualrl.run.signals import RunInterrupted
 from mutualrl.policies.batch import SFTExample
 from mutualrl.provenance import source_digest
 from mutualrl.scenarios import (WarmPlan, own_prompts, peer_count, peer_prompts, shared_answers,
@@ -108,6 +109,8 @@ def supervised_warm_start(run: Run, names: list[str],
     complete = True
     run.progress.start_phase("warm start", w.max_steps)
     for step in range(1, w.max_steps + 1):
+        if run.stop.requested:   # SIGINT/SIGTERM: nothing to checkpoint before GRPO starts
+            raise RunInterrupted(run.stop.signum, 0, run.out, None)
         losses = call_each(run.executor, {n: SFTStep(demonstrations(run, s), w.learning_rate)
                                           for n, s in warming.items()})
         complete &= _keep_succeeded(warming, losses)
