@@ -147,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     hf_logging.disable_progress_bar()
     from mutualrl.run.guards import GuardTripped
     from mutualrl.run.signals import RunInterrupted
+    from mutualrl.storage import StorageError
     try:
         return int(args.func(args) or 0)
     except GuardTripped as exc:
@@ -155,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     except RunInterrupted as exc:
         print(f"mutualrl: {exc}", file=sys.stderr)
         return exc.exit_code
+    except StorageError as exc:
+        print(f"mutualrl: error: {exc}", file=sys.stderr)
+        return 1
     except (ConfigError, ValueError, FileNotFoundError) as exc:
         print(f"mutualrl: error: {exc}", file=sys.stderr)
         return 2

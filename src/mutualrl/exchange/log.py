@@ -29,6 +29,7 @@ from mutualrl.exchange.framing import (
     make_compressor,
 )
 from mutualrl.exchange.wire import iter_records
+from mutualrl.storage import append_whole
 
 LOG_DIRNAME = "experience"
 SEGMENT_SUFFIX = ".mrlx"
@@ -122,9 +123,9 @@ class ExperienceLog:
         payload = self._codec.encode_batch(self._pending)
         frame = encode_frame(payload, self._compressor, max_frame_bytes=self.max_frame_bytes,
                              where=str(self.path), offset=self.bytes_written)
-        view = memoryview(frame)
-        while view:  # os.write may write less than asked; finish the same frame
-            view = view[os.write(fd, view):]
+        # whole or not at all: a full disk never leaves a torn frame behind
+        append_whole(fd, frame, self.path, f"a frame of {len(self._pending)} records was not "
+                     f"written; the log's {self.bytes_written} bytes before it are kept")
         if self.fsync:
             os.fsync(fd)
         self.frames_written += 1

@@ -20,6 +20,7 @@ from mutualrl.policies.models import TokenizerFacts
 from mutualrl.policies.prompting import chat_prompt
 from mutualrl.policies.samples import Sample
 from mutualrl.retokenize.loaders import TokenizerHandle, load_tokenizer
+from mutualrl.storage import atomic_folder
 from mutualrl.tasks.base import Prompt
 
 
@@ -159,12 +160,14 @@ class Policy(PolicyView):
         self.learner.load_reference(d / "reference.pt")
 
     def save(self, directory: str | Path) -> Path:
-        """The policy as a ``from_pretrained`` folder ``directory/<name>`` (model and tokenizer)."""
+        """The policy as a ``from_pretrained`` folder ``directory/<name>`` (model and tokenizer),
+        complete or absent: written under a temporary name, then renamed."""
         path = Path(directory) / self.name
-        path.mkdir(parents=True, exist_ok=True)
         model = self.model
         if self.cfg.lora is not None and not self.cfg.checkpoint:
             # A random base exists nowhere else: saving only the adapter would lose it. Merge the
             # adapter into a copy and save a whole model.
             model = copy.deepcopy(self.model).merge_and_unload()
-        return save_pretrained_quietly(model, path, self.tokenizer)
+        with atomic_folder(path, f"policy {self.name!r}") as tmp:
+            save_pretrained_quietly(model, tmp, self.tokenizer)
+        return path

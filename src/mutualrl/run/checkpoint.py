@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 from mutualrl.allocation import call_each
 from mutualrl.config import ConfigError, to_dict
 from mutualrl.policies.worker import RestoreCheckpoint, SaveCheckpoint
+from mutualrl.storage import disk_full, storage_error
 
 if TYPE_CHECKING:
     from mutualrl.run.state import Run
@@ -95,8 +96,13 @@ def save(run: Run, step: int) -> Path:
             shutil.rmtree(final)
         os.rename(tmp, final)
         _fsync_dir(root)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, Exception) and disk_full(exc, root):
+            raise storage_error(exc, final, f"the checkpoint at step {step} was not written (its "
+                                "partial files are removed); the run's records and earlier "
+                                "checkpoints are kept: free space, then `mutualrl train --resume "
+                                f"{run.out}`") from exc
         raise
     prune(root, run.cfg.save_total_limit)
     return final
@@ -141,7 +147,10 @@ def verify(path: Path) -> str | None:
         return f"unreadable manifest ({exc})"
     if manifest.get("format") != FORMAT:
         return f"format {manifest.get('format')!r}, this version reads {FORMAT}"
-    for name, digest in manifest["files"].items():
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not files:
+        return "its manifest lists no files (expected a \"files\" table of name: sha256)"
+    for name, digest in files.items():
         f = path / name
         if not f.is_file():
             return f"{name} is missing"
@@ -197,6 +206,27 @@ def check_config(ckpt: Checkpoint, cfg) -> list[str]:
 
 
 # ---- resuming ---------------------------------------------------------------------------------
+def check_lengths(run_dir: Path, ckpt: Checkpoint) -> None:
+    """Every record file and log segment must still hold what it held at the checkpoint: one that
+    is shorter (cut, or torn by a full disk) lost records the run had written, and continuing
+    would leave a gap. Refused, naming the file and the byte offsets."""
+    run_dir = Path(run_dir)
+    recorded = [(run_dir / n, size) for n, size in ckpt.state["append_only"].items()]
+    recorded += [(run_dir / "experience" / n, size) for n, size in ckpt.state["segments"].items()]
+    for path, size in recorded:
+        have = path.stat().st_size if path.is_file() else None
+        if have is None and size > 0:
+            problem = "is missing"
+        elif have is not None and have < size:
+            problem = (f"is {have} bytes where the checkpoint recorded {size}: bytes {have}-{size}, "
+                       "written before the checkpoint, are gone")
+        else:
+            continue
+        raise ConfigError(f"--resume: {path} {problem} (checkpoint {ckpt.path.name}); the run "
+                          "cannot continue without a gap in its records. Restore the file, or "
+                          "start afresh with --overwrite")
+
+
 def cut_back(run_dir: Path, ckpt: Checkpoint) -> dict[str, int]:
     """Cut metrics and the experience log back to the checkpoint, moving what follows aside."""
     run_dir = Path(run_dir)

@@ -9,6 +9,7 @@ from them (``mutualrl.report.stats``).
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,6 +20,7 @@ from mutualrl.allocation import call_live
 from mutualrl.policies.samples import Sample
 from mutualrl.policies.worker import Generate
 from mutualrl.run.metrics import namespaced
+from mutualrl.storage import append_whole
 from mutualrl.tasks.base import GuardedVerifier, Prompt
 
 if TYPE_CHECKING:
@@ -80,9 +82,14 @@ def heldout_record(step: int, policy: str, prompts: list[Prompt], c: Correctness
 
 
 def append_heldout(run_dir: str | Path, records: list[dict]) -> None:
-    with (Path(run_dir) / HELDOUT_FILE).open("a", encoding="utf-8") as f:
-        for r in records:
-            f.write(json.dumps(r) + "\n")
+    """One evaluation's per-prompt records, appended whole or not at all."""
+    path = Path(run_dir) / HELDOUT_FILE
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        append_whole(fd, "".join(json.dumps(r) + "\n" for r in records).encode("utf-8"), path,
+                     "this evaluation's per-prompt records were not written; earlier ones are kept")
+    finally:
+        os.close(fd)
 
 
 def read_heldout(run_dir: str | Path) -> list[dict]:

@@ -8,6 +8,7 @@ One GRPO step, top to bottom (``run.phases``):
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from dataclasses import dataclass, field
@@ -128,6 +129,8 @@ def open_checkpoint(cfg: RunConfig) -> tuple[checkpoint.Checkpoint, dict]:
         raise ConfigError(f"--resume: no complete checkpoint in {Path(cfg.output_dir) / checkpoint.CHECKPOINT_DIR} "
                           "(checkpoints are written every save_steps steps; save_steps = 0 writes none)")
     harmless = checkpoint.check_config(ckpt, cfg)
+    checkpoint.check_lengths(Path(cfg.output_dir), ckpt)
+    print(f"mutualrl: resuming from {ckpt.path} (after step {ckpt.step})", file=sys.stderr)
     moved = checkpoint.cut_back(Path(cfg.output_dir), ckpt)
     return ckpt, {"phase": "resume", "step": ckpt.step, "checkpoint": str(ckpt.path),
                   "skipped_checkpoints": notes, "changed_harmless": harmless, "moved_aside": moved}
@@ -177,6 +180,12 @@ def _train_built(run: Run, opened, t0: float) -> RunSummary:
             raise
         final = evaluate(run, cfg.steps)
         save_policies(run)
-        return summarize(run, final, time.perf_counter() - t0)
-    finally:
-        run.close()
+        summary = summarize(run, final, time.perf_counter() - t0)
+    except BaseException:
+        # the error in flight is the one to report; closing after it (a full disk, a dead
+        # worker) may fail too
+        with contextlib.suppress(Exception):
+            run.close()
+        raise
+    run.close()
+    return summary

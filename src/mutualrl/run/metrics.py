@@ -1,15 +1,18 @@
 """Per-step metrics: namespaced keys (``policy/<name>/reward/mean``) appended as JSON lines.
 
-Each line is flushed as soon as it is written, so an interrupted or failing run keeps every step
-it finished.
+Each line goes to disk as soon as it is written, whole or not at all (``storage.append_whole``),
+so an interrupted or failing run keeps every step it finished and never leaves a torn line.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
+
+from mutualrl.storage import append_whole
 
 
 def _clean(value: Any) -> Any:
@@ -22,14 +25,18 @@ class MetricsWriter:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = self.path.open("a", encoding="utf-8")
+        self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def write(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
-        self._file.flush()
+        line = json.dumps({k: _clean(v) for k, v in record.items()}) + "\n"
+        append_whole(self._fd, line.encode("utf-8"), self.path,
+                     f"this record ({record.get('phase')} step {record.get('step')}) was not "
+                     "written; every record before it is kept")
 
     def close(self) -> None:
-        self._file.close()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

@@ -1,0 +1,87 @@
+"""Writes that are whole or absent, and OS errors that say what happened and what was kept.
+
+Every append-only file of a run (metrics, held-out results, experience-log frames) gets whole
+records: ``append_whole`` writes a record's bytes and, when the write fails part way (a full
+disk), cuts the file back to where the record began, so no torn line or frame is ever left.
+Folders that must be complete (a checkpoint, a saved policy) are written under a temporary
+name and renamed into place (``atomic_folder``). A failure becomes one ``StorageError`` naming
+the file, the OS's reason ("no space left on device") and what is kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+# Below this many free bytes a failed write is put down to a full disk even when the library
+# that wrote reports something else (torch's zip writer says "unexpected pos").
+LOW_SPACE_BYTES = 1 << 20
+
+
+class StorageError(OSError):
+    """A write that failed; the message names the file, the reason and what was kept."""
+
+
+def storage_error(exc: BaseException, path: str | Path, kept: str) -> StorageError:
+    """``exc`` (from writing ``path``) as a ``StorageError`` saying why and what is ``kept``."""
+    code = getattr(exc, "errno", None)
+    if code is None and _low_space(Path(path)):
+        code = errno.ENOSPC
+    reason = os.strerror(code).lower() if code else f"{type(exc).__name__}: {exc}"
+    err = StorageError(code or errno.EIO, f"{path}: {reason}; {kept}")
+    err.filename = str(path)
+    return err
+
+
+def disk_full(exc: BaseException, path: str | Path) -> bool:
+    """Whether ``exc``, raised while writing ``path``, comes of a full disk."""
+    return getattr(exc, "errno", None) == errno.ENOSPC or _low_space(Path(path))
+
+
+def _low_space(path: Path) -> bool:
+    for p in (path, *path.parents):
+        if p.exists():
+            try:
+                return shutil.disk_usage(p).free < LOW_SPACE_BYTES
+            except OSError:
+                return False
+    return False
+
+
+def append_whole(fd: int, data: bytes, path: str | Path, kept: str = "") -> None:
+    """Append ``data`` to the ``O_APPEND`` descriptor ``fd`` as a whole: on failure the file is
+    cut back to its length before, and a ``StorageError`` is raised."""
+    start = os.lseek(fd, 0, os.SEEK_END)
+    view = memoryview(data)
+    try:
+        while view:     # os.write may write less than asked; finish the same record
+            view = view[os.write(fd, view):]
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, start)
+        raise storage_error(exc, path, kept or f"the record was not written; the {start} bytes "
+                                               "before it are kept") from exc
+
+
+@contextlib.contextmanager
+def atomic_folder(final: str | Path, what: str) -> Iterator[Path]:
+    """A temporary folder beside ``final`` to write into; renamed to ``final`` (replacing it)
+    when the block succeeds, removed when it fails, so ``final`` is complete or absent."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+    try:
+        yield tmp
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, StorageError) or not (isinstance(exc, OSError) or _low_space(final)):
+            raise
+        raise storage_error(exc, final, f"{what} was not written (nothing of it is kept)") from exc
