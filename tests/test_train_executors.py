@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from mutualrl.config import load_config
+from mutualrl.config import AllocationConfig, load_config
 from mutualrl.metrics import read_metrics
 from mutualrl.allocation import LocalExecutor
-from mutualrl.allocation.config import AllocationConfig
 from mutualrl.train import train
 from mutualrl.workers import WorkerUnavailable, call_one
 

@@ -8,13 +8,6 @@
 The Ray executor lives in ``ray_executor`` and is imported only when asked for (extra ``ray``).
 """
 
-from mutualrl.allocation.config import (
-    AllocationConfig,
-    InventoryConfig,
-    MemoryModel,
-    WorkerOverride,
-    parse_allocation,
-)
 from mutualrl.allocation.executors import (
     EXECUTORS,
     CallResult,
@@ -49,9 +42,16 @@ from mutualrl.allocation.specs import (
     resolve_inventory,
     worker_specs_from_config,
 )
+from mutualrl.config import (
+    AllocationConfig,
+    ArchitectureDims,
+    InventoryConfig,
+    MemoryModel,
+    WorkerOverride,
+)
 
 __all__ = [
-    "AllocationConfig", "InventoryConfig", "MemoryModel", "WorkerOverride", "parse_allocation",
+    "AllocationConfig", "ArchitectureDims", "InventoryConfig", "MemoryModel", "WorkerOverride",
     "EXECUTORS", "CallResult", "Executor", "LocalExecutor", "WorkerFailedError", "WorkerFailure",
     "make_executor", "PacedReport", "StepWorker", "run_paced", "Channel", "PacedRecord",
     "QueueChannel", "VersionGate", "is_fresh", "starvation_report", "Assignment", "GpuSlot",
