@@ -4,9 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 
-from mutualrl.config import ConfigError, RunConfig, apply_override, load_config
+import mutualrl
+from mutualrl.config import (AllocationConfig, ConfigError, RunConfig, ScenariosConfig, apply_override,
+                             config_from_dict, load_config, to_dict)
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 DEFAULT = CONFIGS / "default.toml"
@@ -148,3 +155,33 @@ def test_impossible_values_in_other_sections_are_rejected(override, path):
     with pytest.raises(ConfigError) as info:
         load_config(DEFAULT, [override])
     assert f"`{path}`" in str(info.value)
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.toml")), ids=lambda p: p.name)
+def test_config_json_reads_back_to_an_equal_config(path):
+    # A run's config.json is to_dict(cfg) as JSON; --resume and the report read it back.
+    cfg = load_config(path)
+    assert config_from_dict(json.loads(json.dumps(to_dict(cfg)))) == cfg
+
+
+def test_an_old_run_config_with_plain_allocation_and_scenario_tables_loads():
+    # Before the sections were typed, config.json held only what the user wrote in them.
+    cfg = config_from_dict({"policies": [{"name": "a"}], "scenario": "overlap",
+                            "allocation": {"call_timeout_s": 5.0, "inventory": {"nodes": 2}},
+                            "scenarios": {"overlap": {"peer_share": 0.25}}})
+    assert cfg.allocation.call_timeout_s == 5.0 and cfg.allocation.inventory.nodes == 2
+    assert cfg.allocation.memory == AllocationConfig().memory
+    assert cfg.scenarios.overlap.peer_share == 0.25 and cfg.scenarios.asymmetric.weak is None
+    empty = config_from_dict({"policies": [{"name": "a"}], "allocation": {}, "scenarios": {}})
+    assert (empty.allocation, empty.scenarios) == (AllocationConfig(), ScenariosConfig())
+
+
+def test_the_config_package_imports_nothing_else_of_mutualrl():
+    # The bottom layer: every other layer may import it, so it may import none of them.
+    code = ("import sys, mutualrl.config; "
+            "print(sorted(m for m in sys.modules if m.startswith('mutualrl.') "
+            "and not m.startswith('mutualrl.config')))")
+    src = str(Path(mutualrl.__file__).resolve().parents[1])   # this tree's sources, not another
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": src})
+    assert out.stdout.strip() == "[]", out.stdout

@@ -14,13 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from mutualrl.config import load_config
-from mutualrl.run.metrics import read_metrics
-from mutualrl.allocation import LocalExecutor
-from mutualrl.allocation.config import AllocationConfig
-from mutualrl.run import train
-from mutualrl.allocation import WorkerUnavailable, call_one
+from mutualrl.allocation import LocalExecutor, WorkerUnavailable, call_one
+from mutualrl.config import AllocationConfig, load_config
 from mutualrl.policies.worker import SequenceLogprobs
+from mutualrl.run import train
+from mutualrl.run.metrics import read_metrics
 
 TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.toml"
 TIMING = ("time_s", "tokens_per_s", "step_time_s")

@@ -105,7 +105,7 @@ def _known_names() -> str:
 
 
 def _scenario_names() -> list[str]:
-    from mutualrl.scenarios import SCENARIOS
+    from mutualrl.run.scenarios import SCENARIOS
     return SCENARIOS.names()
 
 
@@ -155,6 +155,7 @@ def plan_runs(config_path: str | Path, strategies: Sequence[str], seeds: int,
     Seed-major order, so an interrupted compare has whole seeds (every strategy) done first.
     """
     from mutualrl.config import load_config
+    from mutualrl.run.scenarios import check_scenario
     from mutualrl.strategies import STRATEGIES, build_strategy
 
     unknown = [s for s in strategies if s not in STRATEGIES]
@@ -176,6 +177,7 @@ def plan_runs(config_path: str | Path, strategies: Sequence[str], seeds: int,
                                             f"output_dir={_toml_str(str(run_dir))}"])
             if seed == 0:
                 build_strategy(cfg)   # bad [strategies.<name>] parameters fail here, first
+                check_scenario(cfg)   # and a scenario that cannot plan the warm start
             runs.append(PlannedRun(strategy, seed, cfg))
     return runs
 

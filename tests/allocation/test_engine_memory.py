@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mutualrl.allocation import parse_allocation, worker_specs_from_config
+from mutualrl.allocation import worker_specs_from_config
 from mutualrl.allocation.specs import GIB
 from mutualrl.config import ConfigError, config_from_dict
 
@@ -20,7 +20,7 @@ def _cfg(generation):
 def test_vllm_generator_reserves_its_share_of_the_gpu():
     cfg = _cfg({"backend": "vllm", "gpu_memory_utilization": 0.25})
     specs = {s.name: s for s in worker_specs_from_config(
-        cfg, parse_allocation(cfg.allocation), count_params=lambda p, v: 1000, vocab_size=lambda t: 10)}
+        cfg, cfg.allocation, count_params=lambda p, v: 1000, vocab_size=lambda t: 10)}
     assert specs["b/generator"].memory_bytes == int(0.25 * 80 * GIB)
     assert specs["a/generator"].memory_bytes < GIB        # the torch sampler's estimate
 
@@ -49,5 +49,5 @@ def test_an_engine_share_too_small_for_the_weights_is_refused():
     cfg = _cfg({"backend": "vllm", "gpu_memory_utilization": 0.01})    # 0.8 GiB of 80
     with pytest.raises(ConfigError, match=r"\$\.policies\[1\]\.generation\.gpu_memory_utilization "
                                           r"reserves 0\.80 GiB.*3\.73 GiB of weights"):
-        worker_specs_from_config(cfg, parse_allocation(cfg.allocation),
+        worker_specs_from_config(cfg, cfg.allocation,
                                  count_params=lambda p, v: 10**9, vocab_size=lambda t: 10)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from mutualrl.allocation.config import ArchitectureDims, MemoryModel, parse_allocation
+from mutualrl.config import AllocationConfig, ArchitectureDims, MemoryModel
 from mutualrl.allocation.dims import Dims, dims_from_config_json, dims_from_hint, resolve_dims
 from mutualrl.allocation.specs import activation_bytes, kv_cache_bytes, worker_specs_from_config
 from mutualrl.config import ConfigError, PolicyConfig, config_from_dict
@@ -53,8 +53,8 @@ def test_qwen15_learner_estimate_by_hand():
 
 
 def test_resolve_dims_order(tmp_path):
-    alloc = parse_allocation({"architectures": {"p": {"num_hidden_layers": 3, "hidden_size": 8,
-                                                      "num_attention_heads": 2, "vocab_size": 50}}})
+    alloc = AllocationConfig(architectures={"p": ArchitectureDims(
+        num_hidden_layers=3, hidden_size=8, num_attention_heads=2, vocab_size=50)})
     folder = tmp_path / "ckpt"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(QWEN15))
@@ -89,7 +89,7 @@ def test_real_model_configs_plan_feasibly(name):
     from mutualrl.config import load_config
 
     cfg = load_config(Path(__file__).resolve().parents[2] / "configs" / name)
-    alloc = parse_allocation(cfg.allocation)
+    alloc = cfg.allocation
     specs = worker_specs_from_config(cfg, alloc, vocab_size=lambda t: pytest.fail("no tokenizer load"))
     p = plan(specs, inventory_from_config(alloc.inventory), alloc.memory.usable_memory_fraction)
     assert p.mode == "gpu"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mutualrl.allocation import PlanError, parse_allocation, plan, worker_specs_from_config
+from mutualrl.allocation import PlanError, plan, worker_specs_from_config
 from mutualrl.allocation.cli import configure, format_devices, run
 from mutualrl.allocation.planner import GpuSlot
 from mutualrl.allocation.dims import dims_from_policy
@@ -18,7 +18,7 @@ from mutualrl.allocation.specs import (
     learner_memory_bytes,
     tokens_per_step,
 )
-from mutualrl.config import ConfigError, config_from_dict, load_config
+from mutualrl.config import AllocationConfig, ConfigError, config_from_dict, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_CONFIGS = sorted((ROOT / "configs").glob("cluster-*.toml"))
@@ -43,21 +43,21 @@ def _fake_vocab(name):
     return {"mistral-v1": 32_000, "deepseek-v3": 129_280}[name]
 
 
-def test_parse_allocation_errors_name_the_field_path():
+def test_allocation_errors_name_the_field_path():
     with pytest.raises(ConfigError, match=r"\$\.allocation`"):
-        parse_allocation({"no_such_field": 1})
+        _cfg(no_such_field=1)
     with pytest.raises(ConfigError, match=r"max_staleness must be >= 0.*\$\.allocation"):
-        parse_allocation({"max_staleness": -1})
+        _cfg(max_staleness=-1)
     with pytest.raises(ConfigError, match=r"\$\.allocation\.inventory"):
-        parse_allocation({"inventory": {"nodes": 0}})
+        _cfg(inventory={"nodes": 0})
     with pytest.raises(ConfigError, match=r"\$\.allocation\.on_failure"):
-        parse_allocation({"on_failure": "retry"})
-    assert parse_allocation({}) == parse_allocation(None)
+        _cfg(on_failure="retry")
+    assert _cfg().allocation == AllocationConfig()
 
 
 def test_worker_specs_follow_the_documented_estimates():
     cfg = _cfg(prompt_length_estimate=10)
-    alloc = parse_allocation(cfg.allocation)
+    alloc = cfg.allocation
     specs = worker_specs_from_config(cfg, alloc, count_params=_fake_count, vocab_size=_fake_vocab)
     assert [s.name for s in specs] == ["a/learner", "a/generator", "b/learner", "b/generator",
                                        "verifier"]
@@ -97,7 +97,7 @@ def test_hints_and_overrides_replace_estimates_and_split_groups():
 
 def test_default_config_plans_on_a_two_core_cpu_machine():
     cfg = _cfg(inventory={"gpus_per_node": 0, "cpus_per_node": 2, "host_memory_gb": 24})
-    alloc = parse_allocation(cfg.allocation)
+    alloc = cfg.allocation
     specs = worker_specs_from_config(cfg, alloc, count_params=_fake_count, vocab_size=_fake_vocab)
     p = plan(specs, inventory_from_config(alloc.inventory))
     assert p.mode == "cpu" and not p.oversubscribed
@@ -107,7 +107,7 @@ def test_default_config_plans_on_a_two_core_cpu_machine():
 @pytest.mark.parametrize("path", CLUSTER_CONFIGS, ids=lambda p: p.name)
 def test_cluster_configs_parse(path):
     cfg = load_config(path)
-    alloc = parse_allocation(cfg.allocation)
+    alloc = cfg.allocation
     assert alloc.inventory is not None and alloc.inventory.gpus_per_node == 8
 
 

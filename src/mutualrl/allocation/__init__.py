@@ -9,13 +9,6 @@
 The Ray executor lives in ``ray_executor`` and is imported only when asked for (extra ``ray``).
 """
 
-from mutualrl.allocation.config import (
-    AllocationConfig,
-    InventoryConfig,
-    MemoryModel,
-    WorkerOverride,
-    parse_allocation,
-)
 from mutualrl.allocation.calls import (
     CallResult,
     Executor,
@@ -54,11 +47,19 @@ from mutualrl.allocation.specs import (
     resolve_inventory,
     worker_specs_from_config,
 )
+from mutualrl.config import (
+    AllocationConfig,
+    ArchitectureDims,
+    InventoryConfig,
+    MemoryModel,
+    WorkerOverride,
+)
 
 __all__ = [
-    "AllocationConfig", "InventoryConfig", "MemoryModel", "WorkerOverride", "parse_allocation",
+    "AllocationConfig", "ArchitectureDims", "InventoryConfig", "MemoryModel", "WorkerOverride",
     "EXECUTORS", "CallResult", "Executor", "LocalExecutor", "WorkerCall", "WorkerFailedError",
-    "WorkerFailure", "WorkerUnavailable", "call_each", "call_live", "call_one", "make_executor", "PacedReport", "StepWorker", "run_paced", "Channel", "PacedRecord",
+    "WorkerFailure", "WorkerUnavailable", "call_each", "call_live", "call_one", "make_executor",
+    "PacedReport", "StepWorker", "run_paced", "Channel", "PacedRecord",
     "QueueChannel", "VersionGate", "is_fresh", "starvation_report", "Assignment", "GpuSlot",
     "Plan", "PlanError", "largest_remainder", "plan", "Inventory", "WorkerSpec",
     "detect_inventory", "inventory_from_config", "resolve_inventory", "worker_specs_from_config",

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import msgspec
 
 if TYPE_CHECKING:
-    from mutualrl.allocation.config import AllocationConfig
+    from mutualrl.config import AllocationConfig
 
 FailureKind = Literal["raised", "timeout", "unavailable"]
 

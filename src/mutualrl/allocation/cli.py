@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from mutualrl.allocation.config import GIB
 from mutualrl.allocation.planner import Assignment, GpuSlot, Plan
+from mutualrl.config import GIB
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -67,13 +67,12 @@ def run(args) -> int:
     import msgspec
     from rich.console import Console
 
-    from mutualrl.allocation.config import parse_allocation
     from mutualrl.allocation.planner import plan
     from mutualrl.allocation.specs import resolve_inventory, worker_specs_from_config
     from mutualrl.config import load_config
 
     cfg = load_config(args.config, list(args.set))
-    alloc = parse_allocation(cfg.allocation)
+    alloc = cfg.allocation
     specs = worker_specs_from_config(cfg, alloc)
     p = plan(specs, resolve_inventory(alloc), alloc.memory.usable_memory_fraction)
     if args.json:

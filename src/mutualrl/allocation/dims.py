@@ -10,8 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from mutualrl.allocation.config import AllocationConfig, ArchitectureDims
-from mutualrl.config import ConfigError, PolicyConfig
+from mutualrl.config import AllocationConfig, ArchitectureDims, ConfigError, PolicyConfig
 from mutualrl.policies.checkpoints import read_checkpoint_config
 
 DIM_KEYS = "num_hidden_layers, hidden_size, num_attention_heads, num_key_value_heads, intermediate_size, vocab_size"

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from mutualrl.allocation.calls import (CallResult, FailurePolicy, WorkerCall, WorkerFailedError,
                                        WorkerFailure, build_worker, call_name, check_names,
                                        failure_from_exception)
-from mutualrl.allocation.config import AllocationConfig
+from mutualrl.config import AllocationConfig
 
 if TYPE_CHECKING:
     from mutualrl.allocation.planner import Plan

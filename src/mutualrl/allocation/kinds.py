@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from mutualrl.allocation.calls import Executor
-from mutualrl.allocation.config import AllocationConfig
+from mutualrl.config import AllocationConfig
 from mutualrl.allocation.executors import LocalExecutor
 from mutualrl.registry import Registry
 

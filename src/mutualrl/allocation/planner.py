@@ -25,8 +25,8 @@ from typing import Literal
 
 import msgspec
 
-from mutualrl.allocation.config import GIB
 from mutualrl.allocation.specs import Inventory, WorkerSpec
+from mutualrl.config import GIB
 
 
 class PlanError(ValueError):

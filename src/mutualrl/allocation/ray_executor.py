@@ -34,7 +34,7 @@ from ray.util.placement_group import (
 )
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from mutualrl.allocation.config import AllocationConfig
+from mutualrl.config import AllocationConfig
 from mutualrl.allocation.calls import (CallResult, FailurePolicy, WorkerCall, WorkerFailedError,
                                        WorkerFailure, build_worker, call_fields, call_name,
                                        check_names)

@@ -18,9 +18,8 @@ from typing import Literal
 
 import msgspec
 
-from mutualrl.allocation.config import GIB, AllocationConfig, InventoryConfig, MemoryModel
 from mutualrl.allocation.dims import Dims, resolve_dims
-from mutualrl.config import ConfigError, RunConfig
+from mutualrl.config import GIB, AllocationConfig, ConfigError, InventoryConfig, MemoryModel, RunConfig
 
 Role = Literal["learner", "generator", "verifier"]
 
@@ -200,7 +199,7 @@ def learner_activation_bytes(cfg: RunConfig, alloc: AllocationConfig, dims: Dims
 
 def worker_specs_from_config(
     cfg: RunConfig,
-    alloc: AllocationConfig | None = None,
+    alloc: AllocationConfig | None = None,  # None: cfg.allocation
     *,
     count_params: Callable[[object, int], int] = _default_counter,
     vocab_size: Callable[[str], int] = _default_vocab,
@@ -209,9 +208,7 @@ def worker_specs_from_config(
     then a verifier. Parameter counts come from ``[allocation.num_parameters]`` when given (real
     checkpoints not on this machine), else from the architecture on the meta device; the vocabulary
     size is only needed then. ``count_params``/``vocab_size`` are injectable for tests."""
-    from mutualrl.allocation.config import parse_allocation
-
-    alloc = alloc or parse_allocation(cfg.allocation)
+    alloc = alloc or cfg.allocation
     vocab_size = functools.cache(vocab_size)
     g = cfg.grpo
     tokens = tokens_per_step(g.prompts_per_step, g.num_generations, alloc.prompt_length_estimate,

@@ -155,7 +155,7 @@ def own_families_of(run: RunData, policy: str) -> list[str]:
     """The families the run's scenario warm started ``policy`` on; a run's config.json from before
     scenarios existed is ``disjoint``: its ``warmup_families``."""
     from mutualrl.config import ConfigError, config_from_dict
-    from mutualrl.scenarios import own_families
+    from mutualrl.run.scenarios import own_families
     try:
         return list(own_families(config_from_dict(dict(run.config), str(run.path)), policy))
     except (ConfigError, KeyError):

@@ -16,16 +16,16 @@ import numpy as np
 import torch
 
 from mutualrl.allocation import make_executor, plan, resolve_inventory, worker_specs_from_config
-from mutualrl.allocation.config import AllocationConfig, parse_allocation
 from mutualrl.allocation.placement import policy_device
 from mutualrl.allocation.planner import Plan
-from mutualrl.config import ConfigError, RunConfig, to_dict
+from mutualrl.config import AllocationConfig, ConfigError, RunConfig, to_dict
 from mutualrl.policies.checkpoints import check_checkpoints, check_policies
 from mutualrl.policies.policy import Policy, PolicyView, load_handles
 from mutualrl.retokenize import Retokenizer
 from mutualrl.run.experience import PeerLogPool, open_bus
 from mutualrl.run.guards import Guards
 from mutualrl.run.progress import RunProgress
+from mutualrl.run.scenarios import check_scenario
 from mutualrl.run.state import Run
 from mutualrl.run.tracking import check_trackers, make_writer
 from mutualrl.strategies import Strategy, build_strategy
@@ -58,6 +58,7 @@ def prepare(cfg: RunConfig) -> Prepared:
         torch.set_num_threads(cfg.torch_threads)
     strategy = build_strategy(cfg)           # bad strategy parameters fail here, first
     check_trackers(cfg.report_to)            # a missing tracker package fails before any work
+    check_scenario(cfg)                      # registered, its table fits, warm plans can be made
     task = build_task(cfg.task)
     rewards = build_rewards(cfg.task, task)  # unknown reward functions fail here
     checkpoints = check_checkpoints(cfg.policies)  # present, of a registered family
@@ -106,7 +107,7 @@ def plan_workers(cfg: RunConfig, handles: dict) -> tuple[AllocationConfig, Plan]
     """The resource plan for the run's workers. Each policy is one worker, built by the executor
     from its factory (in this process for ``local``, in its own actor for ``ray``); the run
     reaches it only through typed calls (``policies.worker``)."""
-    alloc = parse_allocation(cfg.allocation)
+    alloc = cfg.allocation
     vocab = {spec: h.vocab_size for spec, h in handles.items()}
     specs = worker_specs_from_config(cfg, alloc, vocab_size=vocab.__getitem__)
     return alloc, plan(specs, resolve_inventory(alloc), alloc.memory.usable_memory_fraction)

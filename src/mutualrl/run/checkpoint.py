@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 
 from mutualrl.allocation import call_each
-from mutualrl.config import ConfigError, to_dict
+from mutualrl.config import ConfigError, config_from_dict, to_dict
 from mutualrl.policies.worker import RestoreCheckpoint, SaveCheckpoint
 from mutualrl.storage import disk_full, storage_error
 
@@ -196,7 +196,12 @@ def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
 
 def check_config(ckpt: Checkpoint, cfg) -> list[str]:
     """Refuse a config that differs in what matters (naming the fields); list harmless changes."""
-    refused, harmless = config_differences(ckpt.state["config"], to_dict(cfg))
+    old = ckpt.state["config"]
+    try:   # a checkpoint from before [allocation] and [scenarios] were typed holds only the
+        old = to_dict(config_from_dict(old))   # fields the user wrote: fill in the defaults
+    except ConfigError:
+        pass
+    refused, harmless = config_differences(old, to_dict(cfg))
     if refused:
         shown = ", ".join(refused[:8]) + (" ..." if len(refused) > 8 else "")
         raise ConfigError(f"--resume: the config differs from the checkpoint's ({ckpt.path}) in "

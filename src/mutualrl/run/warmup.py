@@ -2,7 +2,7 @@
 
 Each policy with ``warmup_families`` is trained by SFT on demonstrations of those families until
 its greedy accuracy on a probe reaches ``warmup.target_accuracy`` (checked every ``eval_every``
-steps) or ``max_steps`` have passed. The run's scenario (``mutualrl.scenarios``) may change what
+steps) or ``max_steps`` have passed. The run's scenario (``mutualrl.run.scenarios``) may change what
 each policy is taught and where it stops; the default, ``disjoint``, is exactly this. The policies
 warm up at the same time, one executor call per step for all of them, each on its own seeded
 prompt stream: they share the machine, and one policy's warm start does not depend on which other
@@ -38,7 +38,7 @@ from mutualrl.run.metrics import MetricsWriter, namespaced, read_metrics
 from mutualrl.run.signals import RunInterrupted
 from mutualrl.policies.batch import SFTExample
 from mutualrl.provenance import source_digest
-from mutualrl.scenarios import (WarmPlan, own_prompts, peer_count, peer_prompts, shared_answers,
+from mutualrl.run.scenarios import (WarmPlan, own_prompts, peer_count, peer_prompts, shared_answers,
                                 warm_plans)
 from mutualrl.allocation import call_each, call_live
 from mutualrl.policies.worker import FreezeReference, Generate, LoadState, SaveState, SFTStep

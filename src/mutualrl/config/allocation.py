@@ -1,8 +1,8 @@
 """The ``[allocation]`` table of a run config: how workers are sized, placed, run and paced.
 
-Everything here has a default, so ``[allocation]`` may be absent. ``parse_allocation`` validates
-the table once and raises ``ConfigError`` naming the field path (``$.allocation.inventory.nodes``),
-the same convention as ``mutualrl.config``.
+Everything here has a default, so ``[allocation]`` may be absent. ``RunConfig.allocation`` holds
+it, validated with the rest of the run config; errors name the field path
+(``$.allocation.inventory``).
 
 Memory model (bytes per parameter) — the defaults describe plain fp32 training with Adam, the
 way the embedded CPU default runs:
@@ -28,24 +28,22 @@ backward, allocator fragmentation, the CUDA context). Clusters in bf16 set ``wei
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 import msgspec
 
-from mutualrl.config import ConfigError, ConfigStruct, check
+from mutualrl.config.base import ConfigStruct, check
 
-GIB = 1024**3
-
-
+GIB = 1024**3                         # the unit of every *_gb field
 
 
 class InventoryConfig(ConfigStruct):
     """A described cluster; when ``[allocation.inventory]`` is absent the machine is detected."""
 
-    nodes: int = 1
-    gpus_per_node: int = 0
+    nodes: int = 1                    # machines
+    gpus_per_node: int = 0            # 0: CPU only
     gpu_memory_gb: float = 80.0       # per GPU, GiB
-    cpus_per_node: int = 8
+    cpus_per_node: int = 8            # cores the planner hands out as threads
     host_memory_gb: float = 64.0      # per node, GiB; the memory budget of CPU-only inventories
 
     def __post_init__(self) -> None:
@@ -60,15 +58,15 @@ class MemoryModel(ConfigStruct):
     """Bytes per parameter for each kind of state (see the module docstring)."""
 
     weight_bytes: int = 4             # fp32; 2 for bf16 weights
-    grad_bytes: int = 4
+    grad_bytes: int = 4               # gradients of trained parameters; fp32
     optimizer_bytes: int = 8          # Adam: two fp32 moments
     usable_memory_fraction: float = 0.9  # headroom for temporaries, allocator fragmentation
     activation_bytes: int | None = None  # per stored activation value; None: weight_bytes
     # Sequences per learner forward/backward (a micro-batch). None: grpo.per_device_train_batch_size
     # when the run config has it, else every sequence of a step (prompts_per_step x num_generations).
-    micro_batch_rows: int | None = None
+    micro_batch_rows: int | None = None  # sequences per learner forward/backward (see above)
     # None: grpo.gradient_checkpointing when the run config has it, else false.
-    gradient_checkpointing: bool | None = None
+    gradient_checkpointing: bool | None = None  # whether activations are recomputed (see above)
 
     def __post_init__(self) -> None:
         check(self.weight_bytes >= 1, "weight_bytes must be >= 1")
@@ -81,10 +79,10 @@ class MemoryModel(ConfigStruct):
 class ArchitectureDims(ConfigStruct):
     """Dimensions of a checkpoint that is not on the machine that plans (its config.json names)."""
 
-    num_hidden_layers: int
-    hidden_size: int
-    num_attention_heads: int
-    vocab_size: int
+    num_hidden_layers: int            # decoder layers
+    hidden_size: int                  # model width
+    num_attention_heads: int          # query heads
+    vocab_size: int                   # embedding rows (config.json's vocab_size)
     num_key_value_heads: int | None = None   # None: num_attention_heads (no grouped-query attention)
     intermediate_size: int | None = None     # None: 4 x hidden_size
     head_dim: int | None = None              # None: hidden_size / num_attention_heads
@@ -99,9 +97,9 @@ class ArchitectureDims(ConfigStruct):
 class WorkerOverride(ConfigStruct):
     """Replace estimated facts of one worker (``[allocation.workers."<policy>/learner"]``)."""
 
-    num_parameters: int | None = None
-    tokens_per_step: int | None = None
-    memory_gb: float | None = None
+    num_parameters: int | None = None # the worker's parameter count; None: estimated
+    tokens_per_step: int | None = None  # tokens it processes per step (its cost); None: estimated
+    memory_gb: float | None = None    # GiB it needs; None: the memory model's estimate
 
     def __post_init__(self) -> None:
         check(self.num_parameters is None or self.num_parameters >= 1, "num_parameters must be >= 1")
@@ -127,13 +125,14 @@ class AllocationConfig(ConfigStruct):
     verifier_threads: int = 0         # 0: verification runs on the driver (no dedicated core)
     gpu_resource: str = "GPU"         # Ray resource name for GPUs (tests use a fake one)
     ray_address: str | None = None    # None: join a running cluster or start a local one
-    memory: MemoryModel = msgspec.field(default_factory=MemoryModel)
-    inventory: InventoryConfig | None = None
+    memory: MemoryModel = msgspec.field(default_factory=MemoryModel)  # bytes per parameter
+    inventory: InventoryConfig | None = None  # the cluster planned for; None: this machine, detected
     # Parameter count per policy name, for checkpoints that cannot be loaded where `plan` runs.
-    num_parameters: dict[str, int] = msgspec.field(default_factory=dict)
+    num_parameters: dict[str, int] = msgspec.field(default_factory=dict)  # policy -> count
     # Architecture dims per policy name, for the same checkpoints (see the module docstring).
-    architectures: dict[str, ArchitectureDims] = msgspec.field(default_factory=dict)
-    workers: dict[str, WorkerOverride] = msgspec.field(default_factory=dict)
+    architectures: dict[str, ArchitectureDims] = msgspec.field(default_factory=dict)  # policy -> dims
+    # Estimated facts replaced per worker name ("<policy>/learner", "<policy>/generator", "verifier").
+    workers: dict[str, WorkerOverride] = msgspec.field(default_factory=dict)  # worker -> override
 
     def __post_init__(self) -> None:
         check(self.max_restarts >= 0, "max_restarts must be >= 0")
@@ -145,15 +144,3 @@ class AllocationConfig(ConfigStruct):
                "generation_batch_tokens must be >= 1")
         check(self.verifier_threads >= 0, "verifier_threads must be >= 0")
         check(all(n >= 1 for n in self.num_parameters.values()), "num_parameters must be >= 1")
-
-
-def parse_allocation(d: dict[str, Any] | None) -> AllocationConfig:
-    """Validate the ``[allocation]`` table; errors name the path, e.g. ``$.allocation.nodes``."""
-    try:
-        return msgspec.convert(d or {}, AllocationConfig, strict=True)
-    except msgspec.ValidationError as exc:
-        # msgspec paths start at "$"; the table lives under "$.allocation" in the run config.
-        msg = str(exc).replace("`$.", "`$.allocation.").replace("`$`", "`$.allocation`")
-        if "$.allocation" not in msg:
-            msg = f"{msg} - at `$.allocation`"
-        raise ConfigError(f"allocation: {msg}") from None

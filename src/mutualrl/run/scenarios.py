@@ -19,7 +19,10 @@ The run config picks one (``scenario = "overlap"``) and gives its parameters in
   not work on the embedded default: its probe accuracy jumps from about 0.35 (with sampled
   success near 0.01) to 1.0 within ten warm-start steps.
 
-Third-party scenarios register on ``SCENARIOS`` (or the entry point group ``mutualrl.scenarios``).
+Third-party scenarios register on ``SCENARIOS`` (or the entry point group ``mutualrl.run.scenarios``);
+their ``[scenarios.<name>]`` tables reach them through ``RunConfig.scenarios.plugins``. The built-in
+parameter structs live in ``mutualrl.config.scenarios``, checked when the config is loaded;
+``check_scenario`` checks what needs this registry or the task.
 """
 
 from __future__ import annotations
@@ -32,8 +35,14 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from mutualrl.config import ConfigError, check
-from mutualrl.registry import Registry
+from mutualrl.config import ConfigError
+from mutualrl.config.scenarios import (
+    BUILTIN_SCENARIOS,
+    AsymmetricParams,
+    DisjointParams,
+    OverlapParams,
+)
+from mutualrl.registry import Registry, RegistryError
 
 
 @dataclass(frozen=True)
@@ -60,7 +69,7 @@ class ScenarioSpec:
     summary: str
 
 
-SCENARIOS: Registry[ScenarioSpec] = Registry("scenario", entry_point_group="mutualrl.scenarios")
+SCENARIOS: Registry[ScenarioSpec] = Registry("scenario", entry_point_group="mutualrl.run.scenarios")
 
 
 def register_scenario(name: str, params: type, summary: str):
@@ -69,37 +78,6 @@ def register_scenario(name: str, params: type, summary: str):
         SCENARIOS.register(name, ScenarioSpec(params, fn, summary))
         return fn
     return decorator
-
-
-class _Params(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    pass
-
-
-class DisjointParams(_Params):
-    pass
-
-
-class OverlapParams(_Params):
-    # Share of each warm-start batch from the peers' families. 0.2 on the embedded default (seed
-    # 0): peer family greedy pass@1 0.13 / 0.08, sampled success 0.06-0.10 / 0.11-0.14 at T=0.7
-    # (llama-mistral / qwen-deepseek); 0.05 gave sampled success below 0.01.
-    peer_share: float = 0.2
-    shared_fraction: float = 1.0      # part of each peer family's answers those demonstrations cover
-
-    def __post_init__(self) -> None:
-        check(0 < self.peer_share < 1, "peer_share must be in (0, 1)")
-        check(0 < self.shared_fraction <= 1, "shared_fraction must be in (0, 1]")
-
-
-class AsymmetricParams(_Params):
-    weak: str | None = None           # the weak policy's name; None: the first policy
-    # Share of each family's answers the weak policy is taught. 0.5 on the embedded default (seed
-    # 0, weak llama-mistral): greedy pass@1 0.44 / 0.50 and sampled success 0.10-0.14 on alpha /
-    # beta at T=0.7; the strong qwen-deepseek 1.00 / 1.00 and 0.94-0.96.
-    weak_known_fraction: float = 0.5
-
-    def __post_init__(self) -> None:
-        check(0 < self.weak_known_fraction <= 1, "weak_known_fraction must be in (0, 1]")
 
 
 def _all_families(cfg) -> tuple[str, ...]:
@@ -129,22 +107,28 @@ def _overlap(params: OverlapParams, cfg) -> dict[str, WarmPlan]:
 @register_scenario("asymmetric", AsymmetricParams, "one weak and one strong policy on every family")
 def _asymmetric(params: AsymmetricParams, cfg) -> dict[str, WarmPlan]:
     names = [p.name for p in cfg.policies]
-    weak = params.weak or names[0]
-    if weak not in names:
-        raise ConfigError(f"scenarios.asymmetric.weak: {weak!r} is not a policy; policies: {names}")
+    weak = params.weak or names[0]    # a name RunConfig has checked
     every = _all_families(cfg)
     return {n: WarmPlan(every, cfg.warmup.target_accuracy,
                         own_fraction=params.weak_known_fraction if n == weak else 1.0) for n in names}
 
 
-def scenario_params(cfg) -> Any:
-    """The run's scenario parameters, validated (errors name ``$.scenarios.<name>``)."""
+def scenario_spec(cfg) -> ScenarioSpec:
+    """The run's registered scenario; ``ConfigError`` naming the known ones when there is none."""
     try:
-        spec = SCENARIOS.get(cfg.scenario)
-    except KeyError as exc:
+        return SCENARIOS.get(cfg.scenario)
+    except RegistryError as exc:
         raise ConfigError(f"scenario: {exc}") from None
+
+
+def scenario_params(cfg) -> Any:
+    """The run's scenario parameters: a built-in one's typed table (checked at load), a plug-in's
+    table validated against its parameter struct (errors name ``$.scenarios.<name>``)."""
+    spec = scenario_spec(cfg)
+    if cfg.scenario in BUILTIN_SCENARIOS:
+        return getattr(cfg.scenarios, cfg.scenario)
     try:
-        return msgspec.convert(cfg.scenarios.get(cfg.scenario, {}), spec.params, strict=True)
+        return msgspec.convert(cfg.scenarios.plugins.get(cfg.scenario, {}), spec.params, strict=True)
     except msgspec.ValidationError as exc:
         msg = str(exc)
         msg = (msg.replace("at `$", f"at `$.scenarios.{cfg.scenario}") if "at `$" in msg
@@ -154,7 +138,7 @@ def scenario_params(cfg) -> Any:
 
 def warm_plans(cfg) -> dict[str, WarmPlan]:
     """Every policy's warm-start plan under the run's scenario."""
-    return SCENARIOS.get(cfg.scenario).plan(scenario_params(cfg), cfg)
+    return scenario_spec(cfg).plan(scenario_params(cfg), cfg)
 
 
 def own_families(cfg, policy: str) -> tuple[str, ...]:
@@ -201,7 +185,9 @@ def peer_count(plan: WarmPlan, batch_size: int) -> int:
 
 
 def check_scenario(cfg) -> None:
-    """Fail at config load on bad scenario parameters (``disjoint`` needs no task built)."""
+    """What loading the config cannot check, to be run before a run writes anything: the scenario
+    is registered, a plug-in scenario's table fits its parameters, and the warm-start plans can be
+    made (which builds the task for any scenario but ``disjoint``). ``ConfigError`` otherwise."""
     scenario_params(cfg)
     if cfg.scenario != "disjoint":
         warm_plans(cfg)

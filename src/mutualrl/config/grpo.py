@@ -1,0 +1,90 @@
+"""The GRPO objective, sampling and update engine of every policy (``[grpo]``); TRL's names."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from mutualrl.config.base import ConfigStruct, check
+
+
+class GRPOConfig(ConfigStruct):
+    """The GRPO objective and sampling; names as in TRL's GRPOConfig."""
+
+    num_generations: int = 8          # completions sampled per prompt (the group size G)
+    prompts_per_step: int = 8         # distinct prompts per policy per step
+    max_completion_length: int = 4    # new tokens per completion; longer ones are truncated
+    temperature: float = 1.0          # sampling temperature; log-probs are taken at it too
+    beta: float = 0.0                 # KL weight to the frozen reference (k3); 0 builds no reference
+    epsilon: float = 0.2              # lower clip of the importance ratio: 1 - epsilon
+    epsilon_high: float | None = None # upper clip 1 + epsilon_high (DAPO's clip-higher); None: epsilon
+    loss_type: Literal["grpo", "dr_grpo", "dapo"] = "grpo"  # how token losses are averaged (TRL)
+    scale_rewards: Literal["group", "batch", "none"] = "group"  # "none" = mean-only (Dr. GRPO)
+    advantage_estimator: Literal["zscore", "rank"] = "zscore"   # rank: within-group ranks first
+    skip_zero_std_groups: bool = False  # drop groups whose rewards are all equal (no signal)
+    num_iterations: int = 1           # optimisation passes over each batch (mu in the paper)
+    learning_rate: float = 1e-3       # AdamW step size (policies.<n>.learning_rate overrides)
+    max_grad_norm: float = 1.0        # 0 disables clipping
+    mask_truncated_completions: bool = False  # exclude completions cut at max_completion_length
+    # Sampling truncation (TRL's names). Behaviour log-probs are those of the truncated,
+    # renormalised distribution sampled from, and the trainer takes its log-probs under the same
+    # truncation, so the on-policy ratio stays 1 (policies/sampling.py: truncate_logits).
+    top_p: float = 1.0                # nucleus mass kept; 1: no nucleus truncation
+    top_k: int = 0                    # highest-logit tokens kept; 0: no top-k truncation
+    generation_batch_size: int | None = None  # sequences per generation pass; None: all at once
+    # Sampler/trainer mismatch of an inexact generation backend (vLLM), TRL's names: the trainer
+    # recomputes the sampled tokens' log-probs and weights the loss by pi_trainer / pi_sampler,
+    # per token or per sequence (exp of the mean token log-ratio), truncated at or masked above
+    # the cap. The torch backend samples from the trainer's own distribution: no correction.
+    vllm_importance_sampling_correction: bool = True  # weight the loss by pi_trainer / pi_sampler
+    vllm_importance_sampling_mode: Literal["token_truncate", "token_mask", "sequence_truncate",
+                                           "sequence_mask"] = "sequence_mask"  # per token/sequence; truncate/mask
+    vllm_importance_sampling_cap: float = 3.0  # largest weight kept (truncate) or allowed (mask)
+    # "sequence": GSPO's length-normalised sequence ratio, clipped per sequence (TRL's name)
+    importance_sampling_level: Literal["token", "sequence"] = "token"  # level of the PPO ratio
+    # ---- the update engine (policies/update.py): memory, precision, schedule -----------------
+    # Each TrainBatch is ONE optimizer step (per iteration). It is cut into
+    # max(gradient_accumulation_steps, ceil(rows / per_device_train_batch_size)) micro-batches of
+    # near-equal size whose gradients accumulate with the whole batch's loss normalisation, so the
+    # step equals the single pass up to float rounding. None and 1: one pass, as before.
+    per_device_train_batch_size: int | None = None  # rows per forward/backward; None: all
+    gradient_accumulation_steps: int = 1  # at least this many micro-batches per optimizer step
+    # Positions per LM-head chunk: log-probs are computed from hidden states chunk by chunk and
+    # recomputed in backward, so no (rows, T, V) logits exist. Only micro-batches with more
+    # positions than this are chunked (smaller ones take the plain path); None: never.
+    logprob_chunk_size: int | None = None  # positions per LM-head chunk; None: never chunk
+    gradient_checkpointing: bool = False  # recompute decoder activations in backward (HF, non-reentrant)
+    lr_scheduler_type: Literal["constant", "constant_with_warmup", "linear", "cosine",
+                               "cosine_with_restarts", "polynomial",
+                               "inverse_sqrt"] = "constant"  # learning-rate schedule (HF's names)
+    warmup_ratio: float = 0.0         # share of the run's optimizer steps spent warming up
+    weight_decay: float = 0.01        # AdamW's (torch's default 0.01)
+
+    def __post_init__(self) -> None:
+        check(self.per_device_train_batch_size is None or self.per_device_train_batch_size >= 1,
+              "per_device_train_batch_size must be >= 1 (or absent: the whole batch at once)")
+        check(self.gradient_accumulation_steps >= 1, "gradient_accumulation_steps must be >= 1")
+        check(self.logprob_chunk_size is None or self.logprob_chunk_size >= 1,
+              "logprob_chunk_size must be >= 1 (or absent: no chunking)")
+        check(self.logprob_chunk_size is None or (self.top_k == 0 and self.top_p == 1.0),
+              "logprob_chunk_size takes log-probs of the untruncated distribution; with top_k or "
+              "top_p truncation unset it (the chunked LM head does not truncate)")
+        check(0 <= self.warmup_ratio < 1, "warmup_ratio must be in [0, 1)")
+        check(self.warmup_ratio == 0 or self.lr_scheduler_type != "constant",
+              "warmup_ratio > 0 needs a scheduler with warmup: lr_scheduler_type = "
+              "\"constant_with_warmup\", \"linear\", \"cosine\", ... (\"constant\" ignores it)")
+        check(self.weight_decay >= 0, "weight_decay must be >= 0")
+        check(self.num_generations >= 2, "num_generations must be >= 2 (a group needs a baseline)")
+        check(self.prompts_per_step >= 1, "prompts_per_step must be >= 1")
+        check(self.max_completion_length >= 1, "max_completion_length must be >= 1")
+        check(self.temperature > 0, "temperature must be > 0")
+        check(self.beta >= 0, "beta must be >= 0")
+        check(0 < self.epsilon < 1, "epsilon must be in (0, 1)")
+        check(self.epsilon_high is None or self.epsilon_high > 0, "epsilon_high must be > 0")
+        check(self.num_iterations >= 1, "num_iterations must be >= 1")
+        check(self.learning_rate > 0, "learning_rate must be > 0")
+        check(self.max_grad_norm >= 0, "max_grad_norm must be >= 0")
+        check(0 < self.top_p <= 1, "top_p must be in (0, 1]")
+        check(self.top_k >= 0, "top_k must be >= 0 (0: no top-k truncation)")
+        check(self.generation_batch_size is None or self.generation_batch_size >= 1,
+              "generation_batch_size must be >= 1 (or omitted: the whole group at once)")
+        check(self.vllm_importance_sampling_cap >= 1, "vllm_importance_sampling_cap must be >= 1")

@@ -1,0 +1,67 @@
+"""``RunConfig``: the whole run, every section typed, checked once when the config is loaded."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from mutualrl.config.allocation import AllocationConfig
+from mutualrl.config.base import ConfigStruct, check
+from mutualrl.config.grpo import GRPOConfig
+from mutualrl.config.scenarios import ScenariosConfig
+from mutualrl.config.sections import (
+    DiversityConfig,
+    EvalConfig,
+    ExchangeConfig,
+    GuardsConfig,
+    PolicyConfig,
+    TaskConfig,
+    WarmupConfig,
+)
+
+
+class RunConfig(ConfigStruct):
+    """The whole run. ``strategies`` holds per-strategy parameter tables, checked by each strategy."""
+
+    policies: list[PolicyConfig]      # the policies trained side by side (at least one)
+    seed: int = 0                     # seeds every random choice of the run
+    steps: int = 40                   # GRPO steps after the warm start
+    strategy: str = "none"            # how policies share experience (mutualrl.strategies.STRATEGIES)
+    # Where the policies start (mutualrl.run.scenarios): disjoint | overlap | asymmetric, or one that
+    # another package registers; parameters in [scenarios.<name>]. The name is checked where the
+    # registry lives (mutualrl.run.scenarios.check_scenario).
+    scenario: str = "disjoint"        # the scenario that plans every policy's warm start
+    output_dir: str = "runs/default"  # the run folder (RUN_DIR)
+    device: str = "cpu"               # torch device; "cuda": each learner on its planned GPU
+    torch_threads: int | None = None  # None: torch's default
+    grpo: GRPOConfig = msgspec.field(default_factory=GRPOConfig)  # objective, sampling, update
+    warmup: WarmupConfig = msgspec.field(default_factory=WarmupConfig)  # supervised warm start
+    task: TaskConfig = msgspec.field(default_factory=TaskConfig)  # prompts, verifier, rewards
+    eval: EvalConfig = msgspec.field(default_factory=EvalConfig)  # held-out pass@k
+    strategies: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)  # strategy -> table
+    scenarios: ScenariosConfig = msgspec.field(default_factory=ScenariosConfig)  # scenario tables
+    allocation: AllocationConfig = msgspec.field(default_factory=AllocationConfig)  # workers, devices
+    exchange: ExchangeConfig = msgspec.field(default_factory=ExchangeConfig)  # the experience bus
+    diversity: DiversityConfig = msgspec.field(default_factory=DiversityConfig)  # regulariser
+    # Checkpoints (TRL's names): every save_steps GRPO steps under RUN_DIR/checkpoints/, keeping
+    # the newest save_total_limit (None: all). 0: none, and `mutualrl train --resume` has nothing
+    # to resume from. See mutualrl.checkpoint.
+    save_steps: int = 0               # checkpoint every N GRPO steps; 0: never
+    save_total_limit: int | None = None  # newest checkpoints kept; None: all
+    report_to: list[str] = msgspec.field(default_factory=list)  # trackers: "tensorboard", "wandb"
+    guards: GuardsConfig = msgspec.field(default_factory=GuardsConfig)  # stop a run gone wrong
+
+    def __post_init__(self) -> None:
+        check(len(self.policies) >= 1, "policies must list at least one policy")
+        check(self.save_steps >= 0, "save_steps must be >= 0 (0: no checkpoints)")
+        check(self.save_total_limit is None or self.save_total_limit >= 1,
+              "save_total_limit must be >= 1 (or absent: keep every checkpoint)")
+        names = [p.name for p in self.policies]
+        check(len(set(names)) == len(names), f"policy names must be unique, got {names}")
+        check(self.steps >= 0, "steps must be >= 0")
+        # Only the scenario the run uses: a table of another one may name policies of a config
+        # it was written for.
+        weak = self.scenarios.asymmetric.weak
+        check(self.scenario != "asymmetric" or weak is None or weak in names,
+              f"scenarios.asymmetric.weak: {weak!r} is not a policy; policies: {names}")

@@ -1,0 +1,191 @@
+"""The run config's smaller sections: warm start, policies (with LoRA and generation), task,
+evaluation, exchange, diversity regulariser and guards."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from mutualrl.config.base import ConfigStruct, check
+
+
+class WarmupConfig(ConfigStruct):
+    """Supervised warm start on each policy's own prompt families, part of every run.
+
+    It stops at ``target_accuracy`` on the policy's families (checked every ``eval_every``
+    steps) so GRPO starts from a policy that solves some but not all prompts: a policy at 0%
+    gets no GRPO signal, one at 100% has nothing left to learn.
+
+    ``cache_dir``: runs whose configs agree on everything the warm start depends on share it:
+    the first stores its warm-started policies there, later ones load them and skip the warm
+    start (``mutualrl compare`` uses one per compare, so every strategy of a seed starts from the
+    very same weights). None: every run warms up on its own.
+    """
+
+    max_steps: int = 200              # most warm-start steps; 0: no warm start
+    batch_size: int = 32              # demonstrations per warm-start step
+    learning_rate: float = 3e-3       # the warm start's own AdamW step size
+    target_accuracy: float = 0.4      # stop once the probe accuracy on its own families reaches it
+    eval_every: int = 10              # probe accuracy every N warm-start steps
+    eval_prompts: int = 64            # prompts per accuracy probe
+    cache_dir: str | None = None      # share warm starts between runs (see above); None: no cache
+
+    def __post_init__(self) -> None:
+        check(self.max_steps >= 0, "max_steps must be >= 0")
+        check(self.batch_size >= 1, "batch_size must be >= 1")
+        check(0 <= self.target_accuracy <= 1, "target_accuracy must be in [0, 1]")
+        check(self.eval_every >= 1, "eval_every must be >= 1")
+        check(self.eval_prompts >= 1, "eval_prompts must be >= 1")
+        check(self.learning_rate > 0, "learning_rate must be > 0")
+
+
+class LoraConfig(ConfigStruct):
+    """A LoRA adapter on a policy (``[policies.lora]``, PEFT's settings): only it is trained."""
+
+    r: int = 8                        # adapter rank
+    alpha: int = 16                   # scaling numerator: the update is scaled by alpha / r
+    dropout: float = 0.0              # dropout on the adapter's input
+    target_modules: list[str] = msgspec.field(default_factory=lambda: ["q_proj", "v_proj"])  # adapted
+
+
+class GenerationConfig(ConfigStruct):
+    """How one policy samples: the backend (policies.generation.GENERATION_BACKENDS) and the
+    vLLM engine's settings (ignored by the torch backend)."""
+
+    backend: Literal["torch", "vllm"] = "torch"  # who samples: HF generate or a vLLM engine
+    gpu_memory_utilization: float = 0.3   # vLLM: share of its GPU the engine reserves (the plan counts it)
+    enable_sleep_mode: bool = False       # vLLM: release the engine's memory between generations
+    dtype: str = "auto"                   # vLLM model dtype ("auto", "bfloat16", "float16", ...)
+    max_model_len: int | None = None      # vLLM: context length; None: the model's
+    sync_check: bool = True               # probe the engine after every weight load
+    sync_tolerance: float = 0.1           # largest mean |engine - trainer| probe log-prob gap accepted
+
+    def __post_init__(self) -> None:
+        check(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization must be in (0, 1]")
+        check(self.sync_tolerance > 0, "sync_tolerance must be > 0")
+        check(self.max_model_len is None or self.max_model_len >= 1, "max_model_len must be >= 1")
+
+
+class PolicyConfig(ConfigStruct):
+    """One policy: a model of some architecture on some tokenizer, trained by its own optimizer."""
+
+    name: str                         # unique, names its workers and metrics; no '/'
+    architecture: str = "llama"       # a registered architecture (policies.models.ARCHITECTURES)
+    tokenizer: str = "mistral-v1"     # packaged tokenizer name or path (retokenize.loaders)
+    checkpoint: str | None = None     # local path of a pretrained model; None: random init
+    hidden_size: int = 64             # random-init model: width
+    num_layers: int = 2               # random-init model: decoder layers
+    num_heads: int = 4                # random-init model: attention heads (also key/value heads)
+    intermediate_size: int | None = None  # None: 4 * hidden_size
+    learning_rate: float | None = None    # None: grpo.learning_rate
+    warmup_families: list[str] = msgspec.field(default_factory=list)  # warm start on these
+    lora: LoraConfig | None = None    # train a LoRA adapter only; None: every weight
+    # Prompt rendering (policies.prompting): false renders the raw question; true renders it
+    # with the tokenizer's own chat template; a path names a Jinja template file to use instead.
+    chat_template: bool | str = False # how prompts are rendered (see above)
+    system_prompt: str | None = None  # with a chat template: a system message first
+    generation: GenerationConfig = msgspec.field(default_factory=GenerationConfig)  # sampling backend
+    # Compute precision. "bf16": forward and backward under bf16 autocast, fp32 master weights and
+    # AdamW moments (bf16 weights would round away small AdamW updates); log-softmax stays fp32.
+    dtype: Literal["fp32", "bf16"] = "fp32"  # compute precision (see above)
+
+    def __post_init__(self) -> None:
+        check(self.system_prompt is None or self.chat_template is not False,
+              "system_prompt needs chat_template = true (or a template file)")
+        check(bool(self.name) and "/" not in self.name, "name must be non-empty without '/'")
+        check(self.hidden_size % self.num_heads == 0, "hidden_size must be divisible by num_heads")
+        check(self.num_layers >= 1, "num_layers must be >= 1")
+
+
+class TaskConfig(ConfigStruct):
+    """The task every policy is trained and evaluated on, and its rewards."""
+
+    name: str = "pointer"             # a registered task (tasks.TASKS)
+    path: str | None = None           # data file for file-based tasks (e.g. jsonl)
+    families: list[str] = msgspec.field(default_factory=list)  # empty: all the task has
+    num_words: int = 4                # pointer and lookup tasks: words per prompt
+    num_keys: int = 8                 # lookup task: facts per family
+    verifier_timeout_s: float = 5.0   # a verifier call running longer scores 0 (counted)
+    # Dataset tasks (gsm8k, math; see tasks.datasets): columns of the data (None: the task's
+    # default), the `datasets` split and configuration read, and the held-out rule for rows
+    # without a split column: every `heldout_every`-th row (1-based) is held out.
+    question_column: str | None = None  # dataset tasks: column of the question
+    answer_column: str | None = None  # dataset tasks: column of the reference answer
+    split_column: str | None = None   # dataset tasks: column saying train or held-out
+    family_column: str | None = None  # dataset tasks: column naming the prompt's family
+    dataset_split: str = "train"      # dataset tasks: the `datasets` split read
+    dataset_config: str | None = None # dataset tasks: the `datasets` configuration read
+    heldout_every: int = 8            # dataset tasks without a split column: every N-th row held out
+    # Reward functions (tasks.rewards.REWARD_FUNCS) and their weights, TRL's names; empty: the
+    # task's verifier alone, weight 1.
+    reward_funcs: list[str] = msgspec.field(default_factory=list)       # summed reward functions
+    reward_weights: list[float] = msgspec.field(default_factory=list)   # one per function; empty: 1 each
+
+    def __post_init__(self) -> None:
+        check(self.verifier_timeout_s > 0, "verifier_timeout_s must be > 0")
+        check(self.heldout_every >= 2, "heldout_every must be >= 2")
+        check(not self.reward_weights or len(self.reward_weights) == len(self.reward_funcs),
+              f"reward_weights must have one weight per reward_funcs entry "
+              f"({len(self.reward_funcs)}), got {len(self.reward_weights)}")
+        check(self.num_words >= 2, "num_words must be >= 2")
+        check(self.num_keys >= 1, "num_keys must be >= 1")
+
+
+class EvalConfig(ConfigStruct):
+    """Held-out evaluation: pass@k on every family, at the start, every N steps and at the end."""
+
+    every: int = 10                   # held-out evaluation every N steps (0: only at the end)
+    num_prompts: int = 64             # per family
+    k: int = 4                        # pass@k samples per prompt
+
+    def __post_init__(self) -> None:
+        check(self.every >= 0, "every must be >= 0 (0: only at the start and the end)")
+        check(self.num_prompts >= 1, "num_prompts must be >= 1")
+        check(self.k >= 1, "k must be >= 1")
+
+
+class ExchangeConfig(ConfigStruct):
+    """How experience moves: the bus, the run's experience log, recorded peers."""
+
+    log: bool = True                  # write RUN_DIR/experience/ (replayable, `mutualrl exchange inspect`)
+    queue_size: int = 65536           # per subscriber; overflow is counted, never silent
+    overflow: Literal["block", "drop_oldest"] = "drop_oldest"  # what a full subscriber queue does
+    block_timeout_s: float = 30.0     # "block": longest wait for room before failing
+    success_threshold: float = 1.0    # rewards >= this are also published as VerifiedSuccess
+    # Experience logs of earlier runs replayed as frozen peers ("teacher pool"): their rollouts
+    # for the current prompts join the peer experience with their recorded rewards.
+    peer_logs: list[str] = msgspec.field(default_factory=list)  # run folders replayed as peers
+
+    def __post_init__(self) -> None:
+        check(self.queue_size >= 1, "queue_size must be >= 1")
+        check(self.block_timeout_s > 0, "block_timeout_s must be > 0")
+
+
+class DiversityConfig(ConfigStruct):
+    """Optional diversity regulariser on top of any strategy (``mutualrl.strategies.diversity``).
+
+    ``coef`` > 0 makes a policy's success worth less where its peers succeed on the same prompt:
+    the reward its GRPO advantages see is ``r - coef * r * s_peers(prompt)``. 0: off.
+    """
+
+    coef: float = 0.0                 # weight of the peers' success on a prompt; 0: off
+
+    def __post_init__(self) -> None:
+        check(0 <= self.coef <= 1, "coef must be in [0, 1] (0 turns the regulariser off)")
+
+
+class GuardsConfig(ConfigStruct):
+    """Stop the run cleanly when a policy goes wrong (mutualrl.guards); every guard off by default."""
+
+    max_kl: float | None = None                   # stop when a policy's kl to its reference exceeds it
+    reward_collapse_fraction: float | None = None # stop when the last-window mean reward < this x best
+    reward_window: int = 5                        # steps per reward window
+    max_nan_steps: int | None = None              # stop after this many consecutive NaN-loss steps
+
+    def __post_init__(self) -> None:
+        check(self.max_kl is None or self.max_kl > 0, "max_kl must be > 0")
+        check(self.reward_collapse_fraction is None or 0 < self.reward_collapse_fraction <= 1,
+              "reward_collapse_fraction must be in (0, 1]")
+        check(self.reward_window >= 1, "reward_window must be >= 1")
+        check(self.max_nan_steps is None or self.max_nan_steps >= 1, "max_nan_steps must be >= 1")
