@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from mutualrl.config import GRPOConfig, PolicyConfig
+from mutualrl.config import GRPOConfig, TrainingConfig, PolicyConfig
 from mutualrl.grpo import group_advantages
 from mutualrl.policies.batch import TrainBatch
 from mutualrl.policies.policy import Policy
@@ -61,11 +61,11 @@ def make_prompts(n: int) -> list[Prompt]:
 def build_policy(args, handle) -> Policy:
     grpo = GRPOConfig(num_generations=args.generations, prompts_per_step=args.prompts,
                       max_completion_length=args.max_completion_length, temperature=1.0,
-                      beta=args.beta, loss_type=args.loss_type, learning_rate=1e-4,
-                      per_device_train_batch_size=args.micro_batch)
+                      beta=args.beta, loss_type=args.loss_type, learning_rate=1e-4)
     cfg = PolicyConfig(name="bench", architecture="llama", tokenizer=args.tokenizer,
                        hidden_size=64, num_layers=2, num_heads=4, learning_rate=1e-4)
-    return Policy(cfg, grpo, seed=0, handle=handle)
+    return Policy(cfg, grpo, seed=0, handle=handle,
+                  training=TrainingConfig(per_device_train_batch_size=args.micro_batch))
 
 
 class OursStep:

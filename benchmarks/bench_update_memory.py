@@ -72,9 +72,10 @@ def _step_case(prompts: int, micro: int | None, chunk: int | None) -> dict:
     cfg = load_config(ROOT / "configs" / "tiny.toml")
     pcfg = next(p for p in cfg.policies if p.tokenizer == "deepseek-v3")
     grpo = msgspec.structs.replace(cfg.grpo, max_completion_length=T, num_generations=16,
-                                   prompts_per_step=prompts, per_device_train_batch_size=micro,
-                                   logprob_chunk_size=chunk)
-    policy = Policy(pcfg, grpo, seed=0)
+                                   prompts_per_step=prompts)
+    training = msgspec.structs.replace(cfg.training, per_device_train_batch_size=micro,
+                                       logprob_chunk_size=chunk)
+    policy = Policy(pcfg, grpo, seed=0, training=training)
     g = torch.Generator().manual_seed(0)
     seqs = []
     for i in range(prompts * 16):

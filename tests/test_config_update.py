@@ -3,43 +3,61 @@
 import pytest
 
 from mutualrl.config import ConfigError, config_from_dict
+from mutualrl.config.load import ConfigPathMoved
 
 BASE = {"policies": [{"name": "a"}]}
 
 
-def with_grpo(**grpo):
-    return config_from_dict({**BASE, "grpo": grpo})
+def with_training(**training):
+    return config_from_dict({**BASE, "training": training})
 
 
 def test_defaults_are_the_single_pass_in_fp32_at_a_constant_rate():
-    cfg = with_grpo()
-    g = cfg.grpo
+    cfg = with_training()
+    g = cfg.training
     assert (g.per_device_train_batch_size, g.gradient_accumulation_steps, g.logprob_chunk_size) == (None, 1, None)
     assert (g.gradient_checkpointing, g.lr_scheduler_type, g.warmup_ratio, g.weight_decay) == (False, "constant", 0.0, 0.01)
     assert cfg.policies[0].dtype == "fp32"
 
 
 @pytest.mark.parametrize("field, value, path", [
-    ("per_device_train_batch_size", 0, "$.grpo"),
-    ("gradient_accumulation_steps", 0, "$.grpo"),
-    ("logprob_chunk_size", 0, "$.grpo"),
-    ("warmup_ratio", 1.0, "$.grpo"),
-    ("weight_decay", -0.1, "$.grpo"),
-    ("lr_scheduler_type", "step", "$.grpo.lr_scheduler_type"),
+    ("per_device_train_batch_size", 0, "$.training"),
+    ("gradient_accumulation_steps", 0, "$.training"),
+    ("logprob_chunk_size", 0, "$.training"),
+    ("warmup_ratio", 1.0, "$.training"),
+    ("weight_decay", -0.1, "$.training"),
+    ("lr_scheduler_type", "step", "$.training.lr_scheduler_type"),
 ])
 def test_bad_values_name_the_field(field, value, path):
     with pytest.raises(ConfigError, match=field if field != "lr_scheduler_type" else "Invalid enum value") as err:
-        with_grpo(**{field: value})
+        with_training(**{field: value})
     assert path in str(err.value)
 
 
 def test_warmup_needs_a_schedule_with_warmup():
     with pytest.raises(ConfigError, match="constant_with_warmup"):
-        with_grpo(warmup_ratio=0.1)
-    assert with_grpo(warmup_ratio=0.1, lr_scheduler_type="cosine").grpo.warmup_ratio == 0.1
+        with_training(warmup_ratio=0.1)
+    assert with_training(warmup_ratio=0.1, lr_scheduler_type="cosine").training.warmup_ratio == 0.1
 
 
 def test_policy_dtype_is_fp32_or_bf16():
     assert config_from_dict({"policies": [{"name": "a", "dtype": "bf16"}]}).policies[0].dtype == "bf16"
     with pytest.raises(ConfigError, match=r"\$\.policies\[0\]\.dtype"):
         config_from_dict({"policies": [{"name": "a", "dtype": "fp16"}]})
+
+
+def test_moved_paths_keep_working_with_a_warning_naming_the_new_one():
+    with pytest.warns(ConfigPathMoved, match=r"grpo.per_device_train_batch_size is now "
+                                             r"training.per_device_train_batch_size"):
+        cfg = config_from_dict({**BASE, "grpo": {"per_device_train_batch_size": 4, "beta": 0.1}})
+    assert cfg.training.per_device_train_batch_size == 4 and cfg.grpo.beta == 0.1
+
+
+def test_a_moved_path_set_twice_is_refused_naming_both():
+    with pytest.raises(ConfigError, match="grpo.weight_decay and training.weight_decay are both set"):
+        config_from_dict({**BASE, "grpo": {"weight_decay": 0.1}, "training": {"weight_decay": 0.2}})
+
+
+def test_the_chunked_head_refuses_truncated_sampling_naming_both_sections():
+    with pytest.raises(ConfigError, match="training.logprob_chunk_size.*grpo.top_k"):
+        config_from_dict({**BASE, "grpo": {"top_k": 5}, "training": {"logprob_chunk_size": 8}})

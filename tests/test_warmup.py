@@ -57,7 +57,7 @@ def test_the_key_ignores_what_only_later_phases_read(tmp_path):
                  "exchange.log=false", "strategies.sgt.interval=2", 'warmup.cache_dir="x"'):
         assert cache_key(config(tmp_path, same))[0] == base, same
     for other in ("seed=1", "warmup.learning_rate=0.01", "warmup.max_steps=4",
-                  "policies.0.hidden_size=16", "grpo.max_grad_norm=0.5", 'task.families=["first"]'):
+                  "policies.0.hidden_size=16", "training.max_grad_norm=0.5", 'task.families=["first"]'):
         assert cache_key(config(tmp_path, other))[0] != base, other
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mutualrl.config import GRPOConfig, PolicyConfig
+from mutualrl.config import GRPOConfig, TrainingConfig, PolicyConfig
 from mutualrl.policies.batch import SFTExample, TrainBatch, TrainSequence
 from mutualrl.policies.policy import Policy
 from mutualrl.policies.update import micro_batch_slices
@@ -17,12 +17,20 @@ GRAD_TOL = dict(atol=1e-6, rtol=1e-4)
 PARAM_ATOL = 5e-5
 
 
-def make_policy(handles, seed=3, dtype="fp32", total_steps=None, **grpo) -> Policy:
+def split_settings(kw: dict) -> tuple[dict, dict]:
+    """(GRPOConfig fields, TrainingConfig fields) of keyword settings."""
+    training = {k: v for k, v in kw.items() if k in TrainingConfig.__struct_fields__}
+    return {k: v for k, v in kw.items() if k not in training}, training
+
+
+def make_policy(handles, seed=3, dtype="fp32", total_steps=None, **settings) -> Policy:
     torch.set_num_threads(1)
     cfg = PolicyConfig(name="p", architecture="llama", tokenizer="mistral-v1", hidden_size=32,
                        num_layers=2, num_heads=4, dtype=dtype)
+    grpo, training = split_settings(settings)
     g = GRPOConfig(num_generations=4, temperature=0.7, **grpo)
-    return Policy(cfg, g, seed=seed, handle=handles["mistral-v1"], total_steps=total_steps)
+    return Policy(cfg, g, seed=seed, handle=handles["mistral-v1"], total_steps=total_steps,
+                  training=TrainingConfig(**training))
 
 
 def batch_for(p: Policy, sft_coef: float = 0.5, diagnose: bool = False) -> TrainBatch:
@@ -189,12 +197,13 @@ def test_lora_policy_micro_batched_and_chunked_equals_the_single_pass(tokenizer_
     """The reference of a LoRA policy is its adapter disabled, on the chunked path too."""
     from mutualrl.config import LoraConfig
 
-    def lora_policy(**grpo):
+    def lora_policy(**training):
         torch.set_num_threads(1)
         cfg = PolicyConfig(name="p", architecture="llama", tokenizer="mistral-v1", hidden_size=32,
                            num_layers=2, num_heads=4, lora=LoraConfig(r=4, alpha=8))
-        return Policy(cfg, GRPOConfig(num_generations=4, temperature=0.7, beta=0.04, **grpo),
-                      seed=3, handle=tokenizer_handles["mistral-v1"])
+        return Policy(cfg, GRPOConfig(num_generations=4, temperature=0.7, beta=0.04),
+                      seed=3, handle=tokenizer_handles["mistral-v1"],
+                      training=TrainingConfig(**training))
     whole, split = lora_policy(), lora_policy(per_device_train_batch_size=2, logprob_chunk_size=4)
     _, g_whole = run_step(whole, batch_for(whole))
     _, g_split = run_step(split, batch_for(split))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mutualrl.config import GRPOConfig, PolicyConfig
+from mutualrl.config import GRPOConfig, TrainingConfig, PolicyConfig
 from mutualrl.policies.batch import TrainBatch, TrainSequence
 from mutualrl.policies.policy import Policy
 
@@ -20,10 +20,11 @@ def test_half_billion_parameter_policy_takes_a_bf16_micro_batched_chunked_step(t
     cfg = PolicyConfig(name="qwen-0.5b", architecture="qwen2", tokenizer="deepseek-v3",
                        hidden_size=896, num_layers=24, num_heads=14, intermediate_size=4864,
                        dtype="bf16")
-    grpo = GRPOConfig(num_generations=8, max_completion_length=256, beta=0.0,
-                      per_device_train_batch_size=8, logprob_chunk_size=1024,
-                      gradient_checkpointing=True, learning_rate=1e-6)
-    p = Policy(cfg, grpo, seed=0, device="cuda:0", handle=tokenizer_handles["deepseek-v3"])
+    grpo = GRPOConfig(num_generations=8, max_completion_length=256, beta=0.0, learning_rate=1e-6)
+    training = TrainingConfig(per_device_train_batch_size=8, logprob_chunk_size=1024,
+                              gradient_checkpointing=True)
+    p = Policy(cfg, grpo, seed=0, device="cuda:0", handle=tokenizer_handles["deepseek-v3"],
+               training=training)
     assert sum(q.numel() for q in p.model.parameters()) > 4e8
     g = torch.Generator().manual_seed(0)
     seqs = tuple(TrainSequence(tuple(int(t) for t in torch.randint(10, 120000, (64,), generator=g)),

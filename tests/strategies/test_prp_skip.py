@@ -6,7 +6,7 @@ import msgspec
 import pytest
 import torch
 
-from mutualrl.config import GRPOConfig, PolicyConfig
+from mutualrl.config import GRPOConfig, PolicyConfig, TrainingConfig
 from mutualrl.policies.batch import TrainBatch, TrainSequence
 from mutualrl.policies.policy import Policy
 from mutualrl.strategies.prp import drop_inert_peers
@@ -53,7 +53,8 @@ def loss_and_grad(policy, batch: TrainBatch):
 @pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
 def test_skipping_inert_peers_keeps_loss_and_gradient(policy, loss_type, mask_truncated, micro_batch):
     policy.grpo = policy.learner.grpo = policy.learner.engine.grpo = msgspec.structs.replace(
-        GRPO, loss_type=loss_type, mask_truncated_completions=mask_truncated,
+        GRPO, loss_type=loss_type, mask_truncated_completions=mask_truncated)
+    policy.learner.training = policy.learner.engine.training = TrainingConfig(
         per_device_train_batch_size=micro_batch)
     policy.model.train()
     seqs = sequences(policy)

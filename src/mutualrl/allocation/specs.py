@@ -186,13 +186,14 @@ def _count(p, alloc: AllocationConfig, count_params, vocab_size) -> int:
 
 def learner_activation_bytes(cfg: RunConfig, alloc: AllocationConfig, dims: Dims) -> int:
     """``activation_bytes`` for the run's micro-batch: rows and checkpointing from
-    ``[allocation.memory]``, else from the update engine's settings in ``[grpo]``, else one batch
-    of every own sequence of a step without checkpointing (peer rows a strategy adds are not counted)."""
-    g, mem = cfg.grpo, alloc.memory
-    rows = (mem.micro_batch_rows or getattr(g, "per_device_train_batch_size", None)
+    ``[allocation.memory]``, else from the update engine's settings in ``[training]``, else one
+    batch of every own sequence of a step without checkpointing (peer rows a strategy adds are not
+    counted)."""
+    g, t, mem = cfg.grpo, cfg.training, alloc.memory
+    rows = (mem.micro_batch_rows or t.per_device_train_batch_size
             or g.prompts_per_step * g.num_generations)
     ckpt = (mem.gradient_checkpointing if mem.gradient_checkpointing is not None
-            else bool(getattr(g, "gradient_checkpointing", False)))
+            else t.gradient_checkpointing)
     return activation_bytes(dims, rows, alloc.prompt_length_estimate + g.max_completion_length,
                             g.max_completion_length, mem.activation_bytes or mem.weight_bytes, ckpt)
 

@@ -10,7 +10,7 @@ may import it. Checks that need more than the config (a scenario's name in its p
 building the task) live with what they need (``mutualrl.run.scenarios.check_scenario``).
 
 * ``base``: ``ConfigError``, ``ConfigStruct``, ``check``;
-* ``grpo``: ``GRPOConfig``; ``sections``: warm start, policy (LoRA, generation), task, evaluation,
+* ``grpo``: ``GRPOConfig`` (``[grpo]``), ``TrainingConfig`` (``[training]``); ``sections``: warm start, policy (LoRA, generation), task, evaluation,
   exchange, diversity, guards; ``allocation``: ``[allocation]``; ``scenarios``: ``[scenarios]``;
 * ``run``: ``RunConfig``; ``load``: ``load_config``, ``config_from_dict``, ``apply_override``,
   ``to_dict``.
@@ -25,7 +25,7 @@ from mutualrl.config.allocation import (
     WorkerOverride,
 )
 from mutualrl.config.base import ConfigError, ConfigStruct, check
-from mutualrl.config.grpo import GRPOConfig
+from mutualrl.config.grpo import GRPOConfig, TrainingConfig
 from mutualrl.config.load import apply_override, config_from_dict, load_config, to_dict
 from mutualrl.config.run import RunConfig
 from mutualrl.config.scenarios import (
@@ -48,7 +48,7 @@ from mutualrl.config.sections import (
 
 __all__ = [
     "ConfigError", "ConfigStruct", "check",
-    "GRPOConfig", "WarmupConfig", "LoraConfig", "GenerationConfig", "PolicyConfig", "TaskConfig",
+    "GRPOConfig", "TrainingConfig", "WarmupConfig", "LoraConfig", "GenerationConfig", "PolicyConfig", "TaskConfig",
     "EvalConfig", "ExchangeConfig", "DiversityConfig", "GuardsConfig",
     "GIB", "AllocationConfig", "ArchitectureDims", "InventoryConfig", "MemoryModel", "WorkerOverride",
     "AsymmetricParams", "DisjointParams", "OverlapParams", "ScenariosConfig",

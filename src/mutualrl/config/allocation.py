@@ -62,10 +62,10 @@ class MemoryModel(ConfigStruct):
     optimizer_bytes: int = 8          # Adam: two fp32 moments
     usable_memory_fraction: float = 0.9  # headroom for temporaries, allocator fragmentation
     activation_bytes: int | None = None  # per stored activation value; None: weight_bytes
-    # Sequences per learner forward/backward (a micro-batch). None: grpo.per_device_train_batch_size
+    # Sequences per learner forward/backward (a micro-batch). None: training.per_device_train_batch_size
     # when the run config has it, else every sequence of a step (prompts_per_step x num_generations).
     micro_batch_rows: int | None = None  # sequences per learner forward/backward (see above)
-    # None: grpo.gradient_checkpointing when the run config has it, else false.
+    # None: training.gradient_checkpointing.
     gradient_checkpointing: bool | None = None  # whether activations are recomputed (see above)
 
     def __post_init__(self) -> None:

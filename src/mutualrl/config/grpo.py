@@ -1,4 +1,5 @@
-"""The GRPO objective, sampling and update engine of every policy (``[grpo]``); TRL's names."""
+"""The GRPO objective and sampling (``[grpo]``) and the learners' optimizer and memory
+(``[training]``), under TRL's names."""
 
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ class GRPOConfig(ConfigStruct):
     skip_zero_std_groups: bool = False  # drop groups whose rewards are all equal (no signal)
     num_iterations: int = 1           # optimisation passes over each batch (mu in the paper)
     learning_rate: float = 1e-3       # AdamW step size (policies.<n>.learning_rate overrides)
-    max_grad_norm: float = 1.0        # 0 disables clipping
     mask_truncated_completions: bool = False  # exclude completions cut at max_completion_length
     # Sampling truncation (TRL's names). Behaviour log-probs are those of the truncated,
     # renormalised distribution sampled from, and the trainer takes its log-probs under the same
@@ -41,7 +41,30 @@ class GRPOConfig(ConfigStruct):
     vllm_importance_sampling_cap: float = 3.0  # largest weight kept (truncate) or allowed (mask)
     # "sequence": GSPO's length-normalised sequence ratio, clipped per sequence (TRL's name)
     importance_sampling_level: Literal["token", "sequence"] = "token"  # level of the PPO ratio
-    # ---- the update engine (policies/update.py): memory, precision, schedule -----------------
+    def __post_init__(self) -> None:
+        check(self.num_generations >= 2, "num_generations must be >= 2 (a group needs a baseline)")
+        check(self.prompts_per_step >= 1, "prompts_per_step must be >= 1")
+        check(self.max_completion_length >= 1, "max_completion_length must be >= 1")
+        check(self.temperature > 0, "temperature must be > 0")
+        check(self.beta >= 0, "beta must be >= 0")
+        check(0 < self.epsilon < 1, "epsilon must be in (0, 1)")
+        check(self.epsilon_high is None or self.epsilon_high > 0, "epsilon_high must be > 0")
+        check(self.num_iterations >= 1, "num_iterations must be >= 1")
+        check(self.learning_rate > 0, "learning_rate must be > 0")
+        check(0 < self.top_p <= 1, "top_p must be in (0, 1]")
+        check(self.top_k >= 0, "top_k must be >= 0 (0: no top-k truncation)")
+        check(self.generation_batch_size is None or self.generation_batch_size >= 1,
+              "generation_batch_size must be >= 1 (or omitted: the whole group at once)")
+        check(self.vllm_importance_sampling_cap >= 1, "vllm_importance_sampling_cap must be >= 1")
+
+
+class TrainingConfig(ConfigStruct):
+    """Each learner's optimizer, schedule and memory (``[training]``, the update engine of
+    ``policies/update.py``). These are the trainer's settings, under the names of transformers'
+    ``TrainingArguments`` that TRL's ``GRPOConfig`` inherits; what is GRPO's own is in ``[grpo]``
+    (the step size too: ``grpo.learning_rate``, overridden per policy)."""
+
+    max_grad_norm: float = 1.0        # gradient norm clip before each optimizer step; 0: none
     # Each TrainBatch is ONE optimizer step (per iteration). It is cut into
     # max(gradient_accumulation_steps, ceil(rows / per_device_train_batch_size)) micro-batches of
     # near-equal size whose gradients accumulate with the whole batch's loss normalisation, so the
@@ -65,26 +88,9 @@ class GRPOConfig(ConfigStruct):
         check(self.gradient_accumulation_steps >= 1, "gradient_accumulation_steps must be >= 1")
         check(self.logprob_chunk_size is None or self.logprob_chunk_size >= 1,
               "logprob_chunk_size must be >= 1 (or absent: no chunking)")
-        check(self.logprob_chunk_size is None or (self.top_k == 0 and self.top_p == 1.0),
-              "logprob_chunk_size takes log-probs of the untruncated distribution; with top_k or "
-              "top_p truncation unset it (the chunked LM head does not truncate)")
         check(0 <= self.warmup_ratio < 1, "warmup_ratio must be in [0, 1)")
         check(self.warmup_ratio == 0 or self.lr_scheduler_type != "constant",
               "warmup_ratio > 0 needs a scheduler with warmup: lr_scheduler_type = "
               "\"constant_with_warmup\", \"linear\", \"cosine\", ... (\"constant\" ignores it)")
         check(self.weight_decay >= 0, "weight_decay must be >= 0")
-        check(self.num_generations >= 2, "num_generations must be >= 2 (a group needs a baseline)")
-        check(self.prompts_per_step >= 1, "prompts_per_step must be >= 1")
-        check(self.max_completion_length >= 1, "max_completion_length must be >= 1")
-        check(self.temperature > 0, "temperature must be > 0")
-        check(self.beta >= 0, "beta must be >= 0")
-        check(0 < self.epsilon < 1, "epsilon must be in (0, 1)")
-        check(self.epsilon_high is None or self.epsilon_high > 0, "epsilon_high must be > 0")
-        check(self.num_iterations >= 1, "num_iterations must be >= 1")
-        check(self.learning_rate > 0, "learning_rate must be > 0")
         check(self.max_grad_norm >= 0, "max_grad_norm must be >= 0")
-        check(0 < self.top_p <= 1, "top_p must be in (0, 1]")
-        check(self.top_k >= 0, "top_k must be >= 0 (0: no top-k truncation)")
-        check(self.generation_batch_size is None or self.generation_batch_size >= 1,
-              "generation_batch_size must be >= 1 (or omitted: the whole group at once)")
-        check(self.vllm_importance_sampling_cap >= 1, "vllm_importance_sampling_cap must be >= 1")

@@ -7,6 +7,7 @@ TOML literals (``0.01``, ``"text"``, ``[1, 2]``, ``true``), falling back to a ba
 from __future__ import annotations
 
 import tomllib
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +51,42 @@ def apply_override(data: dict[str, Any], dotted: str) -> None:
         node[last] = _parse_value(raw.strip())
 
 
+# Paths that moved, old -> new. A config (or a run's config.json) written with the old path keeps
+# working: the value moves to the new path, and a warning names it once per load.
+MOVED = {f"grpo.{name}": f"training.{name}" for name in (
+    "max_grad_norm", "per_device_train_batch_size", "gradient_accumulation_steps",
+    "logprob_chunk_size", "gradient_checkpointing", "lr_scheduler_type", "warmup_ratio",
+    "weight_decay")}
+
+
+class ConfigPathMoved(UserWarning):
+    """A config used a path that moved; its value was taken at the new path."""
+
+
+def migrate(data: dict[str, Any], source: str) -> dict[str, Any]:
+    """``data`` with every moved path at its new place (a copy where anything moved)."""
+    moved = [(old, new) for old, new in MOVED.items()
+             if old.split(".")[1] in (data.get(old.split(".")[0]) or {})]
+    if not moved:
+        return data
+    data = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
+    for old, new in moved:
+        (old_table, old_key), (new_table, new_key) = old.split("."), new.split(".")
+        table = data.setdefault(new_table, {})
+        if new_key in table:
+            raise ConfigError(f"{source}: {old} and {new} are both set; {old} moved to {new}: "
+                              f"keep only {new}")
+        table[new_key] = data[old_table].pop(old_key)
+    warnings.warn(f"{source}: " + ", ".join(f"{old} is now {new}" for old, new in moved)
+                  + " (the old paths still work; write the new ones)", ConfigPathMoved, stacklevel=3)
+    return data
+
+
 def config_from_dict(data: dict[str, Any], source: str = "<config>") -> RunConfig:
     """Validate a whole run config (a TOML table or a run's config.json) in one msgspec pass;
-    errors name ``source`` and the field path (``$.allocation.inventory``)."""
+    errors name ``source`` and the field path (``$.allocation.inventory``). Paths that moved
+    (``MOVED``) are read at their new place."""
+    data = migrate(data, source)
     if "scenarios" in data:
         data = {**data, "scenarios": file_plugin_tables(data["scenarios"])}
     try:

@@ -8,7 +8,7 @@ import msgspec
 
 from mutualrl.config.allocation import AllocationConfig
 from mutualrl.config.base import ConfigStruct, check
-from mutualrl.config.grpo import GRPOConfig
+from mutualrl.config.grpo import GRPOConfig, TrainingConfig
 from mutualrl.config.scenarios import ScenariosConfig
 from mutualrl.config.sections import (
     DiversityConfig,
@@ -35,7 +35,8 @@ class RunConfig(ConfigStruct):
     output_dir: str = "runs/default"  # the run folder (RUN_DIR)
     device: str = "cpu"               # torch device; "cuda": each learner on its planned GPU
     torch_threads: int | None = None  # None: torch's default
-    grpo: GRPOConfig = msgspec.field(default_factory=GRPOConfig)  # objective, sampling, update
+    grpo: GRPOConfig = msgspec.field(default_factory=GRPOConfig)  # GRPO objective and sampling
+    training: TrainingConfig = msgspec.field(default_factory=TrainingConfig)  # optimizer, memory
     warmup: WarmupConfig = msgspec.field(default_factory=WarmupConfig)  # supervised warm start
     task: TaskConfig = msgspec.field(default_factory=TaskConfig)  # prompts, verifier, rewards
     eval: EvalConfig = msgspec.field(default_factory=EvalConfig)  # held-out pass@k
@@ -46,7 +47,7 @@ class RunConfig(ConfigStruct):
     diversity: DiversityConfig = msgspec.field(default_factory=DiversityConfig)  # regulariser
     # Checkpoints (TRL's names): every save_steps GRPO steps under RUN_DIR/checkpoints/, keeping
     # the newest save_total_limit (None: all). 0: none, and `mutualrl train --resume` has nothing
-    # to resume from. See mutualrl.checkpoint.
+    # to resume from. See mutualrl.run.checkpoint.
     save_steps: int = 0               # checkpoint every N GRPO steps; 0: never
     save_total_limit: int | None = None  # newest checkpoints kept; None: all
     report_to: list[str] = msgspec.field(default_factory=list)  # trackers: "tensorboard", "wandb"
@@ -60,6 +61,10 @@ class RunConfig(ConfigStruct):
         names = [p.name for p in self.policies]
         check(len(set(names)) == len(names), f"policy names must be unique, got {names}")
         check(self.steps >= 0, "steps must be >= 0")
+        check(self.training.logprob_chunk_size is None
+              or (self.grpo.top_k == 0 and self.grpo.top_p == 1.0),
+              "training.logprob_chunk_size takes log-probs of the untruncated distribution; with "
+              "grpo.top_k or grpo.top_p truncation unset it (the chunked LM head does not truncate)")
         # Only the scenario the run uses: a table of another one may name policies of a config
         # it was written for.
         weak = self.scenarios.asymmetric.weak

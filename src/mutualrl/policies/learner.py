@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from mutualrl.config import GRPOConfig, PolicyConfig
+from mutualrl.config import GRPOConfig, PolicyConfig, TrainingConfig
 from mutualrl.policies.batch import SFTExample, TrainBatch
 from mutualrl.policies.models import TokenizerFacts, build_model
 from mutualrl.policies.sampling import truncate_logits, truncates
@@ -30,10 +30,13 @@ _BUILD_LOCK = threading.Lock()
 
 class Learner:
     def __init__(self, cfg: PolicyConfig, grpo: GRPOConfig, facts: TokenizerFacts, seed: int,
-                 device: str = "cpu", total_steps: int | None = None) -> None:
+                 device: str = "cpu", total_steps: int | None = None,
+                 training: TrainingConfig | None = None) -> None:
         """``total_steps``: the optimizer steps the learning-rate schedule spans (the run's
-        steps x num_iterations); only a schedule other than "constant" needs it."""
+        steps x num_iterations); only a schedule other than "constant" needs it. ``training``:
+        optimizer, schedule and memory settings (None: the defaults)."""
         self.cfg, self.grpo, self.name = cfg, grpo, cfg.name
+        self.training = training or TrainingConfig()
         self.pad_id = facts.pad_token_id
         self.device = torch.device(device)
         with _BUILD_LOCK:
@@ -42,8 +45,9 @@ class Learner:
         self.reference = None
         if grpo.beta > 0 and cfg.lora is None:
             self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
-        prepare_model(self.model, grpo)
-        self.optimizer, self.scheduler = make_optimizer(self.model, cfg, grpo, total_steps)
+        prepare_model(self.model, self.training)
+        self.optimizer, self.scheduler = make_optimizer(self.model, cfg, grpo, self.training,
+                                                        total_steps)
         self.version = 0               # of the weights: +1 per update (not per SFT step)
         self.skipped_nan_steps = 0
         self.engine = UpdateEngine(self)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from mutualrl.config import GRPOConfig, PolicyConfig
+from mutualrl.config import GRPOConfig, PolicyConfig, TrainingConfig
 from mutualrl.policies.batch import SFTExample, TrainBatch
 from mutualrl.policies.checkpoints import save_pretrained_quietly
 from mutualrl.policies.generation import SamplingSettings, build_backend
@@ -65,10 +65,12 @@ class Policy(PolicyView):
     wherever the executor keeps it."""
 
     def __init__(self, cfg: PolicyConfig, grpo: GRPOConfig, seed: int, device: str = "cpu",
-                 handle: TokenizerHandle | None = None, total_steps: int | None = None) -> None:
+                 handle: TokenizerHandle | None = None, total_steps: int | None = None,
+                 training: TrainingConfig | None = None) -> None:
         super().__init__(cfg, handle or load_tokenizer(cfg.tokenizer))
         self.grpo = grpo
-        self.learner = Learner(cfg, grpo, TokenizerFacts.of(self.tokenizer), seed, device, total_steps)
+        self.learner = Learner(cfg, grpo, TokenizerFacts.of(self.tokenizer), seed, device,
+                               total_steps, training)
         self.generator = torch.Generator().manual_seed(seed)
         self.backend = build_backend(self, self.learner, self.generator)
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from mutualrl.config import GRPOConfig, PolicyConfig
+from mutualrl.config import GRPOConfig, PolicyConfig, TrainingConfig
 from mutualrl.grpo import (chunked_token_logprobs, clipped_surrogate, completion_mask,
                            entropy_from_logprobs, row_scales, selective_log_softmax,
                            token_logprobs, token_mean_scale)
@@ -82,7 +82,7 @@ class _Mean:
 
 
 def make_optimizer(model: torch.nn.Module, cfg: PolicyConfig, grpo: GRPOConfig,
-                   total_steps: int | None):
+                   training: TrainingConfig, total_steps: int | None):
     """AdamW and its learning-rate schedule (transformers.get_scheduler).
 
     ``total_steps``: optimizer steps the schedule spans (the run's steps x num_iterations);
@@ -91,21 +91,21 @@ def make_optimizer(model: torch.nn.Module, cfg: PolicyConfig, grpo: GRPOConfig,
 
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
                                   lr=cfg.learning_rate or grpo.learning_rate,
-                                  weight_decay=grpo.weight_decay)
-    if total_steps is None and grpo.lr_scheduler_type != "constant":
-        raise ValueError(f"policy {cfg.name!r}: grpo.lr_scheduler_type = "
-                         f"{grpo.lr_scheduler_type!r} needs the run's number of optimizer steps "
+                                  weight_decay=training.weight_decay)
+    if total_steps is None and training.lr_scheduler_type != "constant":
+        raise ValueError(f"policy {cfg.name!r}: training.lr_scheduler_type = "
+                         f"{training.lr_scheduler_type!r} needs the run's number of optimizer steps "
                          "(total_steps), which was not given")
     total = max(int(total_steps or 1), 1)
-    scheduler = get_scheduler(grpo.lr_scheduler_type, optimizer,
-                              num_warmup_steps=math.ceil(total * grpo.warmup_ratio),
+    scheduler = get_scheduler(training.lr_scheduler_type, optimizer,
+                              num_warmup_steps=math.ceil(total * training.warmup_ratio),
                               num_training_steps=total)
     return optimizer, scheduler
 
 
-def prepare_model(model: torch.nn.Module, grpo: GRPOConfig) -> None:
+def prepare_model(model: torch.nn.Module, training: TrainingConfig) -> None:
     """HF gradient checkpointing, non-reentrant (no inputs need requires_grad; works with LoRA)."""
-    if grpo.gradient_checkpointing:
+    if training.gradient_checkpointing:
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
@@ -141,6 +141,7 @@ class UpdateEngine:
     def __init__(self, learner) -> None:
         self.p = learner
         self.grpo: GRPOConfig = learner.grpo
+        self.training: TrainingConfig = learner.training
         self.bf16 = learner.cfg.dtype == "bf16"
 
     def autocast(self):
@@ -150,12 +151,12 @@ class UpdateEngine:
         return torch.autocast(self.p.device.type, dtype=torch.bfloat16)
 
     def _slices(self, rows: int) -> list[slice]:
-        g = self.grpo
-        return micro_batch_slices(rows, g.per_device_train_batch_size, g.gradient_accumulation_steps)
+        t = self.training
+        return micro_batch_slices(rows, t.per_device_train_batch_size, t.gradient_accumulation_steps)
 
     # ---- log-probs ----------------------------------------------------------------------------
     def _chunked(self, c: Collated) -> bool:
-        size = self.grpo.logprob_chunk_size
+        size = self.training.logprob_chunk_size
         return size is not None and c.input_ids.shape[0] * c.completion_len > size
 
     def _hidden_logprobs(self, c: Collated, model, temperature: float):
@@ -163,7 +164,7 @@ class UpdateEngine:
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         head = base.get_output_embeddings()
         if type(head) is not torch.nn.Linear or getattr(base.config, "final_logit_softcapping", None):
-            raise ValueError(f"grpo.logprob_chunk_size: policy {self.p.name!r} has an LM head "
+            raise ValueError(f"training.logprob_chunk_size: policy {self.p.name!r} has an LM head "
                              f"({type(head).__name__}) that is not a plain linear layer; "
                              "unset logprob_chunk_size for it")
         dev, L, T = self.p.device, c.input_ids.shape[1], c.completion_len
@@ -171,7 +172,7 @@ class UpdateEngine:
                                  position_ids=c.position_ids.to(dev), use_cache=False)
         hidden = out.last_hidden_state[:, L - T - 1:L - 1]                    # (B, T, H)
         return chunked_token_logprobs(hidden, head.weight, head.bias, c.completion_ids.to(dev),
-                                      temperature, self.grpo.logprob_chunk_size)
+                                      temperature, self.training.logprob_chunk_size)
 
     def token_logprobs(self, c: Collated, model=None, temperature: float | None = None,
                        entropy: bool = True):
@@ -369,7 +370,7 @@ class UpdateEngine:
             # nothing in the batch depends on the parameters (no sequences, SFT weight 0)
             return {"loss": loss, "skipped_empty": 1.0}
         params = [q for q in p.model.parameters() if q.grad is not None]
-        norm = torch.nn.utils.clip_grad_norm_(params, self.grpo.max_grad_norm or math.inf)
+        norm = torch.nn.utils.clip_grad_norm_(params, self.training.max_grad_norm or math.inf)
         if not torch.isfinite(norm):
             return self._skip(loss)
         p.optimizer.step()

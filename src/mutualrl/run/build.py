@@ -123,7 +123,7 @@ def policy_factories(cfg: RunConfig, alloc: AllocationConfig, handles: dict,
                 Policy, p, cfg.grpo, seed=cfg.seed * 1000 + i,
                 device=policy_device(p.name, cfg.device, the_plan, alloc.executor),
                 handle=handles[p.tokenizer] if in_process else None,
-                total_steps=cfg.steps * cfg.grpo.num_iterations)
+                total_steps=cfg.steps * cfg.grpo.num_iterations, training=cfg.training)
             for i, p in enumerate(cfg.policies)}
 
 
