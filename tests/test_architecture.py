@@ -53,5 +53,5 @@ def test_functions_stay_under_the_size_rule():
 
 def test_the_package_root_holds_only_the_entry_points_and_shared_utilities():
     loose = sorted(p.name for p in SRC.glob("*.py"))
-    assert loose == ["__init__.py", "cli.py", "compare.py", "provenance.py", "registry.py",
+    assert loose == ["__init__.py", "cli.py", "provenance.py", "registry.py",
                      "storage.py"], loose

@@ -154,7 +154,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mutualrl: stopped: {exc} (policies saved)", file=sys.stderr)
         return GUARD_EXIT
     except RunInterrupted as exc:
-        print(f"mutualrl: {exc}", file=sys.stderr)
+        if args.command == "compare":
+            print(f"mutualrl: compare stopped by a signal; every finished run is kept and "
+                  f"unfinished ones continue from their checkpoints: rerun the same `mutualrl "
+                  f"compare` command with --resume ({exc})", file=sys.stderr)
+        else:
+            print(f"mutualrl: {exc}", file=sys.stderr)
         return exc.exit_code
     except StorageError as exc:
         print(f"mutualrl: error: {exc}", file=sys.stderr)

@@ -6,6 +6,7 @@ TOML literals (``0.01``, ``"text"``, ``[1, 2]``, ``true``), falling back to a ba
 
 from __future__ import annotations
 
+import math
 import tomllib
 import warnings
 from pathlib import Path
@@ -18,11 +19,33 @@ from mutualrl.config.run import RunConfig
 from mutualrl.config.scenarios import file_plugin_tables
 
 
-def _parse_value(text: str) -> Any:
+# A value starting like a TOML string, array or table must parse as one: a typo there (a missing
+# quote or bracket) is an error, never a bare string (``output_dir="runs/o3`` is no folder name).
+_TOML_OPENERS = ('"', "'", "[", "{")
+
+
+def _parse_value(text: str, key: str = "") -> Any:
     try:
         return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
+    except tomllib.TOMLDecodeError as exc:
+        if text.startswith(_TOML_OPENERS):
+            raise ConfigError(f"override {key}={text}: not a valid TOML value ({exc}); quote "
+                              "strings whole, e.g. output_dir=\"runs/x\", and close lists, e.g. "
+                              "[0.1, 0.2]") from None
         return text
+
+
+def check_finite(data: Any, path: str = "$") -> None:
+    """Refuse inf and nan anywhere in a config (TOML writes them ``inf``, ``nan``): no setting
+    means anything at them (a temperature of inf samples uniformly), so each names its path."""
+    if isinstance(data, float) and not math.isfinite(data):
+        raise ConfigError(f"{path}: {data} is not a finite number; expected a finite value")
+    if isinstance(data, dict):
+        for k, v in data.items():
+            check_finite(v, f"{path}.{k}")
+    elif isinstance(data, list):
+        for i, v in enumerate(data):
+            check_finite(v, f"{path}[{i}]")
 
 
 def apply_override(data: dict[str, Any], dotted: str) -> None:
@@ -46,9 +69,9 @@ def apply_override(data: dict[str, Any], dotted: str) -> None:
     if isinstance(node, list):
         if not last.isdigit() or int(last) >= len(node):
             raise ConfigError(f"override {key}: needs an index below {len(node)}")
-        node[int(last)] = _parse_value(raw.strip())
+        node[int(last)] = _parse_value(raw.strip(), key)
     else:
-        node[last] = _parse_value(raw.strip())
+        node[last] = _parse_value(raw.strip(), key)
 
 
 # Paths that moved, old -> new. A config (or a run's config.json) written with the old path keeps
@@ -86,6 +109,10 @@ def config_from_dict(data: dict[str, Any], source: str = "<config>") -> RunConfi
     """Validate a whole run config (a TOML table or a run's config.json) in one msgspec pass;
     errors name ``source`` and the field path (``$.allocation.inventory``). Paths that moved
     (``MOVED``) are read at their new place."""
+    try:
+        check_finite(data)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
     data = migrate(data, source)
     if "scenarios" in data:
         data = {**data, "scenarios": file_plugin_tables(data["scenarios"])}

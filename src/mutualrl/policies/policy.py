@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from mutualrl.config import GRPOConfig, PolicyConfig, TrainingConfig
+from mutualrl.config import ConfigError, GRPOConfig, PolicyConfig, TrainingConfig
 from mutualrl.policies.batch import SFTExample, TrainBatch
 from mutualrl.policies.checkpoints import save_pretrained_quietly
 from mutualrl.policies.generation import SamplingSettings, build_backend
@@ -19,7 +19,7 @@ from mutualrl.policies.learner import Learner
 from mutualrl.policies.models import TokenizerFacts
 from mutualrl.policies.prompting import chat_prompt
 from mutualrl.policies.samples import Sample
-from mutualrl.retokenize.loaders import TokenizerHandle, load_tokenizer
+from mutualrl.retokenize.loaders import TokenizerHandle, TokenizerLoadError, load_tokenizer
 from mutualrl.storage import atomic_folder
 from mutualrl.tasks.base import Prompt
 
@@ -53,8 +53,16 @@ class PolicyView:
 
 
 def load_handles(cfgs: list[PolicyConfig]) -> dict[str, TokenizerHandle]:
-    """Each distinct tokenizer of ``cfgs`` loaded once, by its spec."""
-    return {spec: load_tokenizer(spec) for spec in dict.fromkeys(p.tokenizer for p in cfgs)}
+    """Each distinct tokenizer of ``cfgs`` loaded once, by its spec; a failure names the field
+    (``policies.<name>.tokenizer``) of the first policy that asks for it."""
+    handles = {}
+    for p in cfgs:
+        if p.tokenizer not in handles:
+            try:
+                handles[p.tokenizer] = load_tokenizer(p.tokenizer)
+            except TokenizerLoadError as exc:
+                raise ConfigError(f"policies.{p.name}.tokenizer: {exc}") from None
+    return handles
 
 
 class Policy(PolicyView):

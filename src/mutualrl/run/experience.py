@@ -12,8 +12,9 @@ from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 
-from mutualrl.exchange import (Delivery, ExperienceBus, ExperienceLog, GroupStats, Rollout,
-                               VerifiedSuccess, Watermark, read_log)
+from mutualrl.config import ConfigError
+from mutualrl.exchange import (Delivery, ExchangeError, ExperienceBus, ExperienceLog, GroupStats,
+                               Rollout, VerifiedSuccess, Watermark, read_log)
 
 
 def open_bus(run_dir: Path, cfg) -> tuple[ExperienceBus, object]:
@@ -64,10 +65,15 @@ class PeerLogPool:
             if not (path / "experience").is_dir():
                 raise FileNotFoundError(f"exchange.peer_logs: no experience log in {path} "
                                         f"(expected {path / 'experience'}/)")
-            for d in read_log(path, kinds={"rollout"}):
-                renamed = Delivery(kind=d.kind, producer=f"log:{d.producer}",
-                                   producer_version=d.producer_version, seq=d.seq, record=d.record)
-                self.by_prompt[d.record.prompt_id].append(renamed)
+            try:
+                for d in read_log(path, kinds={"rollout"}):
+                    renamed = Delivery(kind=d.kind, producer=f"log:{d.producer}",
+                                       producer_version=d.producer_version, seq=d.seq, record=d.record)
+                    self.by_prompt[d.record.prompt_id].append(renamed)
+            except ExchangeError as exc:   # a newer protocol, a damaged frame: say which log
+                raise ConfigError(f"exchange.peer_logs (--peer-log): {path} cannot be replayed: "
+                                  f"{exc} (`mutualrl exchange inspect {path}` shows what it "
+                                  "holds)") from None
 
     def for_prompts(self, prompt_ids: Iterable[str]) -> list[Delivery]:
         return [d for pid in dict.fromkeys(prompt_ids) for d in self.by_prompt.get(pid, ())]

@@ -3,8 +3,8 @@
 While a run trains, the first SIGINT or SIGTERM only asks it to stop: the step in flight finishes
 (its workers are threads deep in torch; interrupting them there aborts the process), a checkpoint
 is written when ``save_steps > 0``, and ``RunInterrupted`` carries the resume command up to the
-command line, which prints it and exits 130 (SIGINT) or 143 (SIGTERM). A second signal stops at
-once: everything appended so far stays on disk, and ``--resume`` continues from the last
+command line, which prints it and exits 130 (SIGINT) or 143 (SIGTERM). The same signal again
+stops at once: everything appended so far stays on disk, and ``--resume`` continues from the last
 checkpoint.
 """
 
@@ -36,6 +36,9 @@ class RunInterrupted(Exception):
     def exit_code(self) -> int:
         return 128 + self.signum
 
+    def __reduce__(self):   # crosses process boundaries (compare --jobs workers)
+        return (RunInterrupted, (self.signum, self.step, self.run_dir, self.checkpoint))
+
 
 class StopRequests:
     """Signal handlers for the life of a run (main thread only; elsewhere it never stops early)."""
@@ -60,7 +63,11 @@ class StopRequests:
         self._saved.clear()
 
     def _handle(self, signum: int, frame) -> None:
-        if self.signum is not None:     # the second signal: stop now
+        # The same signal again stops at once (Ctrl-C twice). Another kind is the same request:
+        # a compare passes SIGTERM on to workers that the terminal's SIGINT already reached.
+        if self.signum is not None and signum != self.signum:
+            return
+        if self.signum is not None:
             print(f"\nmutualrl: {signal.Signals(signum).name} again: stopping at once; resume "
                   "from the last checkpoint with `mutualrl train --resume RUN_DIR`",
                   file=sys.stderr, flush=True)

@@ -25,6 +25,8 @@ naming the file, the column and the columns present.
 
 from __future__ import annotations
 
+import json
+
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +69,7 @@ def load_rows(path: str, split: str = "train", config: str | None = None) -> tup
             if p.suffix not in FILE_BUILDERS:
                 raise TaskError(f"task.path: {path}: unknown file type {p.suffix!r}; "
                                 f"expected one of {sorted(FILE_BUILDERS)}")
+            check_text_file(p)
             ds = datasets.load_dataset(FILE_BUILDERS[p.suffix], data_files=str(p), split="train")
         else:
             ds = datasets.load_dataset(path, config, split=split)
@@ -76,7 +79,34 @@ def load_rows(path: str, split: str = "train", config: str | None = None) -> tup
         where = "file" if p.exists() else "hub dataset (is the hub reachable from here?)"
         raise TaskError(f"task.path: cannot read {where} {path!r} "
                         f"(split {split!r}): {type(exc).__name__}: {exc}") from None
+    if len(ds) == 0:
+        raise TaskError(f"task.path: {path} (split {split!r}) holds no rows; expected question "
+                        "and answer rows")
     return ds.to_list(), list(ds.column_names)
+
+
+def check_text_file(p: Path) -> None:
+    """A local text data file must be UTF-8 and, as JSON Lines, one JSON value a line: the error
+    names the file and the line (``datasets``' own errors name neither)."""
+    if p.suffix not in (".jsonl", ".json", ".csv"):
+        return
+    data = p.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise TaskError(f"task.path: {p}:{line}: not UTF-8 text (byte {exc.start}: "
+                        f"{exc.reason}); expected a UTF-8 encoded file") from None
+    if not text.strip():
+        raise TaskError(f"task.path: {p} is empty; expected question and answer rows")
+    if p.suffix == ".jsonl":
+        for number, line in enumerate(text.splitlines(), start=1):
+            if line.strip():
+                try:
+                    json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise TaskError(f"task.path: {p}:{number}: not a JSON value ({exc}); "
+                                    "expected one JSON object a line") from None
 
 
 def _resolve(cfg_value: str | None, default: str | None, present: list[str], path: str,

@@ -54,6 +54,9 @@ class JsonlTask:
             lines = self.path.read_text(encoding="utf-8").splitlines()
         except FileNotFoundError:
             raise TaskError(f"task.path: file not found: {self.path}") from None
+        except UnicodeDecodeError as exc:
+            raise TaskError(f"task.path: {self.path}: not UTF-8 text (byte {exc.start}: "
+                            f"{exc.reason}); expected a UTF-8 encoded JSON Lines file") from None
         for number, line in enumerate(lines, start=1):
             if not line.strip():
                 continue

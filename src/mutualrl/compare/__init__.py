@@ -28,10 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mutualrl.compare.parallel import run_parallel
+from mutualrl.compare.progress import CompareProgress, _NestedRunProgress
 from mutualrl.config import ConfigError
-from mutualrl.run.progress import RunProgress
 from mutualrl.provenance import git_commit
 from mutualrl.report.analysis import starting_point_line
+from mutualrl.run.folder import claim
 
 STATE_FILE = "compare.json"
 WARMSTART_DIR = "warmstart"
@@ -233,102 +235,6 @@ def open_state(out: Path, fresh: dict[str, Any], resume: bool) -> dict[str, Any]
     return old
 
 
-# ---- progress ---------------------------------------------------------------------------------
-class CompareProgress:
-    """One rich display: runs done / total and the current run's phase (warm start, train)."""
-
-    def __init__(self, enabled: bool = True, console=None, jobs: int = 1) -> None:
-        self.enabled = enabled
-        self.jobs = max(1, jobs)          # runs at a time: the ETA divides the work among them
-        self.console = console            # finished runs are reported here even without a display
-        self._progress = None
-        self._overall = None
-        self._remaining = 0
-        self._walls: list[float] = []     # wall seconds of the runs finished in this session
-        if enabled:
-            from mutualrl.run.progress import make_progress
-            self._progress = make_progress(console)
-
-    def __enter__(self) -> CompareProgress:
-        if self._progress is not None:
-            self._progress.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._progress is not None:
-            self._progress.stop()
-
-    def start(self, total: int, done: int) -> None:
-        self._remaining = total - done
-        if self._progress is not None:
-            self._overall = self._progress.add_task("", total=total, completed=done, phase="runs")
-
-    def run_started(self, name: str) -> RunProgress:
-        if self._progress is None:
-            return RunProgress(enabled=False)
-        eta = self.eta()
-        self._progress.update(self._overall, description=f"running {name}" + (f"; {eta}" if eta else ""))
-        return _NestedRunProgress(self._progress) if self.jobs == 1 else RunProgress(enabled=False)
-
-    def note(self, line: str) -> None:
-        """A message for the user (e.g. a damaged checkpoint that is skipped)."""
-        if self._progress is not None:
-            self._progress.console.print(line)
-        elif self.console is not None:
-            self.console.print(line)
-
-    def eta(self) -> str:
-        """Time left, estimated from the runs finished so far (a seed's first run also pays the
-        warm start, so early estimates run a little high)."""
-        if not self._walls or self._remaining <= 0:
-            return ""
-        left = sum(self._walls) / len(self._walls) * self._remaining / min(self.jobs, self._remaining)
-        return f"ETA {int(left // 60)}m{int(left % 60):02d}s (from {len(self._walls)} finished)"
-
-    def run_finished(self, name: str, line: str, wall_s: float | None = None, extra: str = "") -> None:
-        self._remaining -= 1
-        if wall_s is not None:
-            self._walls.append(wall_s)
-        eta = self.eta()
-        line = (f"{line}; {eta}" if eta else line) + extra
-        if self._progress is not None:
-            self._progress.update(self._overall, advance=1,
-                                  description=f"finished {name}" + (f"; {eta}" if eta else ""))
-            self._progress.console.print(line)
-        elif self.console is not None:
-            self.console.print(line)
-
-
-class _NestedRunProgress(RunProgress):
-    """A run's phases as rows of the compare's display; a phase's row goes when the next starts."""
-
-    def __init__(self, progress) -> None:
-        super().__init__(enabled=False)
-        self._shared = progress
-        self._row = None
-
-    def start_phase(self, phase: str, total: int, completed: int = 0) -> None:
-        self._drop_row()
-        self._row = self._shared.add_task("", total=total, completed=completed, phase=f"  {phase}")
-
-    def advance(self, description: str = "") -> None:
-        if self._row is not None:
-            self._shared.update(self._row, advance=1, description=description)
-
-    def finish_phase(self, message: str) -> None:
-        if self._row is not None:
-            from mutualrl.run.progress import finish_task
-            finish_task(self._shared, self._row, message)
-
-    def _drop_row(self) -> None:
-        if self._row is not None:
-            self._shared.remove_task(self._row)
-            self._row = None
-
-    def close(self) -> None:
-        self._drop_row()
-
-
 # ---- the compare ------------------------------------------------------------------------------
 @dataclass
 class _Runner:
@@ -360,7 +266,8 @@ class _Runner:
         return resume
 
     def failed(self, r: PlannedRun, exc: BaseException) -> None:
-        status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+        from mutualrl.run.signals import RunInterrupted
+        status = "interrupted" if isinstance(exc, (KeyboardInterrupt, RunInterrupted)) else "failed"
         self.set_status(r, status=status, error=f"{type(exc).__name__}: {exc}")
 
     def execute(self, r: PlannedRun) -> None:
@@ -389,59 +296,6 @@ class _Runner:
                                    summary.wall_time_s, start)
 
 
-def _train_in_process(train_fn: Callable, cfg, resume: bool):
-    """One run in a worker process of ``--jobs``: no display of its own (the compare shows it)."""
-    progress = RunProgress(enabled=False)
-    return train_fn(cfg, progress, resume=True) if resume else train_fn(cfg, progress)
-
-
-def run_parallel(runner: _Runner, todo: list[PlannedRun], jobs: int) -> None:
-    """``jobs`` runs at a time in worker processes. A seed's first run starts before the
-    seed's others, which wait until it has finished (and so stored the warm start they load).
-    After a failure no new run starts; those running finish, then the first error is raised."""
-    import multiprocessing
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-
-    leaders = {}
-    for r in todo:
-        leaders.setdefault(r.seed, r)
-    pending = list(leaders.values()) + [r for r in todo if leaders[r.seed] is not r]
-    warmed: set[int] = set()
-    running: dict = {}
-    error: BaseException | None = None
-    # Workers are reused, as one process runs every run of a sequential compare: their tokenizer
-    # and THL byte-table caches then serve several runs (building them costs seconds per run).
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        try:
-            while running or (pending and error is None):
-                while error is None and len(running) < jobs:
-                    r = next((r for r in pending if r.seed in warmed or leaders[r.seed] is r), None)
-                    if r is None:
-                        break
-                    pending.remove(r)
-                    resume = runner.begin(r)
-                    runner.progress.run_started(r.name)
-                    running[pool.submit(_train_in_process, runner.train_fn, r.cfg, resume)] = r
-                finished, _ = wait(running, return_when=FIRST_COMPLETED)
-                for fut in finished:
-                    r = running.pop(fut)
-                    try:
-                        summary = fut.result()
-                    except Exception as exc:
-                        runner.failed(r, exc)
-                        error = error or exc
-                        continue
-                    warmed.add(r.seed)
-                    runner.done(r, summary)
-        except KeyboardInterrupt as exc:
-            for r in running.values():
-                runner.failed(r, exc)
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise
-    if error is not None:
-        raise error
-
-
 def compare(config_path: str | Path, strategies: Sequence[str], seeds: int, output_dir: str | Path,
             *, overrides: Sequence[str] = (), resume: bool = False,
             progress: CompareProgress | None = None, train_fn: Callable | None = None,
@@ -459,7 +313,16 @@ def compare(config_path: str | Path, strategies: Sequence[str], seeds: int, outp
         raise ConfigError(f"--jobs must be >= 1, got {jobs}")
     out = Path(output_dir)
     runs = plan_runs(config_path, strategies, seeds, out, overrides)
-    state = open_state(out, _new_state(config_path, strategies, seeds, overrides, runs), resume)
+    with claim(out, what="compare"):        # one compare writes a folder at a time
+        state = _run_all(out, runs, open_state(out, _new_state(config_path, strategies, seeds,
+                                                              overrides, runs), resume),
+                         progress, train_fn, jobs)
+    return write_report(out, state)
+
+
+def _run_all(out: Path, runs: list[PlannedRun], state: dict[str, Any], progress, train_fn,
+             jobs: int) -> dict[str, Any]:
+    """Every run not finished yet, one at a time or ``jobs`` at a time; the final state."""
     out.mkdir(parents=True, exist_ok=True)
     write_state(out, state)
     if train_fn is None:
@@ -467,8 +330,8 @@ def compare(config_path: str | Path, strategies: Sequence[str], seeds: int, outp
     runner = _Runner(out, state, progress or CompareProgress(enabled=False), train_fn)
     todo = [r for r in runs if not runner.finished(r)]
     for r in runs:
-        if runner.finished(r):
-            state["runs"][r.name]["status"] = "done"
+        if runner.finished(r):   # an interruption after its summary was written is no error
+            state["runs"][r.name].update(status="done", error=None)
     write_state(out, state)
     runner.progress.start(len(runs), len(runs) - len(todo))
     if jobs > 1 and len(todo) > 1:
@@ -476,4 +339,4 @@ def compare(config_path: str | Path, strategies: Sequence[str], seeds: int, outp
     else:
         for r in todo:
             runner.execute(r)
-    return write_report(out, state)
+    return state
