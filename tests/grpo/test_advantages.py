@@ -124,3 +124,10 @@ def test_unknown_scale_and_estimator_raise():
         normalize(t(1.0), t(0.0), t(1.0), "median")
     with pytest.raises(ValueError, match="estimator"):
         group_advantages(t(0, 1), g(0, 0), 1, estimator="quantile")
+
+
+def test_ranks_and_rank_advantages_of_no_values_are_empty():
+    empty, index = torch.zeros(0), torch.zeros(0, dtype=torch.long)
+    assert within_group_ranks(empty, index, 0).shape == (0,)
+    adv = group_advantages(empty, index, 0, estimator="rank")
+    assert adv.advantages.shape == (0,) and adv.zero_std.shape == (0,)

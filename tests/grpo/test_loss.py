@@ -7,8 +7,9 @@ import math
 import pytest
 import torch
 
-from mutualrl.grpo import (aggregate, clipped_surrogate, completion_mask, entropy_from_logits,
-                           entropy_from_logprobs, k3_kl, selective_log_softmax, token_logprobs)
+from mutualrl.grpo import (LossShare, SurrogateSettings, aggregate, clipped_surrogate, completion_mask,
+                           entropy_from_logits, entropy_from_logprobs, k3_kl, row_scales,
+                           selective_log_softmax, token_logprobs)
 
 # A ragged (B=3, T=4) per-token loss with lengths 1, 3, 4.
 PER_TOKEN = torch.tensor([[1.0, 9.0, 9.0, 9.0],
@@ -52,12 +53,31 @@ def test_aggregate_unknown_loss_type():
         aggregate(PER_TOKEN, MASK, "ppo", 4)
 
 
-def surrogate(logp, old, adv, mask, **kw):
-    kw.setdefault("epsilon", 0.2)
-    kw.setdefault("epsilon_high", None)
-    kw.setdefault("loss_type", "dapo")
-    kw.setdefault("max_completion_length", logp.shape[1])
-    return clipped_surrogate(logp, old, adv, mask, **kw)
+def surrogate(logp, old, adv, mask, *, ref_logp=None, sample_weight=None, share=LossShare(), **settings):
+    settings.setdefault("epsilon", 0.2)
+    settings.setdefault("epsilon_high", None)
+    settings.setdefault("loss_type", "dapo")
+    settings.setdefault("max_completion_length", logp.shape[1])
+    return clipped_surrogate(logp, old, adv, mask, SurrogateSettings(**settings), ref_logp=ref_logp,
+                             sample_weight=sample_weight, share=share)
+
+
+def test_settings_reject_an_unknown_loss_type_naming_the_allowed_ones():
+    with pytest.raises(ValueError, match="loss_type must be 'grpo', 'dr_grpo' or 'dapo', got 'ppo'"):
+        SurrogateSettings(epsilon=0.2, epsilon_high=None, loss_type="ppo", max_completion_length=4)
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
+def test_micro_batch_shares_of_the_surrogate_sum_to_the_whole_batch_loss(loss_type):
+    g = torch.Generator().manual_seed(3)
+    logp, old = torch.randn(5, 4, generator=g) - 2, torch.randn(5, 4, generator=g) - 2
+    adv = torch.randn(5, generator=g)
+    mask = torch.arange(4).unsqueeze(0) < torch.tensor([4, 1, 3, 0, 2]).unsqueeze(-1)
+    whole = surrogate(logp, old, adv, mask, loss_type=loss_type, max_completion_length=6)
+    scales = row_scales(mask, loss_type, 6)
+    parts = [surrogate(logp[s], old[s], adv[s], mask[s], loss_type=loss_type, max_completion_length=6,
+                       share=LossShare(row_scale=scales[s])) for s in (slice(0, 2), slice(2, 5))]
+    assert float(sum(p.loss for p in parts)) == pytest.approx(float(whole.loss), rel=1e-6)
 
 
 def test_ratio_one_gives_minus_advantage_per_token():

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from mutualrl.grpo import clipped_surrogate
+from mutualrl.grpo import SurrogateSettings, clipped_surrogate
 from mutualrl.grpo.mismatch import importance_weights
 
 # B=2, T=2; the second row has one real token. Log-ratios trainer - sampler: [[0.5, 0], [0, -]].
@@ -52,8 +52,9 @@ def test_unknown_mode_is_refused():
 ])
 def test_is_corrected_loss_by_hand(loss_type, expected):
     w, _ = importance_weights(TRAINER, SAMPLER, MASK, "token_truncate", 1.5)
-    out = clipped_surrogate(TRAINER, TRAINER, torch.tensor([1.0, -2.0]), MASK, epsilon=0.2,
-                            epsilon_high=None, loss_type=loss_type, max_completion_length=4,
+    out = clipped_surrogate(TRAINER, TRAINER, torch.tensor([1.0, -2.0]), MASK,
+                            SurrogateSettings(epsilon=0.2, epsilon_high=None, loss_type=loss_type,
+                                              max_completion_length=4),
                             sample_weight=torch.tensor([1.0, 1.0]).unsqueeze(-1) * w)
     assert out.loss.item() == pytest.approx(expected)
 
@@ -65,8 +66,9 @@ def test_token_weights_carried_in_train_sequences_reach_the_loss():
             TrainSequence(prompt_ids=(1, 2), completion_ids=(7,), advantage=-2.0))
     c = collate_sequences(seqs, pad_id=0)
     torch.testing.assert_close(c.extras["weights"], torch.tensor([[3.0, 2.0], [1.0, 1.0]]))
-    out = clipped_surrogate(TRAINER, TRAINER, c.extras["advantages"], MASK, epsilon=0.2,
-                            epsilon_high=None, loss_type="dapo", max_completion_length=4,
+    out = clipped_surrogate(TRAINER, TRAINER, c.extras["advantages"], MASK,
+                            SurrogateSettings(epsilon=0.2, epsilon_high=None, loss_type="dapo",
+                                              max_completion_length=4),
                             sample_weight=c.extras["weights"])
     assert out.loss.item() == pytest.approx((-3.0 - 2.0 + 2.0) / 3)
     plain = collate_sequences(tuple(TrainSequence(prompt_ids=s.prompt_ids, completion_ids=s.completion_ids,

@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from mutualrl.grpo import aggregate, row_scales, scaled_sum, token_mean_scale
+from mutualrl.grpo import NORMALISERS, aggregate, row_scales, scaled_sum, token_mean_scale
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
+@pytest.mark.parametrize("loss_type", sorted(NORMALISERS))
 @pytest.mark.parametrize("cuts", [[0, 7], [0, 3, 7], [0, 1, 2, 5, 7]])
 def test_micro_batch_shares_sum_to_the_batch_loss(loss_type, cuts):
     g = torch.Generator().manual_seed(1)
@@ -24,3 +24,25 @@ def test_token_mean_scale_and_empty_masks():
     assert torch.all(row_scales(mask, "grpo", 4) == 1 / 3)
     with pytest.raises(ValueError, match="loss_type"):
         row_scales(mask, "sum", 4)
+
+
+def test_the_normaliser_table_holds_the_three_loss_types():
+    assert sorted(NORMALISERS) == ["dapo", "dr_grpo", "grpo"]
+
+
+@pytest.mark.parametrize("loss_type", sorted(NORMALISERS))
+@pytest.mark.parametrize("skipped", [(0, 0), (2, 5)])
+def test_skipped_rows_count_alike_in_both_forms(loss_type, skipped):
+    g = torch.Generator().manual_seed(2)
+    per_token = torch.randn(4, 3, generator=g, dtype=torch.float64)
+    mask = torch.arange(3).unsqueeze(0) < torch.tensor([3, 1, 2, 0]).unsqueeze(-1)
+    scales = row_scales(mask, loss_type, 5, *skipped)
+    assert float(scaled_sum(per_token, mask, scales)) == pytest.approx(
+        float(aggregate(per_token, mask, loss_type, 5, *skipped)), rel=1e-6)
+
+
+def test_unknown_loss_type_names_the_allowed_values():
+    for fn in (lambda: aggregate(torch.ones(1, 1), torch.ones(1, 1), "sum", 1),
+               lambda: row_scales(torch.ones(1, 1), "sum", 1)):
+        with pytest.raises(ValueError, match="loss_type must be 'grpo', 'dr_grpo' or 'dapo', got 'sum'"):
+            fn()

@@ -3,13 +3,14 @@
 from mutualrl.grpo.advantages import (Advantages, GroupMoments, group_advantages, group_moments,
                                       normalize, within_group_ranks)
 from mutualrl.grpo.chunked import chunked_token_logprobs
-from mutualrl.grpo.loss import (LossOutput, aggregate, clipped_surrogate, completion_mask,
+from mutualrl.grpo.loss import (LossOutput, SurrogateSettings, clipped_surrogate, completion_mask,
                                 entropy_from_logits, entropy_from_logprobs, importance_ratio, k3_kl,
                                 selective_log_softmax, token_logprobs)
-from mutualrl.grpo.normalise import row_scales, scaled_sum, token_mean_scale
+from mutualrl.grpo.normalise import (NORMALISERS, LossShare, aggregate, loss_normaliser, row_scales,
+                                     scaled_sum, token_mean_scale)
 
-__all__ = ["Advantages", "GroupMoments", "LossOutput", "aggregate", "chunked_token_logprobs",
-           "clipped_surrogate", "row_scales", "scaled_sum", "token_mean_scale",
-           "completion_mask", "entropy_from_logits", "entropy_from_logprobs", "group_advantages",
-           "group_moments", "importance_ratio", "k3_kl", "normalize", "selective_log_softmax", "token_logprobs",
-           "within_group_ranks"]
+__all__ = ["NORMALISERS", "Advantages", "GroupMoments", "LossOutput", "LossShare", "SurrogateSettings",
+           "aggregate", "chunked_token_logprobs", "clipped_surrogate", "completion_mask",
+           "entropy_from_logits", "entropy_from_logprobs", "group_advantages", "group_moments",
+           "importance_ratio", "k3_kl", "loss_normaliser", "normalize", "row_scales", "scaled_sum",
+           "selective_log_softmax", "token_logprobs", "token_mean_scale", "within_group_ranks"]

@@ -43,7 +43,8 @@ def within_group_ranks(values: Tensor, group_index: Tensor, num_groups: int) -> 
     """
     n = values.shape[0]
     # sort by (group, value) so each group's values are contiguous and ascending
-    order = torch.argsort(group_index.to(torch.float64) * (values.abs().max() * 4 + 4) + values.to(torch.float64), stable=True)
+    span = values.abs().max() * 4 + 4 if n else 4     # max() of no values raises; nothing to sort
+    order = torch.argsort(group_index.to(torch.float64) * span + values.to(torch.float64), stable=True)
     ranks = torch.empty(n, dtype=torch.float64)
     g_sorted, v_sorted = group_index[order], values[order].to(torch.float64)
     new_run = torch.ones(n, dtype=torch.bool)

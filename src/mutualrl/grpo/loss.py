@@ -1,4 +1,7 @@
-"""The GRPO objective: per-token clipped surrogate, k3 KL, and loss aggregation. Pure functions.
+"""The GRPO objective: per-token clipped surrogate and k3 KL. Pure functions.
+
+Its reduction to a scalar (one normaliser per ``loss_type``, whole batch or micro-batch share)
+is ``normalise``'s.
 
 Shapes: B sequences, T completion positions, V vocabulary. ``mask`` (B, T) is 1 on completion
 tokens that count (not padding; optionally not truncated completions).
@@ -11,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from mutualrl.grpo.normalise import scaled_sum
+from mutualrl.grpo.normalise import WHOLE_BATCH, LossShare, loss_normaliser
 
 
 def selective_log_softmax(logits: Tensor, targets: Tensor) -> Tensor:
@@ -50,31 +53,6 @@ def k3_kl(logp: Tensor, ref_logp: Tensor) -> Tensor:
     return torch.exp(delta) - delta - 1
 
 
-def aggregate(per_token: Tensor, mask: Tensor, loss_type: str, max_completion_length: int,
-              skipped_rows: int = 0, skipped_tokens: int = 0) -> Tensor:
-    """Reduce a (B, T) per-token loss to a scalar.
-
-    grpo:    mean over each sequence's tokens, then mean over sequences (the original GRPO; longer
-             sequences get smaller per-token weight).
-    dr_grpo: sum over all tokens / (B * max_completion_length): a constant normaliser, no length bias.
-    dapo:    mean over all tokens in the batch (token-level, DAPO).
-
-    ``skipped_rows`` / ``skipped_tokens``: rows left out of the batch because their per-token
-    loss is exactly 0 (see ``TrainBatch.skipped_rows``); they still count in the normaliser, so
-    the result equals that of the full batch.
-    """
-    mask = mask.to(per_token.dtype)
-    if loss_type == "grpo":
-        per_seq = (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-        # mean() when nothing was skipped keeps results bit-identical to the unskipped path
-        return per_seq.sum() / (per_seq.shape[0] + skipped_rows) if skipped_rows else per_seq.mean()
-    if loss_type == "dr_grpo":
-        return (per_token * mask).sum() / ((per_token.shape[0] + skipped_rows) * max_completion_length)
-    if loss_type == "dapo":
-        return (per_token * mask).sum() / (mask.sum() + skipped_tokens).clamp(min=1)
-    raise ValueError(f"loss_type must be 'grpo', 'dr_grpo' or 'dapo', got {loss_type!r}")
-
-
 def importance_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, level: str) -> Tensor:
     """Importance ratio per position: (B, T), (B, T), (B, T) -> (B, T).
 
@@ -101,43 +79,57 @@ class LossOutput:
     kl: Tensor                  # scalar: mean k3 KL over masked tokens (0 when no reference)
 
 
-def clipped_surrogate(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *,
-                      epsilon: float, epsilon_high: float | None, loss_type: str,
-                      max_completion_length: int, ref_logp: Tensor | None = None, beta: float = 0.0,
-                      sample_weight: Tensor | None = None, row_scale: Tensor | None = None,
-                      importance_sampling_level: str = "token", skipped_rows: int = 0,
-                      skipped_tokens: int = 0) -> LossOutput:
+@dataclass(frozen=True)
+class SurrogateSettings:
+    """The clipped objective's settings, constant for a run.
+
+    The caller builds it from its own configuration (``grpo/`` takes numbers and names, never a
+    config object). The loss_type is checked here, so a bad one fails before any forward pass.
+    """
+
+    epsilon: float                        # ratio clipped below at 1 - epsilon
+    epsilon_high: float | None            # ... and above at 1 + epsilon_high; None: epsilon
+    loss_type: str                        # a key of ``normalise.NORMALISERS``
+    max_completion_length: int            # dr_grpo's constant normaliser
+    beta: float = 0.0                     # k3 KL coefficient; 0: no KL term
+    importance_sampling_level: str = "token"   # "token" (GRPO) or "sequence" (GSPO, TRL's name)
+
+    def __post_init__(self) -> None:
+        loss_normaliser(self.loss_type)
+
+    @property
+    def clip_high(self) -> float:
+        return self.epsilon if self.epsilon_high is None else self.epsilon_high
+
+
+def clipped_surrogate(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,
+                      settings: SurrogateSettings, *, ref_logp: Tensor | None = None,
+                      sample_weight: Tensor | None = None,
+                      share: LossShare = WHOLE_BATCH) -> LossOutput:
     """GRPO/PPO clipped objective.
 
-    logp, old_logp, mask: (B, T); advantages: (B,); ref_logp: (B, T) or None;
+    logp, old_logp, mask: (B, T); advantages: (B,); ref_logp: (B, T) or None (no KL term);
     sample_weight: (B,) detached per-sequence weights (e.g. a truncated off-policy ratio for
     pooled peer samples), multiplying each sequence's per-token loss, or (B, T) per-token weights
     (the sampler/trainer mismatch correction); None means 1.
-    importance_sampling_level: "token" (GRPO) or "sequence" (GSPO, as TRL names it).
-    row_scale: (B,) the whole batch's normaliser per row (``normalise.row_scales``) when these
-    rows are a micro-batch of it: the loss is then this micro-batch's share of the batch loss
-    instead of ``aggregate`` over these rows alone. The statistics stay over these rows.
-    skipped_rows, skipped_tokens: zero-loss rows left out, counted in the normaliser (``aggregate``;
-    with ``row_scale`` they are already in it).
+    share: where these rows sit in the batch's normaliser (``normalise.LossShare``): by default
+    they are the whole batch; with a ``row_scale`` they are a micro-batch of it and the loss is
+    their share of the batch loss. The statistics stay over these rows.
     """
-    eps_high = epsilon if epsilon_high is None else epsilon_high
-    ratio = importance_ratio(logp, old_logp, mask, importance_sampling_level)   # (B, T)
+    epsilon, eps_high = settings.epsilon, settings.clip_high
+    ratio = importance_ratio(logp, old_logp, mask, settings.importance_sampling_level)   # (B, T)
     adv = advantages.unsqueeze(-1)                                       # (B, 1)
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1 - epsilon, 1 + eps_high) * adv
     per_token = -torch.min(unclipped, clipped)                           # (B, T)
     kl = torch.zeros_like(logp)
-    if ref_logp is not None and beta > 0:
+    if ref_logp is not None and settings.beta > 0:
         kl = k3_kl(logp, ref_logp)
-        per_token = per_token + beta * kl
+        per_token = per_token + settings.beta * kl
     if sample_weight is not None:
         w = sample_weight.detach()
         per_token = per_token * (w.unsqueeze(-1) if w.dim() == 1 else w)
-    if row_scale is None:
-        loss = aggregate(per_token, mask, loss_type, max_completion_length, skipped_rows,
-                         skipped_tokens)
-    else:
-        loss = scaled_sum(per_token, mask, row_scale)
+    loss = share.loss(per_token, mask, settings.loss_type, settings.max_completion_length)
     m = mask.to(logp.dtype)
     n = m.sum().clamp(min=1)
     with torch.no_grad():

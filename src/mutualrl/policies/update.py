@@ -30,8 +30,8 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from mutualrl.config import GRPOConfig, PolicyConfig, TrainingConfig
-from mutualrl.grpo import (chunked_token_logprobs, clipped_surrogate, completion_mask,
-                           entropy_from_logprobs, row_scales, selective_log_softmax,
+from mutualrl.grpo import (LossShare, SurrogateSettings, chunked_token_logprobs, clipped_surrogate,
+                           completion_mask, entropy_from_logprobs, row_scales, selective_log_softmax,
                            token_logprobs, token_mean_scale)
 from mutualrl.policies.batch import Collated, SFTExample, TrainBatch, collate, collate_sequences
 from mutualrl.policies.generation.mismatch import correct_mismatch
@@ -261,13 +261,13 @@ class UpdateEngine:
         # ratio 1 on the first pass; their off-policy correction travels in ``weights``.
         old_i = torch.where(torch.isnan(old), logp.detach(), old)
         out = clipped_surrogate(
-            logp, old_i, c.extras["advantages"].to(self.p.device), parts.mask[s], epsilon=g.epsilon,
-            epsilon_high=g.epsilon_high, loss_type=g.loss_type,
-            max_completion_length=g.max_completion_length, ref_logp=parts.ref[i], beta=g.beta,
-            sample_weight=weights[s].to(self.p.device),
-            row_scale=None if parts.scales is None else parts.scales[s],
-            importance_sampling_level=g.importance_sampling_level,
-            skipped_rows=parts.skipped_rows, skipped_tokens=parts.skipped_tokens)
+            logp, old_i, c.extras["advantages"].to(self.p.device), parts.mask[s],
+            SurrogateSettings(epsilon=g.epsilon, epsilon_high=g.epsilon_high, loss_type=g.loss_type,
+                              max_completion_length=g.max_completion_length, beta=g.beta,
+                              importance_sampling_level=g.importance_sampling_level),
+            ref_logp=parts.ref[i], sample_weight=weights[s].to(self.p.device),
+            share=LossShare(row_scale=None if parts.scales is None else parts.scales[s],
+                            skipped_rows=parts.skipped_rows, skipped_tokens=parts.skipped_tokens))
         return out, ent
 
     def sft_total_loss(self, examples: tuple[SFTExample, ...]) -> torch.Tensor:

@@ -37,8 +37,8 @@ from mutualrl.config import ConfigError
 from mutualrl.grpo import group_advantages
 from mutualrl.policies.batch import TrainBatch, TrainSequence
 from mutualrl.strategies.base import StrategyContext, register_strategy
-from mutualrl.strategies.common import (adapt_to_receiver, own_advantages, peer_logprob_totals,
-                                        peer_rollouts, sequences_from_samples)
+from mutualrl.strategies.common import (batch_of, group_count, own_sequences, peer_rollouts,
+                                        receive_peers, sequences_from_samples)
 from mutualrl.strategies.prp import truncated_ratio
 
 
@@ -95,14 +95,14 @@ class CoDistill:
     def build_batches(self, ctx: StrategyContext, receiver: str, own) -> list[TrainBatch]:
         larger = self._resolve(ctx)
         if larger is None:
-            seqs = sequences_from_samples(own, *own_advantages(own, ctx.grpo), ctx.grpo)
+            seqs = own_sequences(own, ctx.grpo)
         elif receiver == larger:
             ctx.log(receiver, "codistill/is_larger", 1)
             seqs = self._larger_sequences(ctx, receiver, own)
         else:
             ctx.log(receiver, "codistill/is_larger", 0)
             seqs = self._smaller_sequences(ctx, receiver, larger, own)
-        return [TrainBatch(sequences=tuple(seqs))] if seqs else []
+        return batch_of(seqs)
 
     # ---- the smaller policy: GRPO on verified + distillation reward ----------------------
     def _smaller_sequences(self, ctx, receiver, larger, own) -> list[TrainSequence]:
@@ -120,7 +120,7 @@ class CoDistill:
         verified = torch.tensor([s.reward for s in own], dtype=torch.float64)
         shaped = (verified + self.p.kd_coef * kd).to(torch.float32)
         groups = torch.tensor([s.group for s in own])
-        adv = group_advantages(shaped, groups, int(groups.max()) + 1, scale=ctx.grpo.scale_rewards,
+        adv = group_advantages(shaped, groups, group_count(own), scale=ctx.grpo.scale_rewards,
                                estimator=ctx.grpo.advantage_estimator)
         ctx.log(receiver, "codistill/kd_reward_mean", float(kd.mean()))
         ctx.log(receiver, "codistill/kd_reward_std", float(kd.std(unbiased=False)))
@@ -132,27 +132,22 @@ class CoDistill:
     def _larger_sequences(self, ctx, receiver, own) -> list[TrainSequence]:
         seqs: list[TrainSequence] = []
         if self.p.larger_trains_on == "both":
-            seqs += sequences_from_samples(own, *own_advantages(own, ctx.grpo), ctx.grpo)
-        adapted = adapt_to_receiver(ctx, receiver, peer_rollouts(ctx, receiver))
-        ctx.log(receiver, "codistill/peer_samples", len(adapted))
-        if not adapted:
+            seqs += own_sequences(own, ctx.grpo)
+        peers = receive_peers(ctx, receiver, peer_rollouts(ctx, receiver))
+        ctx.log(receiver, "codistill/peer_samples", len(peers))
+        if not len(peers):
             return seqs
-        prompts = [ctx.encode_prompt[receiver](d.record.prompt) for d, _ in adapted]
-        completions = [tuple(int(t) for t in res.target_ids) for _, res in adapted]
-        recv = ctx.sequence_logprobs[receiver](prompts, completions).to(torch.float64)
-        peer_total, _ = peer_logprob_totals(adapted)
+        recv = ctx.sequence_logprobs[receiver](peers.prompts, peers.completions).to(torch.float64)
+        peer_total, _ = peers.logprob_totals()
         w = truncated_ratio(recv, peer_total, self.p.ratio_cap)
+        # each (producer, prompt) is a group of its own: the smaller policy's G samples
         index: dict[tuple[str, str], int] = {}
         groups = torch.tensor([index.setdefault((d.producer, d.record.prompt_id), len(index))
-                               for d, _ in adapted])
-        rewards = torch.tensor([d.record.reward for d, _ in adapted], dtype=torch.float32)
+                               for d, _ in peers.adapted])
+        rewards = torch.tensor([d.record.reward for d, _ in peers.adapted], dtype=torch.float32)
         adv = group_advantages(rewards, groups, len(index), scale=ctx.grpo.scale_rewards,
                                estimator=ctx.grpo.advantage_estimator)
-        seqs += [TrainSequence(p, c, float(a), None, weight=float(wi), source=d.producer,
-                               truncated=d.record.finish_reason == "length")
-                 for (d, _), p, c, a, wi, z in zip(adapted, prompts, completions, adv.advantages.tolist(),
-                                                   w.tolist(), adv.zero_std.tolist())
-                 if not (z and ctx.grpo.skip_zero_std_groups)]
+        seqs += peers.sequences(adv.advantages, w, adv.zero_std, ctx.grpo)
         ctx.log(receiver, "codistill/is_weight_mean", float(w.mean()))
         ctx.log(receiver, "codistill/is_weight_var", float(w.var(unbiased=False)))
         ctx.log(receiver, "codistill/truncated_frac",

@@ -45,9 +45,9 @@ import msgspec
 import torch
 
 from mutualrl.grpo import group_moments, normalize
-from mutualrl.policies.batch import TrainBatch, TrainSequence
+from mutualrl.policies.batch import TrainBatch
 from mutualrl.strategies.base import StrategyContext, register_strategy
-from mutualrl.strategies.common import adapt_to_receiver, peer_logprob_totals, select_peers
+from mutualrl.strategies.common import MixedGroup, mixed_group
 
 CAPABILITY_FLOOR = 1e-8
 
@@ -150,57 +150,41 @@ class HACPO:
 
     # ---- batches -------------------------------------------------------------------------
     def build_batches(self, ctx: StrategyContext, receiver: str, own) -> list[TrainBatch]:
-        pid_group, peers = select_peers(ctx, receiver, own, self.p.max_peer_per_group)
-        adapted = adapt_to_receiver(ctx, receiver, peers)
-        prompts = [ctx.encode_prompt[receiver](d.record.prompt) for d, _ in adapted]
-        completions = [tuple(int(t) for t in res.target_ids) for _, res in adapted]
-        sources = [d.producer for d, _ in adapted]
-        n = len(own)
-        p_recv = self.capability(receiver)
-        rewards = torch.tensor([s.reward for s in own] + [d.record.reward for d, _ in adapted],
-                               dtype=torch.float32)
-        groups = torch.tensor([s.group for s in own] + [pid_group[d.record.prompt_id] for d, _ in adapted])
-        omega = torch.tensor([1.0] * n + [p_recv / self.capability(j) for j in sources], dtype=torch.float64)
-        is_own = torch.arange(len(rewards)) < n
-        num_groups = max(s.group for s in own) + 1 if own else 0
-        adv, _, zero, guarded = capability_advantages(rewards, groups, num_groups, omega, is_own,
-                                                      ctx.grpo.scale_rewards)
+        mixed = mixed_group(ctx, receiver, own, self.p.max_peer_per_group)
+        n, p_recv = mixed.n_own, self.capability(receiver)
+        omega = torch.tensor([1.0] * n + [p_recv / self.capability(j) for j in mixed.peers.sources],
+                             dtype=torch.float64)
+        is_own = torch.arange(len(mixed.rewards)) < n
+        adv, _, zero, guarded = capability_advantages(mixed.rewards, mixed.groups, mixed.num_groups,
+                                                      omega, is_own, ctx.grpo.scale_rewards)
         self._log_capabilities(ctx, receiver, guarded)
-        own_seqs = [TrainSequence(s.prompt_ids, s.completion_ids, float(a), s.logprobs,
-                                  truncated=s.finish_reason == "length")
-                    for s, a, z in zip(own, adv[:n].tolist(), zero[:n].tolist())
-                    if not (z and ctx.grpo.skip_zero_std_groups)]
-        peer_parts = self._peer_sequences(ctx, receiver, adapted, prompts, completions, sources,
-                                          adv[n:], zero[n:])
-        return self._split(own_seqs, peer_parts)
+        own_seqs = mixed.own_sequences(adv, zero, ctx.grpo)
+        return self._split(own_seqs, self._peer_sequences(ctx, receiver, mixed, adv, zero))
 
-    def _peer_sequences(self, ctx, receiver, adapted, prompts, completions, sources, adv, zero):
-        """Per update index m, the peer sequences weighted with that update's clamp."""
-        U = self.p.updates_per_step
-        if not adapted:
+    def _peer_sequences(self, ctx, receiver, mixed: MixedGroup, adv, zero):
+        """Per update index m, the peer sequences weighted with that update's clamp.
+
+        adv, zero: (N,) over the mixed group; returns U lists of sequences."""
+        U, peers = self.p.updates_per_step, mixed.peers
+        if not len(peers):
             ctx.log(receiver, "hacpo/peer_samples", 0)
             return [[] for _ in range(U)]
-        recv_total = ctx.sequence_logprobs[receiver](prompts, completions).to(torch.float64)
-        recv_len = torch.tensor([max(len(c), 1) for c in completions], dtype=torch.float64)
-        src_total, src_len = peer_logprob_totals(adapted)
-        log_ratio = recv_total / recv_len - src_total / src_len            # (B,) length-normalised
-        coef = torch.tensor([self.coefficient(j, receiver) for j in sources], dtype=torch.float64)
-        index = torch.arange(len(adapted)) % U
-        parts: list[list[TrainSequence]] = [[] for _ in range(U)]
-        clamped_all = torch.zeros(len(adapted), dtype=torch.bool)
-        weights_all = torch.zeros(len(adapted), dtype=torch.float64)
+        recv_total = ctx.sequence_logprobs[receiver](peers.prompts, peers.completions).to(torch.float64)
+        recv_len = torch.tensor([max(len(c), 1) for c in peers.completions], dtype=torch.float64)
+        src_total, src_len = peers.logprob_totals()
+        log_ratio = recv_total / recv_len - src_total / src_len            # (P,) length-normalised
+        coef = torch.tensor([self.coefficient(j, receiver) for j in peers.sources], dtype=torch.float64)
+        index = torch.arange(len(peers)) % U                               # (P,) update of each row
+        clamped_all = torch.zeros(len(peers), dtype=torch.bool)
+        weights_all = torch.zeros(len(peers), dtype=torch.float64)
         for m in range(U):
             w, clamped = cross_weights(log_ratio, coef, self.p.alpha, self.p.cross_clip_lower(m))
             sel = index == m
             weights_all[sel], clamped_all[sel] = w[sel], clamped[sel]
-        for i, ((d, _), p, c) in enumerate(zip(adapted, prompts, completions)):
-            if bool(zero[i]) and ctx.grpo.skip_zero_std_groups:
-                continue
-            parts[int(index[i])].append(TrainSequence(
-                p, c, float(adv[i]), None, weight=float(weights_all[i]), source=d.producer,
-                truncated=d.record.finish_reason == "length"))
+        parts = [mixed.peer_sequences(adv, zero, weights_all, ctx.grpo, select=index == m)
+                 for m in range(U)]
         ratio = torch.exp(log_ratio)
-        ctx.log(receiver, "hacpo/peer_samples", len(adapted))
+        ctx.log(receiver, "hacpo/peer_samples", len(peers))
         ctx.log(receiver, "hacpo/ratio_mean", float(ratio.mean()))
         ctx.log(receiver, "hacpo/ratio_var", float(ratio.var(unbiased=False)))
         ctx.log(receiver, "hacpo/clamped_frac", float(clamped_all.double().mean()))

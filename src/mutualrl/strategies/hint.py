@@ -33,7 +33,7 @@ import msgspec
 
 from mutualrl.policies.batch import TrainBatch
 from mutualrl.strategies.base import StrategyContext, register_strategy
-from mutualrl.strategies.common import own_advantages, peer_rollouts, sequences_from_samples
+from mutualrl.strategies.common import batch_of, group_count, own_sequences, peer_rollouts
 from mutualrl.tasks.base import Prompt
 
 
@@ -123,23 +123,21 @@ class PeerHints:
             raise RuntimeError("strategy 'hint' needs StrategyContext.generate and .verify "
                                "(the training loop provides them)")
         counts = {"generated": 0, **{f"tier_{i}": 0 for i in range(len(self.p.tiers))}}
-        extra, next_group = [], max((s.group for s in own), default=-1) + 1
+        extra, next_group = [], group_count(own)
         for prompt, solution in candidates:
             group = self._hinted_group(ctx, receiver, prompt, solution, next_group, counts)
             if group is not None:
                 extra += group
                 next_group += 1
-        samples = list(own) + extra
-        seqs = (sequences_from_samples(samples, *own_advantages(samples, ctx.grpo), ctx.grpo)
-                if samples else [])
+        seqs = own_sequences(list(own) + extra, ctx.grpo)
         ctx.log(receiver, "hint/candidates", len(candidates))
-        ctx.log(receiver, "hint/rescued_prompts", next_group - (max((s.group for s in own), default=-1) + 1))
+        ctx.log(receiver, "hint/rescued_prompts", next_group - group_count(own))
         ctx.log(receiver, "hint/generated", counts["generated"])
         for i in range(len(self.p.tiers)):
             ctx.log(receiver, f"hint/tier_{i}_used", counts[f"tier_{i}"])
         if extra:
             ctx.log(receiver, "hint/hinted_reward_mean", sum(s.reward for s in extra) / len(extra))
-        return [TrainBatch(sequences=tuple(seqs))] if seqs else []
+        return batch_of(seqs)
 
     def after_update(self, ctx: StrategyContext, receiver: str) -> None:
         return None

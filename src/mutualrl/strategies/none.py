@@ -6,7 +6,7 @@ import msgspec
 
 from mutualrl.policies.batch import TrainBatch
 from mutualrl.strategies.base import StrategyContext, register_strategy
-from mutualrl.strategies.common import own_advantages, sequences_from_samples
+from mutualrl.strategies.common import batch_of, own_sequences
 
 
 class NoneParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -20,9 +20,7 @@ class Independent:
         return None
 
     def build_batches(self, ctx: StrategyContext, receiver: str, own) -> list[TrainBatch]:
-        adv, zero = own_advantages(own, ctx.grpo)
-        seqs = sequences_from_samples(own, adv, zero, ctx.grpo)
-        return [TrainBatch(sequences=tuple(seqs))] if seqs else []
+        return batch_of(own_sequences(own, ctx.grpo))
 
     def after_update(self, ctx: StrategyContext, receiver: str) -> None:
         return None

@@ -27,7 +27,7 @@ import torch
 from mutualrl.grpo import group_advantages
 from mutualrl.policies.batch import TrainBatch, TrainSequence
 from mutualrl.strategies.base import StrategyContext, register_strategy
-from mutualrl.strategies.common import adapt_to_receiver, select_peers, sequences_from_samples
+from mutualrl.strategies.common import ReceivedPeers, batch_of, mixed_group
 
 
 class PRPParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -80,44 +80,33 @@ class PeerRolloutPooling:
         return None
 
     def build_batches(self, ctx: StrategyContext, receiver: str, own) -> list[TrainBatch]:
-        pid_group, peers = select_peers(ctx, receiver, own, self.p.max_peer_per_group)
-        adapted = adapt_to_receiver(ctx, receiver, peers)
-        prompts = [ctx.encode_prompt[receiver](d.record.prompt) for d, _ in adapted]
-        completions = [tuple(int(t) for t in res.target_ids) for _, res in adapted]
-        weights = self._weights(ctx, receiver, adapted, prompts, completions)
-        rewards = torch.tensor([s.reward for s in own] + [d.record.reward for d, _ in adapted])
-        groups = torch.tensor([s.group for s in own] + [pid_group[d.record.prompt_id] for d, _ in adapted])
-        num_groups = max(s.group for s in own) + 1 if own else 0
-        adv = group_advantages(rewards, groups, num_groups, scale=ctx.grpo.scale_rewards,
-                               estimator=ctx.grpo.advantage_estimator)
-        n = len(own)
-        seqs = sequences_from_samples(own, adv.advantages[:n], adv.zero_std[:n], ctx.grpo)
-        seqs += [TrainSequence(p, c, float(a), None, weight=float(w), source=d.producer,
-                               truncated=d.record.finish_reason == "length")
-                 for (d, _), p, c, a, w, z in zip(adapted, prompts, completions,
-                                                  adv.advantages[n:].tolist(), weights.tolist(),
-                                                  adv.zero_std[n:].tolist())
-                 if not (z and ctx.grpo.skip_zero_std_groups)]
+        mixed = mixed_group(ctx, receiver, own, self.p.max_peer_per_group)
+        weights = self._weights(ctx, receiver, mixed.peers)
+        adv = group_advantages(mixed.rewards, mixed.groups, mixed.num_groups,
+                               scale=ctx.grpo.scale_rewards, estimator=ctx.grpo.advantage_estimator)
+        seqs = mixed.own_sequences(adv.advantages, adv.zero_std, ctx.grpo)
+        seqs += mixed.peer_sequences(adv.advantages, adv.zero_std, weights, ctx.grpo)
+        n, peers = mixed.n_own, len(mixed.peers)
         kept, rows, tokens = drop_inert_peers(seqs, n, ctx.grpo)
-        ctx.log(receiver, "prp/peer_share", len(adapted) / max(len(own) + len(adapted), 1))
-        ctx.log(receiver, "prp/peer_samples", len(adapted))
+        ctx.log(receiver, "prp/peer_share", peers / max(n + peers, 1))
+        ctx.log(receiver, "prp/peer_samples", peers)
         ctx.log(receiver, "prp/skipped_rows", rows)
         ctx.log(receiver, "prp/frac_reward_zero_std_mixed",
-                float(adv.zero_std[:len(own)].float().mean()) if own else 0.0)
-        return [TrainBatch(sequences=tuple(kept), diagnose_sources=self.p.grad_diagnostic,
-                           skipped_rows=rows, skipped_tokens=tokens)] if kept else []
+                float(adv.zero_std[:n].float().mean()) if n else 0.0)
+        return batch_of(kept, diagnose_sources=self.p.grad_diagnostic, skipped_rows=rows,
+                        skipped_tokens=tokens)
 
-    def _weights(self, ctx, receiver, adapted, prompts, completions) -> torch.Tensor:
-        if not adapted:
+    def _weights(self, ctx, receiver, peers: ReceivedPeers) -> torch.Tensor:
+        """(P,) fp32 loss weights of the peer rows."""
+        if not len(peers):
             return torch.zeros(0)
         if self.p.peer_ratio == "on_receiver":
-            return torch.ones(len(adapted))
-        recv = ctx.sequence_logprobs[receiver](prompts, completions).to(torch.float64)
-        # log p_peer of the text the receiver actually sees: when THL truncated the completion,
-        # only the kept groups' log-prob sums count (whole groups are kept or dropped).
-        peer = torch.tensor([float(np.sum(res.group_logprob_sums)) if res.group_logprob_sums is not None
-                             else float(np.sum(d.record.logprob_array, dtype=np.float64))
-                             for d, res in adapted])
+            return torch.ones(len(peers))
+        recv = ctx.sequence_logprobs[receiver](peers.prompts, peers.completions).to(torch.float64)
+        # log p_peer of the text the receiver actually sees. Rounded to fp32 on purpose: PRP's
+        # weights have always been taken against fp32 peer totals (HACPO and CoDistill keep fp64);
+        # dropping the rounding would move every PRP weight by about 1e-7 relative.
+        peer = peers.logprob_totals()[0].to(torch.float32)
         w = truncated_ratio(recv, peer, self.p.ratio_cap)
         raw = torch.exp(recv - peer)
         ctx.log(receiver, "prp/density_ratio_var", float(w.var(unbiased=False)))

@@ -24,7 +24,7 @@ import msgspec
 
 from mutualrl.policies.batch import SFTExample, TrainBatch
 from mutualrl.strategies.base import StrategyContext, register_strategy
-from mutualrl.strategies.common import adapt_to_receiver, own_advantages, sequences_from_samples
+from mutualrl.strategies.common import own_sequences, receive_peers
 
 
 class SGTParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -143,17 +143,14 @@ class SuccessGatedTransfer:
         return chosen
 
     def _examples(self, ctx: StrategyContext, receiver: str, chosen: list[Success]) -> tuple[SFTExample, ...]:
-        adapted = adapt_to_receiver(ctx, receiver, [e.delivery for e in chosen])
+        peers = receive_peers(ctx, receiver, [e.delivery for e in chosen])
         for e in chosen:
             key = f"sgt/received/{e.source}"
             ctx.metrics.setdefault(receiver, {})[key] = ctx.metrics.get(receiver, {}).get(key, 0.0) + 1
-        return tuple(SFTExample(ctx.encode_prompt[receiver](d.record.prompt),
-                                tuple(int(t) for t in res.target_ids), d.producer)
-                     for d, res in adapted)
+        return peers.sft_examples()
 
     def build_batches(self, ctx: StrategyContext, receiver: str, own) -> list[TrainBatch]:
-        adv, zero = own_advantages(own, ctx.grpo)
-        seqs = tuple(sequences_from_samples(own, adv, zero, ctx.grpo))
+        seqs = tuple(own_sequences(own, ctx.grpo))
         batches: list[TrainBatch] = []
         rescued: set[str] = set()
         if self.p.interval == 1:

@@ -17,7 +17,7 @@ from mutualrl.exchange import merge
 from mutualrl.grpo import group_moments, normalize, within_group_ranks
 from mutualrl.policies.batch import TrainBatch
 from mutualrl.strategies.base import StrategyContext, register_strategy
-from mutualrl.strategies.common import sequences_from_samples
+from mutualrl.strategies.common import batch_of, group_count, sequences_from_samples
 
 
 class XGRPOParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -49,7 +49,7 @@ class CrossPolicyAdvantages:
         pids = [s.prompt.id for s in own]
         rewards = torch.tensor([s.reward for s in own], dtype=torch.float64)
         groups = torch.tensor([s.group for s in own])
-        mine = group_moments(rewards, groups, int(groups.max()) + 1)   # the receiver's own groups
+        mine = group_moments(rewards, groups, group_count(own))   # the receiver's own groups
         if self.p.estimator == "zscore":
             stats = pooled_stats(ctx.peer_experience, set(pids))
             missing = sum(p not in stats for p in set(pids))
@@ -68,8 +68,7 @@ class CrossPolicyAdvantages:
         rescued = torch.unique(groups[(mine.std[groups] == 0) & ~zero]).numel()
         ctx.log(receiver, "xgrpo/frac_pooled_zero_std", float(zero.double().mean()))
         ctx.log(receiver, "xgrpo/groups_with_signal_from_peers", rescued)
-        seqs = sequences_from_samples(own, adv, zero, ctx.grpo)
-        return [TrainBatch(sequences=tuple(seqs))] if seqs else []
+        return batch_of(sequences_from_samples(own, adv, zero, ctx.grpo))
 
     def _rank(self, ctx, pids, rewards):
         """Ranks of own rewards within the union of all policies' rewards for each prompt."""
