@@ -65,12 +65,12 @@ def test_token_weights_carried_in_train_sequences_reach_the_loss():
                           token_weights=(1.5, 1.0)),
             TrainSequence(prompt_ids=(1, 2), completion_ids=(7,), advantage=-2.0))
     c = collate_sequences(seqs, pad_id=0)
-    torch.testing.assert_close(c.extras["weights"], torch.tensor([[3.0, 2.0], [1.0, 1.0]]))
-    out = clipped_surrogate(TRAINER, TRAINER, c.extras["advantages"], MASK,
+    torch.testing.assert_close(c.seq.weights, torch.tensor([[3.0, 2.0], [1.0, 1.0]]))
+    out = clipped_surrogate(TRAINER, TRAINER, c.seq.advantages, MASK,
                             SurrogateSettings(epsilon=0.2, epsilon_high=None, loss_type="dapo",
                                               max_completion_length=4),
-                            sample_weight=c.extras["weights"])
+                            sample_weight=c.seq.weights)
     assert out.loss.item() == pytest.approx((-3.0 - 2.0 + 2.0) / 3)
     plain = collate_sequences(tuple(TrainSequence(prompt_ids=s.prompt_ids, completion_ids=s.completion_ids,
                                                   advantage=s.advantage) for s in seqs), pad_id=0)
-    assert plain.extras["weights"].shape == (2,)      # no token weights: per-sequence, as before
+    assert plain.seq.weights.shape == (2,)      # no token weights: per-sequence, as before

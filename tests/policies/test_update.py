@@ -135,7 +135,7 @@ def test_bf16_policy_trains_on_cpu_with_fp32_log_probs(tokenizer_handles):
     assert all(q.dtype == torch.float32 for q in p.model.parameters())   # fp32 master weights
     b = batch_for(p)
     parts = p.learner.engine._grpo_parts(b)
-    out, ent = p.learner.engine.grpo_loss(parts, 0, parts.c.extras["weights"])
+    out, ent = p.learner.engine.grpo_loss(parts, 0, parts.c.seq.weights)
     assert out.loss.dtype == torch.float32 and ent.dtype == torch.float32
     before = [q.detach().clone() for q in p.model.parameters()]
     stats = p.train_step(b)

@@ -40,7 +40,7 @@ def loss_and_grad(policy, batch: TrainBatch):
     params = [p for p in policy.model.parameters() if p.requires_grad]
     policy.learner.optimizer.zero_grad(set_to_none=True)
     parts = policy.learner.engine._grpo_parts(batch)
-    loss = sum(policy.learner.engine.grpo_loss(parts, k, parts.c.extras["weights"])[0].loss
+    loss = sum(policy.learner.engine.grpo_loss(parts, k, parts.c.seq.weights)[0].loss
                for k in range(len(parts.slices)))
     loss.backward()
     grad = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in params])

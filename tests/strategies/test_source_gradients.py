@@ -50,8 +50,8 @@ def test_own_and_peer_gradients_sum_to_the_full_gradient_and_are_reported(policy
     batch = pooled_batch(policy)
     policy.model.train()
     c = collate_sequences(batch.sequences, policy.pad_id)
-    mask = completion_mask(c.completion_ids, c.lengths, c.extras["truncated"], False)
-    old, w, is_peer = c.extras["old_logprobs"], c.extras["weights"], c.extras["is_peer"]
+    mask = completion_mask(c.completion_ids, c.lengths, c.seq.truncated, False)
+    old, w, is_peer = c.seq.old_logprobs, c.seq.weights, c.seq.is_peer
     assert is_peer.tolist() == [False, False, False, True, True]
     full = flat_grad(policy, c, mask, old, w)
     own = flat_grad(policy, c, mask, old, w * (~is_peer).float())

@@ -9,7 +9,7 @@ most of a tiny model's cost.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields, replace
 
 import torch
 
@@ -57,6 +57,24 @@ class TrainBatch:
     skipped_tokens: int = 0
 
 
+@dataclass
+class SequenceColumns:
+    """Per-row tensors of a collated GRPO batch: what the loss needs besides the token ids.
+
+    Mutable: the mismatch correction (``generation.mismatch``) replaces ``old_logprobs`` and
+    ``weights`` once per update, before any micro-batch is cut."""
+
+    advantages: torch.Tensor      # (B,) fp32
+    weights: torch.Tensor         # (B,) fp32 per-sequence loss weights, or (B, T) with token weights
+    truncated: torch.Tensor       # (B,) bool: cut at max_completion_length
+    has_old: torch.Tensor         # (B,) bool: behaviour log-probs present (own samples)
+    old_logprobs: torch.Tensor    # (B, T) fp32 behaviour log-probs, NaN where none (peers)
+    is_peer: torch.Tensor         # (B,) bool: produced by another policy
+
+    def rows(self, rows: slice) -> SequenceColumns:
+        return SequenceColumns(**{f.name: getattr(self, f.name)[rows] for f in fields(self)})
+
+
 @dataclass(frozen=True)
 class Collated:
     input_ids: torch.Tensor       # (B, P+T)
@@ -64,11 +82,18 @@ class Collated:
     position_ids: torch.Tensor    # (B, P+T)
     completion_ids: torch.Tensor  # (B, T)
     lengths: torch.Tensor         # (B,)
-    extras: dict = field(default_factory=dict)
+    columns: SequenceColumns | None = None   # GRPO batches only (``collate_sequences``)
 
     @property
     def completion_len(self) -> int:
         return self.completion_ids.shape[1]
+
+    @property
+    def seq(self) -> SequenceColumns:
+        """The GRPO columns (an SFT or log-prob batch has none)."""
+        if self.columns is None:
+            raise ValueError("this batch was collated without GRPO columns (collate_sequences)")
+        return self.columns
 
 
 def collate(prompts: list[tuple[int, ...]], completions: list[tuple[int, ...]], pad_id: int) -> Collated:
@@ -95,15 +120,14 @@ def collate_sequences(seqs: tuple[TrainSequence, ...], pad_id: int) -> Collated:
     for i, s in enumerate(seqs):
         if s.old_logprobs is not None:
             old[i, :len(s.old_logprobs)] = torch.tensor(s.old_logprobs)
-    c.extras.update(
+    return replace(c, columns=SequenceColumns(
         advantages=torch.tensor([s.advantage for s in seqs], dtype=torch.float32),
         weights=sequence_weights(seqs, T),
         truncated=torch.tensor([s.truncated for s in seqs], dtype=torch.bool),
         has_old=torch.tensor([s.old_logprobs is not None for s in seqs], dtype=torch.bool),
         old_logprobs=old,
         is_peer=torch.tensor([bool(s.source) for s in seqs], dtype=torch.bool),
-    )
-    return c
+    ))
 
 
 def sequence_weights(seqs: tuple[TrainSequence, ...], T: int) -> torch.Tensor:

@@ -62,7 +62,8 @@ def take_rows(c: Collated, rows: slice) -> Collated:
     first = max(first, 0)
     return replace(c, input_ids=c.input_ids[rows, first:], attention_mask=attention[:, first:],
                    position_ids=c.position_ids[rows, first:], completion_ids=c.completion_ids[rows],
-                   lengths=c.lengths[rows], extras={k: v[rows] for k, v in c.extras.items()})
+                   lengths=c.lengths[rows],
+                   columns=c.columns.rows(rows) if c.columns is not None else None)
 
 
 class _Mean:
@@ -233,14 +234,14 @@ class UpdateEngine:
         c = collate_sequences(batch.sequences, self.p.pad_id)
         # An inexact sampler (vLLM): recompute the behaviour log-probs, weight by the IS ratio.
         mismatch = correct_mismatch(c, g, self.batch_logprobs) if inexact_sampler else {}
-        mask = completion_mask(c.completion_ids, c.lengths, c.extras["truncated"],
+        mask = completion_mask(c.completion_ids, c.lengths, c.seq.truncated,
                                g.mask_truncated_completions).to(dev)
         slices = self._slices(len(batch.sequences))
         one = len(slices) == 1
         ref = [self._reference_logp(c if one else take_rows(c, s)) for s in slices]
         scales = None if one else row_scales(mask, g.loss_type, g.max_completion_length,
                                              batch.skipped_rows, batch.skipped_tokens).to(dev)
-        return GRPOParts(c, mask, c.extras["old_logprobs"].to(dev), ref, scales, slices, mismatch,
+        return GRPOParts(c, mask, c.seq.old_logprobs.to(dev), ref, scales, slices, mismatch,
                          batch.skipped_rows, batch.skipped_tokens)
 
     def _sft_parts(self, examples: tuple[SFTExample, ...]) -> SFTParts:
@@ -261,7 +262,7 @@ class UpdateEngine:
         # ratio 1 on the first pass; their off-policy correction travels in ``weights``.
         old_i = torch.where(torch.isnan(old), logp.detach(), old)
         out = clipped_surrogate(
-            logp, old_i, c.extras["advantages"].to(self.p.device), parts.mask[s],
+            logp, old_i, c.seq.advantages.to(self.p.device), parts.mask[s],
             SurrogateSettings(epsilon=g.epsilon, epsilon_high=g.epsilon_high, loss_type=g.loss_type,
                               max_completion_length=g.max_completion_length, beta=g.beta,
                               importance_sampling_level=g.importance_sampling_level),
@@ -328,7 +329,7 @@ class UpdateEngine:
         for k in range(n):
             loss = torch.zeros((), device=self.p.device)
             if grpo is not None and k < len(grpo.slices):
-                out, ent = self.grpo_loss(grpo, k, grpo.c.extras["weights"])
+                out, ent = self.grpo_loss(grpo, k, grpo.c.seq.weights)
                 loss = loss + out.loss
                 self._grpo_stats(means, sums, grpo.mask[grpo.slices[k]], out, ent)
             if sft is not None and k < len(sft.slices):
@@ -390,11 +391,11 @@ class UpdateEngine:
         """
         p = self.p
         params = [q for q in p.model.parameters() if q.requires_grad]
-        is_peer = parts.c.extras["is_peer"]
+        is_peer = parts.c.seq.is_peer
         grads = []
         for keep in (~is_peer, is_peer):
             p.optimizer.zero_grad(set_to_none=True)
-            w = parts.c.extras["weights"]                 # (B,), or (B, T) with mismatch weights
+            w = parts.c.seq.weights                 # (B,), or (B, T) with mismatch weights
             for k in range(len(parts.slices)):
                 out, _ = self.grpo_loss(parts, k, w * keep.float().view(-1, *[1] * (w.dim() - 1)))
                 out.loss.backward()

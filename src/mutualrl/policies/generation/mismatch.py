@@ -16,21 +16,22 @@ from mutualrl.grpo.mismatch import importance_weights
 
 
 def correct_mismatch(c, g, batch_logprobs) -> dict[str, float]:
-    """Rewrite ``c.extras`` old log-probs and weights in place; the mismatch statistics out.
+    """Rewrite ``c.seq``'s old log-probs and weights in place; the mismatch statistics out.
 
     ``g``: the run's GRPO settings; ``batch_logprobs``: the trainer's (B, T) log-probs of a
     collated batch. Called only for inexact samplers; a no-op with the correction switched off."""
     if not g.vllm_importance_sampling_correction:
         return {}
-    has = c.extras["has_old"]                                            # (B,)
+    cols = c.seq
+    has = cols.has_old                                            # (B,)
     if not bool(has.any()):
         return {}
     trainer = batch_logprobs(c).float().cpu()                           # (B, T), micro-batched
-    sampler = c.extras["old_logprobs"]                                   # (B, T), NaN for peers
+    sampler = cols.old_logprobs                                   # (B, T), NaN for peers
     mask = completion_mask(c.completion_ids, c.lengths) & has.unsqueeze(-1)
     weights, stats = importance_weights(trainer, sampler, mask, g.vllm_importance_sampling_mode,
                                         g.vllm_importance_sampling_cap)
-    c.extras["old_logprobs"] = torch.where(has.unsqueeze(-1), trainer, sampler)
-    w = c.extras["weights"]                                              # (B,) or (B, T)
-    c.extras["weights"] = (w.unsqueeze(-1) if w.dim() == 1 else w) * weights   # (B, T)
+    cols.old_logprobs = torch.where(has.unsqueeze(-1), trainer, sampler)
+    w = cols.weights                                                     # (B,) or (B, T)
+    cols.weights = (w.unsqueeze(-1) if w.dim() == 1 else w) * weights    # (B, T)
     return stats
