@@ -27,10 +27,12 @@ class StorageError(OSError):
     """A write that failed; the message names the file, the reason and what was kept."""
 
 
-def storage_error(exc: BaseException, path: str | Path, kept: str) -> StorageError:
-    """``exc`` (from writing ``path``) as a ``StorageError`` saying why and what is ``kept``."""
+def storage_error(exc: BaseException, path: str | Path, kept: str,
+                  full: bool = False) -> StorageError:
+    """``exc`` (from writing ``path``) as a ``StorageError`` saying why and what is ``kept``;
+    ``full``: the caller found the disk full when the write failed."""
     code = getattr(exc, "errno", None)
-    if code is None and _low_space(Path(path)):
+    if code is None and (full or disk_full(exc, path)):
         code = errno.ENOSPC
     reason = os.strerror(code).lower() if code else f"{type(exc).__name__}: {exc}"
     err = StorageError(code or errno.EIO, f"{path}: {reason}; {kept}")
@@ -39,8 +41,11 @@ def storage_error(exc: BaseException, path: str | Path, kept: str) -> StorageErr
 
 
 def disk_full(exc: BaseException, path: str | Path) -> bool:
-    """Whether ``exc``, raised while writing ``path``, comes of a full disk."""
-    return getattr(exc, "errno", None) == errno.ENOSPC or _low_space(Path(path))
+    """Whether ``exc``, raised while writing ``path``, comes of a full disk: ENOSPC, or the disk
+    nearly full now (ask before removing what the failed write left). A worker's failure arrives
+    as its message, so ENOSPC is also recognised there."""
+    return (getattr(exc, "errno", None) == errno.ENOSPC or _low_space(Path(path))
+            or "No space left on device" in str(exc))
 
 
 def _low_space(path: Path) -> bool:
@@ -81,7 +86,9 @@ def atomic_folder(final: str | Path, what: str) -> Iterator[Path]:
             shutil.rmtree(final)
         os.rename(tmp, final)
     except BaseException as exc:
+        full = isinstance(exc, Exception) and not isinstance(exc, StorageError) and disk_full(exc, tmp)
         shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(exc, StorageError) or not (isinstance(exc, OSError) or _low_space(final)):
+        if not full:
             raise
-        raise storage_error(exc, final, f"{what} was not written (nothing of it is kept)") from exc
+        raise storage_error(exc, final, f"{what} was not written (nothing of it is kept)",
+                            full=True) from exc

@@ -97,12 +97,13 @@ def save(run: Run, step: int) -> Path:
         os.rename(tmp, final)
         _fsync_dir(root)
     except BaseException as exc:
+        full = isinstance(exc, Exception) and disk_full(exc, tmp)   # before freeing what it wrote
         shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(exc, Exception) and disk_full(exc, root):
+        if full:
             raise storage_error(exc, final, f"the checkpoint at step {step} was not written (its "
                                 "partial files are removed); the run's records and earlier "
                                 "checkpoints are kept: free space, then `mutualrl train --resume "
-                                f"{run.out}`") from exc
+                                f"{run.out}`", full=True) from exc
         raise
     prune(root, run.cfg.save_total_limit)
     return final
