@@ -381,3 +381,32 @@ def test_prp_steps_time_retokenization_and_receiver_logprobs_apart(real_report):
         parts = r["phase/strategy.retokenize_time_s"] + r["phase/strategy.logprobs_time_s"]
         assert r["phase/strategy.retokenize_time_s"] > 0 and r["phase/strategy.logprobs_time_s"] > 0
         assert parts <= r["phase/strategy_time_s"]
+
+
+def test_a_run_finished_before_an_interrupt_carries_no_error_after_resume(tmp_path):
+    """Ctrl-C after a run's summary was written marked it interrupted with an error; once resume
+    finds it finished it is done, and the stale error goes."""
+    config, sets = _config()
+    out = tmp_path / "report"
+
+    def late_interrupt(cfg, progress):
+        summary = fake_train(cfg, progress)       # the run finished (summary.json written) ...
+        if Path(cfg.output_dir).name == "none-seed0":
+            raise KeyboardInterrupt               # ... and the interrupt came after
+        return summary
+
+    with pytest.raises(KeyboardInterrupt):
+        compare(config, ["none"], 2, out, overrides=sets, train_fn=late_interrupt)
+    assert read_state(out)["runs"]["none-seed0"]["error"] == "KeyboardInterrupt: "
+    compare(config, ["none"], 2, out, overrides=sets, resume=True, train_fn=Counting())
+    run = read_state(out)["runs"]["none-seed0"]
+    assert run["status"] == "done" and run["error"] is None
+
+
+def test_two_compares_cannot_write_one_folder(tmp_path):
+    from mutualrl.run.folder import claim
+    config, sets = _config()
+    out = tmp_path / "report"
+    with claim(out, what="compare"):
+        with pytest.raises(ConfigError, match="another mutualrl process is writing this compare"):
+            compare(config, ["none"], 1, out, overrides=sets, train_fn=Counting())

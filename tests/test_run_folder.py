@@ -109,3 +109,21 @@ def test_non_finite_numbers_are_refused_with_their_path(value):
 def test_an_unknown_tokenizer_names_the_policy_field(tmp_path, capsys):
     assert train(tmp_path / "run", "--set", 'policies.1.tokenizer="nope"') == 2
     assert "policies.qwen-deepseek.tokenizer: tokenizer 'nope'" in capsys.readouterr().err
+
+
+def test_a_peer_log_of_a_newer_protocol_is_a_named_error(tmp_path, capsys):
+    import msgspec
+
+    from mutualrl.exchange import Envelope
+    from mutualrl.exchange.codec import RecordCodec
+    from mutualrl.exchange.framing import encode_frame, make_compressor
+    peer = tmp_path / "newer"
+    (peer / "experience").mkdir(parents=True)
+    env = Envelope(schema_version=(9, 0), kind="rollout", producer="a", producer_version=0, seq=0,
+                   payload=msgspec.Raw(msgspec.msgpack.encode({})))
+    (peer / "experience" / "0-1.mrlx").write_bytes(
+        encode_frame(RecordCodec().encode_batch([env]), make_compressor()))
+    assert train(tmp_path / "run", "--set", 'strategy="prp"', "--peer-log", str(peer)) == 2
+    err = capsys.readouterr().err
+    assert f"exchange.peer_logs (--peer-log): {peer} cannot be replayed" in err and "MAJOR 9" in err
+    assert "Traceback" not in err

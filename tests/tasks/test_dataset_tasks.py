@@ -141,3 +141,23 @@ def test_save_to_disk_folder_and_arrow_file(tmp_path):
     arrow = next((tmp_path / "folder" / "train").glob("*.arrow"))
     task = build_task(TaskConfig(name="gsm8k", path=str(arrow), heldout_every=2))
     assert [p.text for p in task.splits["heldout"]] == ["1 + 2?", "3 + 2?"]
+
+
+def test_unreadable_data_files_name_the_file_and_line(tmp_path):
+    bad = tmp_path / "latin1.jsonl"
+    bad.write_bytes(b'{"question": "1+1", "answer": "2"}\n{"question": "caf\xe9", "answer": "1"}\n')
+    with pytest.raises(TaskError, match=rf"{bad}:2: not UTF-8 text"):
+        build_task(TaskConfig(name="gsm8k", path=str(bad), answer_column="answer"))
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"question": "1+1", "answer": "2"}\n{"question": "2+2", "answer"\n')
+    with pytest.raises(TaskError, match=rf"{broken}:2: not a JSON value"):
+        build_task(TaskConfig(name="gsm8k", path=str(broken)))
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    with pytest.raises(TaskError, match=rf"{empty} is empty"):
+        build_task(TaskConfig(name="gsm8k", path=str(empty)))
+    no_rows = tmp_path / "none.parquet"
+    import datasets
+    datasets.Dataset.from_dict({"question": [], "answer": []}).to_parquet(str(no_rows))
+    with pytest.raises(TaskError, match="holds no rows"):
+        build_task(TaskConfig(name="gsm8k", path=str(no_rows)))

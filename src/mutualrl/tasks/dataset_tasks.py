@@ -76,6 +76,9 @@ def load_rows(path: str, split: str = "train", config: str | None = None) -> tup
     except TaskError:
         raise
     except Exception as exc:  # noqa: BLE001 - datasets raises many kinds; all mean "unusable"
+        if "corresponds to no data" in str(exc):   # datasets' word for an empty file or split
+            raise TaskError(f"task.path: {path} (split {split!r}) holds no rows; expected "
+                            "question and answer rows") from None
         where = "file" if p.exists() else "hub dataset (is the hub reachable from here?)"
         raise TaskError(f"task.path: cannot read {where} {path!r} "
                         f"(split {split!r}): {type(exc).__name__}: {exc}") from None
