@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -94,11 +95,21 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"report: {path}")
         return 0
     strategies = parse_strategies(args.strategies)
-    with CompareProgress(enabled=not args.no_progress, console=console, jobs=args.jobs) as progress:
-        report = compare(args.config, strategies, args.seeds, out, overrides=overrides,
-                         resume=args.resume, progress=progress, jobs=args.jobs)
+    # SIGTERM takes the path of Ctrl-C: the runs are marked interrupted, the workers are passed
+    # SIGTERM and stop at a step boundary (a run in this process installs its own handler).
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        with CompareProgress(enabled=not args.no_progress, console=console, jobs=args.jobs) as progress:
+            report = compare(args.config, strategies, args.seeds, out, overrides=overrides,
+                             resume=args.resume, progress=progress, jobs=args.jobs)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     console.print(f"[bold]report[/]: {report}")
     return 0
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
 
 
 def _known_names() -> str:
