@@ -20,13 +20,20 @@ from mutualrl.run.progress import RunProgress
 # How often a worker looks for its parent, and how long it then gives its run to stop at a step
 # boundary before it exits regardless.
 PARENT_POLL_S = 1.0
-STOP_GRACE_S = 300.0
+STOP_GRACE_S = 120.0
+PARENT_ENV = "MUTUALRL_COMPARE_PARENT"
 
 
 def watch_parent(parent: int) -> None:
     """Worker initializer: a daemon thread that stops this worker once ``parent`` is gone."""
+    os.environ[PARENT_ENV] = str(parent)
     threading.Thread(target=_watch, args=(parent,), name="mutualrl-parent-watch",
                      daemon=True).start()
+
+
+def _orphaned() -> bool:
+    parent = os.environ.get(PARENT_ENV)
+    return parent is not None and os.getppid() != int(parent)
 
 
 def _watch(parent: int) -> None:
@@ -48,9 +55,15 @@ def stop_workers(pool) -> None:
 
 
 def _train_in_process(train_fn: Callable, cfg, resume: bool):
-    """One run in a worker process of ``--jobs``: no display of its own (the compare shows it)."""
+    """One run in a worker process of ``--jobs``: no display of its own (the compare shows it).
+    A worker whose compare died exits as soon as its run has stopped: nobody reads its result,
+    and the pool's queues (whose ends every worker holds) would keep it waiting for ever."""
     progress = RunProgress(enabled=False)
-    return train_fn(cfg, progress, resume=True) if resume else train_fn(cfg, progress)
+    try:
+        return train_fn(cfg, progress, resume=True) if resume else train_fn(cfg, progress)
+    finally:
+        if _orphaned():
+            os._exit(128 + signal.SIGTERM)
 
 
 def run_parallel(runner, todo: list, jobs: int) -> None:
