@@ -69,7 +69,7 @@ class ScenarioSpec:
     summary: str
 
 
-SCENARIOS: Registry[ScenarioSpec] = Registry("scenario", entry_point_group="mutualrl.run.scenarios")
+SCENARIOS: Registry[ScenarioSpec] = Registry("scenario", entry_point_group="mutualrl.scenarios")
 
 
 def register_scenario(name: str, params: type, summary: str):
