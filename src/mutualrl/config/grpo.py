@@ -21,6 +21,9 @@ class GRPOConfig(ConfigStruct):
     loss_type: Literal["grpo", "dr_grpo", "dapo"] = "grpo"  # how token losses are averaged (TRL)
     scale_rewards: Literal["group", "batch", "none"] = "group"  # "none" = mean-only (Dr. GRPO)
     advantage_estimator: Literal["zscore", "rank"] = "zscore"   # rank: within-group ranks first
+    # The std of the z-score: "population" divides by n (the GRPO references; every figure in the
+    # README was measured with it), "sample" by n - 1 (Bessel's correction), as TRL's GRPOTrainer.
+    advantage_std: Literal["population", "sample"] = "population"  # group/batch std: /n or /(n-1) (TRL)
     skip_zero_std_groups: bool = False  # drop groups whose rewards are all equal (no signal)
     num_iterations: int = 1           # optimisation passes over each batch (mu in the paper)
     learning_rate: float = 1e-3       # AdamW step size (policies.<n>.learning_rate overrides)
