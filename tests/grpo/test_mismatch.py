@@ -55,8 +55,26 @@ def test_is_corrected_loss_by_hand(loss_type, expected):
     out = clipped_surrogate(TRAINER, TRAINER, torch.tensor([1.0, -2.0]), MASK,
                             SurrogateSettings(epsilon=0.2, epsilon_high=None, loss_type=loss_type,
                                               max_completion_length=4),
-                            sample_weight=torch.tensor([1.0, 1.0]).unsqueeze(-1) * w)
+                            sampler_weight=w)
     assert out.loss.item() == pytest.approx(expected)
+
+
+def test_sampler_weights_correct_the_policy_term_only_and_sample_weights_everything():
+    # TRL's order: -min(rA, clip(r)A) * rho + beta * kl; our per-sequence weights multiply both.
+    # One token, ratio 1, A = 1: policy term -1; k3 of ref - logp = log .5: .5 - log .5 - 1.
+    logp, ref = torch.zeros(1, 1), torch.full((1, 1), math.log(0.5))
+    k = 0.5 - math.log(0.5) - 1
+    settings = SurrogateSettings(epsilon=0.2, epsilon_high=None, loss_type="dapo",
+                                 max_completion_length=1, beta=0.1)
+    rho, w = torch.tensor([[0.25]]), torch.tensor([2.0])
+
+    def loss(**kw):
+        return clipped_surrogate(logp, logp, torch.tensor([1.0]), torch.ones(1, 1), settings,
+                                 ref_logp=ref, **kw).loss.item()
+    assert loss() == pytest.approx(-1 + 0.1 * k)
+    assert loss(sampler_weight=rho) == pytest.approx(-0.25 + 0.1 * k)
+    assert loss(sample_weight=w) == pytest.approx(2 * (-1 + 0.1 * k))
+    assert loss(sampler_weight=rho, sample_weight=w) == pytest.approx(2 * (-0.25 + 0.1 * k))
 
 
 def test_token_weights_carried_in_train_sequences_reach_the_loss():

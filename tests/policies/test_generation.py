@@ -188,6 +188,28 @@ def test_mismatch_is_corrected_and_logged(tokenizer_handles):
     assert diag["grad/own_norm"] > 0 and diag["grad/peer_norm"] == 0
 
 
+def test_mismatch_weights_leave_the_kl_term_alone(tokenizer_handles):
+    """As TRL's: the sampler weights multiply the policy term only, not beta * KL. With zero
+    advantages only the KL term is left, and it equals that of an uncorrected twin with the same
+    weights and reference (weighted, it would be exp(-0.05) = 0.95 of it)."""
+    grpo = GRPOConfig(num_generations=4, max_completion_length=4, temperature=0.7, learning_rate=1e-2,
+                      beta=0.5, vllm_importance_sampling_mode="token_truncate")
+    pol = make_policy(tokenizer_handles, grpo=grpo, generation=GenerationConfig(sync_tolerance=0.2))
+    with_fake(pol, logprob_shift=0.05)
+    pol.train_step(batch_of(pol.generate(PROMPTS, 4, 4, 0.7)))   # off its reference: KL > 0
+    twin = make_policy(tokenizer_handles, grpo=grpo)
+    twin.learner.load_state_dict(pol.learner.state_dict())
+    twin.learner.reference.load_state_dict(pol.learner.reference.state_dict())
+    samples = pol.generate(PROMPTS, 4, 4, 0.7)
+    plain = twin.train_step(TrainBatch(sequences=tuple(
+        TrainSequence(prompt_ids=s.prompt_ids, completion_ids=s.completion_ids, advantage=0.0)
+        for s in samples)))
+    stats = pol.train_step(batch_of(samples, [0.0] * len(samples)))
+    assert stats["mismatch/is_ratio_max"] == pytest.approx(math.exp(-0.05), abs=1e-4)
+    assert plain["kl"] > 0 and plain["grpo_loss"] > 0
+    assert stats["grpo_loss"] == pytest.approx(plain["grpo_loss"], rel=1e-5)
+
+
 def test_asking_for_vllm_without_it_says_how_to_install(tokenizer_handles):
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vllm is installed")

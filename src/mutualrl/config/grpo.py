@@ -16,6 +16,7 @@ class GRPOConfig(ConfigStruct):
     max_completion_length: int = 4    # new tokens per completion; longer ones are truncated
     temperature: float = 1.0          # sampling temperature; log-probs are taken at it too
     beta: float = 0.0                 # KL weight to the frozen reference (k3); 0 builds no reference
+    use_bias_correction_kl: bool = True  # KL term times the importance ratio (TRL's default); beta > 0 only
     epsilon: float = 0.2              # lower clip of the importance ratio: 1 - epsilon
     epsilon_high: float | None = None # upper clip 1 + epsilon_high (DAPO's clip-higher); None: epsilon
     loss_type: Literal["grpo", "dr_grpo", "dapo"] = "grpo"  # how token losses are averaged (TRL)
