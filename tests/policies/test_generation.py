@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import types
 from dataclasses import replace
 
 import pytest
@@ -13,6 +14,8 @@ import torch
 from mutualrl.config import GenerationConfig, GRPOConfig, PolicyConfig
 from mutualrl.grpo import selective_log_softmax
 from mutualrl.policies.batch import TrainBatch, TrainSequence, collate
+from mutualrl.policies.generation import SamplingSettings
+from mutualrl.policies.generation.torch import TorchBackend, cache_keyword
 from mutualrl.policies.generation.vllm import INSTALL, VLLMBackend, WeightSyncError
 from mutualrl.policies.policy import Policy
 from mutualrl.policies.sampling import truncate_logits
@@ -45,6 +48,45 @@ def batch_of(samples, advantages=None) -> TrainBatch:
     return TrainBatch(sequences=tuple(
         TrainSequence(prompt_ids=s.prompt_ids, completion_ids=s.completion_ids, advantage=a,
                       old_logprobs=s.logprobs) for s, a in zip(samples, advantages)))
+
+
+# ---- the KV cache keyword ---------------------------------------------------------------------
+class OldStyleLM(torch.nn.Module):
+    """A causal LM as transformers < 5.24 writes it: forward takes ``past_key_values`` and its
+    output carries ``past_key_values`` (no ``cache`` either way), around a current model."""
+
+    def __init__(self, inner) -> None:
+        super().__init__()
+        self.inner, self.key = inner, cache_keyword(inner)
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
+                use_cache=None, logits_to_keep=0):
+        out = self.inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         use_cache=use_cache, logits_to_keep=logits_to_keep, **{self.key: past_key_values})
+        return types.SimpleNamespace(logits=out.logits, past_key_values=getattr(out, self.key))
+
+
+def test_the_kv_cache_keyword_is_the_models_own_on_old_and_new_transformers(tokenizer_handles):
+    from packaging.version import Version
+    import transformers
+    pol = make_policy(tokenizer_handles)
+    new = "cache" if Version(transformers.__version__) >= Version("5.24") else "past_key_values"
+    assert cache_keyword(pol.model) == pol.backend.cache_key == new
+    from mutualrl.config import LoraConfig
+    assert cache_keyword(make_policy(tokenizer_handles, lora=LoraConfig(r=4, alpha=8)).model) == new
+    settings = SamplingSettings(num_generations=2, max_new_tokens=4, temperature=0.7)
+    ids = [pol.encode_prompt(p.text) for p in PROMPTS]
+    want = TorchBackend(pol, pol.learner, torch.Generator().manual_seed(5)).generate(PROMPTS, ids, settings)
+    real, pol.learner.model = pol.learner.model, OldStyleLM(pol.learner.model)
+    try:
+        old = TorchBackend(pol, pol.learner, torch.Generator().manual_seed(5))
+        assert old.cache_key == "past_key_values"
+        got = old.generate(PROMPTS, ids, settings)
+    finally:
+        pol.learner.model = real
+    assert [s.completion_ids for s in got] == [s.completion_ids for s in want]
+    assert [s.logprobs for s in got] == [s.logprobs for s in want]
+    assert max(len(s.completion_ids) for s in want) > 1          # the cache was used
 
 
 # ---- truncation -------------------------------------------------------------------------------

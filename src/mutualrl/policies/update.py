@@ -108,7 +108,13 @@ def prepare_model(model: torch.nn.Module, training: TrainingConfig) -> None:
     """HF gradient checkpointing, non-reentrant (no inputs need requires_grad; works with LoRA)."""
     if training.gradient_checkpointing:
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        kwargs = {"use_reentrant": False}
+        # transformers 5.24 calls it activation checkpointing and deprecates the old name;
+        # earlier versions (our extras allow them) have only gradient_checkpointing_enable
+        if hasattr(base, "activation_checkpointing_enable"):
+            base.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 @dataclass
