@@ -58,6 +58,31 @@ def test_a_moved_path_set_twice_is_refused_naming_both():
         config_from_dict({**BASE, "grpo": {"weight_decay": 0.1}, "training": {"weight_decay": 0.2}})
 
 
+def test_a_key_renamed_within_its_table_keeps_working_with_a_warning():
+    # TRL renamed vllm_importance_sampling_cap to vllm_importance_sampling_clip_max
+    with pytest.warns(ConfigPathMoved, match=r"grpo.vllm_importance_sampling_cap is now "
+                                             r"grpo.vllm_importance_sampling_clip_max"):
+        cfg = config_from_dict({**BASE, "grpo": {"vllm_importance_sampling_cap": 2.5, "beta": 0.1}})
+    assert cfg.grpo.vllm_importance_sampling_clip_max == 2.5 and cfg.grpo.beta == 0.1
+    with pytest.raises(ConfigError, match="grpo.vllm_importance_sampling_cap and "
+                                          "grpo.vllm_importance_sampling_clip_max are both set"):
+        config_from_dict({**BASE, "grpo": {"vllm_importance_sampling_cap": 2.5,
+                                           "vllm_importance_sampling_clip_max": 2.0}})
+
+
+@pytest.mark.parametrize("grpo,message", [
+    ({"vllm_importance_sampling_clip_max": 0.5}, "clip_max must be >= 1"),
+    ({"vllm_importance_sampling_clip_min": 1.5}, r"clip_min must be in \[0, 1\]"),
+    ({"vllm_importance_sampling_clip_min": 1.0, "vllm_importance_sampling_clip_max": 1.0},
+     "clip_min must be below"),
+    ({"vllm_importance_sampling_mode": "token_truncate", "vllm_importance_sampling_clip_max": None},
+     "needs vllm_importance_sampling_clip_max or _clip_min"),
+])
+def test_sampler_correction_bounds_are_checked(grpo, message):
+    with pytest.raises(ConfigError, match=message):
+        config_from_dict({**BASE, "grpo": grpo})
+
+
 def test_the_chunked_head_refuses_truncated_sampling_naming_both_sections():
     with pytest.raises(ConfigError, match="training.logprob_chunk_size.*grpo.top_k"):
         config_from_dict({**BASE, "grpo": {"top_k": 5}, "training": {"logprob_chunk_size": 8}})

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from mutualrl.grpo import group_advantages, group_moments, normalize, within_group_ranks
+from mutualrl.grpo import (STD_DDOF, group_advantages, group_moments, normalize, std_from_m2,
+                           within_group_ranks)
 
 
 def t(*values, dtype=torch.float32):
@@ -25,6 +26,47 @@ def test_zscore_with_population_std():
     assert not adv.zero_std.any()
     assert adv.moments.std.item() == pytest.approx(0.5)
     assert adv.moments.mean.item() == pytest.approx(0.5)
+
+
+def test_zscore_with_sample_std_as_trl():
+    # advantage_std="sample": Bessel's correction, (r - mean) / (std_{n-1} + 1e-4) as TRL's
+    # GRPOTrainer: mean .5, sample std sqrt(1/3) -> +-0.866
+    s = math.sqrt(1 / 3)
+    adv = group_advantages(t(0, 1, 1, 0), g(0, 0, 0, 0), 1, advantage_std="sample")
+    torch.testing.assert_close(adv.advantages, t(-0.5, 0.5, 0.5, -0.5) / (s + 1e-4))
+    assert adv.moments.std.item() == pytest.approx(s)
+    reference = torch.tensor([0.0, 1, 1, 0], dtype=torch.float64)
+    assert adv.moments.std.item() == pytest.approx(reference.std(correction=1).item(), rel=1e-12)
+
+
+def test_sample_std_in_groups_of_different_sizes_and_the_whole_batch():
+    values = [0.0, 2.0, 10.0, 14.0, 3.0]
+    groups = g(0, 0, 1, 1, 1)
+    adv = group_advantages(t(*values), groups, 2, advantage_std="sample").advantages
+    g1 = torch.tensor([10.0, 14.0, 3.0], dtype=torch.float64)
+    s0, s1 = math.sqrt(2.0), float(g1.std(correction=1))
+    expected = [-1 / (s0 + 1e-4), 1 / (s0 + 1e-4), *((g1 - g1.mean()) / (s1 + 1e-4)).tolist()]
+    torch.testing.assert_close(adv, t(*expected), atol=1e-6, rtol=1e-6)
+    batch = group_advantages(t(*values), groups, 2, scale="batch", advantage_std="sample").advantages
+    sb = float(torch.tensor(values, dtype=torch.float64).std(correction=1))
+    means = [1.0, 1.0, *[float(g1.mean())] * 3]
+    torch.testing.assert_close(batch, t(*[(v - m) / (sb + 1e-4) for v, m in zip(values, means)]),
+                               atol=1e-6, rtol=1e-6)
+
+
+def test_a_singleton_group_has_zero_std_and_advantage_under_either_std():
+    for kind in STD_DDOF:
+        adv = group_advantages(t(3.0, 1, 2), g(0, 1, 1), 2, advantage_std=kind)
+        assert adv.advantages[0].item() == 0.0 and bool(adv.zero_std[0])
+        assert adv.moments.std[0].item() == 0.0
+
+
+def test_std_from_m2_divides_by_n_or_n_minus_1_and_names_bad_kinds():
+    m2, n = torch.tensor([8.0], dtype=torch.float64), torch.tensor([5.0], dtype=torch.float64)
+    assert std_from_m2(m2, n).item() == pytest.approx(math.sqrt(8 / 5))
+    assert std_from_m2(m2, n, "sample").item() == pytest.approx(math.sqrt(8 / 4))
+    with pytest.raises(ValueError, match="advantage_std must be one of .*'population', 'sample'"):
+        group_advantages(t(0, 1), g(0, 0), 1, advantage_std="bessel")
 
 
 def test_zscore_uneven_rewards():

@@ -170,6 +170,40 @@ def test_kl_term_enters_the_loss_with_beta():
     assert out0.loss.item() == 0.0 and out0.kl.item() == 0.0
 
 
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_bias_corrected_kl_is_the_k3_estimate_times_the_importance_ratio(level):
+    # TRL's use_bias_correction_kl (its default): beta * k3 * r, r differentiable, so even at
+    # r = 1 the gradient differs from that of beta * k3: d(k r)/dlogp = dk/dlogp + k
+    g = torch.Generator().manual_seed(5)
+    logp0 = torch.randn(2, 3, generator=g) - 1
+    old, ref = logp0 + 0.1 * torch.randn(2, 3, generator=g), logp0 + 0.3 * torch.randn(2, 3, generator=g)
+    adv, mask = torch.zeros(2), torch.tensor([[1, 1, 1], [1, 1, 0]])
+    grads, losses = {}, {}
+    for corrected in (True, False):
+        logp = logp0.clone().requires_grad_()
+        out = surrogate(logp, old, adv, mask, ref_logp=ref, beta=0.1, use_bias_correction_kl=corrected,
+                        importance_sampling_level=level)
+        out.loss.backward()
+        grads[corrected], losses[corrected] = logp.grad, out.loss
+    from mutualrl.grpo import importance_ratio
+    r = importance_ratio(logp0, old, mask, level)
+    k = k3_kl(logp0, ref)
+    m = mask.float()
+    assert losses[True].item() == pytest.approx(float(0.1 * (k * r * m).sum() / m.sum()), rel=1e-6)
+    assert losses[False].item() == pytest.approx(float(0.1 * (k * m).sum() / m.sum()), rel=1e-6)
+    assert not torch.allclose(grads[True], grads[False])
+    if level == "token":
+        # on-policy (r = 1) the values agree; the gradients differ by beta * k3 per token / N
+        on = {}
+        for corrected in (True, False):
+            logp = logp0.clone().requires_grad_()
+            out = surrogate(logp, logp0, adv, mask, ref_logp=ref, beta=0.1, use_bias_correction_kl=corrected)
+            out.loss.backward()
+            on[corrected] = (out.loss.item(), logp.grad)
+        assert on[True][0] == pytest.approx(on[False][0], rel=1e-6)
+        torch.testing.assert_close(on[True][1] - on[False][1], 0.1 * k * m / m.sum())
+
+
 def test_sample_weight_scales_each_sequence():
     logp = torch.zeros(2, 2)
     adv = torch.tensor([1.0, 1.0])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import types
 from dataclasses import replace
 
 import pytest
@@ -13,6 +14,8 @@ import torch
 from mutualrl.config import GenerationConfig, GRPOConfig, PolicyConfig
 from mutualrl.grpo import selective_log_softmax
 from mutualrl.policies.batch import TrainBatch, TrainSequence, collate
+from mutualrl.policies.generation import SamplingSettings
+from mutualrl.policies.generation.torch import TorchBackend, cache_keyword
 from mutualrl.policies.generation.vllm import INSTALL, VLLMBackend, WeightSyncError
 from mutualrl.policies.policy import Policy
 from mutualrl.policies.sampling import truncate_logits
@@ -45,6 +48,45 @@ def batch_of(samples, advantages=None) -> TrainBatch:
     return TrainBatch(sequences=tuple(
         TrainSequence(prompt_ids=s.prompt_ids, completion_ids=s.completion_ids, advantage=a,
                       old_logprobs=s.logprobs) for s, a in zip(samples, advantages)))
+
+
+# ---- the KV cache keyword ---------------------------------------------------------------------
+class OldStyleLM(torch.nn.Module):
+    """A causal LM as transformers < 5.24 writes it: forward takes ``past_key_values`` and its
+    output carries ``past_key_values`` (no ``cache`` either way), around a current model."""
+
+    def __init__(self, inner) -> None:
+        super().__init__()
+        self.inner, self.key = inner, cache_keyword(inner)
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
+                use_cache=None, logits_to_keep=0):
+        out = self.inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         use_cache=use_cache, logits_to_keep=logits_to_keep, **{self.key: past_key_values})
+        return types.SimpleNamespace(logits=out.logits, past_key_values=getattr(out, self.key))
+
+
+def test_the_kv_cache_keyword_is_the_models_own_on_old_and_new_transformers(tokenizer_handles):
+    from packaging.version import Version
+    import transformers
+    pol = make_policy(tokenizer_handles)
+    new = "cache" if Version(transformers.__version__) >= Version("5.24") else "past_key_values"
+    assert cache_keyword(pol.model) == pol.backend.cache_key == new
+    from mutualrl.config import LoraConfig
+    assert cache_keyword(make_policy(tokenizer_handles, lora=LoraConfig(r=4, alpha=8)).model) == new
+    settings = SamplingSettings(num_generations=2, max_new_tokens=4, temperature=0.7)
+    ids = [pol.encode_prompt(p.text) for p in PROMPTS]
+    want = TorchBackend(pol, pol.learner, torch.Generator().manual_seed(5)).generate(PROMPTS, ids, settings)
+    real, pol.learner.model = pol.learner.model, OldStyleLM(pol.learner.model)
+    try:
+        old = TorchBackend(pol, pol.learner, torch.Generator().manual_seed(5))
+        assert old.cache_key == "past_key_values"
+        got = old.generate(PROMPTS, ids, settings)
+    finally:
+        pol.learner.model = real
+    assert [s.completion_ids for s in got] == [s.completion_ids for s in want]
+    assert [s.logprobs for s in got] == [s.logprobs for s in want]
+    assert max(len(s.completion_ids) for s in want) > 1          # the cache was used
 
 
 # ---- truncation -------------------------------------------------------------------------------
@@ -186,6 +228,28 @@ def test_mismatch_is_corrected_and_logged(tokenizer_handles):
     # per-token weights also split into own/peer gradient diagnostics
     diag = pol.train_step(replace(batch_of(pol.generate(PROMPTS, 4, 4, 0.7)), diagnose_sources=True))
     assert diag["grad/own_norm"] > 0 and diag["grad/peer_norm"] == 0
+
+
+def test_mismatch_weights_leave_the_kl_term_alone(tokenizer_handles):
+    """As TRL's: the sampler weights multiply the policy term only, not beta * KL. With zero
+    advantages only the KL term is left, and it equals that of an uncorrected twin with the same
+    weights and reference (weighted, it would be exp(-0.05) = 0.95 of it)."""
+    grpo = GRPOConfig(num_generations=4, max_completion_length=4, temperature=0.7, learning_rate=1e-2,
+                      beta=0.5, vllm_importance_sampling_mode="token_truncate")
+    pol = make_policy(tokenizer_handles, grpo=grpo, generation=GenerationConfig(sync_tolerance=0.2))
+    with_fake(pol, logprob_shift=0.05)
+    pol.train_step(batch_of(pol.generate(PROMPTS, 4, 4, 0.7)))   # off its reference: KL > 0
+    twin = make_policy(tokenizer_handles, grpo=grpo)
+    twin.learner.load_state_dict(pol.learner.state_dict())
+    twin.learner.reference.load_state_dict(pol.learner.reference.state_dict())
+    samples = pol.generate(PROMPTS, 4, 4, 0.7)
+    plain = twin.train_step(TrainBatch(sequences=tuple(
+        TrainSequence(prompt_ids=s.prompt_ids, completion_ids=s.completion_ids, advantage=0.0)
+        for s in samples)))
+    stats = pol.train_step(batch_of(samples, [0.0] * len(samples)))
+    assert stats["mismatch/is_ratio_max"] == pytest.approx(math.exp(-0.05), abs=1e-4)
+    assert plain["kl"] > 0 and plain["grpo_loss"] > 0
+    assert stats["grpo_loss"] == pytest.approx(plain["grpo_loss"], rel=1e-5)
 
 
 def test_asking_for_vllm_without_it_says_how_to_install(tokenizer_handles):

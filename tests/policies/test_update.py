@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
 from mutualrl.config import GRPOConfig, TrainingConfig, PolicyConfig
 from mutualrl.policies.batch import SFTExample, TrainBatch, TrainSequence
 from mutualrl.policies.policy import Policy
-from mutualrl.policies.update import micro_batch_slices
+from mutualrl.policies.update import micro_batch_slices, prepare_model
 
 # Micro-batched and chunked steps differ from the single pass only by float summation order:
 # gradients agree to GRAD_TOL; parameters after AdamW steps (lr 1e-3) to PARAM_ATOL, 5% of a step
@@ -98,6 +100,16 @@ def test_gradient_accumulation_and_checkpointing_equal_the_single_pass(tokenizer
     _, g_whole = run_step(whole, batch_for(whole))
     _, g_split = run_step(split, batch_for(split))
     torch.testing.assert_close(g_split[0], g_whole[0], **GRAD_TOL)
+
+
+def test_gradient_checkpointing_is_switched_on_without_a_deprecated_call():
+    from transformers import AutoModelForCausalLM, LlamaConfig
+    model = AutoModelForCausalLM.from_config(LlamaConfig(
+        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")       # transformers 5.24 deprecates gradient_checkpointing_enable
+        prepare_model(model, TrainingConfig(gradient_checkpointing=True))
+    assert all(layer.gradient_checkpointing for layer in model.model.layers)
 
 
 def test_micro_batched_sft_step_and_sequence_logprobs_equal_the_single_pass(tokenizer_handles):

@@ -102,8 +102,9 @@ def make_ctx(handles: dict, peer_experience=(), *, grpo: GRPOConfig | None = Non
         peer_experience=list(peer_experience))
 
 
-def zscores(rewards, eps: float = 1e-4) -> np.ndarray:
-    """Hand z-score of one group: population std, TRL's epsilon, exact 0 for a constant group."""
+def zscores(rewards, eps: float = 1e-4, ddof: int = 0) -> np.ndarray:
+    """Hand z-score of one group: population std (``ddof=1``: sample std), TRL's epsilon, exact 0
+    for a constant group."""
     r = np.asarray(rewards, dtype=np.float64)
-    std = r.std()
+    std = r.std(ddof=ddof)
     return np.zeros_like(r) if std == 0 else (r - r.mean()) / (std + eps)

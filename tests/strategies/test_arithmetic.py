@@ -116,6 +116,35 @@ def test_xgrpo_rank_estimator_ranks_own_rewards_in_the_union(handles):
     np.testing.assert_allclose(advs(batch), expected, rtol=1e-9)
 
 
+def test_every_zscore_honours_advantage_std(handles):
+    """none, xgrpo (pooled M2 and ranks) and prp (mixed groups) all divide by the sample std
+    (n - 1, TRL's) under ``advantage_std = "sample"``."""
+    grpo = GRPOConfig(num_generations=2, advantage_std="sample")
+    own, exp = xgrpo_setup(handles)
+    [n] = Independent().build_batches(make_ctx(handles, grpo=grpo), RECV, own)
+    np.testing.assert_allclose(advs(n), [*zscores([1, 0], ddof=1), 0, 0, 0, 0], rtol=1e-6)
+    [x] = CrossPolicyAdvantages(XGRPOParams()).build_batches(make_ctx(handles, exp, grpo=grpo), RECV, own)
+    union_a, union_b = [1, 0, 1, 1, 1, 1], [0, 0, 1, 0, 0, 0]
+    np.testing.assert_allclose(advs(x), [*zscores(union_a, ddof=1)[:2], *zscores(union_b, ddof=1)[:2],
+                                         0, 0], rtol=1e-9)
+    assert advs(x)[0] != pytest.approx(zscores(union_a)[0], rel=1e-3)   # not the population's
+    own, exp = prp_setup(handles)
+    [p] = PeerRolloutPooling(PRPParams(peer_ratio="on_receiver")).build_batches(
+        make_ctx(handles, exp, grpo=grpo), RECV, own)
+    za, zb = zscores([1.0, 0.0, 1.0, 0.0], ddof=1), zscores([0.0, 0.0, 1.0], ddof=1)
+    np.testing.assert_allclose(advs(p), [za[0], za[1], zb[0], zb[1], za[2], za[3], zb[2]], rtol=1e-6)
+
+
+def test_xgrpo_rank_estimator_honours_advantage_std(handles):
+    own = group(PA, 0, [0.2, 0.9])
+    exp = [rollout(RECV, handles[RECV], PA, " a", 0.2), rollout(RECV, handles[RECV], PA, " b", 0.9),
+           rollout(PEER, handles[PEER], PA, " c", 0.5)]
+    ctx = make_ctx(handles, exp, grpo=GRPOConfig(num_generations=2, advantage_std="sample"))
+    [batch] = CrossPolicyAdvantages(XGRPOParams(estimator="rank")).build_batches(ctx, RECV, own)
+    ranks = np.array([0, 1.0, 0.5])                            # 0.2, 0.9, 0.5 in the union
+    np.testing.assert_allclose(advs(batch), zscores(ranks, ddof=1)[:2], rtol=1e-9)
+
+
 # ---- prp ------------------------------------------------------------------------------------
 def prp_setup(handles):
     # Receiver groups: A [1, 0] (group 0), B [0, 0] (group 1).

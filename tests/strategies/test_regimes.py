@@ -50,6 +50,17 @@ def test_capability_advantages_weigh_rewards_by_capability_and_guard_the_baselin
     assert zero.tolist() == [False] * 8 + [True] * 3
 
 
+def test_capability_advantages_take_the_sample_std_when_asked():
+    # [1, 0, 1, 0], omega 1: baseline .5; sample std sqrt(1/3) (population: .5)
+    rewards, groups = torch.tensor([1.0, 0.0, 1.0, 0.0]), torch.zeros(4, dtype=torch.long)
+    ones, own = torch.ones(4, dtype=torch.float64), torch.ones(4, dtype=torch.bool)
+    adv, *_ = capability_advantages(rewards, groups, 1, ones, own, "group", "sample")
+    s = math.sqrt(1 / 3)
+    np.testing.assert_allclose(adv.numpy(), [0.5 / (s + EPS), -0.5 / (s + EPS)] * 2, rtol=1e-6)
+    pop, *_ = capability_advantages(rewards, groups, 1, ones, own, "group")
+    np.testing.assert_allclose(pop.numpy(), [0.5 / (0.5 + EPS), -0.5 / (0.5 + EPS)] * 2, rtol=1e-6)
+
+
 def test_cross_weights_are_the_gradient_factor_inside_the_clamp_and_zero_outside():
     log_ratio = torch.log(torch.tensor([0.9, 1.0, 0.5, 1.2, 0.8], dtype=torch.float64))
     coef = torch.tensor([2.0, 1.0, 1.0, 1.0, 3.0], dtype=torch.float64)

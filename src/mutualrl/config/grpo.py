@@ -16,11 +16,15 @@ class GRPOConfig(ConfigStruct):
     max_completion_length: int = 4    # new tokens per completion; longer ones are truncated
     temperature: float = 1.0          # sampling temperature; log-probs are taken at it too
     beta: float = 0.0                 # KL weight to the frozen reference (k3); 0 builds no reference
+    use_bias_correction_kl: bool = True  # KL term times the importance ratio (TRL's default); beta > 0 only
     epsilon: float = 0.2              # lower clip of the importance ratio: 1 - epsilon
     epsilon_high: float | None = None # upper clip 1 + epsilon_high (DAPO's clip-higher); None: epsilon
     loss_type: Literal["grpo", "dr_grpo", "dapo"] = "grpo"  # how token losses are averaged (TRL)
     scale_rewards: Literal["group", "batch", "none"] = "group"  # "none" = mean-only (Dr. GRPO)
     advantage_estimator: Literal["zscore", "rank"] = "zscore"   # rank: within-group ranks first
+    # The std of the z-score: "population" divides by n (the GRPO references; every figure in the
+    # README was measured with it), "sample" by n - 1 (Bessel's correction), as TRL's GRPOTrainer.
+    advantage_std: Literal["population", "sample"] = "population"  # group/batch std: /n or /(n-1) (TRL)
     skip_zero_std_groups: bool = False  # drop groups whose rewards are all equal (no signal)
     num_iterations: int = 1           # optimisation passes over each batch (mu in the paper)
     learning_rate: float = 1e-3       # AdamW step size (policies.<n>.learning_rate overrides)
@@ -32,13 +36,17 @@ class GRPOConfig(ConfigStruct):
     top_k: int = 0                    # highest-logit tokens kept; 0: no top-k truncation
     generation_batch_size: int | None = None  # sequences per generation pass; None: all at once
     # Sampler/trainer mismatch of an inexact generation backend (vLLM), TRL's names: the trainer
-    # recomputes the sampled tokens' log-probs and weights the loss by pi_trainer / pi_sampler,
-    # per token or per sequence (exp of the mean token log-ratio), truncated at or masked above
-    # the cap. The torch backend samples from the trainer's own distribution: no correction.
-    vllm_importance_sampling_correction: bool = True  # weight the loss by pi_trainer / pi_sampler
+    # recomputes the sampled tokens' log-probs and weights the policy term (not the KL term) by
+    # pi_trainer / pi_sampler, per token or per sequence, clamped to or masked outside
+    # [clip_min, clip_max]. The torch backend samples from the trainer's own distribution: no
+    # correction. (vllm_importance_sampling_cap, the old name of clip_max, still reads.)
+    vllm_importance_sampling_correction: bool = True  # weight the policy term by pi_trainer / pi_sampler
     vllm_importance_sampling_mode: Literal["token_truncate", "token_mask", "sequence_truncate",
                                            "sequence_mask"] = "sequence_mask"  # per token/sequence; truncate/mask
-    vllm_importance_sampling_cap: float = 3.0  # largest weight kept (truncate) or allowed (mask)
+    vllm_importance_sampling_clip_max: float | None = 3.0  # largest weight kept (truncate)/allowed (mask)
+    vllm_importance_sampling_clip_min: float | None = None  # smallest weight kept/allowed; None: no bound
+    # sequence_* modes: exp of the mean token log-ratio (ours: length-normalised) or of the sum (TRL's)
+    vllm_importance_sampling_sequence_ratio: Literal["mean", "sum"] = "mean"  # sequence ratio: mean or sum
     # "sequence": GSPO's length-normalised sequence ratio, clipped per sequence (TRL's name)
     importance_sampling_level: Literal["token", "sequence"] = "token"  # level of the PPO ratio
     def __post_init__(self) -> None:
@@ -55,7 +63,16 @@ class GRPOConfig(ConfigStruct):
         check(self.top_k >= 0, "top_k must be >= 0 (0: no top-k truncation)")
         check(self.generation_batch_size is None or self.generation_batch_size >= 1,
               "generation_batch_size must be >= 1 (or omitted: the whole group at once)")
-        check(self.vllm_importance_sampling_cap >= 1, "vllm_importance_sampling_cap must be >= 1")
+        self._check_sampler_correction()
+
+    def _check_sampler_correction(self) -> None:
+        low, high = self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max
+        check(high is None or high >= 1, "vllm_importance_sampling_clip_max must be >= 1 (or none)")
+        check(low is None or 0 <= low <= 1, "vllm_importance_sampling_clip_min must be in [0, 1] (or none)")
+        check(low is None or high is None or low < high,
+              "vllm_importance_sampling_clip_min must be below vllm_importance_sampling_clip_max")
+        check(not (self.vllm_importance_sampling_mode.endswith("truncate") and low is None and high is None),
+              "a *_truncate vllm_importance_sampling_mode needs vllm_importance_sampling_clip_max or _clip_min")
 
 
 class TrainingConfig(ConfigStruct):

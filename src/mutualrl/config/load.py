@@ -74,12 +74,17 @@ def apply_override(data: dict[str, Any], dotted: str) -> None:
         node[last] = _parse_value(raw.strip(), key)
 
 
-# Paths that moved, old -> new. A config (or a run's config.json) written with the old path keeps
+# Paths that moved, old "table.key" -> new "table.key": to another table under the same key, or
+# renamed within its table. A config (or a run's config.json) written with the old path keeps
 # working: the value moves to the new path, and a warning names it once per load.
-MOVED = {f"grpo.{name}": f"training.{name}" for name in (
-    "max_grad_norm", "per_device_train_batch_size", "gradient_accumulation_steps",
-    "logprob_chunk_size", "gradient_checkpointing", "lr_scheduler_type", "warmup_ratio",
-    "weight_decay")}
+MOVED = {
+    **{f"grpo.{name}": f"training.{name}" for name in (
+        "max_grad_norm", "per_device_train_batch_size", "gradient_accumulation_steps",
+        "logprob_chunk_size", "gradient_checkpointing", "lr_scheduler_type", "warmup_ratio",
+        "weight_decay")},
+    # TRL renamed it (its old name is deprecated there too)
+    "grpo.vllm_importance_sampling_cap": "grpo.vllm_importance_sampling_clip_max",
+}
 
 
 class ConfigPathMoved(UserWarning):

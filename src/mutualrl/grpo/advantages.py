@@ -2,37 +2,63 @@
 
 Samples are flat ``(N,)`` tensors with a ``group_index`` ``(N,)`` in ``[0, K)`` naming the prompt
 group each sample belongs to, so groups may have different sizes (a receiver's own G samples plus
-pooled peer samples under PRP). Standard deviations are *population* std (divide by n), matching
-TRL: rewards [0, 1, 1, 0] give advantages [-1, 1, 1, -1].
+pooled peer samples under PRP). The standard deviation is chosen by ``advantage_std`` (one entry
+of ``STD_DDOF``): "population" (divide by n; the default, as the GRPO references compute it):
+rewards [0, 1, 1, 0] give advantages [-1, 1, 1, -1]; "sample" (divide by n - 1, Bessel's
+correction, as TRL's ``GRPOTrainer`` does): they give [-0.866, 0.866, 0.866, -0.866]. Either way
+the advantage is ``(r - mean) / (std + 1e-4)``, the epsilon added to the std as TRL adds it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import torch
 from torch import Tensor
 
 EPS = 1e-4  # as TRL: keeps a near-constant group from exploding; exact zero std is masked anyway
 
+# advantage_std -> the degrees of freedom taken off the count before dividing the sum of squared
+# deviations (``torch.std``'s ``correction``). Read-only, filled here once.
+STD_DDOF: Mapping[str, int] = MappingProxyType({"population": 0, "sample": 1})
+
+
+def std_ddof(advantage_std: str) -> int:
+    """The correction of ``advantage_std``; an unknown one fails naming the allowed values."""
+    try:
+        return STD_DDOF[advantage_std]
+    except KeyError:
+        raise ValueError(f"advantage_std must be one of {tuple(STD_DDOF)}, "
+                         f"got {advantage_std!r}") from None
+
+
+def std_from_m2(m2: Tensor, count: Tensor, advantage_std: str = "population") -> Tensor:
+    """Standard deviation from the sum of squared deviations: (K,), (K,) -> (K,).
+
+    A group too small for its correction (empty; one sample under "sample", where TRL's std is
+    NaN and its advantage then 0) gets std 0, so its advantages are 0 as well."""
+    return (m2 / (count - std_ddof(advantage_std)).clamp(min=1)).sqrt()
+
 
 @dataclass(frozen=True)
 class GroupMoments:
     count: Tensor  # (K,) samples per group
     mean: Tensor   # (K,)
-    std: Tensor    # (K,) population std
+    std: Tensor    # (K,) population or sample std (``advantage_std``)
 
 
-def group_moments(values: Tensor, group_index: Tensor, num_groups: int) -> GroupMoments:
-    """Per-group count, mean and population std of ``values`` (N,) grouped by ``group_index`` (N,)."""
+def group_moments(values: Tensor, group_index: Tensor, num_groups: int,
+                  advantage_std: str = "population") -> GroupMoments:
+    """Per-group count, mean and std of ``values`` (N,) grouped by ``group_index`` (N,)."""
     values = values.to(torch.float64)
     count = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, group_index, torch.ones_like(values))
     total = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, group_index, values)
     mean = total / count.clamp(min=1)
     dev2 = (values - mean[group_index]) ** 2
     m2 = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, group_index, dev2)
-    std = (m2 / count.clamp(min=1)).sqrt()
-    return GroupMoments(count=count, mean=mean, std=std)
+    return GroupMoments(count=count, mean=mean, std=std_from_m2(m2, count, advantage_std))
 
 
 def within_group_ranks(values: Tensor, group_index: Tensor, num_groups: int) -> Tensor:
@@ -64,17 +90,26 @@ def within_group_ranks(values: Tensor, group_index: Tensor, num_groups: int) -> 
     return ranks.to(values.dtype)
 
 
-def normalize(values: Tensor, mean: Tensor, std: Tensor, scale: str) -> Tensor:
+def _batch_std(values: Tensor, advantage_std: str) -> Tensor:
+    """The std of all N values (N,) -> (); 0 for a single value (as for a singleton group)."""
+    if values.numel() < 2:
+        return torch.zeros((), dtype=torch.float64)
+    return values.to(torch.float64).std(correction=std_ddof(advantage_std))
+
+
+def normalize(values: Tensor, mean: Tensor, std: Tensor, scale: str,
+              advantage_std: str = "population") -> Tensor:
     """Advantages from per-sample baselines: (N,), (N,), (N,) -> (N,).
 
-    scale: "group" divides by the group std, "batch" by the std over all N values, "none"
-    subtracts the mean only (Dr. GRPO: no std division, which removes the difficulty bias).
+    scale: "group" divides by the group std (``std``, already of the ``advantage_std`` kind),
+    "batch" by the ``advantage_std`` std over all N values, "none" subtracts the mean only
+    (Dr. GRPO: no std division, which removes the difficulty bias).
     """
     centered = values.to(torch.float64) - mean
     if scale == "group":
         return (centered / (std + EPS)).to(values.dtype)
     if scale == "batch":
-        return (centered / (values.to(torch.float64).std(unbiased=False) + EPS)).to(values.dtype)
+        return (centered / (_batch_std(values, advantage_std) + EPS)).to(values.dtype)
     if scale == "none":
         return centered.to(values.dtype)
     raise ValueError(f"scale must be 'group', 'batch' or 'none', got {scale!r}")
@@ -88,11 +123,13 @@ class Advantages:
 
 
 def group_advantages(rewards: Tensor, group_index: Tensor, num_groups: int, *,
-                     scale: str = "group", estimator: str = "zscore") -> Advantages:
+                     scale: str = "group", estimator: str = "zscore",
+                     advantage_std: str = "population") -> Advantages:
     """GRPO advantages per prompt group. rewards (N,), group_index (N,) -> Advantages.
 
     estimator "zscore" uses rewards as they are; "rank" replaces them by within-group ranks
-    first. ``scale`` then chooses z-score ("group"/"batch") or mean-only ("none").
+    first. ``scale`` then chooses z-score ("group"/"batch") or mean-only ("none"), with the
+    ``advantage_std`` standard deviation ("population" or "sample": ``STD_DDOF``).
     """
     if estimator == "rank":
         values = within_group_ranks(rewards, group_index, num_groups)
@@ -100,8 +137,8 @@ def group_advantages(rewards: Tensor, group_index: Tensor, num_groups: int, *,
         values = rewards
     else:
         raise ValueError(f"estimator must be 'zscore' or 'rank', got {estimator!r}")
-    m = group_moments(values, group_index, num_groups)
-    adv = normalize(values, m.mean[group_index], m.std[group_index], scale)
+    m = group_moments(values, group_index, num_groups, advantage_std)
+    adv = normalize(values, m.mean[group_index], m.std[group_index], scale, advantage_std)
     zero = m.std[group_index] == 0
     adv = torch.where(zero, torch.zeros_like(adv), adv)  # exact zeros, not eps-sized noise
     return Advantages(advantages=adv, zero_std=zero, moments=m)

@@ -1,5 +1,12 @@
 """The GRPO objective: per-token clipped surrogate and k3 KL. Pure functions.
 
+Per token, with ratio ``r`` (token or sequence level), sampler weight ``rho`` (the mismatch
+correction), sample weight ``w`` (per-sequence off-policy weights, ours) and k3 estimate ``k``:
+
+    loss_t = w * ( -min(r A, clip(r) A) * rho  +  beta * k * (r if use_bias_correction_kl else 1) )
+
+as TRL's ``GRPOTrainer._compute_loss`` computes it, where ``w`` = 1 (TRL has no pooled samples).
+
 Its reduction to a scalar (one normaliser per ``loss_type``, whole batch or micro-batch share)
 is ``normalise``'s.
 
@@ -76,7 +83,7 @@ class LossOutput:
     loss: Tensor                # scalar
     clip_low_frac: Tensor       # scalar: share of masked tokens clipped at 1 - epsilon (A < 0)
     clip_high_frac: Tensor      # scalar: share clipped at 1 + epsilon_high (A > 0)
-    kl: Tensor                  # scalar: mean k3 KL over masked tokens (0 when no reference)
+    kl: Tensor                  # scalar: mean k3 estimate over masked tokens (not times the ratio; 0: no reference)
 
 
 @dataclass(frozen=True)
@@ -93,6 +100,9 @@ class SurrogateSettings:
     max_completion_length: int            # dr_grpo's constant normaliser
     beta: float = 0.0                     # k3 KL coefficient; 0: no KL term
     importance_sampling_level: str = "token"   # "token" (GRPO) or "sequence" (GSPO, TRL's name)
+    # The KL term times the (differentiable) importance ratio, TRL's default: the unbiased
+    # reverse-KL gradient (DeepSeek-V3.2); it changes the gradient even where the ratio is 1.
+    use_bias_correction_kl: bool = True
 
     def __post_init__(self) -> None:
         loss_normaliser(self.loss_type)
@@ -104,14 +114,18 @@ class SurrogateSettings:
 
 def clipped_surrogate(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,
                       settings: SurrogateSettings, *, ref_logp: Tensor | None = None,
-                      sample_weight: Tensor | None = None,
+                      sample_weight: Tensor | None = None, sampler_weight: Tensor | None = None,
                       share: LossShare = WHOLE_BATCH) -> LossOutput:
-    """GRPO/PPO clipped objective.
+    """GRPO/PPO clipped objective (the formula in the module docstring).
 
     logp, old_logp, mask: (B, T); advantages: (B,); ref_logp: (B, T) or None (no KL term);
     sample_weight: (B,) detached per-sequence weights (e.g. a truncated off-policy ratio for
-    pooled peer samples), multiplying each sequence's per-token loss, or (B, T) per-token weights
-    (the sampler/trainer mismatch correction); None means 1.
+    pooled peer samples) or (B, T) per-token ones; they multiply the whole per-token loss, the
+    KL term included: they re-weight a sample for every term estimated on it, so a row of
+    weight 0 contributes exactly 0 (PRP leaves such rows out). None means 1.
+    sampler_weight: (B, T) or (B, 1) detached sampler/trainer mismatch weights
+    (``mismatch.importance_weights``); they multiply the policy term only, as TRL's
+    ``importance_sampling_ratio``. None: no correction.
     share: where these rows sit in the batch's normaliser (``normalise.LossShare``): by default
     they are the whole batch; with a ``row_scale`` they are a micro-batch of it and the loss is
     their share of the batch loss. The statistics stay over these rows.
@@ -122,10 +136,12 @@ def clipped_surrogate(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: 
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1 - epsilon, 1 + eps_high) * adv
     per_token = -torch.min(unclipped, clipped)                           # (B, T)
+    if sampler_weight is not None:
+        per_token = per_token * sampler_weight.detach()
     kl = torch.zeros_like(logp)
     if ref_logp is not None and settings.beta > 0:
         kl = k3_kl(logp, ref_logp)
-        per_token = per_token + settings.beta * kl
+        per_token = per_token + settings.beta * (kl * ratio if settings.use_bias_correction_kl else kl)
     if sample_weight is not None:
         w = sample_weight.detach()
         per_token = per_token * (w.unsqueeze(-1) if w.dim() == 1 else w)

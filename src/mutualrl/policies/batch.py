@@ -61,8 +61,8 @@ class TrainBatch:
 class SequenceColumns:
     """Per-row tensors of a collated GRPO batch: what the loss needs besides the token ids.
 
-    Mutable: the mismatch correction (``generation.mismatch``) replaces ``old_logprobs`` and
-    ``weights`` once per update, before any micro-batch is cut."""
+    Mutable: the mismatch correction (``generation.mismatch``) replaces ``old_logprobs`` and sets
+    ``sampler_weights`` once per update, before any micro-batch is cut."""
 
     advantages: torch.Tensor      # (B,) fp32
     weights: torch.Tensor         # (B,) fp32 per-sequence loss weights, or (B, T) with token weights
@@ -70,9 +70,13 @@ class SequenceColumns:
     has_old: torch.Tensor         # (B,) bool: behaviour log-probs present (own samples)
     old_logprobs: torch.Tensor    # (B, T) fp32 behaviour log-probs, NaN where none (peers)
     is_peer: torch.Tensor         # (B,) bool: produced by another policy
+    # (B, T) fp32 sampler/trainer mismatch weights of the policy term only (not the KL, as TRL);
+    # None: no correction (an exact sampler, or the correction switched off)
+    sampler_weights: torch.Tensor | None = None
 
     def rows(self, rows: slice) -> SequenceColumns:
-        return SequenceColumns(**{f.name: getattr(self, f.name)[rows] for f in fields(self)})
+        return SequenceColumns(**{f.name: None if getattr(self, f.name) is None
+                                  else getattr(self, f.name)[rows] for f in fields(self)})
 
 
 @dataclass(frozen=True)

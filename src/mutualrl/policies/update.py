@@ -108,7 +108,13 @@ def prepare_model(model: torch.nn.Module, training: TrainingConfig) -> None:
     """HF gradient checkpointing, non-reentrant (no inputs need requires_grad; works with LoRA)."""
     if training.gradient_checkpointing:
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        kwargs = {"use_reentrant": False}
+        # transformers 5.24 calls it activation checkpointing and deprecates the old name;
+        # earlier versions (our extras allow them) have only gradient_checkpointing_enable
+        if hasattr(base, "activation_checkpointing_enable"):
+            base.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 @dataclass
@@ -261,12 +267,15 @@ class UpdateEngine:
         # Rows without behaviour log-probs (peer samples) use the current policy's, detached:
         # ratio 1 on the first pass; their off-policy correction travels in ``weights``.
         old_i = torch.where(torch.isnan(old), logp.detach(), old)
+        sampler = c.seq.sampler_weights     # (B_mb, T) mismatch weights of the policy term, or None
         out = clipped_surrogate(
             logp, old_i, c.seq.advantages.to(self.p.device), parts.mask[s],
             SurrogateSettings(epsilon=g.epsilon, epsilon_high=g.epsilon_high, loss_type=g.loss_type,
                               max_completion_length=g.max_completion_length, beta=g.beta,
-                              importance_sampling_level=g.importance_sampling_level),
+                              importance_sampling_level=g.importance_sampling_level,
+                              use_bias_correction_kl=g.use_bias_correction_kl),
             ref_logp=parts.ref[i], sample_weight=weights[s].to(self.p.device),
+            sampler_weight=None if sampler is None else sampler.to(self.p.device),
             share=LossShare(row_scale=None if parts.scales is None else parts.scales[s],
                             skipped_rows=parts.skipped_rows, skipped_tokens=parts.skipped_tokens))
         return out, ent
@@ -395,7 +404,7 @@ class UpdateEngine:
         grads = []
         for keep in (~is_peer, is_peer):
             p.optimizer.zero_grad(set_to_none=True)
-            w = parts.c.seq.weights                 # (B,), or (B, T) with mismatch weights
+            w = parts.c.seq.weights                 # (B,), or (B, T) with token weights
             for k in range(len(parts.slices)):
                 out, _ = self.grpo_loss(parts, k, w * keep.float().view(-1, *[1] * (w.dim() - 1)))
                 out.loss.backward()

@@ -34,11 +34,10 @@ import msgspec
 import torch
 
 from mutualrl.config import ConfigError
-from mutualrl.grpo import group_advantages
 from mutualrl.policies.batch import TrainBatch, TrainSequence
 from mutualrl.strategies.base import StrategyContext, register_strategy
-from mutualrl.strategies.common import (batch_of, group_count, own_sequences, peer_rollouts,
-                                        receive_peers, sequences_from_samples)
+from mutualrl.strategies.common import (batch_of, group_count, grpo_advantages, own_sequences,
+                                        peer_rollouts, receive_peers, sequences_from_samples)
 from mutualrl.strategies.prp import truncated_ratio
 
 
@@ -120,8 +119,7 @@ class CoDistill:
         verified = torch.tensor([s.reward for s in own], dtype=torch.float64)
         shaped = (verified + self.p.kd_coef * kd).to(torch.float32)
         groups = torch.tensor([s.group for s in own])
-        adv = group_advantages(shaped, groups, group_count(own), scale=ctx.grpo.scale_rewards,
-                               estimator=ctx.grpo.advantage_estimator)
+        adv = grpo_advantages(shaped, groups, group_count(own), ctx.grpo)
         ctx.log(receiver, "codistill/kd_reward_mean", float(kd.mean()))
         ctx.log(receiver, "codistill/kd_reward_std", float(kd.std(unbiased=False)))
         ctx.log(receiver, "codistill/shaped_reward_mean", float(shaped.double().mean()))
@@ -145,8 +143,7 @@ class CoDistill:
         groups = torch.tensor([index.setdefault((d.producer, d.record.prompt_id), len(index))
                                for d, _ in peers.adapted])
         rewards = torch.tensor([d.record.reward for d, _ in peers.adapted], dtype=torch.float32)
-        adv = group_advantages(rewards, groups, len(index), scale=ctx.grpo.scale_rewards,
-                               estimator=ctx.grpo.advantage_estimator)
+        adv = grpo_advantages(rewards, groups, len(index), ctx.grpo)
         seqs += peers.sequences(adv.advantages, w, adv.zero_std, ctx.grpo)
         ctx.log(receiver, "codistill/is_weight_mean", float(w.mean()))
         ctx.log(receiver, "codistill/is_weight_var", float(w.var(unbiased=False)))

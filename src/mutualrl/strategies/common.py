@@ -1,5 +1,7 @@
 """The strategy kit: building blocks every strategy shares, each written once.
 
+* advantages: ``grpo_advantages``, the run's GRPO settings applied to any group (every strategy's
+  z-score goes through it or through ``grpo.group_moments`` with ``grpo.advantage_std``);
 * own experience:  ``own_advantages``, ``sequences_from_samples``, ``own_sequences``;
 * which rows train: ``kept_rows``, the one place ``grpo.skip_zero_std_groups`` is applied;
 * peer experience: ``peer_rollouts``, ``select_peers``, ``adapt_to_receiver`` (THL) and
@@ -19,7 +21,7 @@ import numpy as np
 import torch
 
 from mutualrl.config import GRPOConfig
-from mutualrl.grpo import group_advantages
+from mutualrl.grpo import Advantages, group_advantages
 from mutualrl.policies.batch import SFTExample, TrainBatch, TrainSequence
 from mutualrl.policies.policy import Sample
 
@@ -30,12 +32,19 @@ def group_count(samples: list[Sample]) -> int:
     return max((s.group for s in samples), default=-1) + 1
 
 
+def grpo_advantages(rewards: torch.Tensor, groups: torch.Tensor, num_groups: int,
+                    grpo: GRPOConfig) -> Advantages:
+    """Advantages of rewards (N,) in groups (N,) under the run's ``scale_rewards``,
+    ``advantage_estimator`` and ``advantage_std``."""
+    return group_advantages(rewards, groups, num_groups, scale=grpo.scale_rewards,
+                            estimator=grpo.advantage_estimator, advantage_std=grpo.advantage_std)
+
+
 def own_advantages(samples: list[Sample], grpo: GRPOConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """(N,) advantages and (N,) zero-std flags over each prompt group of ``samples``."""
     rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
     groups = torch.tensor([s.group for s in samples], dtype=torch.long)
-    adv = group_advantages(rewards, groups, group_count(samples), scale=grpo.scale_rewards,
-                           estimator=grpo.advantage_estimator)
+    adv = grpo_advantages(rewards, groups, group_count(samples), grpo)
     return adv.advantages, adv.zero_std
 
 

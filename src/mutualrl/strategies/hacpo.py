@@ -32,9 +32,10 @@ Our choices where the loop differs from the authors' trainer:
 * ``updates_per_step = U`` splits the receiver's sequences into ``U`` optimizer updates
   (sequence ``i`` in update ``i mod U``); update ``m`` uses ``l_m``. That is the stepwise clip;
   with ``U = 1`` (default) only ``l_0 = 1 - cross_clip_delta`` acts.
-* Std and scaling follow the run's ``grpo.scale_rewards`` (population std, as TRL and every
-  strategy here), not the authors' sample std, so a lone policy trains exactly as ``none``;
-  rewards are used as they are (``grpo.advantage_estimator`` is not consulted).
+* Std and scaling follow the run's ``grpo.scale_rewards`` and ``grpo.advantage_std``, as in
+  every strategy here, so a lone policy trains exactly as ``none``. The default is the population
+  std; the authors' sample std (TRL's too) is ``grpo.advantage_std = "sample"``. Rewards are used
+  as they are (``grpo.advantage_estimator`` is not consulted).
 """
 
 from __future__ import annotations
@@ -83,15 +84,17 @@ class HACPOParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
 
 
 def capability_advantages(rewards: torch.Tensor, groups: torch.Tensor, num_groups: int,
-                          omega: torch.Tensor, own: torch.Tensor, scale: str):
+                          omega: torch.Tensor, own: torch.Tensor, scale: str,
+                          advantage_std: str = "population"):
     """Capability-aware advantages: rewards, groups, omega (N,), own (N,) bool ->
     advantages, baselines, zero-std flags, guarded flags.
 
-    ``omega`` is ``P_receiver / P_source`` per sample (1 for own samples). Returns (N,) advantages,
+    ``omega`` is ``P_receiver / P_source`` per sample (1 for own samples); ``scale`` and
+    ``advantage_std`` are the run's ``grpo.scale_rewards`` and ``grpo.advantage_std``. Returns (N,) advantages,
     (K,) baselines, (N,) zero-std flags and (K,) flags of groups whose baseline fell back.
     """
     r = rewards.to(torch.float64)
-    m = group_moments(r, groups, num_groups)
+    m = group_moments(r, groups, num_groups, advantage_std)
     weighted = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, groups, r * omega.to(torch.float64))
     base = weighted / m.count.clamp(min=1)                                     # (K,)
     own_f = own.to(torch.float64)
@@ -103,7 +106,7 @@ def capability_advantages(rewards: torch.Tensor, groups: torch.Tensor, num_group
     base = torch.where(guarded, own_mean, base)
     base = torch.where(uniform, m.mean, base)
     zero = uniform[groups]
-    adv = normalize(r, base[groups], m.std[groups], scale)
+    adv = normalize(r, base[groups], m.std[groups], scale, advantage_std)
     adv = torch.where(zero, torch.zeros_like(adv), adv)
     return adv.to(rewards.dtype), base, zero, guarded
 
@@ -156,7 +159,8 @@ class HACPO:
                              dtype=torch.float64)
         is_own = torch.arange(len(mixed.rewards)) < n
         adv, _, zero, guarded = capability_advantages(mixed.rewards, mixed.groups, mixed.num_groups,
-                                                      omega, is_own, ctx.grpo.scale_rewards)
+                                                      omega, is_own, ctx.grpo.scale_rewards,
+                                                      ctx.grpo.advantage_std)
         self._log_capabilities(ctx, receiver, guarded)
         own_seqs = mixed.own_sequences(adv, zero, ctx.grpo)
         return self._split(own_seqs, self._peer_sequences(ctx, receiver, mixed, adv, zero))

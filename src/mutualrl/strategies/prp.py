@@ -24,10 +24,9 @@ import msgspec
 import numpy as np
 import torch
 
-from mutualrl.grpo import group_advantages
 from mutualrl.policies.batch import TrainBatch, TrainSequence
 from mutualrl.strategies.base import StrategyContext, register_strategy
-from mutualrl.strategies.common import ReceivedPeers, batch_of, mixed_group
+from mutualrl.strategies.common import ReceivedPeers, batch_of, grpo_advantages, mixed_group
 
 
 class PRPParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -82,8 +81,7 @@ class PeerRolloutPooling:
     def build_batches(self, ctx: StrategyContext, receiver: str, own) -> list[TrainBatch]:
         mixed = mixed_group(ctx, receiver, own, self.p.max_peer_per_group)
         weights = self._weights(ctx, receiver, mixed.peers)
-        adv = group_advantages(mixed.rewards, mixed.groups, mixed.num_groups,
-                               scale=ctx.grpo.scale_rewards, estimator=ctx.grpo.advantage_estimator)
+        adv = grpo_advantages(mixed.rewards, mixed.groups, mixed.num_groups, ctx.grpo)
         seqs = mixed.own_sequences(adv.advantages, adv.zero_std, ctx.grpo)
         seqs += mixed.peer_sequences(adv.advantages, adv.zero_std, weights, ctx.grpo)
         n, peers = mixed.n_own, len(mixed.peers)

@@ -4,6 +4,7 @@ Only scalar statistics cross: each policy's baseline for a prompt is computed ov
 all policies' rewards for it, and each policy still updates only on its own samples. For the
 z-score the union's moments are the exact merge of every producer's published ``GroupStats``
 (count, mean, M2); the rank estimator needs the rewards themselves and reads peers' rollouts.
+Both take the run's ``grpo.advantage_std`` (population or sample std of the union).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import msgspec
 import torch
 
 from mutualrl.exchange import merge
-from mutualrl.grpo import group_moments, normalize, within_group_ranks
+from mutualrl.grpo import group_moments, normalize, std_from_m2, within_group_ranks
 from mutualrl.policies.batch import TrainBatch
 from mutualrl.strategies.base import StrategyContext, register_strategy
 from mutualrl.strategies.common import batch_of, group_count, sequences_from_samples
@@ -34,6 +35,12 @@ def pooled_stats(deliveries, prompt_ids: set[str]) -> dict[str, object]:
     return out
 
 
+def pooled_std(stats, advantage_std: str) -> float:
+    """The ``advantage_std`` std of a merged ``GroupStats`` (its count and M2)."""
+    m2 = torch.tensor(stats.m2, dtype=torch.float64)
+    return float(std_from_m2(m2, torch.tensor(float(stats.count), dtype=torch.float64), advantage_std))
+
+
 class CrossPolicyAdvantages:
     name = "xgrpo"
 
@@ -49,7 +56,8 @@ class CrossPolicyAdvantages:
         pids = [s.prompt.id for s in own]
         rewards = torch.tensor([s.reward for s in own], dtype=torch.float64)
         groups = torch.tensor([s.group for s in own])
-        mine = group_moments(rewards, groups, group_count(own))   # the receiver's own groups
+        kind = ctx.grpo.advantage_std
+        mine = group_moments(rewards, groups, group_count(own), kind)   # the receiver's own groups
         if self.p.estimator == "zscore":
             stats = pooled_stats(ctx.peer_experience, set(pids))
             missing = sum(p not in stats for p in set(pids))
@@ -57,9 +65,9 @@ class CrossPolicyAdvantages:
                 ctx.log(receiver, "xgrpo/prompts_without_pooled_stats", missing)
             mean = torch.tensor([stats[p].mean if p in stats else float(mine.mean[s.group])
                                  for p, s in zip(pids, own)], dtype=torch.float64)
-            std = torch.tensor([stats[p].std if p in stats else float(mine.std[s.group])
+            std = torch.tensor([pooled_std(stats[p], kind) if p in stats else float(mine.std[s.group])
                                 for p, s in zip(pids, own)], dtype=torch.float64)
-            adv = normalize(rewards, mean, std, ctx.grpo.scale_rewards)
+            adv = normalize(rewards, mean, std, ctx.grpo.scale_rewards, kind)
         else:
             adv, std = self._rank(ctx, pids, rewards)
         zero = std == 0
@@ -80,12 +88,13 @@ class CrossPolicyAdvantages:
         values = torch.tensor([r for _, r in peer], dtype=torch.float64)
         groups = torch.tensor([index[p] for p, _ in peer])
         ranks = within_group_ranks(values, groups, len(index))
-        m = group_moments(ranks, groups, len(index))
+        m = group_moments(ranks, groups, len(index), ctx.grpo.advantage_std)
         # each own reward takes the rank its value has in the union (ties share a rank)
         own_rank = torch.stack([ranks[(groups == index[p]) & (values == r)][0]
                                 for p, r in zip(pids, rewards.tolist())])
         g = torch.tensor([index[p] for p in pids])
-        return normalize(own_rank, m.mean[g], m.std[g], ctx.grpo.scale_rewards), m.std[g]
+        return normalize(own_rank, m.mean[g], m.std[g], ctx.grpo.scale_rewards,
+                         ctx.grpo.advantage_std), m.std[g]
 
     def after_update(self, ctx: StrategyContext, receiver: str) -> None:
         return None

@@ -8,6 +8,8 @@ needed. The sampler and the trainer share the model: ``load_weights`` has nothin
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from mutualrl.policies.batch import collate
@@ -16,11 +18,24 @@ from mutualrl.policies.samples import Sample
 from mutualrl.policies.sampling import sample_tokens, truncate_logits, truncates
 
 
+def cache_keyword(model) -> str:
+    """The name of ``model``'s KV cache, as its forward's keyword and its output's field.
+
+    transformers 5.24 renamed ``past_key_values`` to ``cache`` (both; the old names warn and are
+    to be removed in 5.40), while the versions our extras allow go back to 4.56 (vLLM's CPU build
+    pins < 5.20), where only ``past_key_values`` exists. Read once from the forward's signature
+    (a PEFT wrapper's forward takes ``**kwargs``: its base model's is the one that names it).
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
 class TorchBackend:
     exact_logprobs = True
 
     def __init__(self, view, learner, generator: torch.Generator) -> None:
         self.view, self.learner, self.generator = view, learner, generator
+        self.cache_key = cache_keyword(learner.model)   # the learner keeps its model object
 
     def load_weights(self, version: int) -> None:
         """Nothing to do: generation runs on the trainer's own parameters."""
@@ -76,8 +91,9 @@ class TorchBackend:
             if bool(finished.all()):
                 break
             attn = torch.cat([attn, torch.ones((B, 1), dtype=attn.dtype, device=device)], 1)
+            cache = {self.cache_key: getattr(out, self.cache_key)}
             out = model(input_ids=tok.unsqueeze(-1), attention_mask=attn, position_ids=next_pos,
-                        past_key_values=out.past_key_values, use_cache=True)
+                        use_cache=True, **cache)
             next_pos = next_pos + 1
         return torch.stack(tokens, 1).cpu(), torch.stack(logps, 1).cpu()
 
