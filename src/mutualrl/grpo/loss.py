@@ -83,7 +83,7 @@ class LossOutput:
     loss: Tensor                # scalar
     clip_low_frac: Tensor       # scalar: share of masked tokens clipped at 1 - epsilon (A < 0)
     clip_high_frac: Tensor      # scalar: share clipped at 1 + epsilon_high (A > 0)
-    kl: Tensor                  # scalar: mean k3 estimate over masked tokens (not times the ratio; 0: no reference)
+    kl: Tensor                  # scalar: mean k3 estimate over masked tokens (0 when no reference)
 
 
 @dataclass(frozen=True)
