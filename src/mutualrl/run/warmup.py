@@ -55,8 +55,8 @@ RECORDS = "metrics.jsonl"
 def warm_start(run: Run) -> None:
     """Warm start the run's policies (or load them from the cache), then freeze their references."""
     plans = warm_plans(run.cfg)
-    names = [p.name for p in run.cfg.policies
-             if plans[p.name].families and p.name in run.live()]
+    live = set(run.live())
+    names = [p.name for p in run.cfg.policies if plans[p.name].families and p.name in live]
     if names and run.cfg.warmup.max_steps > 0:
         cache = WarmStartCache(run.cfg) if run.cfg.warmup.cache_dir else None
         if cache is not None and cache.load(run, names):
