@@ -3,7 +3,8 @@
 ``mutualrl train`` reaches its policies only through the executor (generate, update, the warm
 start's SFT steps and probes, evaluation, the PRP strategy's receiver-side log-probs, saving), so
 with one seed and one torch thread per worker the sequential and threaded local executors and the
-Ray executor (one actor per policy) must write identical metrics: every record of every phase,
+Ray executor (one actor per policy) and the process executor (one process per policy) must
+write identical metrics: every record of every phase,
 timing fields aside.
 """
 
@@ -82,6 +83,15 @@ def test_ray_matches_local(local_runs, ray_cluster, tmp_path, strategy):
     assert_same(local_runs[strategy, "sequential"], records)
     for name in ("llama-mistral", "qwen-deepseek"):
         assert any((tmp_path / "ray" / "policies" / name).glob("*.safetensors"))
+
+
+@pytest.mark.parametrize("strategy", ["none", "prp"])
+def test_process_executor_matches_local(local_runs, tmp_path, strategy):
+    """One spawned process per policy, built from the same factories as Ray's actors."""
+    records = run_tiny(tmp_path / "process", strategy, 'allocation.executor="process"')
+    assert_same(local_runs[strategy, "sequential"], records)
+    for name in ("llama-mistral", "qwen-deepseek"):
+        assert any((tmp_path / "process" / "policies" / name).glob("*.safetensors"))
 
 
 class _Flaky:

@@ -21,6 +21,7 @@ from mutualrl.allocation.calls import (
     call_one,
 )
 from mutualrl.allocation.executors import LocalExecutor
+from mutualrl.allocation.processes import ProcessExecutor
 from mutualrl.allocation.kinds import EXECUTORS, make_executor
 from mutualrl.allocation.paced import PacedReport, StepWorker, run_paced
 from mutualrl.allocation.pacing import (
@@ -57,7 +58,7 @@ from mutualrl.config import (
 
 __all__ = [
     "AllocationConfig", "ArchitectureDims", "InventoryConfig", "MemoryModel", "WorkerOverride",
-    "EXECUTORS", "CallResult", "Executor", "LocalExecutor", "WorkerCall", "WorkerFailedError",
+    "EXECUTORS", "CallResult", "Executor", "LocalExecutor", "ProcessExecutor", "WorkerCall", "WorkerFailedError",
     "WorkerFailure", "WorkerUnavailable", "call_each", "call_live", "call_one", "make_executor",
     "PacedReport", "StepWorker", "run_paced", "Channel", "PacedRecord",
     "QueueChannel", "VersionGate", "is_fresh", "starvation_report", "Assignment", "GpuSlot",

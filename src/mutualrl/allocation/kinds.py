@@ -1,4 +1,5 @@
-"""Executor kinds, a registry: ``local`` (this process, the default) and ``ray`` (extra ``ray``).
+"""Executor kinds, a registry: ``local`` (this process, the default), ``process`` (one process per
+worker on this machine) and ``ray`` (extra ``ray``).
 
 Apart from the executors themselves, so that neither imports the other: the Ray executor is
 imported only when asked for.
@@ -11,6 +12,7 @@ from collections.abc import Callable
 from mutualrl.allocation.calls import Executor
 from mutualrl.config import AllocationConfig
 from mutualrl.allocation.executors import LocalExecutor
+from mutualrl.allocation.processes import ProcessExecutor
 from mutualrl.registry import Registry
 
 EXECUTORS: Registry[Callable[[AllocationConfig], Executor]] = Registry("executor kind")
@@ -30,4 +32,5 @@ def _make_ray(alloc: AllocationConfig) -> Executor:
 
 
 EXECUTORS.register("local", LocalExecutor)
+EXECUTORS.register("process", ProcessExecutor)
 EXECUTORS.register("ray", _make_ray)

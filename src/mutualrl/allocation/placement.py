@@ -2,8 +2,8 @@
 
 ``device = "cpu"`` keeps every policy on the CPU whatever the plan says. ``device = "cuda"``
 places each policy on its learner's first planned GPU: ``cuda:<gpu index>`` when the policy is
-built in the driver's process (local executor), ``cuda:0`` in a Ray actor, where Ray makes the
-actor's assigned GPUs the only visible ones. Any other value (``"cuda:1"``, ``"mps"``) is used as
+built in the driver's process (local executor), ``cuda:0`` in a Ray actor or a worker process of
+the ``process`` executor, where the actor's or process's planned GPUs are the only visible ones. Any other value (``"cuda:1"``, ``"mps"``) is used as
 given; so is ``"cuda"`` for a policy the plan gave no GPU.
 """
 
@@ -18,4 +18,5 @@ def policy_device(name: str, device: str, plan: Plan | None, executor: str) -> s
     gpus = next((a.gpus for a in plan.assignments if a.role == "learner" and a.policy == name), ())
     if not gpus:
         return device
-    return "cuda:0" if executor == "ray" else f"cuda:{gpus[0].gpu}"
+    # ray and process workers see only their planned GPUs (CUDA_VISIBLE_DEVICES): cuda:0 is theirs
+    return "cuda:0" if executor in ("ray", "process") else f"cuda:{gpus[0].gpu}"

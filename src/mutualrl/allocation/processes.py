@@ -1,0 +1,237 @@
+"""The process executor: one process per worker on this machine (executor kind ``process``).
+
+Each worker is built inside a process of its own (started with ``spawn``), from the same
+picklable factory the Ray executor sends to its actors, and typed calls (``allocation.calls``)
+travel to it through a pipe. What a process of its own gives that the threads of
+``LocalExecutor`` cannot:
+
+- **Isolation.** Libraries that keep process-global state — a vLLM engine's current config,
+  forward context, sleep-mode allocator and ``torch.distributed`` group; ``torch.set_num_threads``
+  — hold one copy per worker. Two vLLM policies need this (``run.build`` refuses them on the
+  local executor).
+- **Exact CPU shares.** Each process sets its planned thread count (``OMP_NUM_THREADS`` before
+  torch starts its pool, then ``torch.set_num_threads``), while all workers run at once.
+- **Planned devices.** ``CUDA_VISIBLE_DEVICES`` holds the worker's planned GPUs, so it computes
+  on ``cuda:0`` of its own view (as under Ray), and an engine inside lands where the plan put it.
+- **Hung workers are killed**, not abandoned: a call with no result within its timeout ends the
+  process; ``on_failure`` then applies as for every executor (a restart spawns a new one). A
+  worker process that dies (a segfault, the OOM killer, ``os._exit``) is reported as that
+  worker's failure with its exit code.
+
+Worker processes are not daemonic (a daemonic process may not start children, and vLLM's CPU
+build starts some); each watches its parent instead and exits when orphaned, so a killed run
+leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from multiprocessing.connection import Connection, wait
+from typing import TYPE_CHECKING, Any
+
+from mutualrl.allocation.calls import (CallResult, FailurePolicy, WorkerCall, WorkerFailedError,
+                                       WorkerFailure, build_worker, call_name, check_names)
+from mutualrl.config import AllocationConfig
+
+if TYPE_CHECKING:
+    from mutualrl.allocation.planner import Plan
+
+_EXIT_GRACE_S = 5.0
+
+
+def _watch_parent(parent: int) -> None:
+    while True:
+        time.sleep(0.5)
+        if os.getppid() != parent:
+            os._exit(3)
+
+
+def _serve(conn: Connection, factory: bytes, env: dict[str, str], threads: int,
+           restarted: bool, parent: int) -> None:
+    """The worker process: settle its environment, build the worker, answer calls until told
+    to stop (``None``) or the driver goes away."""
+    os.environ.update(env)
+    threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+    try:
+        if threads > 0:
+            import torch
+            torch.set_num_threads(threads)
+        obj = build_worker(pickle.loads(factory), restarted)
+        conn.send(("ok", None))
+    except BaseException as exc:
+        conn.send(_raised(exc))
+        return
+    while True:
+        try:
+            call = conn.recv()
+        except (EOFError, OSError):
+            return
+        if call is None:
+            return
+        try:
+            reply = ("ok", call(obj))
+        except BaseException as exc:  # reported to the driver, never swallowed
+            reply = _raised(exc)
+        try:
+            conn.send(reply)
+        except Exception as exc:  # e.g. a value that cannot be pickled
+            conn.send(_raised(exc))
+
+
+def _raised(exc: BaseException) -> tuple:
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return ("raised", type(exc).__name__, str(exc), tb)
+
+
+def worker_env(threads: int, gpus: tuple[int, ...] | None) -> dict[str, str]:
+    """The environment a worker process starts with: its CPU threads and its planned GPUs."""
+    env: dict[str, str] = {}
+    if threads > 0:
+        env["OMP_NUM_THREADS"] = str(threads)
+    if gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+    return env
+
+
+class _Proc:
+    def __init__(self, name: str, factory: Callable[[], object], env: dict[str, str],
+                 threads: int, restarted: bool) -> None:
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(
+            target=_serve, name=f"mutualrl-{name}", daemon=False,
+            args=(child, pickle.dumps(factory), env, threads, restarted, os.getpid()))
+        self.process.start()
+        child.close()
+
+    def kill(self) -> None:
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join(_EXIT_GRACE_S)
+        self.conn.close()
+
+    def stop(self) -> None:
+        try:
+            self.conn.send(None)
+        except (OSError, ValueError):
+            pass
+        self.process.join(_EXIT_GRACE_S)
+        self.kill()
+
+
+class ProcessExecutor:
+    """Workers in processes of their own on this machine, all computing at once."""
+
+    def __init__(self, alloc: AllocationConfig | None = None) -> None:
+        self.alloc = alloc or AllocationConfig()
+        self.policy = FailurePolicy(self.alloc)
+        self._factories: dict[str, Callable[[], object]] = {}
+        self._procs: dict[str, _Proc] = {}
+        self._threads: dict[str, int] = {}
+        self._envs: dict[str, dict[str, str]] = {}
+
+    def start(self, factories: dict[str, Callable[[], object]], plan: Plan | None = None) -> None:
+        self._factories = dict(factories)
+        for n in factories:
+            a = next((a for a in plan.assignments if a.worker == n), None) if plan else None
+            self._threads[n] = a.threads if a else 0
+            gpus = tuple(sorted({s.gpu for s in a.gpus})) if a and a.gpus else None
+            self._envs[n] = worker_env(self._threads[n], gpus)
+        for n in factories:
+            self._spawn(n, restarted=False)
+        results = self._collect(list(factories), "__init__", self.alloc.call_timeout_s)
+        failures = [r.failure for r in results.values() if r.failure is not None]
+        if failures:
+            self.shutdown()
+            raise WorkerFailedError(failures, results)
+
+    def _spawn(self, name: str, restarted: bool) -> None:
+        self._procs[name] = _Proc(name, self._factories[name], self._envs[name],
+                                  self._threads[name], restarted)
+
+    def put(self, obj: Any) -> Any:
+        return obj  # pickled into each call that carries it
+
+    def live_workers(self) -> list[str]:
+        return [n for n in self._factories if n not in self.policy.removed]
+
+    def call(self, calls: dict[str, WorkerCall], timeout_s: float | None = None, *,
+             fetch: bool = True) -> dict[str, CallResult]:
+        """Send each named worker its call, then gather the replies (``fetch`` is the Ray
+        executor's; here every value comes back)."""
+        method = call_name(next(iter(calls.values()))) if calls else "call"
+        check_names(method, calls, self._factories)
+        live = [n for n in calls if n not in self.policy.removed]
+        sent: list[str] = []
+        results: dict[str, CallResult] = {}
+        for n in live:
+            try:
+                self._procs[n].conn.send(calls[n])
+                sent.append(n)
+            except (OSError, ValueError, pickle.PicklingError) as exc:
+                results[n] = self._failure(n, method, type(exc).__name__, f"cannot send: {exc}")
+        results.update(self._collect(sent, method, timeout_s or self.alloc.call_timeout_s))
+        for n in calls:
+            if n not in live:
+                results[n] = self.policy.unavailable(n, method)
+        self.policy.apply(results, self._restart, self._remove)
+        return {n: results[n] for n in calls}
+
+    def _collect(self, names: list[str], method: str, timeout_s: float) -> dict[str, CallResult]:
+        """One reply per name within ``timeout_s``; a process that died or hung is a failure."""
+        deadline = time.monotonic() + timeout_s
+        waiting = {self._procs[n].conn: n for n in names}
+        out: dict[str, CallResult] = {}
+        while waiting and (left := deadline - time.monotonic()) > 0:
+            for conn in wait(list(waiting), timeout=left):
+                n = waiting.pop(conn)
+                out[n] = self._receive(n, method)
+        for n in waiting.values():
+            self._procs[n].kill()
+            out[n] = self._failure(n, method, "TimeoutError",
+                                   f"no result within {timeout_s:g} s; its process was killed",
+                                   kind="timeout")
+        return out
+
+    def _receive(self, name: str, method: str) -> CallResult:
+        proc = self._procs[name]
+        try:
+            reply = proc.conn.recv()
+        except (EOFError, OSError):
+            proc.process.join(_EXIT_GRACE_S)
+            return self._failure(name, method, "WorkerDied",
+                                 f"its process exited with code {proc.process.exitcode}")
+        if reply[0] == "ok":
+            return CallResult(name, value=reply[1])
+        return CallResult(name, failure=WorkerFailure(
+            worker=name, method=method, exc_type=reply[1], message=reply[2], traceback=reply[3],
+            kind="raised"))
+
+    @staticmethod
+    def _failure(name: str, method: str, exc_type: str, message: str,
+                 kind: str = "raised") -> CallResult:
+        return CallResult(name, failure=WorkerFailure(
+            worker=name, method=method, exc_type=exc_type, message=message, traceback="",
+            kind=kind))
+
+    def _restart(self, name: str) -> None:
+        self._procs.pop(name).kill()
+        self._spawn(name, restarted=True)
+        res = self._collect([name], "restart", self.alloc.call_timeout_s)
+        if not res[name].ok:
+            raise RuntimeError(f"restart of worker {name!r} failed: {res[name].failure}")
+
+    def _remove(self, name: str) -> None:
+        proc = self._procs.pop(name, None)
+        if proc is not None:
+            proc.kill()
+
+    def shutdown(self) -> None:
+        for name in list(self._procs):
+            self._procs.pop(name).stop()
