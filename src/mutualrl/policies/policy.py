@@ -110,7 +110,8 @@ class Policy(PolicyView):
     def train_step(self, batch: TrainBatch) -> dict[str, float]:
         """One update (``num_iterations`` optimizer steps) on a batch; NaN losses are skipped, counted."""
         stats = self.learner.train_step(batch, correct_mismatch=not self.backend.exact_logprobs)
-        self.backend.load_weights(self.version)   # the generation engine samples the new weights
+        # the generation engine samples the new weights; an engine's push reports its probe gap
+        stats.update(self.backend.load_weights(self.version) or {})
         return stats
 
     def train_steps(self, batches: list[TrainBatch]) -> dict[str, float]:

@@ -20,6 +20,7 @@ from mutualrl.allocation.placement import policy_device
 from mutualrl.allocation.planner import Plan
 from mutualrl.config import AllocationConfig, ConfigError, RunConfig, to_dict
 from mutualrl.policies.checkpoints import check_checkpoints, check_policies
+from mutualrl.policies.generation import check_engine_processes
 from mutualrl.policies.policy import Policy, PolicyView, load_handles
 from mutualrl.retokenize import Retokenizer
 from mutualrl.run.experience import PeerLogPool, open_bus
@@ -74,6 +75,7 @@ def prepare(cfg: RunConfig) -> Prepared:
     peer_logs = PeerLogPool(cfg.exchange.peer_logs) if cfg.exchange.peer_logs else None
     handles = load_handles(cfg.policies)      # each tokenizer once; the driver encodes prompts
     check_policies(cfg.policies, handles, checkpoints)  # chat templates present, vocab fits
+    check_engine_processes(cfg.policies, cfg.allocation.executor)  # one vLLM engine a process
     alloc, the_plan = plan_workers(cfg, handles)        # an infeasible plan fails here
     return Prepared(strategy, task, rewards, peer_logs, handles, alloc, the_plan)
 

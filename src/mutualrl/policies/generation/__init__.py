@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from mutualrl.config import ConfigError
 from mutualrl.registry import Registry
 
 if TYPE_CHECKING:
@@ -45,14 +46,35 @@ class GenerationBackend(Protocol):
     def generate(self, prompts: list[Prompt], prompt_ids: list[tuple[int, ...]],
                  settings: SamplingSettings) -> list[Sample]: ...
 
-    def load_weights(self, version: int) -> None:
-        """Make the policy's current weights (now at ``version``) the ones sampled from."""
+    def load_weights(self, version: int) -> dict[str, float] | None:
+        """Make the policy's current weights (now at ``version``) the ones sampled from; an
+        engine that receives them returns its ``sync/*`` statistics."""
 
     def sync_check(self) -> dict[str, float]:
         """Verify the sampler serves the trainer's weights; raise if not. Returns the gap."""
 
 
 GENERATION_BACKENDS: Registry = Registry("generation backend", "mutualrl.generation_backends")
+
+
+# Backends whose engine keeps process-global state (vLLM: its current config, forward context,
+# sleep-mode allocator, torch.distributed group, torch.set_num_threads): at most one per process.
+ONE_PER_PROCESS = ("vllm",)
+
+
+def check_engine_processes(policies, executor: str) -> None:
+    """Refuse a run that would put two such engines in one process (the ``local`` executor runs
+    every policy in the driver's process), naming the policies and the fix."""
+    if executor != "local":
+        return
+    for backend in ONE_PER_PROCESS:
+        names = [p.name for p in policies if p.generation.backend == backend]
+        if len(names) > 1:
+            raise ConfigError(
+                f"policies {names} all set generation.backend = {backend!r}, and the local "
+                f"executor would run their engines in one process, where they corrupt each "
+                f"other: set allocation.executor = \"process\" (one process per policy on this "
+                f"machine) or \"ray\"")
 
 
 def build_backend(view, learner, generator) -> GenerationBackend:

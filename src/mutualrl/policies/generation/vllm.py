@@ -1,12 +1,20 @@
 """The vLLM generation backend: one engine per policy, weights pushed after every update.
 
-Written against vLLM's documented offline API and kept thin: ``LLM.generate`` with token-id
-prompts and ``SamplingParams(n, temperature, top_p, top_k, max_tokens, logprobs=0, seed)`` (the
-engine is built with ``logprobs_mode="processed_logprobs"``, so the returned log-probs are those
-of the tempered, truncated distribution sampled from), ``LoRARequest`` per adapter version,
-``sleep``/``wake_up``, ``reset_prefix_cache``. Full weights go in through the model's own
-``load_weights`` in colocated, single-process mode (the path TRL's colocate mode takes). The
-engine object is injected, so CI drives this class with a fake engine of the same interface.
+Written against vLLM's offline API and run against the real engine (``tests/vllm/``, the CPU
+build in CI): ``LLM.generate`` with token-id prompts and one ``SamplingParams(n, temperature,
+top_p, top_k, max_tokens, logprobs=0, seed)`` per prompt (the engine is built with
+``logprobs_mode="processed_logprobs"``, so the returned log-probs are those of the tempered,
+truncated distribution sampled from), ``vllm.lora.request.LoRARequest`` per adapter version,
+``sleep``/``wake_up`` where the platform has them, ``reset_prefix_cache``.
+
+Weights go in through vLLM's supported in-place reload, the same call on the CPU and CUDA
+builds: ``collective_rpc("reload_weights", kwargs={"weights_iterator": ...})`` on an engine that
+runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``; the worker process that holds the
+policy is the engine's process). The engine takes the whole checkpoint-format state dict and
+repacks it for its kernels itself (pushing part of a fused group would corrupt it, so it always
+gets every tensor), then its prefix cache is reset. The engine object is injected, so the unit
+tests drive this class with a fake engine of the same interface; the engine itself is built in
+``policies.generation.vllm_engine``.
 
 Every load is verified (``sync_check``): the engine's log-probs of a fixed probe sequence must
 match the trainer's within ``generation.sync_tolerance``, and an engine whose probe did not move
@@ -15,9 +23,8 @@ while the trainer's did is reported as serving stale weights.
 
 from __future__ import annotations
 
-import copy
-import os
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -28,11 +35,11 @@ from mutualrl.policies.checkpoints import save_pretrained_quietly
 from mutualrl.policies.generation import GENERATION_BACKENDS, SamplingSettings
 from mutualrl.policies.samples import Sample
 
-INSTALL = "the vllm generation backend needs vLLM on a CUDA machine: pip install 'mutualrl[vllm]'"
 # A trainer probe move (max |delta log p|) above which an engine probe that stayed bitwise equal
 # means the engine kept its old weights.
 STALE_MOVE = 1e-3
 PROBE_TEXT = "A fixed probe: the quick brown fox jumps over the lazy dog, 0 1 2 3 4 5 6 7 8 9."
+SEED_SPACE = 2**31 - 1
 
 
 class WeightSyncError(RuntimeError):
@@ -60,13 +67,19 @@ class VLLMBackend:
     # ---- generation -----------------------------------------------------------------------
     def generate(self, prompts, prompt_ids, settings: SamplingSettings) -> list[Sample]:
         """All prompts in one call (``settings.batch_size`` unused: vLLM schedules its own
-        batches), ``n`` completions each, seeded from the policy's generator."""
+        batches), ``n`` completions each.
+
+        Each prompt gets its own seed, drawn from the policy's generator: one seed for every
+        prompt would make the i-th completion of each prompt draw the same noise (vLLM seeds a
+        prompt's n completions seed, seed + 1, ...) and identical prompts identical completions.
+        """
         self._wake()
-        seed = int(torch.randint(2**31 - 1, (1,), generator=self.generator))
-        params = self.api.SamplingParams(
+        seeds = torch.randint(SEED_SPACE, (len(prompt_ids),), generator=self.generator).tolist()
+        params = [self.api.SamplingParams(
             n=settings.num_generations, temperature=settings.temperature, top_p=settings.top_p,
             top_k=settings.top_k if settings.top_k > 0 else -1, max_tokens=settings.max_new_tokens,
             logprobs=0, seed=seed, stop_token_ids=[self.view.tokenizer.eos_token_id])
+            for seed in seeds]
         outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompt_ids], params,
                                     lora_request=self.lora, use_tqdm=False)
         samples = [self._sample(prompts[g], prompt_ids[g], g, o)
@@ -78,27 +91,44 @@ class VLLMBackend:
         ids = tuple(o.token_ids)
         # logprobs=0 returns, per position, a dict holding the sampled token's Logprob
         logps = tuple(float(step[t].logprob) for t, step in zip(ids, o.logprobs))
-        stopped = bool(ids) and ids[-1] == self.view.tokenizer.eos_token_id
         return Sample(prompt=prompt, prompt_ids=tuple(prompt_ids), completion_ids=ids, logprobs=logps,
                       text=self.view.tokenizer.decode(ids, skip_special_tokens=True),
-                      finish_reason="stop" if stopped else "length", group=group,
+                      finish_reason=str(o.finish_reason), group=group,
                       policy_version=self.version)
 
     # ---- weights --------------------------------------------------------------------------
-    def load_weights(self, version: int) -> None:
-        """Push the policy's weights (only the adapter for a LoRA policy), then verify them."""
+    def load_weights(self, version: int) -> dict[str, float]:
+        """Push the policy's weights (only the adapter for a LoRA policy), then verify them;
+        the push time and the probe gap out."""
         self._wake()
         self.loads += 1
+        t0 = time.perf_counter()
         if self.view.cfg.lora is not None:
             self._load_adapter()
         else:
-            state = self.learner.model.state_dict()
-            _engine_model(self.llm).load_weights((k, v.detach()) for k, v in state.items())
+            self._reload_full()
         # cached prefixes hold keys/values computed with the old weights
         self.llm.reset_prefix_cache()
         self.version = version
+        stats = {"sync/push_time_s": time.perf_counter() - t0}
         if self.cfg.sync_check:
-            self.sync_check()
+            stats.update(self.sync_check())
+        return stats
+
+    def _reload_full(self) -> None:
+        """Every tensor of the trainer's state dict, in checkpoint format, reloaded in place."""
+        state = self.learner.model.state_dict()
+        try:
+            self.llm.collective_rpc("reload_weights", kwargs={
+                "weights_iterator": ((k, v.detach()) for k, v in state.items()),
+                "is_checkpoint_format": True})
+        except Exception as exc:
+            # vLLM may have rebuilt some layers before failing: the engine is not usable
+            raise WeightSyncError(
+                f"policy {self.view.name!r}: pushing version {self.learner.version} into the "
+                f"vLLM engine failed ({type(exc).__name__}: {exc}); the engine may hold a mix of "
+                f"old and new weights and must be rebuilt (allocation.on_failure = \"restart\" "
+                f"does that)") from exc
 
     def _load_adapter(self) -> None:
         """A new adapter id per load: vLLM caches adapters by id, so reusing one would keep
@@ -168,54 +198,17 @@ class VLLMBackend:
             self.asleep = True
 
 
-# Where a colocated, single-process engine keeps its model, by vLLM version (the V1 engine core
-# wraps the executor one level deeper in later releases).
-_MODEL_PATHS = ("llm_engine.model_executor.driver_worker.worker.model_runner.model",
-                "llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner.model")
-
-
-def _engine_model(llm):
-    """The engine's ``nn.Module``, whose ``load_weights`` takes (name, tensor) pairs named as
-    in the Hugging Face checkpoint (the path TRL's and verl's colocated modes use)."""
-    for path in _MODEL_PATHS:
-        node = llm
-        for attr in path.split("."):
-            node = getattr(node, attr, None)
-            if node is None:
-                break
-        if node is not None:
-            return node
-    raise RuntimeError("cannot reach the vLLM engine's model to load weights into (tried "
-                       f"{', '.join(_MODEL_PATHS)}); the engine must run in this process "
-                       "(VLLM_ENABLE_V1_MULTIPROCESSING=0)")
-
-
 def build_vllm_backend(view, learner, generator) -> VLLMBackend:
-    """A colocated engine for the policy on its device; vLLM imported only here."""
-    try:
-        import vllm
-    except ImportError:
-        raise ImportError(f"policy {view.name!r}: {INSTALL}") from None
-    g, lora = view.cfg.generation, view.cfg.lora
-    # the engine in this process, so its model can take weights directly (no IPC)
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    work = Path(tempfile.mkdtemp(prefix=f"mutualrl-{view.name}-"))
-    model_dir = view.cfg.checkpoint or _save_base(view, learner, work / "base")
-    llm = vllm.LLM(model=str(model_dir), tokenizer=str(model_dir), dtype=g.dtype,
-                   gpu_memory_utilization=g.gpu_memory_utilization, max_model_len=g.max_model_len,
-                   enable_sleep_mode=g.enable_sleep_mode, enable_lora=lora is not None,
-                   max_lora_rank=lora.r if lora else 16, logprobs_mode="processed_logprobs",
-                   enable_prefix_caching=True)
-    return VLLMBackend(view, learner, generator, llm, vllm, work)
-
-
-def _save_base(view, learner, path: Path) -> Path:
-    """A randomly initialised policy exists nowhere on disk: save its base model and tokenizer."""
-    model = learner.model
-    if view.cfg.lora is not None:
-        # unload() takes the LoRA layers out without merging them into the base
-        model = copy.deepcopy(model).unload()
-    return save_pretrained_quietly(model, path, view.tokenizer)
+    """A colocated engine for the policy in this process; vLLM imported only here."""
+    from mutualrl.policies.generation.vllm_engine import VLLMStartError, start_engine
+    llm, api, work = start_engine(view, learner)
+    try:   # the first load and probe run the model: what the platform cannot run fails here
+        return VLLMBackend(view, learner, generator, llm, api, work)
+    except WeightSyncError:
+        raise
+    except Exception as exc:
+        raise VLLMStartError(f"policy {view.name!r}: the vLLM engine could not start: its first "
+                             f"forward failed ({type(exc).__name__}: {exc})") from exc
 
 
 GENERATION_BACKENDS.register("vllm", build_vllm_backend)

