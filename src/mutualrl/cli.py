@@ -141,6 +141,8 @@ GUARD_EXIT = 3
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from mutualrl.allocation.malloc import reuse_large_buffers
+    reuse_large_buffers()    # before torch starts its threads (allocation/malloc.py says why)
     # The command owns the display (rich progress); transformers' own bars (one per saved model)
     # would tear through it.
     from transformers.utils import logging as hf_logging

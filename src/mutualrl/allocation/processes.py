@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from mutualrl.allocation.calls import (CallResult, FailurePolicy, WorkerCall, WorkerFailedError,
                                        WorkerFailure, build_worker, call_name, check_names)
+from mutualrl.allocation.malloc import reuse_large_buffers
 from mutualrl.config import AllocationConfig
 
 if TYPE_CHECKING:
@@ -57,6 +58,7 @@ def _serve(conn: Connection, factory: bytes, env: dict[str, str], threads: int,
     """The worker process: settle its environment, build the worker, answer calls until told
     to stop (``None``) or the driver goes away."""
     os.environ.update(env)
+    reuse_large_buffers()
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
     try:
         if threads > 0:

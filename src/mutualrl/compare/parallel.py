@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from mutualrl.allocation.malloc import reuse_large_buffers
 from mutualrl.run.progress import RunProgress
 
 # How often a worker looks for its parent, and how long it then gives its run to stop at a step
@@ -25,7 +26,9 @@ PARENT_ENV = "MUTUALRL_COMPARE_PARENT"
 
 
 def watch_parent(parent: int) -> None:
-    """Worker initializer: a daemon thread that stops this worker once ``parent`` is gone."""
+    """Worker initializer: a daemon thread that stops this worker once ``parent`` is gone (and
+    the allocator set up as in every mutualrl process)."""
+    reuse_large_buffers()
     os.environ[PARENT_ENV] = str(parent)
     threading.Thread(target=_watch, args=(parent,), name="mutualrl-parent-watch",
                      daemon=True).start()

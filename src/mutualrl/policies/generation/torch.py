@@ -72,7 +72,13 @@ class TorchBackend:
         finished = torch.zeros(B, dtype=torch.bool, device=device)
         next_pos = pos[:, -1:] + 1
         truncate = truncates(s.top_k, s.top_p)
-        for _ in range(s.max_new_tokens):
+        for i in range(s.max_new_tokens):
+            if i:   # the last sampled token's forward; none after the last token is drawn
+                attn = torch.cat([attn, torch.ones((B, 1), dtype=attn.dtype, device=device)], 1)
+                cache = {self.cache_key: getattr(out, self.cache_key)}
+                out = model(input_ids=tokens[-1].unsqueeze(-1), attention_mask=attn,
+                            position_ids=next_pos, use_cache=True, **cache)
+                next_pos = next_pos + 1
             logits = out.logits[:, -1].float()
             if s.temperature > 0:
                 logits = logits.div_(s.temperature)
@@ -90,11 +96,6 @@ class TorchBackend:
             finished = finished | (tok == eos)
             if bool(finished.all()):
                 break
-            attn = torch.cat([attn, torch.ones((B, 1), dtype=attn.dtype, device=device)], 1)
-            cache = {self.cache_key: getattr(out, self.cache_key)}
-            out = model(input_ids=tok.unsqueeze(-1), attention_mask=attn, position_ids=next_pos,
-                        use_cache=True, **cache)
-            next_pos = next_pos + 1
         return torch.stack(tokens, 1).cpu(), torch.stack(logps, 1).cpu()
 
     def _to_samples(self, prompts, prompt_ids, groups, tokens, logps) -> list[Sample]:

@@ -1,0 +1,220 @@
+"""One mutualrl GRPO step against bare PyTorch doing the same work: how far from the floor we are.
+
+The mutualrl side is a real run (``run.build_run`` of a one-policy config, strategy ``none``, no
+warm start, no evaluation) stepped with ``run.loop.grpo_step``: generate through the executor,
+verify, publish to the exchange, the strategy's batches, the update, the log record. Its phase
+times come from the run's own ``phase/*_time_s``.
+
+The bare side is the least code that computes the same thing, written from scratch in this file:
+a KV-cache decode loop (``logits_to_keep=1`` prefill, one forward per drawn token, none after the
+last) with inverse-CDF sampling, a reward (``reward`` below, on both sides), group-normalised advantages, one
+forward/backward with the LM head on the completion positions only, the clipped GRPO loss
+(``loss_type = "grpo"``, ratio 1 on the single pass), ``clip_grad_norm_`` and AdamW. It starts
+from a copy of the policy's weights and of its sampler's generator, so both sides draw the same
+tokens, and their losses and gradient norms are compared every step (reported, they agree to
+float rounding).
+
+The two alternate step by step in one process with the same thread count, so both see the same
+machine. Medians per phase and their ratios go to JSON.
+
+    python benchmarks/bench_floor.py --json benchmarks/results/floor_32k.json
+    python benchmarks/bench_floor.py --tokenizer deepseek-v3 --json benchmarks/results/floor_129k.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from mutualrl.allocation.malloc import reuse_large_buffers
+from mutualrl.config import load_config
+from mutualrl.grpo.advantages import EPS
+from mutualrl.policies.batch import collate
+from mutualrl.policies.generation.torch import cache_keyword
+from mutualrl.policies.sampling import sample_tokens
+from mutualrl.provenance import git_commit, machine_info
+from mutualrl.run.build import build_run
+from mutualrl.run.loop import grpo_step
+from mutualrl.run.phases import sample_prompts
+
+ROOT = Path(__file__).resolve().parent.parent
+ARCH = {"mistral-v1": "llama", "deepseek-v3": "qwen2"}
+
+
+def config(a, out: Path):
+    sets = [f'output_dir="{out}"', 'strategy="none"', f"torch_threads={a.threads}",
+            f"steps={a.steps + 1}", "save_steps=0", "warmup.max_steps=0", "eval.every=0",
+            f"grpo.num_generations={a.generations}", f"grpo.prompts_per_step={a.prompts}",
+            f"grpo.max_completion_length={a.tokens}", "grpo.temperature=1.0", "grpo.beta=0.0",
+            'grpo.loss_type="grpo"', 'task.name="lookup"', "task.families=[]",
+            f'policies=[{{name="p", architecture="{ARCH[a.tokenizer]}", tokenizer="{a.tokenizer}", '
+            f'hidden_size={a.hidden}, num_layers={a.layers}, num_heads=4}}]']
+    return load_config(ROOT / "configs" / "tiny.toml", sets)
+
+
+def reward(prompt, text: str) -> float:
+    """A cheap deterministic reward with spread in every group (a random policy scores 0 on the
+    task, which would zero every advantage and make the loss comparison vacuous)."""
+    return (sum(map(ord, text)) % 7) / 6
+
+
+class _Verifier:
+    """``reward`` in place of the run's verifier, keeping its error counters for the log."""
+
+    def __init__(self, real) -> None:
+        self.counters = real.counters
+
+        self.close = real.close
+
+    def __call__(self, prompt, text: str) -> float:
+        return reward(prompt, text)
+
+
+class Bare:
+    """The same step in plain PyTorch, on copies of the policy's weights and generator."""
+
+    def __init__(self, policy, cfg) -> None:
+        self.model = copy.deepcopy(policy.learner.model)
+        self.generator = torch.Generator().set_state(policy.generator.get_state())
+        self.tok, self.pad, self.g, self.t = policy.tokenizer, policy.pad_id, cfg.grpo, cfg.training
+        self.encode = policy.encode_prompt
+        self.cache = cache_keyword(self.model)
+        group = policy.learner.optimizer.param_groups[0]
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=group["lr"], betas=group["betas"],
+                                     eps=group["eps"], weight_decay=group["weight_decay"])
+
+    @torch.no_grad()
+    def generate(self, prompt_ids):
+        m, eos = self.model.eval(), self.tok.eos_token_id
+        ids = [p for p in prompt_ids for _ in range(self.g.num_generations)]
+        c = collate(ids, [()] * len(ids), self.pad)
+        P = c.input_ids.shape[1] - 1
+        attn, pos = c.attention_mask[:, :P], c.position_ids[:, :P]
+        out = m(input_ids=c.input_ids[:, :P], attention_mask=attn, position_ids=pos, use_cache=True,
+                logits_to_keep=1)
+        done = torch.zeros(len(ids), dtype=torch.bool)
+        toks = []
+        for i in range(self.g.max_completion_length):
+            if i:
+                attn = torch.cat([attn, torch.ones_like(attn[:, :1])], 1)
+                pos = pos[:, -1:] + 1
+                out = m(input_ids=toks[-1][:, None], attention_mask=attn, position_ids=pos,
+                        use_cache=True, **{self.cache: getattr(out, self.cache)})
+            tok = sample_tokens(torch.log_softmax(out.logits[:, -1].float(), -1), self.generator)
+            tok = torch.where(done, torch.full_like(tok, self.pad), tok)
+            toks.append(tok)
+            done |= tok == eos
+            if bool(done.all()):
+                break
+        rows = torch.stack(toks, 1).tolist()
+        return ids, [tuple(r[:r.index(eos) + 1] if eos in r else r) for r in rows]
+
+    def update(self, ids, completions, rewards) -> tuple[float, float]:
+        self.model.train()
+        r = torch.tensor(rewards).view(-1, self.g.num_generations)
+        # the run's settings: scale_rewards "group", population std (grpo.advantage_std)
+        r = r.double()
+        std = r.std(1, keepdim=True, unbiased=self.g.advantage_std == "sample")
+        adv = ((r - r.mean(1, keepdim=True)) / (std + EPS)).float().flatten()
+        c = collate(ids, completions, self.pad)
+        L, T = c.input_ids.shape[1], c.completion_len
+        hidden = self.model.model(input_ids=c.input_ids, attention_mask=c.attention_mask,
+                                  position_ids=c.position_ids).last_hidden_state
+        logits = self.model.lm_head(hidden[:, L - T - 1:L - 1]).float()
+        logp = torch.log_softmax(logits, -1).gather(-1, c.completion_ids[..., None]).squeeze(-1)
+        mask = (torch.arange(T)[None] < c.lengths[:, None]).float()
+        ratio = torch.exp(logp - logp.detach())
+        e = self.g.epsilon
+        per_token = -torch.min(ratio * adv[:, None], ratio.clamp(1 - e, 1 + e) * adv[:, None])
+        loss = ((per_token * mask).sum(1) / mask.sum(1).clamp(min=1)).mean()
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.t.max_grad_norm)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return float(loss), float(norm)
+
+    def step(self, run, step: int) -> tuple[dict[str, float], tuple[float, float]]:
+        t0 = time.perf_counter()
+        prompts = sample_prompts(run, step)
+        ids, completions = self.generate([self.encode(p.text) for p in prompts])
+        t1 = time.perf_counter()
+        groups = [p for p in prompts for _ in range(self.g.num_generations)]
+        rewards = [reward(p, self.tok.decode(cp, skip_special_tokens=True))
+                   for p, cp in zip(groups, completions)]
+        t2 = time.perf_counter()
+        got = self.update(ids, completions, rewards)
+        t3 = time.perf_counter()
+        return {"generate": t1 - t0, "verify": t2 - t1, "update": t3 - t2, "step": t3 - t0}, got
+
+
+def ours(run, step: int) -> tuple[dict[str, float], tuple[float, float]]:
+    t0 = time.perf_counter()
+    rec = grpo_step(run, step)
+    wall = time.perf_counter() - t0
+    times = {k: rec.get(f"phase/{k}_time_s", 0.0) for k in ("generate", "verify", "update")}
+    times["step"] = wall
+    return times, (rec["policy/p/loss"], rec["policy/p/grad_norm"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--json", type=Path, required=True)
+    ap.add_argument("--tokenizer", default="mistral-v1", choices=sorted(ARCH))
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--generations", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--malloc", choices=["reuse", "system"], default="reuse",
+                    help="the allocator set-up of both sides (allocation/malloc.py)")
+    a = ap.parse_args()
+    os.environ["MUTUALRL_MALLOC"] = a.malloc
+    malloc = reuse_large_buffers()
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = config(a, Path(tmp) / "run")
+        run = build_run(cfg)
+        run.verifier = _Verifier(run.verifier)
+        try:
+            policy = run.executor.worker("p")
+            bare = Bare(policy, cfg)
+            times = {"mutualrl": [], "bare": []}
+            agree = []
+            for step in range(a.steps + 1):        # step 0 warms both up, then dropped
+                order = [("mutualrl", ours), ("bare", bare.step)]
+                got = {}
+                for name, fn in (order if step % 2 == 0 else order[::-1]):
+                    t, got[name] = fn(run, step)
+                    if step:
+                        times[name].append(t)
+                agree.append([abs(x - y) for x, y in zip(got["mutualrl"], got["bare"])])
+                if step:
+                    print(f"step {step}: mutualrl {times['mutualrl'][-1]['step']:.3f} s, bare "
+                          f"{times['bare'][-1]['step']:.3f} s, |d loss| {agree[-1][0]:.1e}, "
+                          f"|d grad norm| {agree[-1][1]:.1e}", flush=True)
+        finally:
+            run.close()
+    med = {n: {k: statistics.median(t[k] for t in ts) for k in ts[0]} for n, ts in times.items()}
+    ratio = {k: med["mutualrl"][k] / med["bare"][k] for k in med["bare"] if med["bare"][k] > 0}
+    record = {"benchmark": "floor", "commit": git_commit(), "machine": machine_info(torch=torch.__version__),
+              "settings": {k: v for k, v in vars(a).items() if k != "json"},
+              "malloc": malloc, "median_s": med, "ratio_mutualrl_over_bare": ratio,
+              "max_abs_diff": {"loss": max(d[0] for d in agree), "grad_norm": max(d[1] for d in agree)},
+              "per_step_s": times}
+    a.json.parent.mkdir(parents=True, exist_ok=True)
+    a.json.write_text(json.dumps(record, indent=2) + "\n")
+    print(json.dumps({"median_s": med, "ratio": ratio, "max_abs_diff": record["max_abs_diff"]},
+                     indent=1))
+
+
+if __name__ == "__main__":
+    main()
