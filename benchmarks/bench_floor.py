@@ -10,9 +10,9 @@ a KV-cache decode loop (``logits_to_keep=1`` prefill, one forward per drawn toke
 last) with inverse-CDF sampling, a reward (``reward`` below, on both sides), group-normalised advantages, one
 forward/backward with the LM head on the completion positions only, the clipped GRPO loss
 (``loss_type = "grpo"``, ratio 1 on the single pass), ``clip_grad_norm_`` and AdamW. It starts
-from a copy of the policy's weights and of its sampler's generator, so both sides draw the same
-tokens, and their losses and gradient norms are compared every step (reported, they agree to
-float rounding).
+from the policy's weights, optimizer state and sampler generator, copied again before every step
+(untimed), so both sides draw the same tokens from the same state, and their losses and gradient
+norms are compared every step (reported; they agree to float rounding).
 
 The two alternate step by step in one process with the same thread count, so both see the same
 machine. Medians per phase and their ratios go to JSON.
@@ -90,6 +90,14 @@ class Bare:
         group = policy.learner.optimizer.param_groups[0]
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=group["lr"], betas=group["betas"],
                                      eps=group["eps"], weight_decay=group["weight_decay"])
+
+    def sync_from(self, policy) -> None:
+        """Take the policy's weights, optimizer state and generator (outside the timing), so
+        each step is compared on the same inputs: otherwise float rounding of the weights flips
+        a sampled token after some steps and the two runs drift apart."""
+        self.model.load_state_dict(policy.learner.model.state_dict())
+        self.opt.load_state_dict(policy.learner.optimizer.state_dict())
+        self.generator.set_state(policy.generator.get_state())
 
     @torch.no_grad()
     def generate(self, prompt_ids):
@@ -192,6 +200,7 @@ def main() -> None:
             for step in range(a.steps + 1):        # step 0 warms both up, then dropped
                 order = [("mutualrl", ours), ("bare", bare.step)]
                 got = {}
+                bare.sync_from(policy)
                 for name, fn in (order if step % 2 == 0 else order[::-1]):
                     t, got[name] = fn(run, step)
                     if step:

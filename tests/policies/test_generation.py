@@ -123,6 +123,16 @@ def test_truncated_sampling_logprobs_match_the_trainer(tokenizer_handles, top_k,
         assert int(rank[real].max()) < top_k
 
 
+def test_the_sampler_runs_one_forward_per_drawn_token_and_none_after_the_last(tokenizer_handles):
+    pol = make_policy(tokenizer_handles)
+    calls = []
+    real = pol.learner.model.forward
+    pol.learner.model.forward = lambda *a, **kw: calls.append(1) or real(*a, **kw)
+    samples = pol.generate(PROMPTS, 3, 6, 1.0)
+    longest = max(len(s.completion_ids) for s in samples)
+    assert len(calls) == longest          # the prompt's forward draws the first token
+
+
 def test_generation_batch_size_splits_the_group(tokenizer_handles):
     whole = make_policy(tokenizer_handles).generate(PROMPTS, 4, 4, 0.7)
     same = make_policy(tokenizer_handles, grpo=GRPOConfig(

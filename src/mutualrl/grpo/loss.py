@@ -63,6 +63,24 @@ def entropy_from_logprobs(logp_all: Tensor, rows: int = ENTROPY_ROWS) -> Tensor:
     return out.view(logp_all.shape[:-1])
 
 
+@torch.no_grad()
+def sampled_entropy(logp_all: Tensor, mask: Tensor, size: int | None) -> Tensor:
+    """Entropy at ``size`` of the ``mask``ed positions, evenly spaced over them in row-major
+    order (all of them when ``size`` is None or not smaller): (B, T, V), (B, T) -> (B, T), NaN
+    where not computed. Their mean estimates the mean over every masked position at a fraction
+    of the cost of a pass over the whole (B, T, V) log-softmax."""
+    V = logp_all.shape[-1]
+    where = mask.reshape(-1).nonzero().squeeze(1)
+    if size is not None and where.numel() > size:
+        where = where[torch.linspace(0, where.numel() - 1, size).round().long()]
+    out = torch.full((mask.numel(),), float("nan"), dtype=logp_all.dtype, device=logp_all.device)
+    flat = logp_all.reshape(-1, V)
+    for lo in range(0, where.numel(), ENTROPY_ROWS):
+        part = flat.index_select(0, where[lo:lo + ENTROPY_ROWS].to(flat.device))
+        out[where[lo:lo + ENTROPY_ROWS]] = part.exp().mul_(part).sum(-1).neg_()
+    return out.view(mask.shape)
+
+
 def entropy_from_logits(logits: Tensor) -> Tensor:
     """Entropy per position: (B, T, V) -> (B, T)."""
     return entropy_from_logprobs(torch.log_softmax(logits, dim=-1))

@@ -31,7 +31,7 @@ import torch
 
 from mutualrl.config import GRPOConfig, PolicyConfig, TrainingConfig
 from mutualrl.grpo import (LossShare, SurrogateSettings, chunked_token_logprobs, clipped_surrogate,
-                           completion_mask, entropy_from_logprobs, row_scales, selective_log_softmax,
+                           completion_mask, row_scales, sampled_entropy, selective_log_softmax,
                            token_logprobs, token_mean_scale)
 from mutualrl.policies.batch import Collated, SFTExample, TrainBatch, collate, collate_sequences
 from mutualrl.policies.generation.mismatch import correct_mismatch
@@ -194,8 +194,8 @@ class UpdateEngine:
             logp, logp_all = token_logprobs(logits, c.completion_ids.to(self.p.device))
         if not entropy:
             return logp, None
-        with torch.no_grad():
-            return logp, entropy_from_logprobs(logp_all)
+        valid = completion_mask(c.completion_ids, c.lengths).to(logp_all.device)
+        return logp, sampled_entropy(logp_all, valid, self.training.entropy_sample_size)
 
     @torch.no_grad()
     def plain_logprobs(self, c: Collated, model=None) -> torch.Tensor:
@@ -361,8 +361,10 @@ class UpdateEngine:
     def _grpo_stats(means, sums, mask, out, ent) -> None:
         with torch.no_grad():
             tokens = mask.sum()
-            m = mask.to(ent.dtype)
-            means["entropy"].add((ent * m).sum() / tokens.clamp(min=1), tokens)
+            # the positions whose entropy was computed (all, or training.entropy_sample_size)
+            picked = mask.bool() & ~torch.isnan(ent)
+            mean = ent[picked].mean() if bool(picked.any()) else torch.zeros(())
+            means["entropy"].add(mean, tokens)
         means["kl"].add(out.kl, tokens)
         means["clip_ratio_low"].add(out.clip_low_frac, tokens)
         means["clip_ratio_high"].add(out.clip_high_frac, tokens)

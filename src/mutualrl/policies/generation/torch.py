@@ -81,7 +81,8 @@ class TorchBackend:
                 next_pos = next_pos + 1
             logits = out.logits[:, -1].float()
             if s.temperature > 0:
-                logits = logits.div_(s.temperature)
+                if s.temperature != 1:
+                    logits = logits.div_(s.temperature)
                 if truncate:
                     logits = truncate_logits(logits, s.top_k, s.top_p)
                 logp_all = torch.log_softmax(logits, -1)

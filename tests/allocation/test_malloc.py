@@ -1,0 +1,31 @@
+"""The allocator set-up every mutualrl process applies at start-up (allocation/malloc.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+CODE = "from mutualrl.allocation.malloc import reuse_large_buffers as r; print(r()); print(r())"
+
+
+def _mode(**env) -> list[str]:
+    out = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, check=True,
+                         env={**os.environ, **env}, timeout=120)
+    return out.stdout.split()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_large_buffers_are_reused_unless_asked_for_the_system_allocator():
+    assert _mode(MUTUALRL_MALLOC="reuse") == ["reuse", "reuse"]       # once per process
+    assert _mode(MUTUALRL_MALLOC="system") == ["system", "system"]
+
+
+def test_a_preloaded_caching_allocator_is_left_alone(monkeypatch):
+    import mutualrl.allocation.malloc as m
+    monkeypatch.setattr(m, "_state", {})
+    monkeypatch.setenv("LD_PRELOAD", "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2")
+    monkeypatch.delenv("MUTUALRL_MALLOC", raising=False)
+    assert m.reuse_large_buffers() == "preloaded: jemalloc"
