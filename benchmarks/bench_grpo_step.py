@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from mutualrl.allocation.malloc import reuse_large_buffers
 from mutualrl.config import GRPOConfig, TrainingConfig, PolicyConfig
 from mutualrl.grpo import group_advantages
 from mutualrl.policies.batch import TrainBatch
@@ -141,6 +142,7 @@ def summary(xs: list[float]) -> dict[str, float]:
 
 
 def main() -> None:
+    reuse_large_buffers()   # both sides in this process: TRL gets the same allocator
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokenizer", default="mistral-v1")
     ap.add_argument("--prompts", type=int, default=8)

@@ -26,6 +26,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from mutualrl.allocation.malloc import reuse_large_buffers
 from mutualrl.config import load_config
 from mutualrl.run.metrics import read_metrics
 from mutualrl.provenance import git_commit, machine_info
@@ -75,6 +76,7 @@ def summarize(rounds: list[dict[str, dict]]) -> dict:
 
 
 def main() -> None:
+    reuse_large_buffers()   # as every mutualrl process does (allocation/malloc.py)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="configs/tiny.toml")
     ap.add_argument("--steps", type=int, default=5)
