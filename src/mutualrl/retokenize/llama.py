@@ -1,8 +1,9 @@
-"""Meta's Llama 3 tokenizer: what a fast tokenizer needs besides the vocabulary.
+"""Meta's Llama 3 and Llama 4 tokenizers: what a fast tokenizer needs besides the vocabulary.
 
-The vocabulary (a tiktoken BPE file) and the pre-tokenizer regex come from Meta's
-``llama-models`` wheel (``llama_models/llama3``); ``loaders`` converts them with transformers'
-``TikTokenConverter``. This module holds the rest, as Meta's Instruct release defines it:
+The vocabularies (tiktoken BPE files) and the pre-tokenizer regexes come from Meta's
+``llama-models`` wheel (``llama_models/llama3`` and ``llama_models/llama4``); ``loaders`` converts
+them with transformers' ``TikTokenConverter``. This module holds the rest, as Meta's Instruct
+releases define it:
 
 * ``llama-3``: the 256 special ids from 128000 with the names of Meta's Llama 3 release
   (``meta-llama/Meta-Llama-3-8B-Instruct``): ``<|begin_of_text|>`` 128000, ``<|end_of_text|>``
@@ -15,6 +16,10 @@ The vocabulary (a tiktoken BPE file) and the pre-tokenizer regex come from Meta'
   the Instruct ``tokenizer_config.json`` (a chat turn ends there; base models stop at
   ``<|end_of_text|>``, which stays a special token), no pad token (``load_tokenizer`` pads with
   EOS), and Llama 3 Instruct's chat template.
+* ``llama-4``: the 2048 special ids from 200000, named by Meta's reference tokenizer in the
+  package (``llama_models.llama4.tokenizer``); BOS ``<|begin_of_text|>``, EOS ``<|eot|>``, pad
+  ``<|finetune_right_pad|>``, and Llama 4's chat format for text messages (no tool or image
+  branches), rendered as Meta's reference ``ChatFormat`` encodes a dialog.
 """
 
 from __future__ import annotations
@@ -28,6 +33,9 @@ _LLAMA3_NAMED = {0: "<|begin_of_text|>", 1: "<|end_of_text|>", 6: "<|start_heade
 
 LLAMA3_BOS = "<|begin_of_text|>"
 LLAMA3_EOS = "<|eot_id|>"
+LLAMA4_BOS = "<|begin_of_text|>"
+LLAMA4_EOS = "<|eot|>"
+LLAMA4_PAD = "<|finetune_right_pad|>"
 
 # Llama 3 Instruct's template: BOS, then per message a role header, the trimmed content and
 # <|eot_id|>; the generation prompt opens an assistant header.
@@ -43,6 +51,20 @@ LLAMA3_CHAT_TEMPLATE = (
     "{%- endif %}"
 )
 
+# Llama 4's text chat format: the same shape with <|header_start|>/<|header_end|> and <|eot|>;
+# the content is kept as given (Meta's reference ChatFormat does not trim it).
+LLAMA4_CHAT_TEMPLATE = (
+    "{{- bos_token }}"
+    "{%- for message in messages %}"
+    "{{- '<|header_start|>' + message['role'] + '<|header_end|>\\n\\n' }}"
+    "{{- message['content'] }}"
+    "{{- '<|eot|>' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}"
+    "{{- '<|header_start|>assistant<|header_end|>\\n\\n' }}"
+    "{%- endif %}"
+)
+
 
 def llama3_specials() -> list[str]:
     """The 256 Llama 3 special tokens in id order (from 128000)."""
@@ -50,9 +72,24 @@ def llama3_specials() -> list[str]:
     return [_LLAMA3_NAMED.get(k) or next(reserved) for k in range(LLAMA3_NUM_SPECIALS)]
 
 
-def pattern() -> str:
-    """The pre-tokenizer regex of Meta's reference tokenizer (cl100k-style: numbers in runs of up
-    to three digits)."""
-    from llama_models.llama3.tokenizer import Tokenizer
+def reference_tokenizer_class(version: int):
+    """Meta's tiktoken-based ``Tokenizer`` class for Llama ``version`` (3 or 4) in llama-models."""
+    if version == 3:
+        from llama_models.llama3.tokenizer import Tokenizer
+    else:
+        from llama_models.llama4.tokenizer import Tokenizer
+    return Tokenizer
 
-    return Tokenizer.pat_str
+
+def pattern(version: int) -> str:
+    """The pre-tokenizer regex of Meta's reference tokenizer (Llama 3: cl100k-style, numbers in
+    runs of up to three digits; Llama 4: o200k-style)."""
+    cls = reference_tokenizer_class(version)
+    return cls.pat_str if version == 3 else cls.O200K_PATTERN
+
+
+def llama4_specials(model_file) -> list[str]:
+    """The 2048 Llama 4 special tokens in id order, as Meta's reference tokenizer names them
+    (it reads the vocabulary file to number them, so this takes about a second)."""
+    ref = reference_tokenizer_class(4)(model_file)
+    return sorted(ref.special_tokens, key=ref.special_tokens.__getitem__)

