@@ -44,18 +44,23 @@ def token_logprobs(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
     return logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1), logp_all
 
 
-# Positions per pass of ``entropy_from_logprobs``: 32 x a 32k vocabulary is 4 MB, a buffer the
-# allocator reuses from pass to pass and the cache holds, where one (B, T, V) ``exp`` is a fresh
-# 131 MB mapping, page-faulted on every step (4x slower on the default workload).
-ENTROPY_ROWS = 32
+# Values per pass of the entropy (1 MB of fp32): 8 positions of a 32k vocabulary, 2 of a
+# 129k one. A buffer this size the allocator reuses from pass to pass and the cache holds, where
+# one (B, T, V) ``exp`` is a fresh 131 MB mapping, page-faulted on every step (4x slower on the
+# default workload).
+ENTROPY_VALUES = 1 << 18
+
+
+def _entropy_rows(vocab: int) -> int:
+    return max(1, ENTROPY_VALUES // vocab)
 
 
 @torch.no_grad()
-def entropy_from_logprobs(logp_all: Tensor, rows: int = ENTROPY_ROWS) -> Tensor:
-    """Entropy per position from a log-softmax: (..., V) -> (...), ``rows`` positions at a time.
-
-    A statistic: no gradient flows through it."""
+def entropy_from_logprobs(logp_all: Tensor, rows: int | None = None) -> Tensor:
+    """Entropy per position from a log-softmax: (..., V) -> (...), ``rows`` positions at a time
+    (default: about ``ENTROPY_VALUES`` values). A statistic: no gradient flows through it."""
     flat = logp_all.reshape(-1, logp_all.shape[-1])
+    rows = rows or _entropy_rows(flat.shape[1])
     out = torch.empty(flat.shape[0], dtype=flat.dtype, device=flat.device)
     for lo in range(0, flat.shape[0], rows):
         part = flat[lo:lo + rows]
@@ -74,10 +79,10 @@ def sampled_entropy(logp_all: Tensor, mask: Tensor, size: int | None) -> Tensor:
     if size is not None and where.numel() > size:
         where = where[torch.linspace(0, where.numel() - 1, size).round().long()]
     out = torch.full((mask.numel(),), float("nan"), dtype=logp_all.dtype, device=logp_all.device)
-    flat = logp_all.reshape(-1, V)
-    for lo in range(0, where.numel(), ENTROPY_ROWS):
-        part = flat.index_select(0, where[lo:lo + ENTROPY_ROWS].to(flat.device))
-        out[where[lo:lo + ENTROPY_ROWS]] = part.exp().mul_(part).sum(-1).neg_()
+    flat, rows = logp_all.reshape(-1, V), _entropy_rows(V)
+    for lo in range(0, where.numel(), rows):
+        part = flat.index_select(0, where[lo:lo + rows].to(flat.device))
+        out[where[lo:lo + rows]] = part.exp().mul_(part).sum(-1).neg_()
     return out.view(mask.shape)
 
 
