@@ -122,3 +122,14 @@ def test_a_head_size_the_platform_cannot_run_fails_at_start_with_vllms_reason(to
     with pytest.raises(VLLMStartError, match=r"policy .narrow.: the vLLM engine could not start.*head_dim=16") as err:
         Policy(cfg, GRPOConfig(), seed=0, handle=tokenizer_handles["mistral-v1"])
 
+
+
+def test_too_little_kv_cache_memory_fails_at_start_naming_the_policy(tokenizer_handles):
+    from mutualrl.policies.generation.vllm_engine import VLLMStartError
+    generation = GenerationConfig(backend="vllm", kv_cache_memory_bytes=4096, enforce_eager=True,
+                                  max_model_len=256)
+    cfg = PolicyConfig(name="small", architecture="llama", tokenizer="mistral-v1", hidden_size=128,
+                       num_layers=2, num_heads=2, generation=generation)
+    with pytest.raises(VLLMStartError, match=r"policy 'small': the vLLM engine could not start .*"
+                       r"memory.*policies\[small\]\.generation\.kv_cache_memory_bytes = 4096"):
+        Policy(cfg, GRPOConfig(), seed=0, handle=tokenizer_handles["mistral-v1"])

@@ -138,8 +138,18 @@ def start_engine(view, learner):
         llm = vllm.LLM(model=str(model_dir), tokenizer=str(model_dir), seed=0, **kw)
     except Exception as exc:   # vLLM's own reason, with the policy it concerns
         raise VLLMStartError(f"policy {view.name!r}: the vLLM engine could not start "
-                             f"({type(exc).__name__}: {exc})") from exc
+                             f"({type(exc).__name__}: {exc}){_memory_hint(view, exc)}") from exc
     return llm, SimpleNamespace(SamplingParams=vllm.SamplingParams, LoRARequest=LoRARequest), work
+
+
+def _memory_hint(view, exc: Exception) -> str:
+    """Which of our fields sizes the KV cache, when vLLM says it has too little."""
+    if "memory" not in str(exc).lower():
+        return ""
+    g, field = view.cfg.generation, f"policies[{view.name}].generation"
+    if g.kv_cache_memory_bytes is not None:
+        return f"; the KV cache is sized by {field}.kv_cache_memory_bytes = {g.kv_cache_memory_bytes}"
+    return f"; the engine's share is {field}.gpu_memory_utilization = {g.gpu_memory_utilization}"
 
 
 def save_base(view, learner, path: Path) -> Path:
