@@ -110,7 +110,7 @@ class WorkerOverride(ConfigStruct):
 class AllocationConfig(ConfigStruct):
     """How the run's workers are planned (sizes, placement), executed and paced."""
 
-    executor: str = "local"           # a registered executor kind (allocation.EXECUTORS)
+    executor: str = "local"           # local (threads here) | process (one per worker) | ray (allocation.EXECUTORS)
     local_mode: Literal["threads", "sequential"] = "threads"
     on_failure: Literal["stop", "continue", "restart"] = "stop"
     max_restarts: int = 1             # per worker, when on_failure = "restart"
