@@ -209,13 +209,60 @@ def spelled_ends(profile: TokenizerProfile, flat: np.ndarray, sizes: np.ndarray,
     return spells, ends
 
 
+def offset_ends_batch(profile: TokenizerProfile, encs, texts: list[str], datas: list[bytes]
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``ends_from_offsets`` for a whole batch of Rust encodings in numpy passes: (ids end to end,
+    each token's byte end within its own text aligned with them, tokens per text).
+
+    The texts are laid end to end with a one-byte gap (as in ``align.align_batch``), so no run of
+    tokens sharing a span, no running maximum and no pinned last end crosses from one text into
+    the next; each value equals the per-text ``ends_from_offsets``'s.
+    """
+    n = len(encs)
+    id_lists = [e.ids for e in encs]
+    sizes = np.fromiter(map(len, id_lists), dtype=np.int64, count=n)
+    total = int(sizes.sum())
+    flat = np.fromiter(itertools.chain.from_iterable(id_lists), dtype=np.int64, count=total)
+    chain = itertools.chain.from_iterable
+    spans = np.fromiter(chain(chain(e.offsets for e in encs)), dtype=np.int64,
+                        count=2 * total).reshape(total, 2)
+    n_bytes = np.fromiter(map(len, datas), dtype=np.int64, count=n)
+    n_chars = np.fromiter(map(len, texts), dtype=np.int64, count=n)
+    if (n_bytes != n_chars).any():  # non-ASCII: character offsets are not byte offsets
+        char_base = np.repeat(np.cumsum(n_chars) - n_chars, sizes)
+        spans = char_to_byte("".join(texts))[spans + char_base[:, None]]
+        spans -= np.repeat(np.cumsum(n_bytes) - n_bytes, sizes)[:, None]
+    text_base = np.cumsum(n_bytes + 1) - (n_bytes + 1)
+    base = np.repeat(text_base, sizes)
+    starts, ends = spans[:, 0] + base, spans[:, 1] + base
+    if total > 1:
+        same = (starts[1:] == starts[:-1]) & (ends[1:] == ends[:-1])
+        if same.any():
+            ends = _split_shared_spans(starts, ends, same, profile.piece_len[flat])
+    ends = np.maximum.accumulate(ends)
+    has = sizes > 0
+    if has.any():  # pin_last of every text with tokens
+        last = np.repeat(ends[np.cumsum(sizes)[has] - 1], sizes[has])
+        pin = ends == last
+        ends[pin] = np.repeat((text_base + n_bytes)[has], sizes[has])[pin]
+    ends -= base
+    return flat, ends, sizes
+
+
 def encode_from_batch(profile: TokenizerProfile, encs, texts: list[str],
                       datas: list[bytes]) -> list[Encoded]:
     """``encode_from`` for many Rust encodings at once. For a lossless tokenizer the ids, byte ends
     and spelling checks of the whole batch are numpy passes, and each text's ``Encoded`` holds
-    views of them; encodings that do not spell their text take ``encode_from``."""
-    if not profile.lossless or len(encs) < 2:
+    views of them; encodings that do not spell their text take ``encode_from``. For any other
+    tokenizer the byte ends of the whole batch come from its offsets (``offset_ends_batch``)."""
+    if len(encs) < 2:
         return [encode_from(profile, e, t, d) for e, t, d in zip(encs, texts, datas)]
+    if not profile.lossless:
+        flat, ends, sizes = offset_ends_batch(profile, encs, texts, datas)
+        flat.flags.writeable = ends.flags.writeable = False
+        bounds = np.cumsum(sizes).tolist()
+        return [Encoded(flat[lo:hi], ends[lo:hi], None, None, None, lazy=(profile, t, d, None))
+                for lo, hi, t, d in zip([0, *bounds[:-1]], bounds, texts, datas)]
     id_lists = [e.ids for e in encs]
     sizes = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
     flat = np.fromiter(itertools.chain.from_iterable(id_lists), dtype=np.int64,
