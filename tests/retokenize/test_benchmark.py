@@ -47,3 +47,16 @@ def test_the_floor_aligns_as_the_retokenizer_does(handles):
     d = PairData.build(src, tgt, texts)
     got, want = _floor(d)(), align_batch(d.src_ends, d.tgt_ends, d.totals)
     assert got.full == want.full and (got.local == want.local).all()
+
+
+def test_the_floor_aligns_as_the_retokenizer_does_with_wordpiece(handles):
+    """With a WordPiece side the floor takes that side's byte ends from its encoding's offsets
+    (the ids do not spell the text), as the retokenizer does: the same alignment."""
+    texts = ["The Answer is 42.", "Второй ответ 😀", "def f(x):\n    return x + 1\n", "x",
+             "  spaced   out  ", "Ünïcödé ÀÉÎ"]
+    for src_name, tgt_name in (("bert-wordpiece", "mistral-v1"), ("deepseek-v3", "bert-wordpiece")):
+        src = Retokenizer(handles[src_name], cache_size=0)
+        tgt = Retokenizer(handles[tgt_name], cache_size=0)
+        d = PairData.build(src, tgt, texts)
+        got, want = _floor(d)(), align_batch(d.src_ends, d.tgt_ends, d.totals)
+        assert got.full == want.full and (got.local == want.local).all()

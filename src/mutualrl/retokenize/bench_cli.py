@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -28,6 +29,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--naive-texts", type=int, default=8,
                         help="texts given to the quadratic decode-prefix baseline (0: skip it)")
     parser.add_argument("--no-peers", action="store_true", help="skip TRL/spacy/naive peers")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads for both sides alike: the Rust tokenizers' pool that the "
+                             "receiver's encode_batch and every Rust call of the retokenizer use "
+                             "(RAYON_NUM_THREADS; 1 also sets TOKENIZERS_PARALLELISM=false) "
+                             "(default: the environment's, else one per core)")
     parser.add_argument("--output", default="bench-results/retokenize.json",
                         help="where to write the JSON results")
 
@@ -80,9 +86,22 @@ def _print_table(results: dict) -> None:
                                                   for k, v in pair["residuals"].items()))
 
 
+def set_threads(threads: int | None) -> dict:
+    """Give the Rust tokenizers' thread pool ``threads`` threads (before its first parallel call,
+    which builds it) and return what both sides of every ratio ran with."""
+    if threads is not None:
+        if threads < 1:
+            raise ValueError(f"--threads: expected an integer >= 1, got {threads}")
+        os.environ["RAYON_NUM_THREADS"] = str(threads)
+        os.environ["TOKENIZERS_PARALLELISM"] = "true" if threads > 1 else "false"
+    return {"requested": threads, "cpu_count": os.cpu_count(),
+            **{k: os.environ.get(k) for k in ("RAYON_NUM_THREADS", "TOKENIZERS_PARALLELISM")}}
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         pairs = _parse_pairs(args.pairs)
+        threads = set_threads(args.threads)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -90,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
                             naive_texts=0 if args.no_peers else args.naive_texts,
                             peers=not args.no_peers)
     results = {"benchmark": "retokenize", "machine": _machine(), "git_commit": git_commit(),
-               **results}
+               "threads": threads, **results}
     _print_table(results)
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -43,7 +43,7 @@ import numpy as np
 from mutualrl.provenance import time_alternating, time_calls
 from mutualrl.retokenize import baselines
 from mutualrl.retokenize.align import align_batch, align_ends, align_many
-from mutualrl.retokenize.encoding import batch_ends, encode_texts, utf8
+from mutualrl.retokenize.encoding import batch_ends, encode_texts, offset_ends_batch, utf8
 from mutualrl.retokenize.loaders import TokenizerHandle, load_tokenizer
 from mutualrl.retokenize.residuals import aggregate_residuals
 from mutualrl.retokenize.retokenizer import Retokenizer
@@ -205,24 +205,39 @@ def _ratio_summary(num: list[float], den: list[float]) -> dict:
 
 def _floor(d: PairData):
     """What any byte-offset retokenizer of the batch must do at least: the receiver's Rust encode
-    with its ids read into one array, byte ends of both sides from the byte-length tables, and
-    one alignment over the batch. No checks (ids in range, finite log-probs, ids that spell the
-    text), no log-prob sums, no residuals, no per-text results."""
+    with its ids read into one array, byte ends of both sides, and one alignment over the batch.
+    No checks (ids in range, finite log-probs, ids that spell the text), no log-prob sums, no
+    residuals, no per-text results. A lossless side's byte ends come from its byte-length table;
+    the ids of any other side (WordPiece) do not spell the text, so its byte ends need its own
+    encoding's offsets: the receiver's from the encode above, a sender's from encoding the texts
+    with the sender's tokenizer (``offset_ends_batch`` for both)."""
     prof, sprof = d.tgt.profile, d.tgt.profile_for(d.src.target)
     backend = prof.continuation
     src_flat = np.concatenate(d.src_ids)
     src_sizes = np.fromiter(map(len, d.src_ids), dtype=np.int64, count=len(d.src_ids))
+    datas = [utf8(t) for t in d.texts]
 
-    def ends(flat, sizes, lens):
-        return np.split(batch_ends(lens[flat], sizes)[0], np.cumsum(sizes)[:-1])
+    def split(ends, sizes):
+        return np.split(ends, np.cumsum(sizes)[:-1])
 
-    def run():
-        ids = [e.ids for e in backend.encode_batch(d.texts, add_special_tokens=False)]
+    def side(p, encs):
+        """Byte ends of one side: (ids, ends, sizes) of its encodings of the texts."""
+        if not p.lossless:
+            return offset_ends_batch(p, encs, d.texts, datas)
+        ids = [e.ids for e in encs]
         sizes = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
         flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64,
                            count=int(sizes.sum()))
-        return align_batch(ends(src_flat, src_sizes, sprof.piece_len),
-                           ends(flat, sizes, prof.piece_len), d.totals)
+        return flat, batch_ends(p.piece_len[flat], sizes)[0], sizes
+
+    def run():
+        _, t_ends, t_sizes = side(prof, backend.encode_batch(d.texts, add_special_tokens=False))
+        if sprof.lossless:
+            s_ends, s_sizes = batch_ends(sprof.piece_len[src_flat], src_sizes)[0], src_sizes
+        else:
+            _, s_ends, s_sizes = side(sprof, sprof.continuation.encode_batch(
+                d.texts, add_special_tokens=False))
+        return align_batch(split(s_ends, s_sizes), split(t_ends, t_sizes), d.totals)
     return run
 
 
