@@ -52,3 +52,52 @@ def test_encode_from_batch_equals_encode_from(retokenizers, name):
         assert not got.ids.flags.writeable and not got.ends.flags.writeable
         assert (got.mismatch, got.edit_distance, got.normalizer_changed) == (
             want.mismatch, want.edit_distance, want.normalizer_changed), text
+
+
+def test_normaliser_check_by_character_matches_the_normaliser(retokenizers):
+    """Texts decided from the per-character table, and those left to the normaliser, agree with
+    ``normalize_str(t) != t`` on the corpus and on random texts mixing cased letters, accents,
+    combining marks in and out of canonical order, CJK, controls, astral characters."""
+    from mutualrl.retokenize.encoding import _SEP, normalizer_changes
+
+    prof = retokenizers["bert-wordpiece"].profile
+    norm = prof.continuation.normalizer
+    rng = np.random.default_rng(0)
+    pools = [range(0x20, 0x7F), range(0xC0, 0x250), range(0x300, 0x370), range(0x370, 0x500),
+             range(0x4E00, 0x4E40), range(0xAC00, 0xAC20), range(0x1F600, 0x1F610),
+             range(0x0, 0x20), range(0x2000, 0x2070), range(0x30000, 0x30005), range(0x1D165, 0x1D16A)]
+    texts = load_corpus() + EDGE + ["ok", "lower only", "a\u0323\u0301", "a\u0301\u0323", _SEP]
+    for _ in range(400):
+        chosen = [pools[k] for k in rng.choice(len(pools), size=rng.integers(1, 3), replace=False)]
+        texts.append("".join(chr(int(rng.choice(chosen[int(rng.integers(len(chosen)))])))
+                             for _ in range(int(rng.integers(0, 12)))))
+    assert normalizer_changes(prof, texts) == [norm.normalize_str(t) != t for t in texts]
+
+
+@pytest.mark.parametrize("pair", [("deepseek-v3", "mistral-v1"), ("bert-wordpiece", "mistral-v1"),
+                                  ("deepseek-v3", "bert-wordpiece")])
+def test_overlapped_encode_gives_the_same_results(handles, pair):
+    """The receiver's encode in a helper thread (beside the sender's side) changes nothing."""
+    from mutualrl.retokenize import Retokenizer
+
+    src, tgt = pair
+    texts = load_corpus()[::2] + EDGE
+    sprof = Retokenizer(handles[src], cache_size=0).profile
+    ids = [np.array(e.ids, dtype=np.int64)
+           for e in sprof.continuation.encode_batch(texts, add_special_tokens=False)]
+    lps = [-np.arange(i.size, dtype=np.float64) / 7 for i in ids]
+    runs = []
+    for overlap, cache in ((False, 0), (True, 0), (True, 64)):
+        rt = Retokenizer(handles[tgt], cache_size=cache, overlap=overlap)
+        assert rt.overlap is overlap
+        runs.append(rt.retokenize_batch(texts, source=handles[src], source_ids=ids,
+                                        source_logprobs=lps, ends_with_eos=[k % 3 == 0 for k in
+                                                                            range(len(texts))]))
+    for a, b, c in zip(*runs):
+        for other in (b, c):
+            assert np.array_equal(a.target_ids, other.target_ids)
+            assert all(np.array_equal(getattr(a.groups, f), getattr(other.groups, f))
+                       for f in ("src_start", "src_end", "tgt_start", "tgt_end", "byte_start",
+                                 "byte_end"))
+            assert np.array_equal(a.group_logprob_sums, other.group_logprob_sums)
+            assert a.residuals == other.residuals

@@ -30,8 +30,8 @@ import numpy as np
 
 from mutualrl.retokenize.align import (AlignmentGroups, BatchAlignment, align_batch, align_ends,
                                        byte_iou, common_boundaries)
-from mutualrl.retokenize.encoding import (Encoded, EncodingCache, encode_texts, pin_last,
-                                          spelled_ends, utf8)
+from mutualrl.retokenize.encoding import (Encoded, EncodingCache, PendingEncodings, encode_texts,
+                                          pin_last, spelled_ends, tokenizer_threads, utf8)
 from mutualrl.retokenize.inputs import as_id_array, check_id_range, check_len, logprob_arrays
 from mutualrl.retokenize.loaders import TokenizerHandle
 from mutualrl.retokenize.profile import TokenizerProfile
@@ -84,12 +84,15 @@ class Retokenizer:
 
     ``max_length`` bounds ``len(target_ids)`` (None: no bound). ``cache_size`` bounds the number of
     cached encodings, keyed by (text hash, tokenizer fingerprint); 0 disables caching. Not
-    thread-safe: use one per thread.
+    thread-safe: use one per thread. ``overlap``: a batch's Rust encode of the receiver runs in a
+    helper thread while the sender's side is checked (None: when the Rust tokenizers' pool has
+    more than one thread, ``tokenizer_threads``); the results are the same either way.
     """
 
     def __init__(self, target: TokenizerHandle, *, max_length: int | None = None,
                  cache_size: int = 4096,
-                 profiles: dict[str, TokenizerProfile] | None = None) -> None:
+                 profiles: dict[str, TokenizerProfile] | None = None,
+                 overlap: bool | None = None) -> None:
         if max_length is not None and max_length < 1:
             raise ValueError(f"max_length: expected None or an integer >= 1, got {max_length}")
         self.target = target
@@ -99,6 +102,7 @@ class Retokenizer:
         self._profiles: dict[str, TokenizerProfile] = profiles if profiles is not None else {}
         self.profile = self.profile_for(target)
         self.cache = EncodingCache(cache_size)
+        self.overlap = tokenizer_threads() > 1 if overlap is None else bool(overlap)
 
     def __repr__(self) -> str:
         return (f"Retokenizer(target={self.target.name!r}, max_length={self.max_length}, "
@@ -163,11 +167,13 @@ class Retokenizer:
             raise ValueError("source: expected the sender's TokenizerHandle when source_ids or "
                              "source_logprobs are given")
         datas = [utf8(t, f"texts[{i}]") for i, t in enumerate(texts)]
-        targets = encode_texts(self.profile, texts, datas, self.cache)
+        pending = PendingEncodings(self.profile, texts, datas, self.cache,
+                                   background=self.overlap and n > 1)
         sources: list[_Source | None] = [None] * n
         if source is not None:
             sources = self._sources(self.profile_for(source), texts, datas, source_ids,
                                     source_logprobs, flags)
+        targets = pending.result()
         totals = [len(d) for d in datas]
         out: list[RetokenizedTrajectory | None] = [None] * n
         groups: list[AlignmentGroups | None] = [AlignmentGroups.empty()] * n
