@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import os
-import threading
 from collections import OrderedDict
 
 import numpy as np
@@ -324,94 +322,52 @@ def encode_texts(profile: TokenizerProfile, texts: list[str], datas: list[bytes]
 
     With ``residuals`` the renderings that the round-trip residuals need (non-lossless
     tokenizers) are decoded in one ``decode_batch``; without, they are left to be computed on use.
+    (``pipeline.EncodeStream`` does the same in parts, the Rust encode in a helper thread.)
     """
-    return PendingEncodings(profile, texts, datas, cache, residuals=residuals).result()
+    keys = [cache.key(d, profile.fingerprint) for d in datas] if cache.size else [None] * len(texts)
+    out: list[Encoded | None] = [cache.get(k) if k else None for k in keys]
+    todo = [i for i, item in enumerate(out) if item is None]
+    finish_encodings(profile, rust_encode(profile, [texts[i] for i in todo]), todo, texts, datas,
+                     keys, cache, out)
+    if residuals:
+        add_renderings(profile, out)
+    return out  # type: ignore[return-value]
 
 
-def tokenizer_threads() -> int:
-    """Threads of the Rust tokenizers' pool as the environment sets it (``TOKENIZERS_PARALLELISM``
-    off: 1; ``RAYON_NUM_THREADS``; else one per core)."""
-    if os.environ.get("TOKENIZERS_PARALLELISM", "true").lower() in ("", "off", "false", "f",
-                                                                     "no", "n", "0"):
-        return 1
-    try:
-        n = int(os.environ.get("RAYON_NUM_THREADS", "0"))
-    except ValueError:
-        n = 0
-    return n if n > 0 else (os.cpu_count() or 1)
+def rust_encode(profile: TokenizerProfile, texts: list[str]) -> list:
+    """The continuation backend's Rust encodings of ``texts`` (one call)."""
+    if len(texts) == 1:
+        return [profile.continuation.encode(texts[0], add_special_tokens=False)]
+    if not texts:
+        return []
+    return profile.continuation.encode_batch(texts, add_special_tokens=False)
 
 
-class Background:
-    """``fn()`` in a helper thread; ``result()`` joins it and returns (or raises) what it did.
-    Meant for Rust calls that release the GIL, so the caller's own work goes on beside them."""
-
-    __slots__ = ("_fn", "_out", "_exc", "_thread")
-
-    def __init__(self, fn) -> None:
-        self._fn, self._out, self._exc = fn, None, None
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            self._out = self._fn()
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
-            self._exc = exc
-
-    def result(self):
-        self._thread.join()
-        if self._exc is not None:
-            raise self._exc
-        return self._out
+def finish_encodings(profile: TokenizerProfile, encs, todo: list[int], texts, datas, keys,
+                     cache: EncodingCache, out: list) -> None:
+    """``out[i]`` for each ``i`` of ``todo`` from its Rust encoding, cached under ``keys[i]``."""
+    for i, item in zip(todo, encode_from_batch(profile, encs, [texts[i] for i in todo],
+                                               [datas[i] for i in todo])):
+        out[i] = item
+        if keys[i] is not None:
+            cache.put(keys[i], item)
 
 
-class PendingEncodings:
-    """``encode_texts`` in two halves. Construction looks the texts up in the cache and starts the
-    Rust encode of the misses, in a helper thread when ``background`` (the caller then does other
-    work, such as the sender's side, while Rust encodes); ``result()`` waits for it and builds
-    the ``Encoded`` (and, with ``residuals``, the renderings, decoded beside the normaliser check
-    when ``background``). Used from one thread; the cache is only touched by that thread."""
-
-    def __init__(self, profile: TokenizerProfile, texts: list[str], datas: list[bytes],
-                 cache: EncodingCache, *, residuals: bool = True, background: bool = False) -> None:
-        self.profile, self.texts, self.datas, self.cache = profile, texts, datas, cache
-        self.residuals, self.background = residuals, background
-        self.keys = ([cache.key(d, profile.fingerprint) for d in datas] if cache.size
-                     else [None] * len(texts))
-        self.out: list[Encoded | None] = [cache.get(k) if k else None for k in self.keys]
-        self.todo = [i for i, item in enumerate(self.out) if item is None]
-        todo_texts = [texts[i] for i in self.todo]
-        backend = profile.continuation
-        if len(todo_texts) == 1:
-            self._encs = [backend.encode(todo_texts[0], add_special_tokens=False)]
-        elif not todo_texts:
-            self._encs = []
-        elif background:
-            self._encs = Background(lambda: backend.encode_batch(todo_texts,
-                                                                 add_special_tokens=False))
-        else:
-            self._encs = backend.encode_batch(todo_texts, add_special_tokens=False)
-
-    def result(self) -> list[Encoded]:
-        profile, out, todo = self.profile, self.out, self.todo
-        encs = self._encs.result() if isinstance(self._encs, Background) else self._encs
-        for i, item in zip(todo, encode_from_batch(profile, encs, [self.texts[i] for i in todo],
-                                                   [self.datas[i] for i in todo])):
-            out[i] = item
-            if self.keys[i] is not None:
-                self.cache.put(self.keys[i], item)
-        if self.residuals and not profile.lossless:
-            lazy = [e for e in out if e._lazy is not None and e._lazy[3] is None]
-            if len(lazy) > 1:
-                ids = [e.ids.tolist() for e in lazy]
-                decode = lambda: profile.continuation.decode_batch(  # noqa: E731
-                    ids, skip_special_tokens=False)
-                pending = Background(decode) if self.background else None
-                changed = normalizer_changes(profile, [e._lazy[1] for e in lazy])
-                decoded = pending.result() if pending is not None else decode()
-                for e, text, ch in zip(lazy, decoded, changed):
-                    e.with_rendering(text.encode(), ch)
-        return out  # type: ignore[return-value]
+def add_renderings(profile: TokenizerProfile, encoded: list[Encoded], decode=None) -> None:
+    """The renderings and normaliser checks the round-trip residuals of a non-lossless tokenizer
+    need, for every encoding in ``encoded`` still without them: one ``decode_batch`` (run by
+    ``decode(fn)``, which returns a result getter, when given) and one batched normaliser check."""
+    if profile.lossless:
+        return
+    lazy = [e for e in encoded if e._lazy is not None and e._lazy[3] is None]
+    if len(lazy) > 1:
+        ids = [e.ids.tolist() for e in lazy]
+        call = lambda: profile.continuation.decode_batch(ids, skip_special_tokens=False)  # noqa: E731
+        pending = decode(call) if decode is not None else None
+        changed = normalizer_changes(profile, [e._lazy[1] for e in lazy])
+        decoded = pending() if pending is not None else call()
+        for e, text, ch in zip(lazy, decoded, changed):
+            e.with_rendering(text.encode(), ch)
 
 
 # Normalisers that act on each character independently (up to canonical reordering, which a
