@@ -353,20 +353,23 @@ def finish_encodings(profile: TokenizerProfile, encs, todo: list[int], texts, da
             cache.put(keys[i], item)
 
 
-def add_renderings(profile: TokenizerProfile, encoded: list[Encoded], decode=None) -> None:
+def add_renderings(profile: TokenizerProfile, encoded: list[Encoded],
+                   decoded: dict | None = None) -> None:
     """The renderings and normaliser checks the round-trip residuals of a non-lossless tokenizer
-    need, for every encoding in ``encoded`` still without them: one ``decode_batch`` (run by
-    ``decode(fn)``, which returns a result getter, when given) and one batched normaliser check."""
+    need, for every encoding in ``encoded`` still without them: one ``decode_batch`` (of those
+    not already in ``decoded``, which maps ``id(encoding)`` to its decode) and one batched
+    normaliser check."""
     if profile.lossless:
         return
     lazy = [e for e in encoded if e._lazy is not None and e._lazy[3] is None]
     if len(lazy) > 1:
-        ids = [e.ids.tolist() for e in lazy]
-        call = lambda: profile.continuation.decode_batch(ids, skip_special_tokens=False)  # noqa: E731
-        pending = decode(call) if decode is not None else None
+        known = decoded or {}
+        todo = [e for e in lazy if id(e) not in known]
+        rest = iter(profile.continuation.decode_batch([e.ids.tolist() for e in todo],
+                                                      skip_special_tokens=False) if todo else ())
+        texts = [known[id(e)] if id(e) in known else next(rest) for e in lazy]
         changed = normalizer_changes(profile, [e._lazy[1] for e in lazy])
-        decoded = pending() if pending is not None else call()
-        for e, text, ch in zip(lazy, decoded, changed):
+        for e, text, ch in zip(lazy, texts, changed):
             e.with_rendering(text.encode(), ch)
 
 

@@ -64,8 +64,14 @@ class EncodeStream:
             self._queue = queue.SimpleQueue()
             threading.Thread(target=self._produce, daemon=True).start()
 
-    def _encode(self, k: int) -> list:
-        return rust_encode(self.profile, [self.texts[i] for i in self.todo[k]])
+    def _encode(self, k: int) -> tuple[list, list | None]:
+        """A part's Rust encodings and, when its residuals need them (a non-lossless tokenizer),
+        their renderings (the helper thread decodes too, beside the caller's work)."""
+        encs = rust_encode(self.profile, [self.texts[i] for i in self.todo[k]])
+        if self._queue is None or not self.residuals or self.profile.lossless or len(encs) < 2:
+            return encs, None
+        return encs, self.profile.continuation.decode_batch([e.ids for e in encs],
+                                                            skip_special_tokens=False)
 
     def _produce(self) -> None:
         for k in range(len(self.parts)):
@@ -78,14 +84,16 @@ class EncodeStream:
     def __iter__(self):
         for k, part in enumerate(self.parts):
             if self._queue is not None:
-                encs, exc = self._queue.get()
+                got, exc = self._queue.get()
                 if exc is not None:
                     raise exc
             else:
-                encs = self._encode(k)
-            finish_encodings(self.profile, encs, self.todo[k], self.texts, self.datas, self.keys,
+                got = self._encode(k)
+            (encs, decoded), todo = got, self.todo[k]
+            finish_encodings(self.profile, encs, todo, self.texts, self.datas, self.keys,
                              self.cache, self.out)
             items = [self.out[i] for i in part]
             if self.residuals:
-                add_renderings(self.profile, items)
+                known = {id(self.out[i]): r for i, r in zip(todo, decoded)} if decoded else None
+                add_renderings(self.profile, items, known)
             yield part, items
