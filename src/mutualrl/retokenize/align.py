@@ -4,13 +4,14 @@ Each side is given as the cumulative byte *end* of every token (non-decreasing; 
 the text length). Token ``i`` covers bytes ``[end[i-1], end[i])`` — so whitespace a tokenizer
 has no token for (WordPiece) belongs to the next token, exactly like a byte-level ``Ġ``. A group
 closes wherever both sides have a boundary: the common boundaries are the values present in both
-end arrays. This is the classic two-pointer walk over end offsets, done in linear time: when
-every token covers at least one byte (strictly increasing ends, the usual case) each side marks
-its ends in a byte-offset array, an end of one side is common where the other side marked it,
-and a group's token range on each side ends just past its boundary's position there. Otherwise
-each side's ends are counted per byte offset (``bincount``) and a group's token range is the
-running count of ends up to its boundary. Either is several times faster than binary searches
-of one side's ends in the other's.
+end arrays. This is the classic two-pointer walk over end offsets, done in linear time: each side
+marks its ends in a byte-offset array, an end of one side is common where the other side marked
+it, and a group's token range on each side ends just past the last token ending at its boundary
+there (with zero-length tokens, as WordPiece's NFD makes of a Hangul syllable, several tokens
+share an end: the last of each run counts). Ends that are not even non-decreasing (never made by
+the retokenizer) are counted per byte offset (``bincount``) instead, a group's token range being
+the running count of ends up to its boundary. Either is several times faster than binary
+searches of one side's ends in the other's.
 
 Zero-length tokens (none after specials are stripped, but tolerated) join the group their end
 falls in. Every group has at least one token on each side, except when one side is empty: then
@@ -109,17 +110,25 @@ def align_ends(src_ends: np.ndarray, tgt_ends: np.ndarray, total: int) -> Alignm
             return AlignmentGroups.empty()
         one = lambda v: np.array([v], dtype=np.int64)  # noqa: E731 - tiny local constructor
         return AlignmentGroups(one(0), one(n), one(0), one(m), one(0), one(total))
-    if _increasing(src_ends) and _increasing(tgt_ends):
-        # No zero-length tokens (the usual case): an end is common when the other side marks
-        # it, and a group's token range ends just past its boundary's position on each side.
+    s_last, t_last = _last_of_runs(src_ends), _last_of_runs(tgt_ends)
+    if s_last is not None and t_last is not None:
+        # Non-decreasing ends (always, as the retokenizer builds them): an end is common when the
+        # other side marks it, and a group's token range ends just past the last token ending at
+        # its boundary on each side (tokens of zero length before it join the group).
         mark = np.zeros(total + 1, dtype=bool)
         mark[tgt_ends] = True
-        src_end = np.flatnonzero(mark[src_ends])
+        hit = mark[src_ends]
+        if s_last is not True:
+            hit &= s_last
+        src_end = np.flatnonzero(hit)
         bounds = src_ends[src_end]
         src_end += 1
         mark[tgt_ends] = False
         mark[src_ends] = True
-        tgt_end = np.flatnonzero(mark[tgt_ends])
+        hit = mark[tgt_ends]
+        if t_last is not True:
+            hit &= t_last
+        tgt_end = np.flatnonzero(hit)
         tgt_end += 1
     else:
         s_count = np.bincount(src_ends, minlength=total + 1)  # tokens ending at each byte offset
@@ -133,9 +142,15 @@ def align_ends(src_ends: np.ndarray, tgt_ends: np.ndarray, total: int) -> Alignm
         byte_start=_shift(bounds), byte_end=bounds)
 
 
-def _increasing(ends: np.ndarray) -> bool:
-    """Strictly increasing (every token covers at least one byte)."""
-    return bool((ends[1:] > ends[:-1]).all())
+def _last_of_runs(ends: np.ndarray):
+    """True when the ends strictly increase (every token covers a byte); for non-decreasing ends
+    with repeats, a bool mask of the last token of each run of equal ends; None otherwise."""
+    step = ends[1:] > ends[:-1]
+    if step.all():
+        return True
+    if not (ends[1:] >= ends[:-1]).all():
+        return None
+    return np.append(step, True)
 
 
 def _shift(ends: np.ndarray) -> np.ndarray:
