@@ -94,8 +94,14 @@ def set_threads(threads: int | None) -> dict:
             raise ValueError(f"--threads: expected an integer >= 1, got {threads}")
         os.environ["RAYON_NUM_THREADS"] = str(threads)
         os.environ["TOKENIZERS_PARALLELISM"] = "true" if threads > 1 else "false"
-    return {"requested": threads, "cpu_count": os.cpu_count(),
-            **{k: os.environ.get(k) for k in ("RAYON_NUM_THREADS", "TOKENIZERS_PARALLELISM")}}
+    from mutualrl.retokenize.pipeline import tokenizer_threads
+    from mutualrl.retokenize.retokenizer import Retokenizer
+
+    pool = tokenizer_threads()
+    return {"requested": threads, "cpu_count": os.cpu_count(), "tokenizers_pool": pool,
+            **{k: os.environ.get(k) for k in ("RAYON_NUM_THREADS", "TOKENIZERS_PARALLELISM")},
+            # the retokenizer's own: one helper thread for the Rust encode when the pool has >1
+            "retokenizer_overlap": pool > 1, "retokenizer_parts": Retokenizer.parts}
 
 
 def run(args: argparse.Namespace) -> int:
