@@ -73,33 +73,3 @@ def test_normaliser_check_by_character_matches_the_normaliser(retokenizers):
                              for _ in range(int(rng.integers(0, 12)))))
     assert normalizer_changes(prof, texts) == [norm.normalize_str(t) != t for t in texts]
 
-
-@pytest.mark.parametrize("pair", [("deepseek-v3", "mistral-v1"), ("bert-wordpiece", "mistral-v1"),
-                                  ("deepseek-v3", "bert-wordpiece")])
-def test_overlapped_encode_gives_the_same_results(handles, pair):
-    """The receiver's encode in a helper thread (beside the sender's side, the batch in parts, each
-    aligned while the next is encoded) changes nothing."""
-    from mutualrl.retokenize import Retokenizer
-
-    src, tgt = pair
-    texts = load_corpus()[::2] + EDGE
-    sprof = Retokenizer(handles[src], cache_size=0).profile
-    ids = [np.array(e.ids, dtype=np.int64)
-           for e in sprof.continuation.encode_batch(texts, add_special_tokens=False)]
-    lps = [-np.arange(i.size, dtype=np.float64) / 7 for i in ids]
-    runs = []
-    for overlap, cache, parts in ((False, 0, 1), (True, 0, 1), (True, 0, 3), (True, 64, 2)):
-        rt = Retokenizer(handles[tgt], cache_size=cache, overlap=overlap)
-        rt.parts = parts
-        assert rt.overlap is overlap
-        runs.append(rt.retokenize_batch(texts, source=handles[src], source_ids=ids,
-                                        source_logprobs=lps, ends_with_eos=[k % 3 == 0 for k in
-                                                                            range(len(texts))]))
-    for a, *others in zip(*runs):
-        for other in others:
-            assert np.array_equal(a.target_ids, other.target_ids)
-            assert all(np.array_equal(getattr(a.groups, f), getattr(other.groups, f))
-                       for f in ("src_start", "src_end", "tgt_start", "tgt_end", "byte_start",
-                                 "byte_end"))
-            assert np.array_equal(a.group_logprob_sums, other.group_logprob_sums)
-            assert a.residuals == other.residuals

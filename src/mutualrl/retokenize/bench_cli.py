@@ -94,14 +94,25 @@ def set_threads(threads: int | None) -> dict:
             raise ValueError(f"--threads: expected an integer >= 1, got {threads}")
         os.environ["RAYON_NUM_THREADS"] = str(threads)
         os.environ["TOKENIZERS_PARALLELISM"] = "true" if threads > 1 else "false"
-    from mutualrl.retokenize.pipeline import tokenizer_threads
-    from mutualrl.retokenize.retokenizer import Retokenizer
-
-    pool = tokenizer_threads()
-    return {"requested": threads, "cpu_count": os.cpu_count(), "tokenizers_pool": pool,
+    # Both sides of every ratio use that pool for their Rust calls and one Python thread besides
+    # (a helper thread for the receiver's encode beside the sender's side was tried: slower, as
+    # the pool already keeps every core busy).
+    return {"requested": threads, "cpu_count": os.cpu_count(), "tokenizers_pool": _pool(),
             **{k: os.environ.get(k) for k in ("RAYON_NUM_THREADS", "TOKENIZERS_PARALLELISM")},
-            # the retokenizer's own: one helper thread for the Rust encode when the pool has >1
-            "retokenizer_overlap": pool > 1, "retokenizer_parts": Retokenizer.parts}
+            "python_threads": 1}
+
+
+def _pool() -> int:
+    """Threads of the Rust tokenizers' pool as the environment sets it (``TOKENIZERS_PARALLELISM``
+    off: 1; ``RAYON_NUM_THREADS``; else one per core)."""
+    if os.environ.get("TOKENIZERS_PARALLELISM", "true").lower() in ("", "off", "false", "f",
+                                                                     "no", "n", "0"):
+        return 1
+    try:
+        n = int(os.environ.get("RAYON_NUM_THREADS", "0"))
+    except ValueError:
+        n = 0
+    return n if n > 0 else (os.cpu_count() or 1)
 
 
 def run(args: argparse.Namespace) -> int:

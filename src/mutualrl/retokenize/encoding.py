@@ -322,7 +322,6 @@ def encode_texts(profile: TokenizerProfile, texts: list[str], datas: list[bytes]
 
     With ``residuals`` the renderings that the round-trip residuals need (non-lossless
     tokenizers) are decoded in one ``decode_batch``; without, they are left to be computed on use.
-    (``pipeline.EncodeStream`` does the same in parts, the Rust encode in a helper thread.)
     """
     keys = [cache.key(d, profile.fingerprint) for d in datas] if cache.size else [None] * len(texts)
     out: list[Encoded | None] = [cache.get(k) if k else None for k in keys]
@@ -353,21 +352,16 @@ def finish_encodings(profile: TokenizerProfile, encs, todo: list[int], texts, da
             cache.put(keys[i], item)
 
 
-def add_renderings(profile: TokenizerProfile, encoded: list[Encoded],
-                   decoded: dict | None = None) -> None:
+def add_renderings(profile: TokenizerProfile, encoded: list[Encoded]) -> None:
     """The renderings and normaliser checks the round-trip residuals of a non-lossless tokenizer
-    need, for every encoding in ``encoded`` still without them: one ``decode_batch`` (of those
-    not already in ``decoded``, which maps ``id(encoding)`` to its decode) and one batched
-    normaliser check."""
+    need, for every encoding in ``encoded`` still without them: one ``decode_batch`` and one
+    batched normaliser check."""
     if profile.lossless:
         return
     lazy = [e for e in encoded if e._lazy is not None and e._lazy[3] is None]
     if len(lazy) > 1:
-        known = decoded or {}
-        todo = [e for e in lazy if id(e) not in known]
-        rest = iter(profile.continuation.decode_batch([e.ids.tolist() for e in todo],
-                                                      skip_special_tokens=False) if todo else ())
-        texts = [known[id(e)] if id(e) in known else next(rest) for e in lazy]
+        texts = profile.continuation.decode_batch([e.ids.tolist() for e in lazy],
+                                                  skip_special_tokens=False)
         changed = normalizer_changes(profile, [e._lazy[1] for e in lazy])
         for e, text, ch in zip(lazy, texts, changed):
             e.with_rendering(text.encode(), ch)

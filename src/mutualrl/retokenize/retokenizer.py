@@ -34,7 +34,6 @@ from mutualrl.retokenize.encoding import (Encoded, EncodingCache, encode_texts, 
                                           spelled_ends, utf8)
 from mutualrl.retokenize.inputs import as_id_array, check_id_range, check_len, logprob_arrays
 from mutualrl.retokenize.loaders import TokenizerHandle
-from mutualrl.retokenize.pipeline import EncodeStream, split_by_bytes, tokenizer_threads
 from mutualrl.retokenize.profile import TokenizerProfile
 from mutualrl.retokenize.residuals import AlignmentResiduals, byte_edit_distance
 
@@ -85,18 +84,12 @@ class Retokenizer:
 
     ``max_length`` bounds ``len(target_ids)`` (None: no bound). ``cache_size`` bounds the number of
     cached encodings, keyed by (text hash, tokenizer fingerprint); 0 disables caching. Not
-    thread-safe: use one per thread. ``overlap``: a batch's Rust encode of the receiver runs in a
-    helper thread while the sender's side is checked and, in ``parts`` parts of the batch, each
-    part is aligned while the next is encoded (``pipeline``; None: when the Rust tokenizers' pool
-    has more than one thread, ``tokenizer_threads``); the results are the same either way.
+    thread-safe: use one per thread.
     """
-
-    parts = 2  # with ``overlap``: the batch is encoded and aligned in this many parts
 
     def __init__(self, target: TokenizerHandle, *, max_length: int | None = None,
                  cache_size: int = 4096,
-                 profiles: dict[str, TokenizerProfile] | None = None,
-                 overlap: bool | None = None) -> None:
+                 profiles: dict[str, TokenizerProfile] | None = None) -> None:
         if max_length is not None and max_length < 1:
             raise ValueError(f"max_length: expected None or an integer >= 1, got {max_length}")
         self.target = target
@@ -106,7 +99,6 @@ class Retokenizer:
         self._profiles: dict[str, TokenizerProfile] = profiles if profiles is not None else {}
         self.profile = self.profile_for(target)
         self.cache = EncodingCache(cache_size)
-        self.overlap = tokenizer_threads() > 1 if overlap is None else bool(overlap)
 
     def __repr__(self) -> str:
         return (f"Retokenizer(target={self.target.name!r}, max_length={self.max_length}, "
@@ -171,34 +163,17 @@ class Retokenizer:
             raise ValueError("source: expected the sender's TokenizerHandle when source_ids or "
                              "source_logprobs are given")
         datas = [utf8(t, f"texts[{i}]") for i, t in enumerate(texts)]
-        background = self.overlap and n > 1
-        parts = split_by_bytes(datas, self.parts if background and source is not None else 1)
-        stream = EncodeStream(self.profile, texts, datas, self.cache, parts, background=background)
+        targets = encode_texts(self.profile, texts, datas, self.cache)
         sources: list[_Source | None] = [None] * n
         if source is not None:
             sources = self._sources(self.profile_for(source), texts, datas, source_ids,
                                     source_logprobs, flags)
-        if len(parts) == 1:
-            return self._finish(texts, datas, next(iter(stream))[1], sources, flags,
-                                source is not None)
-        out: list = [None] * n
-        for part, targets in stream:
-            pick = lambda seq: [seq[i] for i in part]  # noqa: E731, B023 - used at once
-            for i, r in zip(part, self._finish(pick(texts), pick(datas), targets, pick(sources),
-                                               pick(flags), True)):
-                out[i] = r
-        return out
-
-    def _finish(self, texts, datas, targets, sources, flags, aligned: bool
-                ) -> list[RetokenizedTrajectory]:
-        """Align and assemble texts whose encodings (and, if ``aligned``, sources) are ready."""
-        n = len(texts)
         totals = [len(d) for d in datas]
         out: list[RetokenizedTrajectory | None] = [None] * n
         groups: list[AlignmentGroups | None] = [AlignmentGroups.empty()] * n
-        if aligned and n == 1:  # one text: skip the batch bookkeeping
+        if source is not None and n == 1:  # one text: skip the batch bookkeeping
             groups = [align_ends(sources[0].ends, targets[0].ends, totals[0])]
-        elif aligned:
+        elif source is not None:
             groups = [None] * n
             batch = align_batch([src.ends for src in sources], [t.ends for t in targets], totals)
             if batch is not None:
