@@ -110,6 +110,14 @@ def align_ends(src_ends: np.ndarray, tgt_ends: np.ndarray, total: int) -> Alignm
             return AlignmentGroups.empty()
         one = lambda v: np.array([v], dtype=np.int64)  # noqa: E731 - tiny local constructor
         return AlignmentGroups(one(0), one(n), one(0), one(m), one(0), one(total))
+    src_end, tgt_end, bounds = _common_ends(src_ends, tgt_ends, total)
+    return AlignmentGroups(
+        src_start=_shift(src_end), src_end=src_end, tgt_start=_shift(tgt_end), tgt_end=tgt_end,
+        byte_start=_shift(bounds), byte_end=bounds)
+
+
+def _common_ends(src_ends: np.ndarray, tgt_ends: np.ndarray, total: int):
+    """(source token ends, target token ends, byte ends) of the groups of two non-empty sides."""
     s_last, t_last = _last_of_runs(src_ends), _last_of_runs(tgt_ends)
     if s_last is not None and t_last is not None:
         # Non-decreasing ends (always, as the retokenizer builds them): an end is common when the
@@ -137,9 +145,7 @@ def align_ends(src_ends: np.ndarray, tgt_ends: np.ndarray, total: int) -> Alignm
         # tokens ending at or before each boundary (zero-length tokens join the group they end in)
         src_end = np.cumsum(s_count)[bounds]
         tgt_end = np.cumsum(t_count)[bounds]
-    return AlignmentGroups(
-        src_start=_shift(src_end), src_end=src_end, tgt_start=_shift(tgt_end), tgt_end=tgt_end,
-        byte_start=_shift(bounds), byte_end=bounds)
+    return src_end, tgt_end, bounds
 
 
 def _last_of_runs(ends: np.ndarray):
@@ -185,8 +191,10 @@ def align_many(src_ends: list[np.ndarray], tgt_ends: list[np.ndarray],
     with an empty side are aligned on their own (their single group has no common boundary).
     """
     n = len(totals)
-    out: list[AlignmentGroups | None] = [None] * n
     batch = align_batch(src_ends, tgt_ends, totals)
+    if batch is not None and len(batch.full) == n:  # every text has tokens on both sides
+        return batch.groups()
+    out: list[AlignmentGroups | None] = [None] * n
     for k in range(n):
         if not (src_ends[k].size and tgt_ends[k].size):
             out[k] = align_ends(src_ends[k], tgt_ends[k], totals[k])
@@ -248,19 +256,21 @@ def align_batch(src_ends: list[np.ndarray], tgt_ends: list[np.ndarray],
     byte_off = np.cumsum(tot + 1) - (tot + 1)
     s_sizes = np.fromiter(map(len, srcs), dtype=np.int64, count=len(full))
     t_sizes = np.fromiter(map(len, tgts), dtype=np.int64, count=len(full))
-    s_all = np.concatenate(srcs) + np.repeat(byte_off, s_sizes)
-    t_all = np.concatenate(tgts) + np.repeat(byte_off, t_sizes)
-    g = align_ends(s_all, t_all, int(byte_off[-1] + tot[-1]))
-    split = np.searchsorted(g.byte_end, byte_off + tot, side="right")
-    item = np.repeat(np.arange(len(full)), np.diff(split, prepend=0))
+    s_all = np.concatenate(srcs)
+    s_all += np.repeat(byte_off, s_sizes)
+    t_all = np.concatenate(tgts)
+    t_all += np.repeat(byte_off, t_sizes)
+    src_end, tgt_end, bounds = _common_ends(s_all, t_all, int(byte_off[-1] + tot[-1]))
+    split = np.searchsorted(bounds, byte_off + tot, side="right")
+    counts = np.diff(split, prepend=0)                   # groups per text
     s_start, t_start = np.cumsum(s_sizes) - s_sizes, np.cumsum(t_sizes) - t_sizes
-    s_off, t_off, b_off = s_start[item], t_start[item], byte_off[item]
-    local = np.empty((6, len(g)), dtype=np.int64)
-    np.subtract(g.src_start, s_off, out=local[0])
-    np.subtract(g.src_end, s_off, out=local[1])
-    np.subtract(g.tgt_start, t_off, out=local[2])
-    np.subtract(g.tgt_end, t_off, out=local[3])
-    # The first group of each text starts where the previous text ended: its local start is 0.
-    np.maximum(g.byte_start - b_off, 0, out=local[4])
-    np.subtract(g.byte_end, b_off, out=local[5])
+    local = np.empty((6, bounds.size), dtype=np.int64)
+    # Each group starts where the previous one ended; the first group of each text where the
+    # previous text ended, which is local 0 on every axis (the byte axis skips the one-byte gap).
+    for row, ends, off in ((0, src_end, s_start), (2, tgt_end, t_start), (4, bounds, byte_off)):
+        off = np.repeat(off, counts)
+        np.subtract(ends, off, out=local[row + 1])
+        local[row, 0] = 0
+        np.subtract(ends[:-1], off[1:], out=local[row, 1:])
+    np.maximum(local[4], 0, out=local[4])
     return BatchAlignment(full, local, split, s_start, t_start, s_all, t_all)
