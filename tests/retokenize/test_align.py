@@ -44,11 +44,12 @@ def test_strictly_increasing_ends_group_as_the_two_pointer_walk(seed):
 @pytest.mark.parametrize(("src", "tgt"), [([0, 3, 5], [0, 5]), ([0, 5], [2, 5]),
                                           ([1, 2, 3, 4, 5], [5]), ([2, 4, 5], [1, 3, 5])])
 def test_marking_and_counting_paths_agree_at_the_edges(src, tgt):
-    """Strictly increasing ends take the marking path, a repeated end the counting path; a token
-    ending at offset 0 and one-token sides group the same either way."""
+    """Strictly increasing ends, and ends with a repeat (zero-length tokens: the last of each run
+    counts), take the marking path; a token ending at offset 0 and one-token sides group as the
+    binary-search formulation does either way."""
     src, tgt = np.array(src, dtype=np.int64), np.array(tgt, dtype=np.int64)
     assert _rows(align_ends(src, tgt, 5)) == _by_binary_search(src, tgt)
-    dup = np.insert(src, 0, src[0])                       # a zero-length first token: counting path
+    dup = np.insert(src, 0, src[0])                       # a zero-length first token
     assert _rows(align_ends(dup, tgt, 5)) == _by_binary_search(dup, tgt)
 
 

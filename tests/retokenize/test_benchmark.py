@@ -47,3 +47,30 @@ def test_the_floor_aligns_as_the_retokenizer_does(handles):
     d = PairData.build(src, tgt, texts)
     got, want = _floor(d)(), align_batch(d.src_ends, d.tgt_ends, d.totals)
     assert got.full == want.full and (got.local == want.local).all()
+
+
+def test_the_floor_aligns_as_the_retokenizer_does_with_wordpiece(handles):
+    """With a WordPiece side the floor takes that side's byte ends from its encoding's offsets
+    (the ids do not spell the text), as the retokenizer does: the same alignment."""
+    texts = ["The Answer is 42.", "Второй ответ 😀", "def f(x):\n    return x + 1\n", "x",
+             "  spaced   out  ", "Ünïcödé ÀÉÎ"]
+    for src_name, tgt_name in (("bert-wordpiece", "mistral-v1"), ("deepseek-v3", "bert-wordpiece")):
+        src = Retokenizer(handles[src_name], cache_size=0)
+        tgt = Retokenizer(handles[tgt_name], cache_size=0)
+        d = PairData.build(src, tgt, texts)
+        got, want = _floor(d)(), align_batch(d.src_ends, d.tgt_ends, d.totals)
+        assert got.full == want.full and (got.local == want.local).all()
+
+
+def test_a_wordpiece_receiver_also_gets_the_floor_with_its_rendering(handles, tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    texts = ["The Answer is 42.", "Второй ответ 😀"]
+    (corpus / "a.jsonl").write_text("".join(json.dumps({"completion": t}) + "\n" for t in texts))
+    out = run_benchmark([("deepseek-v3", "bert-wordpiece"), ("bert-wordpiece", "mistral-v1")],
+                        corpus=corpus, repeats=2, naive_texts=0, peers=False,
+                        handles=dict(handles))
+    wordpiece, lossless = (p["paired"] for p in out["pairs"])
+    assert wordpiece["floor_rendered_over_encode_batch"]["pairs"] == 2
+    assert wordpiece["end_to_end_batch_over_floor_rendered"]["min"] > 0
+    assert "floor_rendered_over_encode_batch" not in lossless    # a lossless receiver: no decode

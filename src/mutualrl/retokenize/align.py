@@ -4,13 +4,14 @@ Each side is given as the cumulative byte *end* of every token (non-decreasing; 
 the text length). Token ``i`` covers bytes ``[end[i-1], end[i])`` — so whitespace a tokenizer
 has no token for (WordPiece) belongs to the next token, exactly like a byte-level ``Ġ``. A group
 closes wherever both sides have a boundary: the common boundaries are the values present in both
-end arrays. This is the classic two-pointer walk over end offsets, done in linear time: when
-every token covers at least one byte (strictly increasing ends, the usual case) each side marks
-its ends in a byte-offset array, an end of one side is common where the other side marked it,
-and a group's token range on each side ends just past its boundary's position there. Otherwise
-each side's ends are counted per byte offset (``bincount``) and a group's token range is the
-running count of ends up to its boundary. Either is several times faster than binary searches
-of one side's ends in the other's.
+end arrays. This is the classic two-pointer walk over end offsets, done in linear time: each side
+marks its ends in a byte-offset array, an end of one side is common where the other side marked
+it, and a group's token range on each side ends just past the last token ending at its boundary
+there (with zero-length tokens, as WordPiece's NFD makes of a Hangul syllable, several tokens
+share an end: the last of each run counts). Ends that are not even non-decreasing (never made by
+the retokenizer) are counted per byte offset (``bincount``) instead, a group's token range being
+the running count of ends up to its boundary. Either is several times faster than binary
+searches of one side's ends in the other's.
 
 Zero-length tokens (none after specials are stripped, but tolerated) join the group their end
 falls in. Every group has at least one token on each side, except when one side is empty: then
@@ -109,17 +110,33 @@ def align_ends(src_ends: np.ndarray, tgt_ends: np.ndarray, total: int) -> Alignm
             return AlignmentGroups.empty()
         one = lambda v: np.array([v], dtype=np.int64)  # noqa: E731 - tiny local constructor
         return AlignmentGroups(one(0), one(n), one(0), one(m), one(0), one(total))
-    if _increasing(src_ends) and _increasing(tgt_ends):
-        # No zero-length tokens (the usual case): an end is common when the other side marks
-        # it, and a group's token range ends just past its boundary's position on each side.
+    src_end, tgt_end, bounds = _common_ends(src_ends, tgt_ends, total)
+    return AlignmentGroups(
+        src_start=_shift(src_end), src_end=src_end, tgt_start=_shift(tgt_end), tgt_end=tgt_end,
+        byte_start=_shift(bounds), byte_end=bounds)
+
+
+def _common_ends(src_ends: np.ndarray, tgt_ends: np.ndarray, total: int):
+    """(source token ends, target token ends, byte ends) of the groups of two non-empty sides."""
+    s_last, t_last = _last_of_runs(src_ends), _last_of_runs(tgt_ends)
+    if s_last is not None and t_last is not None:
+        # Non-decreasing ends (always, as the retokenizer builds them): an end is common when the
+        # other side marks it, and a group's token range ends just past the last token ending at
+        # its boundary on each side (tokens of zero length before it join the group).
         mark = np.zeros(total + 1, dtype=bool)
         mark[tgt_ends] = True
-        src_end = np.flatnonzero(mark[src_ends])
+        hit = mark[src_ends]
+        if s_last is not True:
+            hit &= s_last
+        src_end = np.flatnonzero(hit)
         bounds = src_ends[src_end]
         src_end += 1
         mark[tgt_ends] = False
         mark[src_ends] = True
-        tgt_end = np.flatnonzero(mark[tgt_ends])
+        hit = mark[tgt_ends]
+        if t_last is not True:
+            hit &= t_last
+        tgt_end = np.flatnonzero(hit)
         tgt_end += 1
     else:
         s_count = np.bincount(src_ends, minlength=total + 1)  # tokens ending at each byte offset
@@ -128,14 +145,18 @@ def align_ends(src_ends: np.ndarray, tgt_ends: np.ndarray, total: int) -> Alignm
         # tokens ending at or before each boundary (zero-length tokens join the group they end in)
         src_end = np.cumsum(s_count)[bounds]
         tgt_end = np.cumsum(t_count)[bounds]
-    return AlignmentGroups(
-        src_start=_shift(src_end), src_end=src_end, tgt_start=_shift(tgt_end), tgt_end=tgt_end,
-        byte_start=_shift(bounds), byte_end=bounds)
+    return src_end, tgt_end, bounds
 
 
-def _increasing(ends: np.ndarray) -> bool:
-    """Strictly increasing (every token covers at least one byte)."""
-    return bool((ends[1:] > ends[:-1]).all())
+def _last_of_runs(ends: np.ndarray):
+    """True when the ends strictly increase (every token covers a byte); for non-decreasing ends
+    with repeats, a bool mask of the last token of each run of equal ends; None otherwise."""
+    step = ends[1:] > ends[:-1]
+    if step.all():
+        return True
+    if not (ends[1:] >= ends[:-1]).all():
+        return None
+    return np.append(step, True)
 
 
 def _shift(ends: np.ndarray) -> np.ndarray:
@@ -170,8 +191,10 @@ def align_many(src_ends: list[np.ndarray], tgt_ends: list[np.ndarray],
     with an empty side are aligned on their own (their single group has no common boundary).
     """
     n = len(totals)
-    out: list[AlignmentGroups | None] = [None] * n
     batch = align_batch(src_ends, tgt_ends, totals)
+    if batch is not None and len(batch.full) == n:  # every text has tokens on both sides
+        return batch.groups()
+    out: list[AlignmentGroups | None] = [None] * n
     for k in range(n):
         if not (src_ends[k].size and tgt_ends[k].size):
             out[k] = align_ends(src_ends[k], tgt_ends[k], totals[k])
@@ -233,19 +256,21 @@ def align_batch(src_ends: list[np.ndarray], tgt_ends: list[np.ndarray],
     byte_off = np.cumsum(tot + 1) - (tot + 1)
     s_sizes = np.fromiter(map(len, srcs), dtype=np.int64, count=len(full))
     t_sizes = np.fromiter(map(len, tgts), dtype=np.int64, count=len(full))
-    s_all = np.concatenate(srcs) + np.repeat(byte_off, s_sizes)
-    t_all = np.concatenate(tgts) + np.repeat(byte_off, t_sizes)
-    g = align_ends(s_all, t_all, int(byte_off[-1] + tot[-1]))
-    split = np.searchsorted(g.byte_end, byte_off + tot, side="right")
-    item = np.repeat(np.arange(len(full)), np.diff(split, prepend=0))
+    s_all = np.concatenate(srcs)
+    s_all += np.repeat(byte_off, s_sizes)
+    t_all = np.concatenate(tgts)
+    t_all += np.repeat(byte_off, t_sizes)
+    src_end, tgt_end, bounds = _common_ends(s_all, t_all, int(byte_off[-1] + tot[-1]))
+    split = np.searchsorted(bounds, byte_off + tot, side="right")
+    counts = np.diff(split, prepend=0)                   # groups per text
     s_start, t_start = np.cumsum(s_sizes) - s_sizes, np.cumsum(t_sizes) - t_sizes
-    s_off, t_off, b_off = s_start[item], t_start[item], byte_off[item]
-    local = np.empty((6, len(g)), dtype=np.int64)
-    np.subtract(g.src_start, s_off, out=local[0])
-    np.subtract(g.src_end, s_off, out=local[1])
-    np.subtract(g.tgt_start, t_off, out=local[2])
-    np.subtract(g.tgt_end, t_off, out=local[3])
-    # The first group of each text starts where the previous text ended: its local start is 0.
-    np.maximum(g.byte_start - b_off, 0, out=local[4])
-    np.subtract(g.byte_end, b_off, out=local[5])
+    local = np.empty((6, bounds.size), dtype=np.int64)
+    # Each group starts where the previous one ended; the first group of each text where the
+    # previous text ended, which is local 0 on every axis (the byte axis skips the one-byte gap).
+    for row, ends, off in ((0, src_end, s_start), (2, tgt_end, t_start), (4, bounds, byte_off)):
+        off = np.repeat(off, counts)
+        np.subtract(ends, off, out=local[row + 1])
+        local[row, 0] = 0
+        np.subtract(ends[:-1], off[1:], out=local[row, 1:])
+    np.maximum(local[4], 0, out=local[4])
     return BatchAlignment(full, local, split, s_start, t_start, s_all, t_all)

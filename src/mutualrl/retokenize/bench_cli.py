@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -28,6 +29,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--naive-texts", type=int, default=8,
                         help="texts given to the quadratic decode-prefix baseline (0: skip it)")
     parser.add_argument("--no-peers", action="store_true", help="skip TRL/spacy/naive peers")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads for both sides alike: the Rust tokenizers' pool that the "
+                             "receiver's encode_batch and every Rust call of the retokenizer use "
+                             "(RAYON_NUM_THREADS; 1 also sets TOKENIZERS_PARALLELISM=false) "
+                             "(default: the environment's, else one per core)")
     parser.add_argument("--output", default="bench-results/retokenize.json",
                         help="where to write the JSON results")
 
@@ -80,9 +86,39 @@ def _print_table(results: dict) -> None:
                                                   for k, v in pair["residuals"].items()))
 
 
+def set_threads(threads: int | None) -> dict:
+    """Give the Rust tokenizers' thread pool ``threads`` threads (before its first parallel call,
+    which builds it) and return what both sides of every ratio ran with."""
+    if threads is not None:
+        if threads < 1:
+            raise ValueError(f"--threads: expected an integer >= 1, got {threads}")
+        os.environ["RAYON_NUM_THREADS"] = str(threads)
+        os.environ["TOKENIZERS_PARALLELISM"] = "true" if threads > 1 else "false"
+    # Both sides of every ratio use that pool for their Rust calls and one Python thread besides
+    # (a helper thread for the receiver's encode beside the sender's side was tried: slower, as
+    # the pool already keeps every core busy).
+    return {"requested": threads, "cpu_count": os.cpu_count(), "tokenizers_pool": _pool(),
+            **{k: os.environ.get(k) for k in ("RAYON_NUM_THREADS", "TOKENIZERS_PARALLELISM")},
+            "python_threads": 1}
+
+
+def _pool() -> int:
+    """Threads of the Rust tokenizers' pool as the environment sets it (``TOKENIZERS_PARALLELISM``
+    off: 1; ``RAYON_NUM_THREADS``; else one per core)."""
+    if os.environ.get("TOKENIZERS_PARALLELISM", "true").lower() in ("", "off", "false", "f",
+                                                                     "no", "n", "0"):
+        return 1
+    try:
+        n = int(os.environ.get("RAYON_NUM_THREADS", "0"))
+    except ValueError:
+        n = 0
+    return n if n > 0 else (os.cpu_count() or 1)
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         pairs = _parse_pairs(args.pairs)
+        threads = set_threads(args.threads)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -90,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
                             naive_texts=0 if args.no_peers else args.naive_texts,
                             peers=not args.no_peers)
     results = {"benchmark": "retokenize", "machine": _machine(), "git_commit": git_commit(),
-               **results}
+               "threads": threads, **results}
     _print_table(results)
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)

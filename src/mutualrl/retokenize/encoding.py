@@ -15,6 +15,7 @@ from collections import OrderedDict
 
 import numpy as np
 
+from mutualrl.retokenize.normalize import char_table, decided_by_char
 from mutualrl.retokenize.profile import TokenizerProfile
 from mutualrl.retokenize.residuals import byte_edit_distance
 
@@ -209,13 +210,60 @@ def spelled_ends(profile: TokenizerProfile, flat: np.ndarray, sizes: np.ndarray,
     return spells, ends
 
 
+def offset_ends_batch(profile: TokenizerProfile, encs, texts: list[str], datas: list[bytes]
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``ends_from_offsets`` for a whole batch of Rust encodings in numpy passes: (ids end to end,
+    each token's byte end within its own text aligned with them, tokens per text).
+
+    The texts are laid end to end with a one-byte gap (as in ``align.align_batch``), so no run of
+    tokens sharing a span, no running maximum and no pinned last end crosses from one text into
+    the next; each value equals the per-text ``ends_from_offsets``'s.
+    """
+    n = len(encs)
+    id_lists = [e.ids for e in encs]
+    sizes = np.fromiter(map(len, id_lists), dtype=np.int64, count=n)
+    total = int(sizes.sum())
+    flat = np.fromiter(itertools.chain.from_iterable(id_lists), dtype=np.int64, count=total)
+    chain = itertools.chain.from_iterable
+    spans = np.fromiter(chain(chain(e.offsets for e in encs)), dtype=np.int64,
+                        count=2 * total).reshape(total, 2)
+    n_bytes = np.fromiter(map(len, datas), dtype=np.int64, count=n)
+    n_chars = np.fromiter(map(len, texts), dtype=np.int64, count=n)
+    if (n_bytes != n_chars).any():  # non-ASCII: character offsets are not byte offsets
+        char_base = np.repeat(np.cumsum(n_chars) - n_chars, sizes)
+        spans = char_to_byte("".join(texts))[spans + char_base[:, None]]
+        spans -= np.repeat(np.cumsum(n_bytes) - n_bytes, sizes)[:, None]
+    text_base = np.cumsum(n_bytes + 1) - (n_bytes + 1)
+    base = np.repeat(text_base, sizes)
+    starts, ends = spans[:, 0] + base, spans[:, 1] + base
+    if total > 1:
+        same = (starts[1:] == starts[:-1]) & (ends[1:] == ends[:-1])
+        if same.any():
+            ends = _split_shared_spans(starts, ends, same, profile.piece_len[flat])
+    ends = np.maximum.accumulate(ends)
+    has = sizes > 0
+    if has.any():  # pin_last of every text with tokens
+        last = np.repeat(ends[np.cumsum(sizes)[has] - 1], sizes[has])
+        pin = ends == last
+        ends[pin] = np.repeat((text_base + n_bytes)[has], sizes[has])[pin]
+    ends -= base
+    return flat, ends, sizes
+
+
 def encode_from_batch(profile: TokenizerProfile, encs, texts: list[str],
                       datas: list[bytes]) -> list[Encoded]:
     """``encode_from`` for many Rust encodings at once. For a lossless tokenizer the ids, byte ends
     and spelling checks of the whole batch are numpy passes, and each text's ``Encoded`` holds
-    views of them; encodings that do not spell their text take ``encode_from``."""
-    if not profile.lossless or len(encs) < 2:
+    views of them; encodings that do not spell their text take ``encode_from``. For any other
+    tokenizer the byte ends of the whole batch come from its offsets (``offset_ends_batch``)."""
+    if len(encs) < 2:
         return [encode_from(profile, e, t, d) for e, t, d in zip(encs, texts, datas)]
+    if not profile.lossless:
+        flat, ends, sizes = offset_ends_batch(profile, encs, texts, datas)
+        flat.flags.writeable = ends.flags.writeable = False
+        bounds = np.cumsum(sizes).tolist()
+        return [Encoded(flat[lo:hi], ends[lo:hi], None, None, None, lazy=(profile, t, d, None))
+                for lo, hi, t, d in zip([0, *bounds[:-1]], bounds, texts, datas)]
     id_lists = [e.ids for e in encs]
     sizes = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
     flat = np.fromiter(itertools.chain.from_iterable(id_lists), dtype=np.int64,
@@ -278,26 +326,45 @@ def encode_texts(profile: TokenizerProfile, texts: list[str], datas: list[bytes]
     keys = [cache.key(d, profile.fingerprint) for d in datas] if cache.size else [None] * len(texts)
     out: list[Encoded | None] = [cache.get(k) if k else None for k in keys]
     todo = [i for i, item in enumerate(out) if item is None]
-    if len(todo) == 1:
-        encs = [profile.continuation.encode(texts[todo[0]], add_special_tokens=False)]
-    elif todo:
-        encs = profile.continuation.encode_batch([texts[i] for i in todo], add_special_tokens=False)
-    else:
-        encs = []
+    finish_encodings(profile, rust_encode(profile, [texts[i] for i in todo]), todo, texts, datas,
+                     keys, cache, out)
+    if residuals:
+        add_renderings(profile, out)
+    return out  # type: ignore[return-value]
+
+
+def rust_encode(profile: TokenizerProfile, texts: list[str]) -> list:
+    """The continuation backend's Rust encodings of ``texts`` (one call)."""
+    if len(texts) == 1:
+        return [profile.continuation.encode(texts[0], add_special_tokens=False)]
+    if not texts:
+        return []
+    return profile.continuation.encode_batch(texts, add_special_tokens=False)
+
+
+def finish_encodings(profile: TokenizerProfile, encs, todo: list[int], texts, datas, keys,
+                     cache: EncodingCache, out: list) -> None:
+    """``out[i]`` for each ``i`` of ``todo`` from its Rust encoding, cached under ``keys[i]``."""
     for i, item in zip(todo, encode_from_batch(profile, encs, [texts[i] for i in todo],
                                                [datas[i] for i in todo])):
         out[i] = item
         if keys[i] is not None:
             cache.put(keys[i], item)
-    if residuals and not profile.lossless:
-        lazy = [e for e in out if e._lazy is not None and e._lazy[3] is None]
-        if len(lazy) > 1:
-            decoded = profile.continuation.decode_batch([e.ids.tolist() for e in lazy],
-                                                        skip_special_tokens=False)
-            changed = normalizer_changes(profile, [e._lazy[1] for e in lazy])
-            for e, text, ch in zip(lazy, decoded, changed):
-                e.with_rendering(text.encode(), ch)
-    return out  # type: ignore[return-value]
+
+
+def add_renderings(profile: TokenizerProfile, encoded: list[Encoded]) -> None:
+    """The renderings and normaliser checks the round-trip residuals of a non-lossless tokenizer
+    need, for every encoding in ``encoded`` still without them: one ``decode_batch`` and one
+    batched normaliser check."""
+    if profile.lossless:
+        return
+    lazy = [e for e in encoded if e._lazy is not None and e._lazy[3] is None]
+    if len(lazy) > 1:
+        texts = profile.continuation.decode_batch([e.ids.tolist() for e in lazy],
+                                                  skip_special_tokens=False)
+        changed = normalizer_changes(profile, [e._lazy[1] for e in lazy])
+        for e, text, ch in zip(lazy, texts, changed):
+            e.with_rendering(text.encode(), ch)
 
 
 # Normalisers that act on each character independently (up to canonical reordering, which a
@@ -309,14 +376,31 @@ _SEP = "\u2e3b"  # THREE-EM DASH: a starter no per-character normaliser above ch
 
 
 def normalizer_changes(profile: TokenizerProfile, texts: list[str]) -> list[bool]:
-    """Whether the continuation normaliser rewrites each text; one Rust call when it is safe."""
+    """Whether the continuation normaliser rewrites each text. For a per-character normaliser
+    most texts are decided from a per-character table (``normalize.decided_by_char``) and the
+    rest take one Rust call over the texts joined."""
     normalizer = profile.continuation.normalizer
     if normalizer is None:
         return [False] * len(texts)
-    if profile.normalizer_types and profile.normalizer_types <= _PER_CHAR_NORMALIZERS:
-        joined = _SEP.join(texts)
-        if joined.count(_SEP) == len(texts) - 1:
-            parts = normalizer.normalize_str(joined).split(_SEP)
-            if len(parts) == len(texts):
-                return [a != b for a, b in zip(parts, texts)]
+    if not (profile.normalizer_types and profile.normalizer_types <= _PER_CHAR_NORMALIZERS):
+        return [normalizer.normalize_str(t) != t for t in texts]
+    table = profile.__dict__.get("_char_table")
+    if table is None:
+        table = profile.__dict__["_char_table"] = char_table(normalizer, _SEP)
+    out = decided_by_char(table, _SEP, texts)
+    todo = [i for i, v in enumerate(out) if v is None]
+    for i, v in zip(todo, _joined_changes(normalizer, [texts[i] for i in todo])):
+        out[i] = v
+    return out  # type: ignore[return-value]
+
+
+def _joined_changes(normalizer, texts: list[str]) -> list[bool]:
+    """``normalize_str(t) != t`` per text, in one call over the texts joined when that is safe."""
+    if not texts:
+        return []
+    joined = _SEP.join(texts)
+    if joined.count(_SEP) == len(texts) - 1:
+        parts = normalizer.normalize_str(joined).split(_SEP)
+        if len(parts) == len(texts):
+            return [a != b for a, b in zip(parts, texts)]
     return [normalizer.normalize_str(t) != t for t in texts]

@@ -1,0 +1,72 @@
+"""Whether a per-character normaliser rewrites each text of a batch, mostly without running it.
+
+A normaliser built only of per-character steps (``encoding._PER_CHAR_NORMALIZERS``) maps a text
+to the concatenation of what it makes of each character, up to NFD's canonical reordering of
+combining marks. So, from what it makes of every character once (a table over all of Unicode,
+built on first use and kept on the profile; ``TABLE_SIZE``):
+
+* a text holding a character that the normaliser changes and that appears in *no* character's
+  output is changed: the output is made only of characters' outputs, reordered at most;
+* a text whose characters all map to themselves, none of them decomposing into a combining
+  mark that NFD could reorder (or unassigned in Python's Unicode tables), is unchanged;
+* any other text (say, CJK padded with spaces) is left to the normaliser itself (``None``).
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+import numpy as np
+
+_SURROGATES = range(0xD800, 0xE000)  # not text: never in a valid str we are given
+# The table covers the BMP and the next two planes (CJK extensions included); a character past
+# it leaves its text to the normaliser. Its last entry stands for every such character.
+TABLE_SIZE = 0x30000
+
+
+def char_table(normalizer, sep: str) -> tuple[np.ndarray, np.ndarray]:
+    """(``witness``, ``fixed``): bool per code point; see the module docstring."""
+    cps = [c for c in range(TABLE_SIZE - 1) if c not in _SURROGATES and chr(c) != sep]
+    chars = list(map(chr, cps))
+    outs = normalizer.normalize_str(sep.join(chars)).split(sep)
+    witness = np.zeros(TABLE_SIZE, dtype=bool)
+    fixed = np.zeros(TABLE_SIZE, dtype=bool)
+    if len(outs) != len(chars):  # the separator did not survive: decide nothing
+        return witness, fixed
+    seen = set("".join(outs))   # a character past the table maps into the table or past it
+    for cp, c, o in zip(cps, chars, outs):
+        if o != c:
+            witness[cp] = c not in seen
+        elif not _may_reorder(c):
+            fixed[cp] = True
+    return witness, fixed
+
+
+def _may_reorder(c: str) -> bool:
+    if unicodedata.category(c) == "Cn":
+        return True
+    return any(unicodedata.combining(x) for x in unicodedata.normalize("NFD", c))
+
+
+def decided_by_char(table: tuple[np.ndarray, np.ndarray], sep: str,
+                    texts: list[str]) -> list[bool | None]:
+    """Per text: True (changed), False (unchanged) or None (ask the normaliser). A text holding a
+    character the table does not cover (past it, or ``sep``) is always None: that character's
+    output is unknown, so no other character's absence from outputs says anything."""
+    witness, fixed = table
+    n = len(texts)
+    raw = np.frombuffer("".join(texts).encode("utf-32-le"), dtype=np.uint32)
+    cps = np.minimum(raw, TABLE_SIZE - 1)
+    lens = np.fromiter(map(len, texts), dtype=np.int64, count=n)
+    stops = np.cumsum(lens)
+    starts = stops - lens
+
+    def count(flags: np.ndarray) -> np.ndarray:
+        c = np.concatenate(([0], np.cumsum(flags, dtype=np.int64)))
+        return c[stops] - c[starts]
+
+    unknown = count((raw >= TABLE_SIZE - 1) | (raw == ord(sep))) > 0
+    changed = count(witness[cps]) > 0
+    unchanged = count(fixed[cps]) == lens
+    return [None if x else (True if c else (False if u else None))
+            for x, c, u in zip(unknown.tolist(), changed.tolist(), unchanged.tolist())]
