@@ -1,6 +1,6 @@
 """``mutualrl train`` with both policies on real vLLM engines, each in a worker process of its own
 (``configs/tiny-vllm.toml``): the run logs the mismatch correction, its engines live in two
-separate processes, and a run whose driver is SIGKILLed leaves no engine behind and resumes to the
+separate processes (or two Ray actors, with the same numbers), and a run whose driver is SIGKILLed leaves no engine behind and resumes to the
 uninterrupted run's numbers."""
 
 from __future__ import annotations
@@ -62,6 +62,15 @@ def test_both_policies_train_on_their_engines_and_log_the_mismatch(reference):
             assert 0.999 < row[p + "mismatch/is_weight_mean"] <= 1.001
             assert row[p + "sync/probe_gap"] < 1e-4
         assert any((reference / "policies" / name).glob("*.safetensors"))
+
+
+def test_ray_actors_serve_the_engines_as_the_process_executor_does(reference, tmp_path):
+    """The same factories in Ray actors (a local cluster here): the same numbers, bit for bit."""
+    pytest.importorskip("ray", reason="the ray extra is not installed")
+    out = tmp_path / "ray"
+    run(command(out, 'allocation.executor="ray"'))
+    assert rows(out) == rows(reference)
+    assert rows(out, "eval") == rows(reference, "eval")
 
 
 def test_a_killed_driver_leaves_no_engine_and_resume_gives_the_same_run(reference, tmp_path):
