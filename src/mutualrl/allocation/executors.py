@@ -11,6 +11,7 @@ from __future__ import annotations
 import queue
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -86,6 +87,10 @@ class LocalExecutor:
         self._workers: dict[str, object] = {}
         self._threads: dict[str, _WorkerThread] = {}
         self._planned_threads: dict[str, int] = {}
+        # Calls may come from several driver threads at once (a paced run steps each policy in a
+        # thread of its own): the bookkeeping below is guarded; waiting for results is not.
+        self._lock = threading.RLock()
+        self._busy: dict[str, float] = {}
 
     def start(self, factories: dict[str, Callable[[], object]], plan: Plan | None = None) -> None:
         self._factories = dict(factories)
@@ -121,28 +126,41 @@ class LocalExecutor:
         Ray executor's: in process nothing is copied)."""
         method = call_name(next(iter(calls.values()))) if calls else "call"
         check_names(method, calls, self._factories)
-        live = {n: c for n, c in calls.items() if n not in self.policy.removed}
+        with self._lock:
+            live = {n: c for n, c in calls.items() if n not in self.policy.removed}
         jobs = {n: (lambda n=n, c=c: self._invoke(n, c)) for n, c in live.items()}
         results = self._run(jobs, method, timeout_s or self.alloc.call_timeout_s)
-        for n in calls:
-            if n not in live:
-                results[n] = self.policy.unavailable(n, method)
-        self.policy.apply(results, self._restart, self._remove)
+        with self._lock:
+            for n in calls:
+                if n not in live:
+                    results[n] = self.policy.unavailable(n, method)
+            self.policy.apply(results, self._restart, self._remove)
         return {n: results[n] for n in calls}
+
+    def busy_seconds(self) -> dict[str, float]:
+        """Seconds each worker has spent inside calls so far (its idle time is the rest)."""
+        with self._lock:
+            return dict(self._busy)
 
     def _invoke(self, name: str, call: WorkerCall) -> Any:
         if self.mode == "sequential" and self._planned_threads.get(name):
             _set_torch_threads(self._planned_threads[name])
-        return call(self._workers[name])
+        t0 = time.perf_counter()
+        try:
+            return call(self._workers[name])
+        finally:
+            with self._lock:
+                self._busy[name] = self._busy.get(name, 0.0) + time.perf_counter() - t0
 
     def _run(self, jobs: dict[str, Callable[[], Any]], method: str,
              timeout_s: float) -> dict[str, CallResult]:
         if self.mode == "sequential":
             return {n: self._outcome(n, method, _done_future(job)) for n, job in jobs.items()}
-        for n in jobs:
-            if n not in self._threads:
-                self._threads[n] = _WorkerThread(n)
-        futures = {n: self._threads[n].submit(job) for n, job in jobs.items()}
+        with self._lock:
+            for n in jobs:
+                if n not in self._threads:
+                    self._threads[n] = _WorkerThread(n)
+            futures = {n: self._threads[n].submit(job) for n, job in jobs.items()}
         wait_futures(list(futures.values()), timeout=timeout_s)
         return {n: self._outcome(n, method, fut, timeout_s) for n, fut in futures.items()}
 

@@ -25,6 +25,7 @@ leaves nothing behind.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import pickle
@@ -65,7 +66,7 @@ def _serve(conn: Connection, factory: bytes, env: dict[str, str], threads: int,
             import torch
             torch.set_num_threads(threads)
         obj = build_worker(pickle.loads(factory), restarted)
-        conn.send(("ok", None))
+        conn.send(("ok", None, 0.0))
     except BaseException as exc:
         conn.send(_raised(exc))
         return
@@ -76,19 +77,21 @@ def _serve(conn: Connection, factory: bytes, env: dict[str, str], threads: int,
             return
         if call is None:
             return
+        t0 = time.perf_counter()
         try:
-            reply = ("ok", call(obj))
+            value = call(obj)
+            reply = ("ok", value, time.perf_counter() - t0)
         except BaseException as exc:  # reported to the driver, never swallowed
-            reply = _raised(exc)
+            reply = _raised(exc, time.perf_counter() - t0)
         try:
             conn.send(reply)
         except Exception as exc:  # e.g. a value that cannot be pickled
             conn.send(_raised(exc))
 
 
-def _raised(exc: BaseException) -> tuple:
+def _raised(exc: BaseException, seconds: float = 0.0) -> tuple:
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    return ("raised", type(exc).__name__, str(exc), tb)
+    return ("raised", type(exc).__name__, str(exc), tb, seconds)
 
 
 def worker_env(threads: int, gpus: tuple[int, ...] | None) -> dict[str, str]:
@@ -137,6 +140,12 @@ class ProcessExecutor:
         self._procs: dict[str, _Proc] = {}
         self._threads: dict[str, int] = {}
         self._envs: dict[str, dict[str, str]] = {}
+        # Calls may come from several driver threads at once (a paced run steps each policy in a
+        # thread of its own): one pipe per worker carries one call at a time (``_holding``), and
+        # the bookkeeping is guarded.
+        self._lock = threading.RLock()
+        self._pipes: dict[str, threading.Lock] = {}
+        self._busy: dict[str, float] = {}
 
     def start(self, factories: dict[str, Callable[[], object]], plan: Plan | None = None) -> None:
         self._factories = dict(factories)
@@ -169,21 +178,40 @@ class ProcessExecutor:
         executor's; here every value comes back)."""
         method = call_name(next(iter(calls.values()))) if calls else "call"
         check_names(method, calls, self._factories)
-        live = [n for n in calls if n not in self.policy.removed]
-        sent: list[str] = []
-        results: dict[str, CallResult] = {}
-        for n in live:
-            try:
-                self._procs[n].conn.send(calls[n])
-                sent.append(n)
-            except (OSError, ValueError, pickle.PicklingError) as exc:
-                results[n] = self._failure(n, method, type(exc).__name__, f"cannot send: {exc}")
-        results.update(self._collect(sent, method, timeout_s or self.alloc.call_timeout_s))
-        for n in calls:
-            if n not in live:
-                results[n] = self.policy.unavailable(n, method)
-        self.policy.apply(results, self._restart, self._remove)
+        with self._holding(sorted(calls)):
+            with self._lock:
+                live = [n for n in calls if n not in self.policy.removed]
+            sent: list[str] = []
+            results: dict[str, CallResult] = {}
+            for n in live:
+                try:
+                    self._procs[n].conn.send(calls[n])
+                    sent.append(n)
+                except (OSError, ValueError, pickle.PicklingError) as exc:
+                    results[n] = self._failure(n, method, type(exc).__name__, f"cannot send: {exc}")
+            results.update(self._collect(sent, method, timeout_s or self.alloc.call_timeout_s))
+            with self._lock:
+                for n in calls:
+                    if n not in live:
+                        results[n] = self.policy.unavailable(n, method)
+                self.policy.apply(results, self._restart, self._remove)
         return {n: results[n] for n in calls}
+
+    @contextlib.contextmanager
+    def _holding(self, names: list[str]):
+        """The pipes of ``names``, taken in sorted order (two callers never wait on each other
+        in a circle), for one call's send and reply."""
+        with self._lock:
+            locks = [self._pipes.setdefault(n, threading.Lock()) for n in names]
+        with contextlib.ExitStack() as stack:
+            for lock in locks:
+                stack.enter_context(lock)
+            yield
+
+    def busy_seconds(self) -> dict[str, float]:
+        """Seconds each worker has spent inside calls so far, as its process measured them."""
+        with self._lock:
+            return dict(self._busy)
 
     def _collect(self, names: list[str], method: str, timeout_s: float) -> dict[str, CallResult]:
         """One reply per name within ``timeout_s``; a process that died or hung is a failure."""
@@ -209,6 +237,8 @@ class ProcessExecutor:
             proc.process.join(_EXIT_GRACE_S)
             return self._failure(name, method, "WorkerDied",
                                  f"its process exited with code {proc.process.exitcode}")
+        with self._lock:
+            self._busy[name] = self._busy.get(name, 0.0) + reply[-1]
         if reply[0] == "ok":
             return CallResult(name, value=reply[1])
         return CallResult(name, failure=WorkerFailure(
