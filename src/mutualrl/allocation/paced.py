@@ -32,7 +32,20 @@ from mutualrl.allocation.pacing import Channel, PacedRecord, QueueChannel, Versi
 
 
 class StepWorker(Protocol):
+    """One step: the records the worker was handed (fresh ones) in, the records it made out."""
+
     def step(self, k: int, incoming: list[PacedRecord]) -> list[Any]: ...
+
+
+class PhasedWorker(Protocol):
+    """A step in two phases around the exchange, as a GRPO step is: ``produce`` makes the step's
+    records (e.g. its samples), which go to the peers at once; ``learn`` then takes what has
+    arrived by then (its own records and the peers' fresh ones) and uses it. Publishing early
+    and consuming late gives the peers the most of each other's experience the gate allows."""
+
+    def produce(self, k: int) -> list[Any]: ...
+
+    def learn(self, k: int, incoming: list[PacedRecord]) -> None: ...
 
 
 class PacedReport(msgspec.Struct, kw_only=True):
@@ -72,6 +85,12 @@ class _Run:
         self.dropped = {n: 0 for n in names}
         self.busy = {n: 0.0 for n in names}
         self.deliveries = 0
+        # Who receives records: every worker of the run but the failed ones. A worker whose loop
+        # has finished still does (a later run_paced call may continue it); what it has not
+        # taken when the run ends is counted undelivered.
+        self.recipients = set(names)
+        self.halt: Callable[[], bool] | None = None   # asked from outside to stop at a step boundary
+        self.on_stale: Callable[[str, list[PacedRecord]], None] | None = None
 
     def owns(self, name: str, token: int) -> bool:
         with self.lock:
@@ -83,45 +102,70 @@ class _Run:
         with self.lock:
             self.consumed[name] += len(fresh)
             self.dropped[name] += len(records) - len(fresh)
+        if self.on_stale is not None and len(fresh) < len(records):
+            self.on_stale(name, [r for r in records if not is_fresh(r.version, k, self.max_age)])
         return fresh
 
-    def finish_step(self, name: str, token: int, k: int, t0: float, payloads: list[Any]) -> bool:
-        """Publish a step's records and advance, atomically with the ownership check, so a
+    def publish(self, name: str, token: int, k: int, payloads: list[Any]) -> bool:
+        """Send a step's records to every live peer, atomically with the ownership check, so a
         disowned thread can never publish after the report has been drained."""
         with self.lock:
-            if self.tokens[name] != token:
-                return False  # declared hung meanwhile: this late result is not ours to publish
+            return self._publish(name, token, k, payloads)
+
+    def _publish(self, name: str, token: int, k: int, payloads: list[Any]) -> bool:
+        if self.tokens[name] != token:
+            return False  # declared hung meanwhile: this late result is not ours to publish
+        peers = sorted(self.recipients - {name})
+        for p in payloads:
+            # Stamped k + 1: the producer's version once this step is done, so under the
+            # gate a lock-step peer's latest experience has age 0 and never looks stale.
+            self.channel.publish(PacedRecord(name, k + 1, p), peers)
+        self.produced[name] += len(payloads)
+        self.deliveries += len(payloads) * len(peers)
+        return True
+
+    def finish_step(self, name: str, token: int, k: int, t0: float, payloads: list[Any]) -> bool:
+        """Publish a step's records and advance (atomically with the ownership check)."""
+        with self.lock:
+            if not self._publish(name, token, k, payloads):
+                return False
             self.in_step[name] = None
             self.busy[name] += time.monotonic() - t0
-            peers = sorted(self.gate.live() - {name})
-            for p in payloads:
-                # Stamped k + 1: the producer's version once this step is done, so under the
-                # gate a lock-step peer's latest experience has age 0 and never looks stale.
-                self.channel.publish(PacedRecord(name, k + 1, p), peers)
-            self.produced[name] += len(payloads)
-            self.deliveries += len(payloads) * len(peers)
             self.gate.advance(name)
             return True
 
+    def halted(self, name: str, token: int) -> bool:
+        return self.stop.is_set() or not self.owns(name, token) or (
+            self.halt is not None and self.halt())
 
-def _loop(run: _Run, name: str, token: int, worker: StepWorker) -> None:
+
+def _loop(run: _Run, name: str, token: int, worker: StepWorker | PhasedWorker) -> None:
     try:
         for k in range(run.gate.version(name), run.steps):
             while not run.gate.wait_to_advance(name, timeout_s=run.step_timeout_s):
-                if run.stop.is_set() or not run.owns(name, token):
-                    return
-            if run.stop.is_set() or not run.owns(name, token):
-                return
-            incoming = run.consume(name, k)
+                if run.halted(name, token):
+                    break
+            if run.halted(name, token):
+                break
             t0 = time.monotonic()
             with run.lock:
                 run.in_step[name] = t0
-            out = list(worker.step(k, incoming) or [])
-            if not run.finish_step(name, token, k, t0, out):
+            if not _one_step(run, name, token, worker, k, t0):
                 return
         run.events.put(("done", name, token, None))
     except BaseException as exc:  # reported by the supervisor, never swallowed
         run.events.put(("failed", name, token, exc))
+
+
+def _one_step(run: _Run, name: str, token: int, worker, k: int, t0: float) -> bool:
+    """Step ``k`` of one worker, its records published; False when the thread was disowned."""
+    if hasattr(worker, "produce"):
+        if not run.publish(name, token, k, list(worker.produce(k) or [])):
+            return False
+        worker.learn(k, run.consume(name, k))
+        return run.finish_step(name, token, k, t0, [])
+    out = list(worker.step(k, run.consume(name, k)) or [])
+    return run.finish_step(name, token, k, t0, out)
 
 
 def _launch(run: _Run, name: str, worker: StepWorker) -> None:
@@ -178,15 +222,25 @@ def run_paced(
     max_restarts: int = 1,
     max_age: int | None = None,
     poll_s: float = 0.01,
+    halt: Callable[[], bool] | None = None,
+    keep_undelivered: bool = False,
+    on_stale: Callable[[str, list[PacedRecord]], None] | None = None,
 ) -> PacedReport:
-    """Run ``steps`` steps of every worker under ``gate``; see the module docstring.
+    """Run every worker from the version the gate holds for it up to ``steps``; see the module
+    docstring. Workers are ``StepWorker``s or ``PhasedWorker``s.
 
     ``max_age``: the freshness bound at consumption (None: the gate's ``max_staleness``); a
-    consumer that has completed k steps uses records stamped v only if k - v <= max_age."""
+    consumer that has completed k steps uses records stamped v only if k - v <= max_age.
+    ``halt``: asked before each step; once it says True every worker stops at its next step
+    boundary (e.g. the run was asked to stop), each at its own version. ``keep_undelivered``:
+    leave the records still queued in ``channel`` for a later call that continues the run
+    (they are counted in ``undelivered`` either way). ``on_stale(consumer, records)``: told of
+    the records a consumer dropped as too old, as they are dropped."""
     if on_failure == "restart" and not factories:
         raise ValueError("run_paced: on_failure='restart' needs factories to rebuild workers")
     names = list(workers)
     run = _Run(names, steps, gate, channel or QueueChannel(names), step_timeout_s, max_age)
+    run.halt, run.on_stale = halt, on_stale
     failures: list[WorkerFailure] = []
     restarts = {n: 0 for n in names}
     active = set(names)
@@ -197,11 +251,15 @@ def run_paced(
         for f in _hung(run) + _finished_or_failed(run, active, poll_s):
             failures.append(f)
             gate.remove(f.worker)
+            with run.lock:
+                run.recipients.discard(f.worker)
             if on_failure == "restart" and restarts[f.worker] < max_restarts:
                 restarts[f.worker] += 1
                 try:
                     rebuilt = build_worker(factories[f.worker], restarted=True)
                     gate.rejoin(f.worker)
+                    with run.lock:
+                        run.recipients.add(f.worker)
                     _launch(run, f.worker, rebuilt)
                     continue
                 except Exception as exc:
@@ -211,7 +269,7 @@ def run_paced(
                 run.stop.set()
     stopped = run.stop.is_set()
     _wind_down(run, active)
-    return _report(run, failures, restarts, stopped, time.monotonic() - t_start)
+    return _report(run, failures, restarts, stopped, time.monotonic() - t_start, keep_undelivered)
 
 
 def _wind_down(run: _Run, active: set[str]) -> None:
@@ -227,11 +285,12 @@ def _wind_down(run: _Run, active: set[str]) -> None:
 
 
 def _report(run: _Run, failures: list[WorkerFailure], restarts: dict[str, int], stopped: bool,
-            wall_s: float) -> PacedReport:
+            wall_s: float, keep_undelivered: bool = False) -> PacedReport:
     with run.lock:
-        leftovers = run.channel.drain()
+        undelivered = (run.channel.pending() if keep_undelivered
+                       else sum(len(v) for v in run.channel.drain().values()))
         return PacedReport(
             steps_completed=run.gate.versions(), failures=failures, restarts=restarts,
             produced=dict(run.produced), deliveries=run.deliveries, consumed=dict(run.consumed),
-            dropped_stale=dict(run.dropped), undelivered=sum(len(v) for v in leftovers.values()),
+            dropped_stale=dict(run.dropped), undelivered=undelivered,
             busy_s=dict(run.busy), wait_s=dict(run.gate.wait_s), wall_s=wall_s, stopped=stopped)

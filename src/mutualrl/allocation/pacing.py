@@ -96,6 +96,14 @@ class VersionGate:
             self._closed = True
             self._cond.notify_all()
 
+    def reopen(self, workers: Iterable[str]) -> None:
+        """Open a closed gate again for ``workers`` (live again, at the versions they hold): a
+        run continued in a later ``run_paced`` call, e.g. after a checkpoint."""
+        with self._cond:
+            self._closed = False
+            self._live.update(workers)
+            self._cond.notify_all()
+
 
 class PacedRecord(msgspec.Struct, frozen=True):
     """Experience in flight between paced workers.
@@ -118,6 +126,8 @@ class Channel(Protocol):
 
     def drain(self) -> dict[str, list[PacedRecord]]: ...      # leftovers at the end of a run
 
+    def pending(self) -> int: ...                             # queued records, left queued
+
 
 class QueueChannel:
     """One unbounded thread-safe FIFO per consumer; in process, nothing is copied."""
@@ -139,6 +149,14 @@ class QueueChannel:
 
     def drain(self) -> dict[str, list[PacedRecord]]:
         return {c: self.take(c) for c in self._queues}
+
+    def pending(self) -> int:
+        return sum(q.qsize() for q in self._queues.values())
+
+    def put_back(self, consumer: str, records: list[PacedRecord]) -> None:
+        """Queue ``records`` for ``consumer`` again (a resumed run's undelivered ones)."""
+        for r in records:
+            self._queues[consumer].put(r)
 
 
 def starvation_report(
