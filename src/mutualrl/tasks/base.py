@@ -9,6 +9,7 @@ and is counted; it never stops the run.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -70,26 +71,46 @@ class VerifierCounters:
 
 
 class GuardedVerifier:
-    """Runs a verifier with a time limit; errors and time-outs give reward 0 and are counted."""
+    """Runs a verifier with a time limit; errors and time-outs give reward 0 and are counted.
 
-    def __init__(self, verifier: Verifier, timeout_s: float) -> None:
+    ``threads`` (``allocation.verifier_threads``): how many samples ``score_many`` verifies at
+    once; 0 or 1, one after another. Each call keeps its own time limit, counted from when it
+    starts. Concurrent calls share the verifier object, which must then be thread-safe (the
+    built-in ones keep no state)."""
+
+    def __init__(self, verifier: Verifier, timeout_s: float, threads: int = 0) -> None:
         self.verifier = verifier
         self.timeout_s = timeout_s
+        self.threads = threads
         self.counters = VerifierCounters()
-        # One worker thread: a verifier that hangs is abandoned (threads cannot be killed) and a
+        # A verifier that hangs is abandoned (threads cannot be killed) with its pool, and a
         # fresh pool is made, so later calls are not stuck behind it.
-        self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="verifier")
+        self._pool = self._new_pool()
+
+    def _new_pool(self) -> cf.ThreadPoolExecutor:
+        return cf.ThreadPoolExecutor(max_workers=max(1, self.threads), thread_name_prefix="verifier")
+
+    def _abandon_pool(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool = self._new_pool()
 
     def __call__(self, prompt: Prompt, completion: str) -> float:
         self.counters.calls += 1
         future = self._pool.submit(self.verifier, prompt, completion)
         try:
-            reward = float(future.result(timeout=self.timeout_s))
+            future.result(timeout=self.timeout_s)
         except cf.TimeoutError:
             self.counters.timeouts += 1
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="verifier")
+            self._abandon_pool()
             return 0.0
+        except Exception:  # noqa: BLE001 - settled (counted) below
+            pass
+        return self._settle(future)
+
+    def _settle(self, future: cf.Future) -> float:
+        """A finished call's reward; an error or a non-finite value is 0, counted."""
+        try:
+            reward = float(future.result(timeout=0))
         except Exception as exc:  # noqa: BLE001 - any verifier failure is a zero reward, counted
             self.counters.errors += 1
             self.counters.last_error = f"{type(exc).__name__}: {exc}"
@@ -99,6 +120,43 @@ class GuardedVerifier:
             self.counters.last_error = f"non-finite reward {reward!r}"
             return 0.0
         return reward
+
+    def score_many(self, items: Sequence[tuple[Prompt, str]]) -> list[float]:
+        """The rewards of (prompt, completion) pairs, in order, ``threads`` verified at once."""
+        if self.threads <= 1:
+            return [self(p, c) for p, c in items]
+        self.counters.calls += len(items)
+        out = [0.0] * len(items)
+        started: dict[int, float] = {}
+
+        def run(i: int) -> float:
+            started[i] = time.monotonic()
+            return self.verifier(*items[i])
+
+        todo = list(range(len(items)))
+        while todo:
+            futures = {self._pool.submit(run, i): i for i in todo}
+            todo = self._collect(futures, started, out)
+        return out
+
+    def _collect(self, futures: dict[cf.Future, int], started: dict[int, float],
+                 out: list[float]) -> list[int]:
+        """Settle ``futures`` into ``out``; calls past their time limit count as time-outs and
+        their pool is abandoned. Returns the calls that had not started then (to resubmit)."""
+        pending, todo = set(futures), []
+        while pending:
+            done, pending = cf.wait(pending, timeout=0.05, return_when=cf.FIRST_COMPLETED)
+            for f in done:
+                out[futures[f]] = self._settle(f)
+            now = time.monotonic()
+            hung = {f for f in pending if now - started.get(futures[f], now) > self.timeout_s}
+            if hung:
+                self.counters.timeouts += len(hung)
+                pending -= hung
+                todo += [futures[f] for f in pending if f.cancel()]
+                pending = {f for f in pending if not f.cancelled()}
+                self._abandon_pool()
+        return todo
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -74,7 +74,7 @@ class WeightedReward:
     version = 1
 
     def __init__(self, task: Task, names: Sequence[str], weights: Sequence[float],
-                 timeout_s: float) -> None:
+                 timeout_s: float, threads: int = 0) -> None:
         weights = list(weights) or [1.0] * len(names)
         self.terms: list[tuple[str, float, GuardedVerifier]] = []
         for name, weight in zip(names, weights, strict=True):
@@ -82,7 +82,7 @@ class WeightedReward:
                 factory = REWARD_FUNCS.get(name)
             except RegistryError as exc:
                 raise ConfigError(f"task.reward_funcs: {exc}") from None
-            self.terms.append((name, float(weight), GuardedVerifier(factory(task), timeout_s)))
+            self.terms.append((name, float(weight), GuardedVerifier(factory(task), timeout_s, threads)))
         ids = "+".join(f"{w:g}*{g.verifier.verifier_id}" for _, w, g in self.terms)
         self.verifier_id = f"weighted({ids})"
 
@@ -90,6 +90,13 @@ class WeightedReward:
         """The combined reward and each function's own value."""
         parts = {name: guarded(prompt, completion) for name, _, guarded in self.terms}
         return sum(w * parts[name] for name, w, _ in self.terms), parts
+
+    def score_many(self, items: Sequence[tuple[Prompt, str]]) -> list[tuple[float, dict[str, float]]]:
+        """``score`` of each (prompt, completion) pair, each function verifying its ``threads``
+        at once (``GuardedVerifier.score_many``)."""
+        values = {name: guarded.score_many(items) for name, _, guarded in self.terms}
+        parts = [{name: values[name][i] for name in values} for i in range(len(items))]
+        return [(sum(w * p[name] for name, w, _ in self.terms), p) for p in parts]
 
     def __call__(self, prompt: Prompt, completion: str) -> float:
         return self.score(prompt, completion)[0]
@@ -104,11 +111,12 @@ class WeightedReward:
             guarded.close()
 
 
-def build_rewards(cfg, task: Task) -> WeightedReward | None:
-    """The run's weighted reward, or None when ``reward_funcs`` is empty (the task's verifier)."""
+def build_rewards(cfg, task: Task, threads: int = 0) -> WeightedReward | None:
+    """The run's weighted reward, or None when ``reward_funcs`` is empty (the task's verifier);
+    ``threads``: samples each function verifies at once (``allocation.verifier_threads``)."""
     if not cfg.reward_funcs:
         return None
-    return WeightedReward(task, cfg.reward_funcs, cfg.reward_weights, cfg.verifier_timeout_s)
+    return WeightedReward(task, cfg.reward_funcs, cfg.reward_weights, cfg.verifier_timeout_s, threads)
 
 
 def mean_parts(parts: list[dict[str, float]]) -> dict[str, float]:
