@@ -29,6 +29,10 @@ class TrainSequence:
     token_weights: tuple[float, ...] | None = None
     truncated: bool = False
     source: str = ""                       # producing policy; "" for the policy itself
+    # Version of the weights that sampled it (own samples): behind the learner's version when
+    # generation overlapped an update (``allocation.async_generation``), and then corrected as an
+    # inexact sampler's are. None: unknown (peers, SFT), never corrected for staleness.
+    behaviour_version: int | None = None
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,12 @@ class TrainBatch:
     # completion tokens for dapo — so the loss and its gradient equal those of the full batch.
     skipped_rows: int = 0
     skipped_tokens: int = 0
+
+
+def stale_rows(batch: TrainBatch, version: int) -> bool:
+    """Whether ``batch`` holds own samples drawn by weights older than ``version``."""
+    return any(s.behaviour_version is not None and s.behaviour_version < version
+               for s in batch.sequences)
 
 
 @dataclass

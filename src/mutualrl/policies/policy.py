@@ -6,13 +6,15 @@ and saves/loads itself. It knows nothing of strategies or other policies.
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import copy
+import time
 from pathlib import Path
 
 import torch
 
 from mutualrl.config import ConfigError, GRPOConfig, PolicyConfig, TrainingConfig
-from mutualrl.policies.batch import SFTExample, TrainBatch
+from mutualrl.policies.batch import SFTExample, TrainBatch, stale_rows
 from mutualrl.policies.checkpoints import save_pretrained_quietly
 from mutualrl.policies.generation import SamplingSettings, build_backend
 from mutualrl.policies.learner import Learner
@@ -97,28 +99,38 @@ class Policy(PolicyView):
                  temperature: float) -> list[Sample]:
         """Sample ``num_generations`` completions per prompt with this policy's generation
         backend (``cfg.generation.backend``); temperature 0 is greedy."""
-        g = self.grpo
-        settings = SamplingSettings(num_generations, max_new_tokens, temperature, top_p=g.top_p,
-                                    top_k=g.top_k, batch_size=g.generation_batch_size)
+        settings = self._settings(num_generations, max_new_tokens, temperature)
         return self.backend.generate(prompts, [self.encode_prompt(p.text) for p in prompts], settings)
+
+    def _settings(self, num_generations: int, max_new_tokens: int, temperature: float) -> SamplingSettings:
+        g = self.grpo
+        return SamplingSettings(num_generations, max_new_tokens, temperature, top_p=g.top_p,
+                                top_k=g.top_k, batch_size=g.generation_batch_size)
 
     def sequence_logprobs(self, prompts: list[tuple[int, ...]], completions: list[tuple[int, ...]]) -> torch.Tensor:
         """Total log-prob of each completion under the current policy: (B,). Used for off-policy ratios."""
         return self.learner.sequence_logprobs(prompts, completions)
 
     # ---- updates --------------------------------------------------------------------------
-    def train_step(self, batch: TrainBatch) -> dict[str, float]:
-        """One update (``num_iterations`` optimizer steps) on a batch; NaN losses are skipped, counted."""
-        stats = self.learner.train_step(batch, correct_mismatch=not self.backend.exact_logprobs)
-        # the generation engine samples the new weights; an engine's push reports its probe gap
-        stats.update(self.backend.load_weights(self.version) or {})
+    def train_step(self, batch: TrainBatch, push: bool = True) -> dict[str, float]:
+        """One update (``num_iterations`` optimizer steps) on a batch; NaN losses are skipped, counted.
+
+        Own samples drawn by older weights than the learner's (generation overlapped an update)
+        are corrected as an inexact sampler's: the trainer's log-probs before the update become
+        the ratio's denominator and ``pi_trainer / pi_behaviour`` weights the policy term
+        (``grpo.vllm_importance_sampling_*``). ``push``: hand the new weights to the generation
+        backend now (False while it is sampling; the caller pushes once it is done)."""
+        inexact = not self.backend.exact_logprobs or stale_rows(batch, self.version)
+        stats = self.learner.train_step(batch, correct_mismatch=inexact)
+        if push:   # the generation engine samples the new weights; an engine reports its probe gap
+            stats.update(self.backend.load_weights(self.version) or {})
         return stats
 
-    def train_steps(self, batches: list[TrainBatch]) -> dict[str, float]:
+    def train_steps(self, batches: list[TrainBatch], push: bool = True) -> dict[str, float]:
         """Every batch of one step in order; later batches' stats are prefixed by their tag."""
         merged: dict[str, float] = {}
         for batch in batches:
-            for k, v in self.train_step(batch).items():
+            for k, v in self.train_step(batch, push).items():
                 merged[k if batch.tag == "grpo" else f"{batch.tag}/{k}"] = v
         merged["skipped_nan_total"] = self.learner.skipped_nan_steps
         return merged
@@ -127,6 +139,33 @@ class Policy(PolicyView):
         """``train_steps``, and the version of the weights after it (for the run, wherever this
         policy lives)."""
         return self.train_steps(batches), self.version
+
+    def update_and_generate(self, batches: list[TrainBatch], prompts: list[Prompt],
+                            num_generations: int, max_new_tokens: int, temperature: float
+                            ) -> tuple[dict[str, float], int, list[Sample]]:
+        """``update``, while the next step's samples are drawn from the weights as they were
+        before it (``allocation.async_generation``): (stats, version after, samples).
+
+        The sampler works on the backend's overlap view (``overlap_sampler``: a copy of the
+        weights for the torch sampler, the engine's own for vLLM) in a thread of its own, so
+        the samples are one version behind the learner when it trains on them; their behaviour
+        log-probs are recorded and the update corrects for the lag (``train_step``). The new
+        weights reach the backend once both are done."""
+        sampler = self.backend.overlap_sampler()
+        ids = [self.encode_prompt(p.text) for p in prompts]
+        settings = self._settings(num_generations, max_new_tokens, temperature)
+
+        def draw() -> tuple[list[Sample], float]:
+            t0 = time.perf_counter()
+            return sampler.generate(prompts, ids, settings), time.perf_counter() - t0
+
+        with cf.ThreadPoolExecutor(1, thread_name_prefix=f"mutualrl-sample-{self.name}") as pool:
+            drawn = pool.submit(draw)
+            stats = self.train_steps(batches, push=False)
+            samples, seconds = drawn.result()
+        stats.update(self.backend.load_weights(self.version) or {})
+        stats["async/generate_time_s"] = seconds
+        return stats, self.version, samples
 
     def sft_step(self, examples: tuple[SFTExample, ...], learning_rate: float | None = None) -> float:
         """A plain supervised step (warm start); ``learning_rate`` overrides the optimizer's for it."""

@@ -32,6 +32,10 @@ class PolicyWorker(Protocol):
 
     def update(self, batches: list[TrainBatch]) -> tuple[dict[str, float], int]: ...
 
+    def update_and_generate(self, batches: list[TrainBatch], prompts: list[Prompt],
+                            num_generations: int, max_new_tokens: int, temperature: float
+                            ) -> tuple[dict[str, float], int, list[Sample]]: ...
+
     def sft_step(self, examples: tuple[SFTExample, ...], learning_rate: float | None = None) -> float: ...
 
     def freeze_reference(self) -> None: ...
@@ -80,6 +84,20 @@ class Update:
 
     def __call__(self, worker: PolicyWorker) -> tuple[dict[str, float], int]:
         return worker.update(self.batches)
+
+
+@dataclass(frozen=True)
+class UpdateAndGenerate:
+    """``Update``, while ``generate`` draws the next step's samples from the weights before it
+    (``allocation.async_generation``): (merged stats, version after, [Sample])."""
+
+    batches: list
+    generate: Generate
+
+    def __call__(self, worker: PolicyWorker) -> tuple[dict[str, float], int, list[Sample]]:
+        g = self.generate
+        return worker.update_and_generate(self.batches, g.prompts, g.num_generations,
+                                          g.max_new_tokens, g.temperature)
 
 
 @dataclass(frozen=True)

@@ -64,7 +64,8 @@ def sequences_from_samples(samples: list[Sample], advantages: torch.Tensor, zero
     """A policy's own samples (N) with (N,) advantages and zero-std flags as GRPO sequences:
     its own behaviour log-probs, weight 1; rows of zero-std groups as ``kept_rows`` decides."""
     return [TrainSequence(prompt_ids=s.prompt_ids, completion_ids=s.completion_ids, advantage=a,
-                          old_logprobs=s.logprobs, truncated=s.finish_reason == "length")
+                          old_logprobs=s.logprobs, truncated=s.finish_reason == "length",
+                          behaviour_version=s.policy_version)
             for s, a, keep in zip(samples, advantages.tolist(), kept_rows(zero_std, grpo)) if keep]
 
 

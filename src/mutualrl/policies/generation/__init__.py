@@ -53,6 +53,10 @@ class GenerationBackend(Protocol):
     def sync_check(self) -> dict[str, float]:
         """Verify the sampler serves the trainer's weights; raise if not. Returns the gap."""
 
+    def overlap_sampler(self) -> GenerationBackend:
+        """A sampler that may draw while the learner updates (``allocation.async_generation``):
+        it samples the weights as they are now, and the caller loads the new ones after."""
+
 
 GENERATION_BACKENDS: Registry = Registry("generation backend", "mutualrl.generation_backends")
 

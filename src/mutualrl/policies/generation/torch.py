@@ -8,6 +8,7 @@ needed. The sampler and the trainer share the model: ``load_weights`` has nothin
 
 from __future__ import annotations
 
+import copy
 import inspect
 
 import torch
@@ -36,9 +37,20 @@ class TorchBackend:
     def __init__(self, view, learner, generator: torch.Generator) -> None:
         self.view, self.learner, self.generator = view, learner, generator
         self.cache_key = cache_keyword(learner.model)   # the learner keeps its model object
+        self._frozen: FrozenWeights | None = None
 
     def load_weights(self, version: int) -> None:
         """Nothing to do: generation runs on the trainer's own parameters."""
+
+    def overlap_sampler(self) -> TorchBackend:
+        """A sampler over a copy of the weights as they are now, to draw from while the learner
+        updates the originals (``Policy.update_and_generate``). The copy is made once and
+        refreshed in place: overlapping costs one more set of weights, no allocation a step."""
+        if self._frozen is None:
+            self._frozen = FrozenWeights(self.learner)
+        else:
+            self._frozen.refresh(self.learner)
+        return TorchBackend(self.view, self._frozen, self.generator)
 
     def sync_check(self) -> dict[str, float]:
         return {"sync/probe_gap": 0.0}
@@ -113,6 +125,19 @@ class TorchBackend:
                 finish_reason="stop" if eos in ids else "length", group=groups[i],
                 policy_version=version))
         return out
+
+
+class FrozenWeights:
+    """A learner's weights and version at one moment, as much of a learner as sampling needs."""
+
+    def __init__(self, learner) -> None:
+        self.model = copy.deepcopy(learner.model).eval().requires_grad_(False)
+        self.device, self.version, self.autocast = learner.device, learner.version, learner.autocast
+
+    @torch.no_grad()
+    def refresh(self, learner) -> None:
+        self.model.load_state_dict(learner.model.state_dict())
+        self.version = learner.version
 
 
 GENERATION_BACKENDS.register("torch", TorchBackend)

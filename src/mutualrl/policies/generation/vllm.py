@@ -140,6 +140,16 @@ class VLLMBackend:
         if previous is not None:
             self.llm.llm_engine.remove_lora(previous.lora_int_id)
 
+    def overlap_sampler(self) -> VLLMBackend:
+        """The engine itself: it serves the weights it holds until ``load_weights`` pushes new
+        ones, which ``Policy.update_and_generate`` does once the update is done. Sleep mode
+        frees the engine's memory for the update, which sampling at the same time defeats."""
+        if self.cfg.enable_sleep_mode:
+            raise ValueError(f"policy {self.view.name!r}: allocation.async_generation samples while "
+                             "the learner updates, but generation.enable_sleep_mode releases the "
+                             "engine's memory for each update; turn one of them off")
+        return self
+
     def sync_check(self) -> dict[str, float]:
         """Engine vs trainer log-probs of the probe; raise ``WeightSyncError`` when they differ."""
         engine, trainer = self._engine_probe(), self._trainer_probe()
