@@ -116,13 +116,26 @@ class AllocationConfig(ConfigStruct):
     max_restarts: int = 1             # per worker, when on_failure = "restart"
     call_timeout_s: float = 600.0     # every executor call and every paced step is bounded
     placement_timeout_s: float = 60.0 # Ray: how long all placement groups may take to be ready
-    max_staleness: int = 1            # versions a policy may run ahead of the slowest live one
+    # Pacing (mutualrl.run.paced). 0: lock-step, every policy takes each step together (the
+    # synchronous loop, bit for bit). k >= 1: each policy runs its own step loop and may start
+    # step s once every live policy has completed s - k steps; peer experience is used as it
+    # arrives and dropped (counted) when older than that bound. Evaluation and checkpoints
+    # are the points where all policies meet.
+    max_staleness: int = 0            # steps a policy may run ahead of the slowest live one; 0: lock-step
+    # Draw each policy's next samples while it updates (from the weights before the update), so
+    # they are one version behind when trained on: the lag is corrected as an inexact sampler's
+    # (grpo.vllm_importance_sampling_*: truncated importance weights against the behaviour
+    # log-probs by default; token_mask is AReaL's decoupled objective) and logged (pace/*).
+    async_generation: bool = False    # overlap the next step's generation with this step's update
     colocate: bool = True             # a policy's learner and generator share devices
     prompt_length_estimate: int = 32  # tokens; prompts are not known before the run starts
     # Tokens resident in a generator's KV cache at once. None: every token of a step (what the
     # HF generate backend does with one batch); paged engines (vLLM) batch, which this caps.
     generation_batch_tokens: int | None = None
-    verifier_threads: int = 0         # 0: verification runs on the driver (no dedicated core)
+    # Threads that verify a step's samples at once (each call keeps task.verifier_timeout_s);
+    # they help verifiers that wait (a sandbox, a remote judge) or release the GIL. 0: one
+    # sample after another, each on the verifier's own guard thread. The plan reserves cores.
+    verifier_threads: int = 0         # samples verified at once; 0: one at a time
     gpu_resource: str = "GPU"         # Ray resource name for GPUs (tests use a fake one)
     ray_address: str | None = None    # None: join a running cluster or start a local one
     memory: MemoryModel = msgspec.field(default_factory=MemoryModel)  # bytes per parameter

@@ -25,6 +25,7 @@ from mutualrl.policies.policy import Policy, PolicyView, load_handles
 from mutualrl.retokenize import Retokenizer
 from mutualrl.run.experience import PeerLogPool, open_bus
 from mutualrl.run.guards import Guards
+from mutualrl.run.paced import Pace, check_paced
 from mutualrl.run.progress import RunProgress
 from mutualrl.run.scenarios import check_scenario
 from mutualrl.run.state import Run
@@ -61,7 +62,7 @@ def prepare(cfg: RunConfig) -> Prepared:
     check_trackers(cfg.report_to)            # a missing tracker package fails before any work
     check_scenario(cfg)                      # registered, its table fits, warm plans can be made
     task = build_task(cfg.task)
-    rewards = build_rewards(cfg.task, task)  # unknown reward functions fail here
+    rewards = build_rewards(cfg.task, task, cfg.allocation.verifier_threads)  # unknown ones fail here
     checkpoints = check_checkpoints(cfg.policies)  # present, of a registered family
     for p in cfg.policies:
         bad = [f for f in p.warmup_families if f not in task.families]
@@ -76,6 +77,7 @@ def prepare(cfg: RunConfig) -> Prepared:
     handles = load_handles(cfg.policies)      # each tokenizer once; the driver encodes prompts
     check_policies(cfg.policies, handles, checkpoints)  # chat templates present, vocab fits
     check_engine_processes(cfg.policies, cfg.allocation.executor)  # one vLLM engine a process
+    check_paced(cfg)                          # the strategy can run at its own pace, if asked
     alloc, the_plan = plan_workers(cfg, handles)        # an infeasible plan fails here
     return Prepared(strategy, task, rewards, peer_logs, handles, alloc, the_plan)
 
@@ -94,8 +96,9 @@ def build_run(cfg: RunConfig, progress: RunProgress | None = None,
     executor.start(policy_factories(cfg, prep.alloc, prep.handles, prep.plan), policy_plan(prep.plan, cfg))
     policies = driver_policies(cfg, executor, prep.handles)
     profiles: dict = {}
-    return Run(cfg=cfg, out=out, task=prep.task,
-               verifier=GuardedVerifier(prep.task.verifier, cfg.task.verifier_timeout_s),
+    run = Run(cfg=cfg, out=out, task=prep.task,
+               verifier=GuardedVerifier(prep.task.verifier, cfg.task.verifier_timeout_s,
+                                        cfg.allocation.verifier_threads),
                policies=policies, strategy=prep.strategy,
                writer=make_writer(out / "metrics.jsonl", cfg.report_to, out.name, to_dict(cfg)),
                progress=progress or RunProgress(enabled=False), bus=bus, subscription=sub,
@@ -103,6 +106,9 @@ def build_run(cfg: RunConfig, progress: RunProgress | None = None,
                                             profiles=profiles) for n, p in policies.items()},
                peer_logs=prep.peer_logs, executor=executor, rewards=prep.rewards,
                guards=Guards(cfg.guards), versions={n: 0 for n in policies})
+    if cfg.allocation.max_staleness >= 1:
+        run.pace = Pace(run)   # built before a resume loads its state into it
+    return run
 
 
 def plan_workers(cfg: RunConfig, handles: dict) -> tuple[AllocationConfig, Plan]:

@@ -25,8 +25,10 @@ from mutualrl.run.build import build_run, prepare
 from mutualrl.run.evaluation import evaluate
 from mutualrl.run.folder import claim
 from mutualrl.run.guards import GuardTripped
-from mutualrl.run.phases import (build_batches, check_guards, generate, log_step, make_context,
-                                 publish, sample_prompts, update, verify)
+from mutualrl.run.phases import (build_batches, busy_seconds, check_guards, generate, log_pace,
+                                 log_step, make_context, publish, sample_prompts, update, verify)
+from mutualrl.run.metrics import read_metrics
+from mutualrl.run.paced import pace_summary, paced_train_loop
 from mutualrl.run.progress import RunProgress
 from mutualrl.run.signals import RunInterrupted, StopRequests
 from mutualrl.run.state import Run
@@ -37,9 +39,10 @@ def grpo_step(run: Run, step: int, names: list[str] | None = None) -> dict:
     """One GRPO step of the named policies (default: every live one); its logged record."""
     t0, clock = time.perf_counter(), run.step_phase
     run.step_phases.clear()
+    busy, versions = busy_seconds(run), dict(run.versions)
     prompts = sample_prompts(run, step)
     with clock("generate"):
-        samples, gen_time = generate(run, prompts, names)
+        samples, gen_time = generate(run, prompts, names, step)
     with clock("verify"):
         samples = verify(run, samples)
     with clock("publish"):
@@ -48,6 +51,8 @@ def grpo_step(run: Run, step: int, names: list[str] | None = None) -> dict:
         ctx = make_context(run, step, prompts)
         run.strategy.observe(ctx, samples)
     stats = update(run, ctx, build_batches(run, ctx, samples))
+    log_pace(run, ctx, samples, {n: v - busy.get(n, 0.0) for n, v in busy_seconds(run).items()},
+             versions)
     # time_s minus the phases is prompt sampling and logging (a record cannot time its own write)
     return log_step(run, step, samples, gen_time, stats, ctx, time.perf_counter() - t0)
 
@@ -60,7 +65,11 @@ def save_checkpoint(run: Run, step: int) -> None:
 
 
 def train_loop(run: Run, start: int = 0) -> None:
-    """Lock-step: every live policy takes each step together."""
+    """Lock-step: every live policy takes each step together; or, with
+    ``allocation.max_staleness >= 1``, each at its own pace (``run.paced``)."""
+    if run.pace is not None:
+        paced_train_loop(run, start, save_checkpoint, stop_here)
+        return
     run.progress.start_phase("train", run.cfg.steps, completed=start)
     for step in range(start, run.cfg.steps):
         with run.timed("train"):
@@ -99,6 +108,11 @@ class RunSummary:
     wall_time_s: float
     # Wall seconds by phase: build, warm start, train (GRPO steps), eval, save.
     phase_times_s: dict[str, float] = field(default_factory=dict)
+    # Per policy: steps, wall and busy seconds, idle fraction, steps a minute; paced runs also
+    # the gate wait, the age of the peer experience used and what was dropped as stale.
+    pace: dict[str, dict[str, float]] = field(default_factory=dict)
+    # A paced run's books of peer experience (``run.paced.Pace.books``); empty for lock-step.
+    pace_books: dict = field(default_factory=dict)
 
 
 def summarize(run: Run, final_eval: dict, wall: float) -> RunSummary:
@@ -108,7 +122,9 @@ def summarize(run: Run, final_eval: dict, wall: float) -> RunSummary:
     last = {n: float(np.mean(h[-window:])) for n, h in run.history.items()}
     summary = RunSummary(str(run.out), first, last,
                          {k: v for k, v in final_eval.items() if k not in ("phase", "step")}, wall,
-                         dict(run.phase_times))
+                         dict(run.phase_times),
+                         pace_summary(read_metrics(run.out / "metrics.jsonl"), list(run.policies)),
+                         run.pace.books() if run.pace is not None else {})
     (run.out / "summary.json").write_bytes(msgspec.json.format(msgspec.json.encode(summary), indent=2))
     return summary
 

@@ -19,11 +19,11 @@ import numpy as np
 
 from mutualrl.allocation import WorkerUnavailable, call_each, call_one
 from mutualrl.policies.samples import Sample
-from mutualrl.policies.worker import Generate, SequenceLogprobs, Update
+from mutualrl.policies.worker import Generate, SequenceLogprobs, Update, UpdateAndGenerate
 from mutualrl.retokenize import Retokenizer
 from mutualrl.run.experience import publish_step
 from mutualrl.run.metrics import namespaced
-from mutualrl.run.state import Run
+from mutualrl.run.state import Prefetched, Run
 from mutualrl.strategies import StrategyContext
 from mutualrl.strategies.common import own_advantages
 from mutualrl.tasks.rewards import mean_parts
@@ -34,21 +34,33 @@ def sample_prompts(run: Run, step: int):
     return run.task.sample(rng, run.cfg.grpo.prompts_per_step, "train")
 
 
-def generate(run: Run, prompts, names: list[str] | None = None
+def generate(run: Run, prompts, names: list[str] | None = None, step: int | None = None
              ) -> tuple[dict[str, list[Sample]], dict[str, float]]:
-    """Each policy samples its group for each prompt, concurrently through the executor."""
-    g = run.cfg.grpo
-    call = Generate(prompts, g.num_generations, g.max_completion_length, g.temperature)
+    """Each policy samples its group for each prompt, concurrently through the executor; a
+    policy that drew its samples for ``step`` during its last update takes those."""
+    names = names or run.live()
+    ready = {n: p for n, p in ((n, run.prefetched.pop(n, None)) for n in names)
+             if p is not None and p.step == step}
     t0 = time.perf_counter()
-    samples = call_each(run.executor, {n: call for n in (names or run.live())})
+    samples = call_each(run.executor, {n: sampling_call(run, prompts) for n in names if n not in ready})
     elapsed = time.perf_counter() - t0
-    return samples, {n: elapsed for n in samples}
+    times = {n: elapsed for n in samples}
+    for n, p in ready.items():
+        samples[n], times[n] = p.samples, p.seconds
+    return {n: samples[n] for n in names if n in samples}, times
+
+
+def sampling_call(run: Run, prompts) -> Generate:
+    """The call that draws every policy's groups for ``prompts`` at the run's settings."""
+    g = run.cfg.grpo
+    return Generate(prompts, g.num_generations, g.max_completion_length, g.temperature)
 
 
 def verify(run: Run, samples: dict[str, list[Sample]]) -> dict[str, list[Sample]]:
     if run.rewards is not None:
         return verify_weighted(run, samples)
-    return {name: [replace(s, reward=run.verifier(s.prompt, s.text)) for s in ss]
+    return {name: [replace(s, reward=r) for s, r in
+                   zip(ss, run.verifier.score_many([(s.prompt, s.text) for s in ss]))]
             for name, ss in samples.items()}
 
 
@@ -56,7 +68,7 @@ def verify_weighted(run: Run, samples: dict[str, list[Sample]]) -> dict[str, lis
     """Rewards as the weighted sum of ``task.reward_funcs``; each function's mean is kept for the log."""
     out = {}
     for name, ss in samples.items():
-        scored = [run.rewards.score(s.prompt, s.text) for s in ss]
+        scored = run.rewards.score_many([(s.prompt, s.text) for s in ss])
         run.reward_parts[name] = mean_parts([parts for _, parts in scored])
         out[name] = [replace(s, reward=total) for s, (total, _) in zip(ss, scored)]
     return out
@@ -69,10 +81,12 @@ def publish(run: Run, samples: dict[str, list[Sample]]) -> None:
 
 
 # ---- the strategy's view of the step ----------------------------------------------------------
-def make_context(run: Run, step: int, prompts) -> StrategyContext:
-    """The strategy's view of this step: peer experience comes from the exchange only."""
+def make_context(run: Run, step: int, prompts, experience: list | None = None) -> StrategyContext:
+    """The strategy's view of this step: peer experience comes from the exchange only (what the
+    run's subscription holds, or ``experience`` as a paced run hands it over)."""
     ps = run.policies
-    experience = run.subscription.drain_deliveries()
+    if experience is None:
+        experience = run.subscription.drain_deliveries()
     if run.peer_logs is not None:
         experience += run.peer_logs.for_prompts(p.id for p in prompts)
     ctx = StrategyContext(
@@ -155,15 +169,22 @@ def build_batches(run: Run, ctx: StrategyContext, samples: dict[str, list[Sample
 
 
 def update(run: Run, ctx: StrategyContext, batches: dict[str, list]) -> dict[str, dict]:
-    """The policies train on their batches concurrently; each reports its new weight version."""
+    """The policies train on their batches concurrently; each reports its new weight version.
+    With ``allocation.async_generation`` each also draws its next step's samples meanwhile."""
+    nxt = ctx.step + 1
+    ahead = run.cfg.allocation.async_generation and nxt < run.cfg.steps
+    gen = sampling_call(run, sample_prompts(run, nxt)) if ahead else None
     with run.step_phase("update"):
-        results = run.executor.call({n: Update(b) for n, b in batches.items()})
+        results = run.executor.call({n: Update(b) if gen is None else UpdateAndGenerate(b, gen)
+                                     for n, b in batches.items()})
     for name in results:
         run.strategy.after_update(ctx, name)
     stats = {}
     for n, r in results.items():
         if r.ok:
-            stats[n], run.versions[n] = r.value
+            stats[n], run.versions[n] = r.value[:2]
+            if gen is not None:
+                run.prefetched[n] = Prefetched(nxt, r.value[2], stats[n]["async/generate_time_s"])
     return stats
 
 
@@ -187,14 +208,28 @@ def sample_metrics(samples: list[Sample], elapsed: float, g) -> dict[str, float]
 def log_step(run: Run, step: int, samples, gen_time, update_stats, ctx, step_time) -> dict:
     record: dict = {"phase": "train", "step": step, "time_s": step_time}
     for name, ss in samples.items():
-        m = sample_metrics(ss, gen_time[name], run.cfg.grpo)
-        m.update(update_stats.get(name, {}))
-        m.update(ctx.metrics.get(name, {}))
-        m.update(run.reward_parts.get(name, {}))
-        record.update(namespaced(name, m))
-        run.history.setdefault(name, []).append(m["reward/mean"])
+        record.update(policy_metrics(run, name, ss, gen_time[name], update_stats.get(name, {}), ctx))
+    record.update(run_metrics(run))
+    record.update({f"phase/{k}_time_s": v for k, v in run.step_phases.items()})
+    run.writer.write(record)
+    return record
+
+
+def policy_metrics(run: Run, name: str, samples: list[Sample], gen_time: float, update_stats: dict,
+                   ctx) -> dict:
+    """One policy's part of a step's record (namespaced); its reward joins the run's history."""
+    m = sample_metrics(samples, gen_time, run.cfg.grpo)
+    m.update(update_stats)
+    m.update(ctx.metrics.get(name, {}))
+    m.update(run.reward_parts.get(name, {}))
+    run.history.setdefault(name, []).append(m["reward/mean"])
+    return namespaced(name, m)
+
+
+def run_metrics(run: Run) -> dict:
+    """The run's counters as a step's record carries them: verifier failures and the exchange."""
     c = run.verifier.counters
-    record.update({"verifier/errors": c.errors, "verifier/timeouts": c.timeouts})
+    record = {"verifier/errors": c.errors, "verifier/timeouts": c.timeouts}
     if run.rewards is not None:
         errors, timeouts = run.rewards.failures()
         record.update({"rewards/errors": errors, "rewards/timeouts": timeouts})
@@ -202,9 +237,26 @@ def log_step(run: Run, step: int, samples, gen_time, update_stats, ctx, step_tim
     record.update({"exchange/published": bus["published"], "exchange/bytes": bus["bytes_written"],
                    "exchange/raw_bytes": bus["raw_bytes_written"], "exchange/dropped": bus["dropped"],
                    "exchange/duplicates": bus["duplicates"]})
-    record.update({f"phase/{k}_time_s": v for k, v in run.step_phases.items()})
-    run.writer.write(record)
     return record
+
+
+def busy_seconds(run: Run) -> dict[str, float]:
+    """Seconds each worker has spent inside calls so far (executors that measure it)."""
+    measure = getattr(run.executor, "busy_seconds", None)
+    return measure() if measure is not None else {}
+
+
+def log_pace(run: Run, ctx: StrategyContext, samples: dict[str, list[Sample]],
+             busy: dict[str, float], versions: dict[str, int]) -> None:
+    """Per policy: seconds its worker was busy during the step (the rest of the step it idled)
+    and, when its samples were drawn during its last update, how many versions they lag behind
+    the weights they were trained from (``versions``: the run's record before the update)."""
+    for name, ss in samples.items():
+        ctx.log(name, "pace/busy_time_s", busy.get(name, 0.0))
+        if run.cfg.allocation.async_generation and ss:
+            drawn = min((s.policy_version for s in ss if s.policy_version is not None),
+                        default=versions[name])
+            ctx.log(name, "pace/sample_version_lag", versions[name] - drawn)
 
 
 def check_guards(run: Run, record: dict) -> None:

@@ -35,6 +35,15 @@ from mutualrl.tasks.rewards import WeightedReward
 
 
 @dataclass
+class Prefetched:
+    """Samples a policy drew for ``step`` while it updated (``allocation.async_generation``)."""
+
+    step: int
+    samples: list
+    seconds: float                    # the sampling's own wall time (it overlapped the update)
+
+
+@dataclass
 class Run:
     """Everything one run holds; built once by ``run.build.build_run``.
 
@@ -65,6 +74,9 @@ class Run:
     phase_times: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     # Wall seconds of the current GRPO step by loop phase, logged as ``phase/<phase>_time_s``.
     step_phases: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    # Each policy's samples for its next step, drawn during its update (async_generation).
+    prefetched: dict[str, Prefetched] = field(default_factory=dict)
+    pace: Any = None   # a paced run's own state (run.paced.Pace); None: lock-step
 
     def timed(self, phase: str):
         """Add the block's wall time to ``phase_times[phase]`` (the run's totals)."""
@@ -94,6 +106,10 @@ class Run:
         strategy_state = getattr(self.strategy, "state_dict", None)
         if strategy_state is not None:
             state["strategy"] = strategy_state()
+        if self.prefetched:
+            state["prefetched"] = {n: (p.step, p.samples, p.seconds) for n, p in self.prefetched.items()}
+        if self.pace is not None:
+            state["pace"] = self.pace.state_dict()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -109,6 +125,10 @@ class Run:
         self.bus.load_state_dict(state["bus"])
         if self.guards is not None and state.get("guards") is not None:
             self.guards.load_state_dict(state["guards"])
+        self.prefetched = {n: Prefetched(*p) for n, p in state.get("prefetched", {}).items()
+                           if n in self.policies}
+        if self.pace is not None and state.get("pace") is not None:
+            self.pace.load_state_dict(state["pace"])
         torch.set_rng_state(state["rng"]["torch"])
         np.random.set_state(state["rng"]["numpy"])
         random.setstate(state["rng"]["python"])

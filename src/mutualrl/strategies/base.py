@@ -81,15 +81,21 @@ class StrategySpec:
     params: type
     factory: StrategyFactory
     summary: str
+    # Why the strategy cannot run paced (allocation.max_staleness >= 1), where each policy has a
+    # strategy object of its own that sees its own samples and the experience that has arrived;
+    # None: it can.
+    needs_lock_step: str | None = None
 
 
 STRATEGIES: Registry[StrategySpec] = Registry("strategy", entry_point_group="mutualrl.strategies")
 
 
-def register_strategy(name: str, params: type, summary: str):
-    """Decorator: ``@register_strategy("mine", MyParams, "one line")`` on a factory."""
+def register_strategy(name: str, params: type, summary: str, *, needs_lock_step: str | None = None):
+    """Decorator: ``@register_strategy("mine", MyParams, "one line")`` on a factory.
+    ``needs_lock_step``: why it cannot run paced, if it cannot (see ``StrategySpec``)."""
     def decorator(factory: StrategyFactory) -> StrategyFactory:
-        STRATEGIES.register(name, StrategySpec(params=params, factory=factory, summary=summary))
+        STRATEGIES.register(name, StrategySpec(params=params, factory=factory, summary=summary,
+                                               needs_lock_step=needs_lock_step))
         return factory
     return decorator
 

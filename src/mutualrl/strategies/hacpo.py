@@ -222,6 +222,8 @@ class HACPO:
 
 
 @register_strategy("hacpo", HACPOParams,
-                   "shared rollouts with capability-aware advantages and exponential IS (HACPO)")
+                   "shared rollouts with capability-aware advantages and exponential IS (HACPO)",
+                   needs_lock_step="its capability-aware baseline weighs each peer by that peer's "
+                                   "rewards at the same step, which a paced receiver does not hold")
 def _make_hacpo(params: HACPOParams, cfg) -> HACPO:
     return HACPO(params)
