@@ -128,7 +128,7 @@ def default_value(field: msgspec.structs.FieldInfo) -> str:
     if value is None:
         return "unset"
     if isinstance(value, msgspec.Struct):
-        return "(table)"
+        return "see the table"
     if isinstance(value, tuple):
         value = list(value)
     # JSON of a scalar, list or map of scalars is also its TOML literal (null aside, handled above).
@@ -221,7 +221,7 @@ A run is one TOML file decoded into typed, frozen structs (`src/mutualrl/config/
 before any work starts; a wrong type, an unknown key or an impossible value fails with the field
 path, e.g. `Expected int, got str - at $.grpo.num_generations`. Any field can be overridden on the
 command line with `--set dotted.path=value` (the value a TOML literal: `0.01`, `"text"`,
-`[1, 2]`, `true`). Names follow TRL's `GRPOConfig` and transformers' `TrainingArguments` where
+`[1, 2]`, `true`; an element of an array by its index: `policies.0.learning_rate=3e-4`). Names follow TRL's `GRPOConfig` and transformers' `TrainingArguments` where
 the concept exists there ([TRL parity](../trl-parity.md) lists where the behaviour departs).
 
 This page is generated when the site is built, from the structs and the comments on their fields,
@@ -229,6 +229,12 @@ so it lists exactly what the code accepts. *unset* means the key is left out (Py
 `policies[]` is an array of tables (`[[policies]]`); `<name>` stands for a key you choose (a
 policy's or worker's name).
 """
+
+
+def path_cell(path: str) -> str:
+    """The dotted path as code that may wrap after a dot, and nowhere else."""
+    escaped = path.replace("<", "&lt;").replace(">", "&gt;")
+    return "<code>" + ".<wbr>".join(escaped.split(".")) + "</code>"
 
 
 def toml_header(path: str) -> str:
@@ -245,12 +251,15 @@ def render_section(section: Section) -> str:
     lines = [f"## {toml_header(section.path)} {{ #{anchor(section.path)} }}", ""]
     if section.intro:
         lines += [section.intro, ""]
+    if not section.fields:
+        return "\n".join([*lines, "No parameters.", ""])
     lines += ["| field | type | default | what it does |", "|---|---|---|---|"]
     for f in section.fields:
-        text = md(f.summary)
+        # "(see above)" points at the comment block over the field, shown right below it here.
+        text = md(f.summary.replace(" (see above)", ""))
         if f.detail:
             text = f"{text}<br><small>{md(f.detail)}</small>" if text else md(f.detail)
-        lines.append(f"| `{f.path}` | {f.type} | {f.default} | {text} |")
+        lines.append(f"| {path_cell(f.path)} | {f.type} | {f.default} | {text} |")
     return "\n".join(lines) + "\n"
 
 
