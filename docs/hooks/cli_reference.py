@@ -67,7 +67,8 @@ def render_command(parser: argparse.ArgumentParser) -> str:
     title = parser.prog
     lines = [f"## `{title}` {{ #{title.replace(' ', '-')} }}", ""]
     if parser.description:
-        lines += [_cell(parser.description), ""]
+        text = _cell(parser.description)
+        lines += [text[:1].upper() + text[1:], ""]
     lines += ["```text", parser.format_usage().strip(), "```", ""]
     rows = [_argument(parser, a) for a in parser._actions
             if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))]

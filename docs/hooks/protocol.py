@@ -18,8 +18,13 @@ SCHEMA = "reference/experience.schema.json"
 def render() -> str:
     spec = (ROOT / "protocols" / "experience.md").read_text()
     schema = (ROOT / "protocols" / "experience.schema.json").read_text()
+    title, _, body = spec.partition("\n")
     return "\n".join([
-        spec.rstrip(),
+        title,
+        "",
+        "*This page is `protocols/experience.md`, where \"this folder\" is `protocols/`; the JSON "
+        "Schema it names is [at the end](#json-schema).*",
+        body.rstrip(),
         "",
         "## JSON Schema",
         "",
