@@ -42,7 +42,7 @@ STATE_VERSION = 1
 DEFAULT_CONFIG = "configs/default.toml"
 # What `--scenario` adds to every run (before --set/--steps, which win): a schedule meant to fit
 # one scenario of the embedded default at 3 seeds with every registered strategy in about 20
-# minutes on 2 CPU cores with --jobs 2 (README "Scenarios" says what was measured). Evaluations at
+# minutes on 2 CPU cores with --jobs 2 (docs/concepts/scenarios.md says what was measured). Evaluations at
 # steps 0, 10, 20, 30 give the held-out curve its area. One torch thread per run: hidden size 64
 # gains little from more, and the results then do not depend on --jobs.
 SCENARIO_BUDGET = ("steps=30", "eval.every=10", "eval.num_prompts=32", "eval.k=4", "torch_threads=1")

@@ -111,8 +111,8 @@ class AllocationConfig(ConfigStruct):
     """How the run's workers are planned (sizes, placement), executed and paced."""
 
     executor: str = "local"           # local (threads here) | process (one per worker) | ray (allocation.EXECUTORS)
-    local_mode: Literal["threads", "sequential"] = "threads"
-    on_failure: Literal["stop", "continue", "restart"] = "stop"
+    local_mode: Literal["threads", "sequential"] = "threads"  # local executor: a thread per worker, or one after another
+    on_failure: Literal["stop", "continue", "restart"] = "stop"  # a failed worker: stop the run, drop it, or rebuild it
     max_restarts: int = 1             # per worker, when on_failure = "restart"
     call_timeout_s: float = 600.0     # every executor call and every paced step is bounded
     placement_timeout_s: float = 60.0 # Ray: how long all placement groups may take to be ready

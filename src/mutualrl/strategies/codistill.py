@@ -43,9 +43,9 @@ from mutualrl.strategies.prp import truncated_ratio
 
 class CoDistillParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     kd_coef: float = 0.5                                  # weight of the distillation reward
-    kd_reward: Literal["mean_prob", "mean_logprob"] = "mean_prob"
+    kd_reward: Literal["mean_prob", "mean_logprob"] = "mean_prob"  # per-token mean prob or log-prob under L
     ratio_cap: float = 2.0                                # truncation of the larger's IS weight
-    larger_trains_on: Literal["peer", "both"] = "peer"
+    larger_trains_on: Literal["peer", "both"] = "peer"  # the larger learns from S's rollouts, or also its own
     larger: str | None = None                             # None: by parameter count
 
     def __post_init__(self) -> None:

@@ -59,9 +59,9 @@ class HACPOParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     cross_clip_step: float = 0.0         # the lower clamp rises this much per update in a step
     updates_per_step: int = 1            # optimizer updates per step (the m of the stepwise clip)
     capability_window: int = 5           # steps averaged into a policy's capability
-    capability_metric: Literal["positive_rate", "reward_mean"] = "positive_rate"
-    capability_ratio_min: float = 0.1
-    capability_ratio_max: float = 10.0
+    capability_metric: Literal["positive_rate", "reward_mean"] = "positive_rate"  # share rewarded > 0, or mean reward
+    capability_ratio_min: float = 0.1    # lower clip of the capability coefficient P_src / P_recv
+    capability_ratio_max: float = 10.0   # upper clip of the capability coefficient
     max_peer_per_group: int | None = None  # None: every peer sample for the prompt
 
     def __post_init__(self) -> None:

@@ -30,7 +30,7 @@ from mutualrl.strategies.common import ReceivedPeers, batch_of, grpo_advantages,
 
 
 class PRPParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    peer_ratio: Literal["truncated_is", "on_receiver"] = "truncated_is"
+    peer_ratio: Literal["truncated_is", "on_receiver"] = "truncated_is"  # peer weight: truncated ratio, or 1
     ratio_cap: float = 2.0                 # truncation of the sequence-level ratio
     max_peer_per_group: int | None = None  # None: every peer sample for the prompt
     grad_diagnostic: bool = False          # per-source gradient norms and cosine (2 extra backwards)

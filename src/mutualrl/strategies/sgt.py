@@ -29,12 +29,12 @@ from mutualrl.strategies.common import own_sequences, receive_peers
 
 class SGTParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     tau: float = 1.0                  # success threshold; built-in verifiers reward in [0, 1]
-    gate: Literal["receiver_failed", "always"] = "receiver_failed"
-    interval: int = 1                 # s
+    gate: Literal["receiver_failed", "always"] = "receiver_failed"  # use peers' successes where it failed, or always
+    interval: int = 1                 # s: 1 adds the SFT term to every step; > 1 SFT-only steps every s
     alpha: float = 0.5                # SFT weight when interval == 1
-    sft_batch_size: int = 16
+    sft_batch_size: int = 16          # peer successes per SFT batch (fewer when fewer are available)
     sft_steps: int = 4                # SFT-only steps every `interval` steps when interval > 1
-    max_per_prompt: int = 4
+    max_per_prompt: int = 4           # successes kept per prompt in the buffer (newest kept)
     max_age: int = 20                 # steps
     max_uses: int | None = None       # per success and receiver; None: until it ages out
     # SFT-only steps (interval > 1); None: the run's warmup.learning_rate. With interval == 1 the

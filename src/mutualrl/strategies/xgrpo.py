@@ -22,7 +22,7 @@ from mutualrl.strategies.common import batch_of, group_count, sequences_from_sam
 
 
 class XGRPOParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    estimator: Literal["zscore", "rank"] = "zscore"
+    estimator: Literal["zscore", "rank"] = "zscore"  # baseline over the union: z-score or within-group ranks
 
 
 def pooled_stats(deliveries, prompt_ids: set[str]) -> dict[str, object]:
