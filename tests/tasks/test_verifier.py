@@ -92,3 +92,60 @@ def test_non_numeric_reward_is_an_error():
         assert v.counters.errors == 1
     finally:
         v.close()
+
+
+# ---- allocation.verifier_threads: score_many -------------------------------------------------
+class ByText:
+    """Reward from the completion: "err" raises, "nan" is not finite, "hang" waits for ``release``,
+    "meet" waits at ``barrier`` (it returns only when that many calls run at once)."""
+
+    verifier_id, version = "by-text", 1
+
+    def __init__(self, barrier=None, release=None):
+        import threading
+        self.barrier, self.release = barrier, release or threading.Event()
+
+    def __call__(self, prompt, completion):
+        if completion == "err":
+            raise ValueError("bad answer")
+        if completion == "nan":
+            return float("nan")
+        if completion == "hang":
+            self.release.wait(10)
+        if completion == "meet":
+            self.barrier.wait(5)
+        return float(len(completion))
+
+
+def test_score_many_gives_what_one_by_one_gives_in_order_with_the_same_counts():
+    items = [(PROMPT, t) for t in ("a", "err", "abc", "nan", "ab", "abcd")]
+    alone, pooled = GuardedVerifier(ByText(), 5), GuardedVerifier(ByText(), 5, threads=3)
+    try:
+        assert pooled.score_many(items) == alone.score_many(items) == [1.0, 0.0, 3.0, 0.0, 2.0, 4.0]
+        for v in (alone, pooled):
+            assert (v.counters.calls, v.counters.errors, v.counters.timeouts) == (6, 2, 0)
+    finally:
+        alone.close(), pooled.close()
+
+
+def test_score_many_verifies_threads_samples_at_once():
+    import threading
+    v = GuardedVerifier(ByText(barrier=threading.Barrier(4)), 10, threads=4)
+    try:   # the barrier breaks (an error, reward 0) unless four calls run at the same time
+        assert v.score_many([(PROMPT, "meet")] * 4) == [4.0] * 4
+        assert v.counters.errors == 0
+    finally:
+        v.close()
+
+
+def test_a_hung_call_times_out_alone_and_the_rest_are_verified():
+    verifier = ByText()
+    v = GuardedVerifier(verifier, timeout_s=0.3, threads=2)
+    try:
+        items = [(PROMPT, t) for t in ("hang", "a", "ab", "abc", "hang", "abcd")]
+        assert v.score_many(items) == [0.0, 1.0, 2.0, 3.0, 0.0, 4.0]
+        assert v.counters.timeouts == 2 and v.counters.calls == 6
+        assert v.score_many([(PROMPT, "xy")]) == [2.0]   # later calls are not stuck behind it
+    finally:
+        verifier.release.set()
+        v.close()
