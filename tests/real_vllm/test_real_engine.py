@@ -94,6 +94,26 @@ def test_after_an_optimizer_step_the_engine_serves_the_new_weights(full):
         torch.testing.assert_close(torch.tensor(s.logprobs), lp, atol=ATOL, rtol=0)
 
 
+def test_generation_overlapped_with_an_update_samples_the_weights_before_it(full):
+    """allocation.async_generation: the engine draws the next samples while the learner updates,
+    from the weights it holds; the new ones are pushed (and probed) once both are done."""
+    old = {k: v.clone() for k, v in full.learner.model.state_dict().items()}
+    v = full.version
+    stats, version, drawn = full.update_and_generate([batch_of(full.generate(PROMPTS, 4, 8, 1.0))],
+                                                     PROMPTS, 4, 8, 1.0)
+    assert version == v + 1 and {s.policy_version for s in drawn} == {v}
+    engine, trainer = full.backend.last_probe                    # the engine holds the new weights
+    torch.testing.assert_close(engine, trainer, atol=ATOL, rtol=0)
+    assert stats["async/generate_time_s"] > 0 and "sync/probe_gap" in stats
+    new = {k: t.clone() for k, t in full.learner.model.state_dict().items()}
+    full.learner.model.load_state_dict(old)                      # the weights the samples came from
+    try:
+        for s, lp in zip(drawn, trainer_logprobs(full, drawn)):
+            torch.testing.assert_close(torch.tensor(s.logprobs), lp, atol=ATOL, rtol=0)
+    finally:
+        full.learner.model.load_state_dict(new)
+
+
 def test_a_skipped_push_is_caught_by_the_probe(full, monkeypatch):
     monkeypatch.setattr(full.backend, "_reload_full", lambda: None)
     with pytest.raises(WeightSyncError, match="policy 'p'"):
