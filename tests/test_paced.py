@@ -172,3 +172,46 @@ def test_a_paced_run_killed_and_resumed_loses_and_replays_nothing(tmp_path):
     assert steps == list(range(8))
     for producer, records in experience(out).items():   # no seq lost or written twice
         assert [seq for _, _, seq, _ in records] == list(range(len(records))), producer
+
+
+# ---- a policy that fails or hangs ------------------------------------------------------------------
+def _breaking(monkeypatch, how: str, at_version: int = 2):
+    from mutualrl.policies.policy import Policy
+
+    update = Policy.update
+
+    def broken(self, batches):
+        if self.name == "qwen-deepseek" and self.version >= at_version:
+            if how == "hang":
+                time.sleep(30)
+            raise RuntimeError("the learner fell over")
+        return update(self, batches)
+    monkeypatch.setattr(Policy, "update", broken)
+
+
+@pytest.mark.parametrize("how", ["raise", "hang"])
+def test_under_continue_a_failed_policy_leaves_and_the_other_goes_on(tmp_path, fast_run_builds,
+                                                                    monkeypatch, how):
+    _breaking(monkeypatch, how)
+    out = tmp_path / how
+    t0 = time.monotonic()
+    summary = run_tiny(out, "steps=6", 'strategy="sgt"', "allocation.max_staleness=1",
+                       'allocation.on_failure="continue"', "allocation.call_timeout_s=3")
+    assert time.monotonic() - t0 < 60    # a hung peer costs its call's time-out, not the run
+    rows = [r for r in read_metrics(out / "metrics.jsonl") if r["phase"] == "train"]
+    assert [r["step"] for r in rows] == list(range(6))
+    assert all("policy/llama-mistral/reward/mean" in r for r in rows)
+    assert "policy/qwen-deepseek/reward/mean" not in rows[-1]
+    assert summary["pace"]["llama-mistral"]["steps"] == 6
+    assert summary["pace"]["qwen-deepseek"]["steps"] < 6
+
+
+def test_under_stop_a_failed_policy_stops_the_run_with_its_traceback(tmp_path, fast_run_builds,
+                                                                     monkeypatch):
+    from mutualrl.allocation import WorkerFailedError
+
+    _breaking(monkeypatch, "raise")
+    with pytest.raises(WorkerFailedError, match="the learner fell over"):
+        run_tiny(tmp_path / "stop", "steps=6", 'strategy="sgt"', "allocation.max_staleness=1")
+    rows = [r for r in read_metrics(tmp_path / "stop" / "metrics.jsonl") if r["phase"] == "train"]
+    assert rows and len(rows) < 6     # what was finished is written
