@@ -116,6 +116,10 @@ class AllocationConfig(ConfigStruct):
     max_restarts: int = 1             # per worker, when on_failure = "restart"
     call_timeout_s: float = 600.0     # every executor call and every paced step is bounded
     placement_timeout_s: float = 60.0 # Ray: how long all placement groups may take to be ready
+    process_group_timeout_s: float = 120.0  # a sharded learner's ranks must form their process group within it
+    # The rendezvous port of the first rank group (later ones count up from it). None: each
+    # group's rank 0 listens on a port the OS picks as free.
+    master_port: int | None = None    # rank groups' first rendezvous port; None: free ports
     max_staleness: int = 1            # versions a policy may run ahead of the slowest live one
     colocate: bool = True             # a policy's learner and generator share devices
     prompt_length_estimate: int = 32  # tokens; prompts are not known before the run starts
@@ -138,6 +142,9 @@ class AllocationConfig(ConfigStruct):
         check(self.max_restarts >= 0, "max_restarts must be >= 0")
         check(self.call_timeout_s > 0, "call_timeout_s must be > 0")
         check(self.placement_timeout_s > 0, "placement_timeout_s must be > 0")
+        check(self.process_group_timeout_s > 0, "process_group_timeout_s must be > 0")
+        check(self.master_port is None or 1024 <= self.master_port <= 65535,
+              "master_port must be in [1024, 65535] (or absent: free ports)")
         check(self.max_staleness >= 0, "max_staleness must be >= 0")
         check(self.prompt_length_estimate >= 1, "prompt_length_estimate must be >= 1")
         check(self.generation_batch_tokens is None or self.generation_batch_tokens >= 1,
