@@ -19,6 +19,7 @@ from mutualrl.policies.learner import Learner
 from mutualrl.policies.models import TokenizerFacts
 from mutualrl.policies.prompting import chat_prompt
 from mutualrl.policies.samples import Sample
+from mutualrl.policies.dcp import is_sharded_checkpoint, load_sharded
 from mutualrl.retokenize.loaders import TokenizerHandle, TokenizerLoadError, load_tokenizer
 from mutualrl.storage import atomic_folder
 from mutualrl.tasks.base import Prompt
@@ -97,10 +98,8 @@ class Policy(PolicyView):
                  temperature: float) -> list[Sample]:
         """Sample ``num_generations`` completions per prompt with this policy's generation
         backend (``cfg.generation.backend``); temperature 0 is greedy."""
-        g = self.grpo
-        settings = SamplingSettings(num_generations, max_new_tokens, temperature, top_p=g.top_p,
-                                    top_k=g.top_k, batch_size=g.generation_batch_size)
-        return self.backend.generate(prompts, [self.encode_prompt(p.text) for p in prompts], settings)
+        return sample(self, self.backend, self.grpo, prompts, num_generations, max_new_tokens,
+                      temperature)
 
     def sequence_logprobs(self, prompts: list[tuple[int, ...]], completions: list[tuple[int, ...]]) -> torch.Tensor:
         """Total log-prob of each completion under the current policy: (B,). Used for off-policy ratios."""
@@ -116,12 +115,7 @@ class Policy(PolicyView):
 
     def train_steps(self, batches: list[TrainBatch]) -> dict[str, float]:
         """Every batch of one step in order; later batches' stats are prefixed by their tag."""
-        merged: dict[str, float] = {}
-        for batch in batches:
-            for k, v in self.train_step(batch).items():
-                merged[k if batch.tag == "grpo" else f"{batch.tag}/{k}"] = v
-        merged["skipped_nan_total"] = self.learner.skipped_nan_steps
-        return merged
+        return step_stats(batches, self.train_step, self.learner)
 
     def update(self, batches: list[TrainBatch]) -> tuple[dict[str, float], int]:
         """``train_steps``, and the version of the weights after it (for the run, wherever this
@@ -165,8 +159,15 @@ class Policy(PolicyView):
         self.learner.save_reference(d / "reference.pt")
 
     def restore_checkpoint(self, directory: str | Path) -> None:
-        """Continue from ``save_checkpoint``: weights, optimizer, sampler, version, reference."""
+        """Continue from ``save_checkpoint``: weights, optimizer, sampler, version, reference;
+        or from the checkpoint of a sharded learner of this policy (``policies.dcp``),
+        whose shards are read whole."""
         d = Path(directory)
+        if is_sharded_checkpoint(d):
+            meta = load_sharded(self.learner, d)
+            self.generator.set_state(meta["generator"].cpu())
+            self.backend.load_weights(self.version)
+            return
         self.load_state(d / "state.pt")
         self.learner.load_reference(d / "reference.pt")
 
@@ -182,3 +183,22 @@ class Policy(PolicyView):
         with atomic_folder(path, f"policy {self.name!r}") as tmp:
             save_pretrained_quietly(model, tmp, self.tokenizer)
         return path
+
+
+def sample(view: PolicyView, backend, grpo: GRPOConfig, prompts: list[Prompt], num_generations: int,
+           max_new_tokens: int, temperature: float) -> list[Sample]:
+    """``num_generations`` completions per prompt from ``backend``, prompts encoded by ``view``."""
+    settings = SamplingSettings(num_generations, max_new_tokens, temperature, top_p=grpo.top_p,
+                                top_k=grpo.top_k, batch_size=grpo.generation_batch_size)
+    return backend.generate(prompts, [view.encode_prompt(p.text) for p in prompts], settings)
+
+
+def step_stats(batches: list[TrainBatch], train_step, learner) -> dict[str, float]:
+    """``train_step`` on every batch of one step in order; later batches' stats are prefixed by
+    their tag; the learner's running count of skipped steps last."""
+    merged: dict[str, float] = {}
+    for batch in batches:
+        for k, v in train_step(batch).items():
+            merged[k if batch.tag == "grpo" else f"{batch.tag}/{k}"] = v
+    merged["skipped_nan_total"] = learner.skipped_nan_steps
+    return merged
