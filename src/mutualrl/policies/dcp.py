@@ -32,8 +32,13 @@ DCP_DIR = "dcp"
 META = "learner.pt"
 
 
+def _grouped() -> bool:
+    """Whether this process is a rank of a process group (a one-rank learner is not)."""
+    return dist.is_available() and dist.is_initialized()
+
+
 def rank() -> int:
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    return dist.get_rank() if _grouped() else 0
 
 
 def is_sharded_checkpoint(directory: str | Path) -> bool:
@@ -55,7 +60,7 @@ def save_sharded(learner, directory: str | Path, extra: dict) -> None:
     rest and ``extra`` (e.g. the sampler's generator state)."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    dcp.save(_learner_state(learner), checkpoint_id=str(d / DCP_DIR))
+    dcp.save(_learner_state(learner), checkpoint_id=str(d / DCP_DIR), no_dist=not _grouped())
     if rank() == 0:
         torch.save({"format": "dcp", "name": learner.name, "ranks": learner.placement.share.world,
                     "scheduler": learner.scheduler.state_dict(), "version": learner.version,
@@ -69,7 +74,7 @@ def load_sharded(learner, directory: str | Path) -> dict:
     if meta.get("name") != learner.name:
         raise ValueError(f"{d}: holds the state of policy {meta.get('name')!r}, not {learner.name!r}")
     state = _learner_state(learner)
-    dcp.load(state, checkpoint_id=str(d / DCP_DIR))
+    dcp.load(state, checkpoint_id=str(d / DCP_DIR), no_dist=not _grouped())
     set_model_state_dict(learner.model, state["model"])
     set_optimizer_state_dict(learner.model, learner.optimizer, state["optimizer"])
     if learner.reference is not None:
@@ -110,18 +115,29 @@ def load_full_state(learner, state: dict | None, reference: dict | None = None) 
     (rank 0), when the learner has one. Returns the state's small entries, on every rank."""
     opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
     first = rank() == 0
-    set_model_state_dict(learner.model, state["model"] if first else {}, options=opts)
-    names = _trained_names(learner.model)
-    optim = {}
+    small = [None]
     if first:
-        o = state["optimizer"]
-        optim = {"state": {names[int(i)]: v for i, v in o["state"].items()},
-                 "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]}
-                                  for g in o["param_groups"]]}
-    set_optimizer_state_dict(learner.model, learner.optimizer, optim, options=opts)
-    if learner.reference is not None:
-        set_model_state_dict(learner.reference, (reference or {}) if first else {}, options=opts)
-    small = [{k: v for k, v in state.items() if k not in ("model", "optimizer")} if first else None]
+        small = [{**{k: v for k, v in state.items() if k not in ("model", "optimizer")},
+                  "has_reference": reference is not None,
+                  "param_groups": state["optimizer"]["param_groups"],
+                  "moments": bool(state["optimizer"]["state"])}]
     dist.broadcast_object_list(small, src=0)
-    _set_counters(learner, small[0])
-    return small[0]
+    meta = small[0]
+    set_model_state_dict(learner.model, state["model"] if first else {}, options=opts)
+    if meta["moments"]:
+        names = _trained_names(learner.model)
+        optim = {}
+        if first:
+            o = state["optimizer"]
+            optim = {"state": {names[int(i)]: v for i, v in o["state"].items()},
+                     "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]}
+                                      for g in o["param_groups"]]}
+        set_optimizer_state_dict(learner.model, learner.optimizer, optim, options=opts)
+    else:
+        # no moments yet (saved before the first step): the optimizer starts afresh, as a
+        # one-rank one would (loading through the sharded path would leave its set-up step's)
+        learner.optimizer.load_state_dict({"state": {}, "param_groups": meta["param_groups"]})
+    if learner.reference is not None and meta["has_reference"]:
+        set_model_state_dict(learner.reference, reference if first else {}, options=opts)
+    _set_counters(learner, meta)
+    return meta

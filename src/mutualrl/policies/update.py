@@ -464,7 +464,6 @@ class UpdateEngine:
         hold a shard of both gradients: their dot products are summed over the ranks.
         """
         p = self.p
-        params = [q for q in p.model.parameters() if q.requires_grad]
         is_peer = parts.c.seq.is_peer
         grads = []
         for keep in (~is_peer, is_peer):
@@ -473,6 +472,9 @@ class UpdateEngine:
             for k, (_, real) in enumerate(parts.passes):
                 out, _ = self.grpo_loss(parts, k, w * keep.float().view(-1, *[1] * (w.dim() - 1)))
                 (out.loss if real else out.loss * 0.0).backward()
+            # read after backward: a sharded model registers its sharded parameters again only
+            # then (after a forward its root holds gathered ones)
+            params = [q for q in p.model.parameters() if q.requires_grad]
             grads.append(torch.cat([_local(q.grad if q.grad is not None else torch.zeros_like(q)).flatten()
                                     for q in params]))
         p.optimizer.zero_grad(set_to_none=True)

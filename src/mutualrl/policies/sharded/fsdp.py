@@ -43,15 +43,21 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return layers
 
 
-def shard(model: torch.nn.Module, mesh, sharding: ShardingConfig, bf16: bool) -> torch.nn.Module:
-    """``fully_shard`` per decoder layer, then the root; reductions sum (see the module docstring)."""
+def shard(model: torch.nn.Module, mesh, sharding: ShardingConfig, bf16: bool,
+          frozen: bool = False) -> torch.nn.Module:
+    """``fully_shard`` per decoder layer, then the root; reductions sum (see the module docstring).
+
+    The root of a trained model keeps its gathered parameters from forward to backward (FSDP2's
+    default: backward needs them at once); a ``frozen`` one (the KL reference) has no backward
+    and frees them after each forward."""
     mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16
           else MixedPrecisionPolicy())
     offload = CPUOffloadPolicy() if sharding.cpu_offload else OffloadPolicy()
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=mp, offload_policy=offload,
                     reshard_after_forward=sharding.reshard_after_forward)
-    fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=offload)
+    fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=offload,
+                reshard_after_forward=True if frozen else None)
     for m in model.modules():
         if isinstance(m, FSDPModule):
             m.set_gradient_divide_factor(1.0)
@@ -83,7 +89,7 @@ class Sharded:
         if learner.grpo.beta > 0:
             models.append(empty_model(cfg, facts).eval().requires_grad_(False))
         for m in models:
-            shard(m, mesh, self.sharding, bf16)
+            shard(m, mesh, self.sharding, bf16, frozen=m is not model)
             m.to_empty(device="cpu" if self.sharding.cpu_offload else device)
             set_model_state_dict(m, dict(full_state), options=StateDictOptions(
                 full_state_dict=True, broadcast_from_rank0=True))
@@ -93,6 +99,7 @@ class Sharded:
             self.full.to(device=device, dtype=torch.bfloat16 if bf16 else torch.float32).eval()
         return model, (models[1] if len(models) > 1 else None)
 
+
     def _broadcast_buffers(self, model: torch.nn.Module, device: torch.device) -> None:
         """Buffers are computed at construction (on meta: not at all): take rank 0's."""
         source = dict(self.full.named_buffers()) if self.full is not None else {}
@@ -101,3 +108,10 @@ class Sharded:
                 t = (source[name] if self.rank == 0 else buf).to(device).clone()
                 dist.broadcast(t, src=0)
                 buf.copy_(t)
+
+
+def settle(model: torch.nn.Module) -> None:
+    """Free what a forward without backward left gathered (the root's parameters), so the
+    model registers its shards again and holds no whole tensor while others use the memory."""
+    if isinstance(model, FSDPModule):
+        model.reshard()

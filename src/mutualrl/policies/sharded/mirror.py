@@ -19,6 +19,7 @@ import torch
 
 from mutualrl.policies.batch import collate
 from mutualrl.policies.generation.vllm import WeightSyncError
+from mutualrl.policies.sharded.fsdp import settle
 
 PROBE_TOKENS = 32                     # a fixed sequence: token ids 1..32 (modulo the vocabulary)
 
@@ -54,6 +55,7 @@ class WeightMirror:
         was_training = model.training
         model.eval()
         sharded = engine.plain_logprobs(c).float()
+        settle(model)
         model.train(was_training)
         if self.full is None:
             return None

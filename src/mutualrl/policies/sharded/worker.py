@@ -31,7 +31,7 @@ from mutualrl.policies.generation import build_backend
 from mutualrl.policies.learner import Learner
 from mutualrl.policies.models import TokenizerFacts
 from mutualrl.policies.policy import PolicyView, sample, step_stats
-from mutualrl.policies.sharded.fsdp import Sharded
+from mutualrl.policies.sharded.fsdp import Sharded, settle
 from mutualrl.policies.sharded.mirror import MirrorSource, WeightMirror
 from mutualrl.retokenize.loaders import load_tokenizer
 from mutualrl.storage import atomic_folder
@@ -73,7 +73,9 @@ class ShardedPolicy:
                       max_new_tokens, temperature)
 
     def sequence_logprobs(self, prompts, completions) -> torch.Tensor:
-        return self.learner.sequence_logprobs(prompts, completions)
+        out = self.learner.sequence_logprobs(prompts, completions)
+        settle(self.learner.model)
+        return out
 
     # ---- updates --------------------------------------------------------------------------
     def _sync(self) -> dict[str, float]:
