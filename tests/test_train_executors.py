@@ -86,6 +86,15 @@ def test_ray_matches_local(local_runs, ray_cluster, tmp_path, strategy):
         assert any((tmp_path / "ray" / "policies" / name).glob("*.safetensors"))
 
 
+@pytest.mark.ray
+def test_ray_places_a_sharded_learner_as_one_actor_per_rank(local_runs, ray_cluster, tmp_path):
+    """One policy's learner on 2 ranks, each rank an actor of its placement group (gloo across
+    the actors): the same records as one rank up to float rounding."""
+    records = run_tiny(tmp_path / "ray-sharded", "none", 'allocation.executor="ray"',
+                       "policies.0.learner_ranks=2")
+    assert_close(local_runs["none", "sequential"], records)
+
+
 @pytest.mark.parametrize("strategy", ["none", "prp"])
 def test_process_executor_matches_local(local_runs, tmp_path, strategy):
     """One spawned process per policy, built from the same factories as Ray's actors."""
