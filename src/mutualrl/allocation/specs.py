@@ -18,7 +18,7 @@ from typing import Literal
 
 import msgspec
 
-from mutualrl.allocation.dims import Dims, resolve_dims
+from mutualrl.allocation.dims import Dims, resolve_dims, tied_embeddings
 from mutualrl.config import GIB, AllocationConfig, ConfigError, InventoryConfig, MemoryModel, RunConfig
 
 Role = Literal["learner", "generator", "verifier"]
@@ -134,6 +134,16 @@ def activation_bytes(d: Dims, rows: int, seq_len: int, completion_len: int, act_
     return rows * seq_len * act_bytes * kept + rows * completion_len * d.vocab * 8
 
 
+def gathered_bytes(d: Dims, tied: bool, mem: MemoryModel) -> int:
+    """What a rank of a sharded learner holds whole for a moment, beyond its shards: its largest
+    FSDP unit gathered (parameters at weight_bytes), their gradients (grad_bytes) and the fp32
+    copy the reduction takes of them. The root unit holds the embedding (and an untied LM head),
+    at large vocabularies the largest; a decoder layer otherwise."""
+    root = d.vocab * d.hidden * (1 if tied else 2) + d.hidden
+    layer = 2 * d.hidden * (d.hidden + d.kv_width) + 3 * d.hidden * d.intermediate + 2 * d.hidden
+    return max(root, layer) * (mem.weight_bytes + mem.grad_bytes + 4)
+
+
 def generator_memory_bytes(num_parameters: int, kv_bytes: int, mem: MemoryModel) -> int:
     return num_parameters * mem.weight_bytes + kv_bytes
 
@@ -224,29 +234,13 @@ def worker_specs_from_config(
     g = cfg.grpo
     tokens = tokens_per_step(g.prompts_per_step, g.num_generations, alloc.prompt_length_estimate,
                              g.max_completion_length)
-    mem = alloc.memory
     specs: list[WorkerSpec] = []
     for i, p in enumerate(cfg.policies):
         n = alloc.num_parameters.get(p.name) or _count(p, alloc, count_params, vocab_size)
-        dims = resolve_dims(p, alloc, vocab_size)
-        # a torch sampler holds grpo.generation_batch_size sequences at once; an engine, what
-        # allocation.generation_batch_tokens caps
-        per_pass = (g.generation_batch_size * (alloc.prompt_length_estimate + g.max_completion_length)
-                    if g.generation_batch_size else tokens)
-        resident = min(tokens, per_pass, alloc.generation_batch_tokens or tokens)
-        kv = kv_cache_bytes(dims.layers, dims.kv_width, resident, mem)
-        ranks = p.learner_ranks
-        learner_mem = (learner_memory_bytes(n, mem, reference=g.beta > 0, lora=p.lora is not None,
-                                            ranks=ranks)
-                       + learner_activation_bytes(cfg, alloc, dims, ranks))
-        gen_mem = generator_memory_bytes(n, kv, mem)
-        if p.generation.backend == "vllm":
-            gen_mem = engine_reservation_bytes(p.generation.gpu_memory_utilization,
-                                               resolve_inventory(alloc).gpu_memory_bytes)
-            check_engine_fits(gen_mem, n * mem.weight_bytes, f"$.policies[{i}].generation")
+        learner_mem, gen_mem = _policy_memory(cfg, alloc, i, n, tokens, vocab_size)
         # the generator is rank 0's copy of the weights (or one engine): one GPU
         for role, role_tokens, memory, role_ranks in (
-            ("learner", tokens * g.num_iterations, learner_mem, ranks),
+            ("learner", tokens * g.num_iterations, learner_mem, p.learner_ranks),
             ("generator", tokens, gen_mem, 1),
         ):
             name = f"{p.name}/{role}"
@@ -258,3 +252,27 @@ def worker_specs_from_config(
                             group="verifier", min_threads=alloc.verifier_threads,
                             uses_accelerator=False))
     return [_apply_override(s, alloc) for s in specs]
+
+
+def _policy_memory(cfg: RunConfig, alloc: AllocationConfig, i: int, n: int, tokens: int,
+                   vocab_size) -> tuple[int, int]:
+    """(each learner rank's memory, the generator's) for policy ``i`` of ``n`` parameters."""
+    g, mem, p = cfg.grpo, alloc.memory, cfg.policies[i]
+    dims = resolve_dims(p, alloc, vocab_size)
+    # a torch sampler holds grpo.generation_batch_size sequences at once; an engine, what
+    # allocation.generation_batch_tokens caps
+    per_pass = (g.generation_batch_size * (alloc.prompt_length_estimate + g.max_completion_length)
+                if g.generation_batch_size else tokens)
+    resident = min(tokens, per_pass, alloc.generation_batch_tokens or tokens)
+    kv = kv_cache_bytes(dims.layers, dims.kv_width, resident, mem)
+    ranks = p.learner_ranks
+    learner = (learner_memory_bytes(n, mem, reference=g.beta > 0, lora=p.lora is not None, ranks=ranks)
+               + learner_activation_bytes(cfg, alloc, dims, ranks))
+    if ranks > 1:
+        learner += gathered_bytes(dims, tied_embeddings(p, alloc), mem)
+    gen = generator_memory_bytes(n, kv, mem)
+    if p.generation.backend == "vllm":
+        gen = engine_reservation_bytes(p.generation.gpu_memory_utilization,
+                                       resolve_inventory(alloc).gpu_memory_bytes)
+        check_engine_fits(gen, n * mem.weight_bytes, f"$.policies[{i}].generation")
+    return learner, gen

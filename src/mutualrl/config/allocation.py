@@ -86,6 +86,7 @@ class ArchitectureDims(ConfigStruct):
     num_key_value_heads: int | None = None   # None: num_attention_heads (no grouped-query attention)
     intermediate_size: int | None = None     # None: 4 x hidden_size
     head_dim: int | None = None              # None: hidden_size / num_attention_heads
+    tie_word_embeddings: bool = False        # input and output embeddings are one matrix (config.json's)
 
     def __post_init__(self) -> None:
         check(min(self.num_hidden_layers, self.hidden_size, self.num_attention_heads,
