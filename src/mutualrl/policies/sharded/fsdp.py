@@ -101,14 +101,18 @@ class Sharded:
 
 
     def _broadcast_buffers(self, model: torch.nn.Module, device: torch.device) -> None:
-        """Buffers are computed at construction (on meta: not at all): take rank 0's."""
+        """Buffers are computed at construction (on meta: not at all): take rank 0's, on the
+        compute device (with CPU offload the shards stay in host memory, buffers do not)."""
         source = dict(self.full.named_buffers()) if self.full is not None else {}
         with torch.no_grad():
-            for name, buf in model.named_buffers():
-                t = (source[name] if self.rank == 0 else buf).to(device).clone()
-                dist.broadcast(t, src=0)
-                buf.copy_(t)
-
+            for prefix, module in model.named_modules():
+                for name, buf in list(module._buffers.items()):
+                    if buf is None:
+                        continue
+                    full_name = f"{prefix}.{name}" if prefix else name
+                    t = (source[full_name] if self.rank == 0 else buf).to(device).clone()
+                    dist.broadcast(t, src=0)
+                    module._buffers[name] = t
 
 def settle(model: torch.nn.Module) -> None:
     """Free what a forward without backward left gathered (the root's parameters), so the
