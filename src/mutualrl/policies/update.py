@@ -13,10 +13,9 @@ With neither option set (the default) there is one micro-batch and it runs exact
 the single pass, bit for bit.
 
 Precision: ``dtype = "bf16"`` runs forward under ``torch.autocast`` (bf16) with fp32 weights and
-AdamW moments. accelerate's ``Accelerator`` is not used: its state (device, mixed precision) is
-process-global, while one process may hold several policies on different devices and in
-different precisions; a per-policy ``torch.autocast`` is what its ``mixed_precision="bf16"``
-would apply, without the shared state.
+AdamW moments; a sharded learner gets the same from FSDP2's mixed-precision policy instead
+(``policies.sharded.fsdp``). A learner of several ranks runs its share of each step's
+micro-batches (``policies.ranks``); the gradient is the one-rank gradient.
 """
 
 from __future__ import annotations
