@@ -67,6 +67,24 @@ class UseLossType:
         worker.grpo = worker.learner.grpo = worker.learner.engine.grpo = g
 
 
+@dataclass(frozen=True)
+class PoisonOn:
+    """Rank ``rank``'s next forward pass returns NaN logits (once); the others' stay finite."""
+
+    rank: int
+
+    def __call__(self, worker) -> None:
+        learner = worker.learner
+        real = learner.completion_logits
+        if worker.rank != self.rank:
+            return
+
+        def poisoned(c, model=None, **kw):
+            learner.completion_logits = real
+            return real(c, model, **kw) * float("nan")
+        learner.completion_logits = poisoned
+
+
 def batch_for(p: Policy) -> TrainBatch:
     """8 rows: own ones with behaviour log-probs, peer ones with importance weights and none, of
     different lengths, a truncated one; one SFT example."""
@@ -200,3 +218,14 @@ def test_rank0_saves_a_from_pretrained_folder_and_generates_from_its_copy(pair):
     ids = [s.prompt_ids for s in greedy_one], [s.completion_ids for s in greedy_one]
     torch.testing.assert_close(call_one(ex, "p", SequenceLogprobs(*ids)), one.sequence_logprobs(*ids),
                                rtol=1e-5, atol=1e-5)
+
+
+def test_a_non_finite_loss_on_one_rank_skips_the_step_on_every_rank(pair):
+    one, ex, _ = pair
+    before = params(call_one(ex, "p", Snapshot()))
+    call_one(ex, "p", PoisonOn(1))
+    stats, _ = call_one(ex, "p", Update([batch_for(one)]))
+    assert stats["skipped_nan"] == 1.0 and stats["skipped_nan_total"] >= 1
+    assert_same_weights(params(call_one(ex, "p", Snapshot())), before)
+    stats, _ = call_one(ex, "p", Update([batch_for(one)]))    # the group goes on
+    assert stats["skipped_nan"] == 0.0

@@ -19,6 +19,7 @@ sharded learner this way, and warm-start cache files are the same for every rank
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import torch
@@ -74,7 +75,10 @@ def load_sharded(learner, directory: str | Path) -> dict:
     if meta.get("name") != learner.name:
         raise ValueError(f"{d}: holds the state of policy {meta.get('name')!r}, not {learner.name!r}")
     state = _learner_state(learner)
-    dcp.load(state, checkpoint_id=str(d / DCP_DIR), no_dist=not _grouped())
+    with warnings.catch_warnings():
+        # a one-rank learner reads the shards whole in a process without a group, on purpose
+        warnings.filterwarnings("ignore", message=r"torch\.distributed is disabled")
+        dcp.load(state, checkpoint_id=str(d / DCP_DIR), no_dist=not _grouped())
     set_model_state_dict(learner.model, state["model"])
     set_optimizer_state_dict(learner.model, learner.optimizer, state["optimizer"])
     if learner.reference is not None:
