@@ -11,7 +11,8 @@ import pytest
 
 from mutualrl.allocation import Inventory, PlanError, WorkerSpec, plan, worker_specs_from_config
 from mutualrl.allocation.cli import configure, run
-from mutualrl.allocation.specs import learner_memory_bytes
+from mutualrl.allocation.dims import dims_from_policy
+from mutualrl.allocation.specs import gathered_bytes, learner_memory_bytes
 from mutualrl.config import ConfigError, MemoryModel, config_from_dict, load_config
 from mutualrl.run.build import check_rank_groups
 from mutualrl.run.checkpoint import config_differences
@@ -49,8 +50,12 @@ def test_activations_are_per_rank_and_the_rest_per_shard():
     one, four = specs["a/learner"], specs["b/learner"]
     assert (one.ranks, four.ranks, specs["b/generator"].ranks) == (1, 4, 1)
     # 32 rows in one micro-batch on one rank, 8 on each of four; state / 4
-    state = learner_memory_bytes(10**6, cfg.allocation.memory, reference=False, lora=False)
-    act_one, act_four = one.memory_bytes - state, four.memory_bytes - -(-state // 4)
+    mem = cfg.allocation.memory
+    state = learner_memory_bytes(10**6, mem, reference=False, lora=False)
+    # the sharded learner also holds its largest unit gathered: here the tied embedding
+    gathered = gathered_bytes(dims_from_policy(cfg.policies[1], 32000), True, mem)
+    assert gathered == (32000 * 64 + 64) * (4 + 4 + 4)
+    act_one, act_four = one.memory_bytes - state, four.memory_bytes - -(-state // 4) - gathered
     assert act_one == pytest.approx(4 * act_four, rel=1e-9)
 
 

@@ -24,10 +24,9 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                     get_optimizer_state_dict, set_model_state_dict,
-                                                     set_optimizer_state_dict)
+
+# torch.distributed.checkpoint is imported where it is used: every policy process imports this
+# module, and only sharded ones (or a resume across rank counts) need it.
 
 DCP_DIR = "dcp"
 META = "learner.pt"
@@ -49,6 +48,7 @@ def is_sharded_checkpoint(directory: str | Path) -> bool:
 
 def _learner_state(learner) -> dict:
     """The keys a sharded checkpoint holds, as state dicts of this learner (loading fills them)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
     state = {"model": get_model_state_dict(learner.model),
              "optimizer": get_optimizer_state_dict(learner.model, learner.optimizer)}
     if learner.reference is not None:
@@ -59,6 +59,7 @@ def _learner_state(learner) -> dict:
 def save_sharded(learner, directory: str | Path, extra: dict) -> None:
     """Every rank writes its shards into ``directory/dcp``; rank 0 writes ``learner.pt`` with the
     rest and ``extra`` (e.g. the sampler's generator state)."""
+    import torch.distributed.checkpoint as dcp
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     dcp.save(_learner_state(learner), checkpoint_id=str(d / DCP_DIR), no_dist=not _grouped())
@@ -70,6 +71,8 @@ def save_sharded(learner, directory: str | Path, extra: dict) -> None:
 
 def load_sharded(learner, directory: str | Path) -> dict:
     """Load a ``save_sharded`` folder into ``learner`` (any rank count); ``learner.pt`` out."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
     d = Path(directory)
     meta = torch.load(d / META, map_location="cpu", weights_only=True)
     if meta.get("name") != learner.name:
@@ -100,6 +103,8 @@ def _trained_names(model: torch.nn.Module) -> list[str]:
 def full_state(learner) -> dict | None:
     """The learner's whole state in the one-rank format: on rank 0 (gathered there tensor by
     tensor, in host memory); None on the other ranks, which must call this too."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         get_optimizer_state_dict)
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
     model = get_model_state_dict(learner.model, options=opts)
     optim = get_optimizer_state_dict(learner.model, learner.optimizer, options=opts)
@@ -117,6 +122,8 @@ def load_full_state(learner, state: dict | None, reference: dict | None = None) 
     """Load a one-rank-format state (rank 0 passes it, the others None) into every shard; the
     counters and schedule go to every rank. ``reference``: the frozen KL reference's weights
     (rank 0), when the learner has one. Returns the state's small entries, on every rank."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                         set_optimizer_state_dict)
     opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
     first = rank() == 0
     small = [None]

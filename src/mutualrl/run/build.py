@@ -24,7 +24,6 @@ from mutualrl.policies.checkpoints import check_checkpoints, check_policies
 from mutualrl.policies.generation import check_engine_processes
 from mutualrl.policies.models import TokenizerFacts
 from mutualrl.policies.policy import Policy, PolicyView, load_handles
-from mutualrl.policies.sharded.worker import build_rank
 from mutualrl.retokenize import Retokenizer
 from mutualrl.run.experience import PeerLogPool, open_bus
 from mutualrl.run.guards import Guards
@@ -144,6 +143,8 @@ def policy_factories(cfg: RunConfig, alloc: AllocationConfig, handles: dict,
         device = policy_device(p.name, cfg.device, the_plan, alloc.executor)
         seed, total = cfg.seed * 1000 + i, cfg.steps * cfg.grpo.num_iterations
         if p.learner_ranks > 1:
+            # FSDP and its checkpoint support load only for a run that shards a policy
+            from mutualrl.policies.sharded.worker import build_rank
             facts = TokenizerFacts.of(handles[p.tokenizer].tokenizer)
             out[p.name] = RankGroup(p.learner_ranks, functools.partial(
                 build_rank, p, cfg.grpo, seed, facts, device, total, cfg.training),
