@@ -16,8 +16,14 @@ way the embedded CPU default runs:
   checkpointing, ``rows x seq x activation_bytes x (layers x h + 6 h + 2 kv + 4 i)`` with it, and
   the fp32 logits and log-probs of the completion positions, ``rows x completion x vocab x 8``;
 * generator = params x weight_bytes + KV cache, where the KV cache holds every sequence of a step
-  at once (or ``generation_batch_tokens`` of them): 2 (K and V) x layers x kv_heads x head_dim x
-  weight_bytes x tokens; grouped-query attention (``num_key_value_heads`` < heads) shrinks it.
+  at once (or ``generation_batch_tokens`` of them, or ``grpo.generation_batch_size`` sequences
+  for the torch sampler): 2 (K and V) x layers x kv_heads x head_dim x weight_bytes x tokens;
+  grouped-query attention (``num_key_value_heads`` < heads) shrinks it.
+* a learner sharded over ``learner_ranks`` = N ranks needs, on each of N GPUs: the weights,
+  gradients, optimizer state (and reference) above divided by N; the activations of its own
+  micro-batch (``rows`` = the step's rows / N unless a micro-batch size is set); and its largest
+  FSDP unit gathered whole for a moment (``allocation.specs.gathered_bytes``: the embedding, twice
+  when untied, x (weight_bytes + grad_bytes + 4)). The generator sits on the first of its GPUs.
 
 Architecture dims (layers ``L``, hidden ``h``, KV width ``kv`` = kv_heads x head_dim, MLP width
 ``i``, vocabulary) come from the checkpoint's config.json when it is on this machine, else from
@@ -100,7 +106,7 @@ class WorkerOverride(ConfigStruct):
 
     num_parameters: int | None = None # the worker's parameter count; None: estimated
     tokens_per_step: int | None = None  # tokens it processes per step (its cost); None: estimated
-    memory_gb: float | None = None    # GiB it needs; None: the memory model's estimate
+    memory_gb: float | None = None    # GiB it needs (each rank, for a sharded learner); None: estimated
 
     def __post_init__(self) -> None:
         check(self.num_parameters is None or self.num_parameters >= 1, "num_parameters must be >= 1")
