@@ -23,7 +23,7 @@ from mutualrl.policies.batch import SFTExample, TrainBatch, TrainSequence
 from mutualrl.policies.models import TokenizerFacts
 from mutualrl.policies.policy import Policy
 from mutualrl.policies.sharded.worker import build_rank
-from mutualrl.policies.worker import (Generate, LoadState, RestoreCheckpoint, SaveCheckpoint,
+from mutualrl.policies.worker import (FreezeReference, Generate, LoadState, RestoreCheckpoint, SaveCheckpoint,
                                       SavePretrained, SaveState, SequenceLogprobs, Update)
 from mutualrl.tasks.base import Prompt
 
@@ -229,3 +229,13 @@ def test_a_non_finite_loss_on_one_rank_skips_the_step_on_every_rank(pair):
     assert_same_weights(params(call_one(ex, "p", Snapshot())), before)
     stats, _ = call_one(ex, "p", Update([batch_for(one)]))    # the group goes on
     assert stats["skipped_nan"] == 0.0
+
+
+def test_freezing_the_reference_makes_it_the_current_weights(pair):
+    one, ex, _ = pair
+    call_one(ex, "p", Update([batch_for(one)]))
+    stats, _ = call_one(ex, "p", Update([batch_for(one)]))
+    assert stats["kl"] > 1e-6                      # the reference is still the initial weights
+    call_one(ex, "p", FreezeReference())
+    stats, _ = call_one(ex, "p", Update([batch_for(one)]))
+    assert stats["kl"] == pytest.approx(0.0, abs=1e-7)
