@@ -80,7 +80,6 @@ class Sharded:
         mesh = init_device_mesh(device.type, (self.world,))
         if self.rank == 0:
             self.full = build_model(cfg, facts, seed)
-        # (each load consumes its dict: a fresh one per model)
         full_state = self.full.state_dict() if self.full is not None else {}
         bf16 = cfg.dtype == "bf16"
         model = empty_model(cfg, facts)
@@ -91,6 +90,7 @@ class Sharded:
         for m in models:
             shard(m, mesh, self.sharding, bf16, frozen=m is not model)
             m.to_empty(device="cpu" if self.sharding.cpu_offload else device)
+            # each load consumes the dict it is given: a fresh one per model
             set_model_state_dict(m, dict(full_state), options=StateDictOptions(
                 full_state_dict=True, broadcast_from_rank0=True))
             self._broadcast_buffers(m, device)
@@ -98,7 +98,6 @@ class Sharded:
             # the generator's copy in the policy's compute precision: what the plan counts for it
             self.full.to(device=device, dtype=torch.bfloat16 if bf16 else torch.float32).eval()
         return model, (models[1] if len(models) > 1 else None)
-
 
     def _broadcast_buffers(self, model: torch.nn.Module, device: torch.device) -> None:
         """Buffers are computed at construction (on meta: not at all): take rank 0's, on the
