@@ -1,4 +1,5 @@
-"""The same tiny run on every executor gives the same numbers.
+"""The same tiny run on every executor gives the same numbers (and sharded learners the same up to
+float rounding).
 
 ``mutualrl train`` reaches its policies only through the executor (generate, update, the warm
 start's SFT steps and probes, evaluation, the PRP strategy's receiver-side log-probs, saving), so
@@ -85,6 +86,15 @@ def test_ray_matches_local(local_runs, ray_cluster, tmp_path, strategy):
         assert any((tmp_path / "ray" / "policies" / name).glob("*.safetensors"))
 
 
+@pytest.mark.ray
+def test_ray_places_a_sharded_learner_as_one_actor_per_rank(local_runs, ray_cluster, tmp_path):
+    """One policy's learner on 2 ranks, each rank an actor of its placement group (gloo across
+    the actors): the same records as one rank up to float rounding."""
+    records = run_tiny(tmp_path / "ray-sharded", "none", 'allocation.executor="ray"',
+                       "policies.0.learner_ranks=2")
+    assert_close(local_runs["none", "sequential"], records)
+
+
 @pytest.mark.parametrize("strategy", ["none", "prp"])
 def test_process_executor_matches_local(local_runs, tmp_path, strategy):
     """One spawned process per policy, built from the same factories as Ray's actors."""
@@ -92,6 +102,33 @@ def test_process_executor_matches_local(local_runs, tmp_path, strategy):
     assert_same(local_runs[strategy, "sequential"], records)
     for name in ("llama-mistral", "qwen-deepseek"):
         assert any((tmp_path / "process" / "policies" / name).glob("*.safetensors"))
+
+
+SHARDED = ('allocation.executor="process"', "policies.0.learner_ranks=2", "policies.1.learner_ranks=2")
+
+
+def assert_close(a: list[dict], b: list[dict], rel: float = 1e-5) -> None:
+    """The same records up to float rounding (a sharded learner sums over ranks in another
+    order); ``b``'s own keys (the shard probe's gap) aside."""
+    assert [r["phase"] for r in a] == [r["phase"] for r in b]
+    for ra, rb in zip(a, b):
+        assert set(ra) == {k for k in rb if "shard_probe_gap" not in k}
+        for k, va in ra.items():
+            if isinstance(va, float):
+                assert rb[k] == pytest.approx(va, rel=rel, abs=1e-6), (ra["phase"], k)
+            else:
+                assert rb[k] == va, (ra["phase"], k)
+
+
+def test_sharded_policies_train_like_one_rank(local_runs, tmp_path):
+    """PRP with both policies' learners on 2 ranks each (four rank processes, gloo): every
+    record equals the one-rank run's up to float rounding; rank 0's copy passed every probe."""
+    records = run_tiny(tmp_path / "sharded", "prp", *SHARDED)
+    assert_close(local_runs["prp", "sequential"], records)
+    train = [r for r in records if r["phase"] == "train"]
+    for name in ("llama-mistral", "qwen-deepseek"):
+        assert all(0 <= r[f"policy/{name}/sync/shard_probe_gap"] < 1e-5 for r in train)
+        assert any((tmp_path / "sharded" / "policies" / name).glob("*.safetensors"))
 
 
 class _Flaky:

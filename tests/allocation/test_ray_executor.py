@@ -142,3 +142,72 @@ def test_restart_rebuilds_the_actor_in_its_placement_group(cluster):
         assert again["b/learner"].value == ("b/learner", 2)
     finally:
         ex.shutdown()
+
+
+def _rank_classes():
+    # shipped by value, as _classes
+    import os
+    from dataclasses import dataclass
+
+    class Member:
+        def __init__(self, ctx) -> None:
+            self.ctx = ctx
+
+        def who(self) -> dict:
+            return {"rank": self.ctx.rank, "pid": os.getpid(), "env": os.environ.get("RANK")}
+
+        def total(self) -> float:
+            import torch
+            import torch.distributed as dist
+            t = torch.tensor([float(self.ctx.rank + 1)])
+            dist.all_reduce(t)
+            return float(t)
+
+    @dataclass(frozen=True)
+    class Who:
+        def __call__(self, worker):
+            return worker.who()
+
+    @dataclass(frozen=True)
+    class Total:
+        def __call__(self, worker):
+            return worker.total()
+
+    @dataclass(frozen=True)
+    class DieOn:
+        rank: int
+
+        def __call__(self, worker):
+            if worker.ctx.rank == self.rank:
+                os._exit(7)
+            return worker.total()
+
+    return Member, Who, Total, DieOn
+
+
+def test_a_rank_group_is_one_actor_per_rank_in_one_process_group(cluster):
+    import time
+
+    from mutualrl.allocation.ranks import RankGroup
+
+    Member, Who, Total, DieOn = _rank_classes()
+    spec = WorkerSpec(name="g", role="learner", policy="g", num_parameters=1000, tokens_per_step=10,
+                      memory_bytes=GIB, group="g", ranks=2)
+    p = plan([spec], Inventory(nodes=1, gpus_per_node=2, gpu_memory_bytes=80 * GIB,
+                               cpus_per_node=2, host_memory_bytes=8 * GIB))
+    assert len(p["g"].gpus) == 2
+    ex = _executor(on_failure="continue", call_timeout_s=90.0, process_group_timeout_s=60.0)
+    ex.start({"g": RankGroup(2, Member)}, p)
+    try:
+        me = ex.call({"g": Who()})["g"].value
+        assert me["rank"] == 0 and me["env"] == "0"            # rank 0 answers
+        assert len({ray.get(a.invoke.remote(Who))[1]["pid"] for a in ex._actors["g"]}) == 2
+        assert ex.call({"g": Total()})["g"].value == 3.0       # an all-reduce across the actors
+        t0 = time.monotonic()
+        dead = ex.call({"g": DieOn(1)})["g"]
+        assert time.monotonic() - t0 < 60
+        assert dead.failure.kind == "raised" and "rank 1 of 2" in dead.failure.message
+        assert ex.live_workers() == []                         # on_failure = "continue"
+    finally:
+        ex.shutdown()
+    assert all(t["state"] == "REMOVED" for t in ray.util.placement_group_table().values())

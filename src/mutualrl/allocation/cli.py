@@ -42,7 +42,13 @@ def _params(n: int) -> str:
 def _row(a: Assignment) -> list[str]:
     return [a.worker, a.role, a.policy or "-", _params(a.num_parameters) if a.num_parameters else "-",
             f"{a.tokens_per_step:,}", f"{a.cost_share:.1%}", format_devices(a.gpus),
-            str(a.threads) if a.threads else "driver", f"{a.memory_bytes / GIB:.2f} GiB"]
+            str(a.threads) if a.threads else "driver", _memory(a)]
+
+
+def _memory(a: Assignment) -> str:
+    """Per GPU and on how many for a worker of several ranks (``8.00 GiB x 4``)."""
+    each = f"{a.memory_bytes / GIB:.2f} GiB"
+    return f"{each} x {a.ranks}" if a.ranks and a.ranks > 1 else each
 
 
 def plan_table(p: Plan):

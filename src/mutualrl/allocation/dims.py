@@ -58,3 +58,14 @@ def resolve_dims(p: PolicyConfig, alloc: AllocationConfig, vocab_size: Callable[
         raise ConfigError(f"allocation.architectures.{p.name}: checkpoint {p.checkpoint!r} is not on "
                           f"this machine; give its config.json dims ({DIM_KEYS}) there")
     return dims_from_policy(p, vocab_size(p.tokenizer))
+
+
+def tied_embeddings(p: PolicyConfig, alloc: AllocationConfig) -> bool:
+    """Whether the policy's input and output embeddings are one matrix: config.json's
+    ``tie_word_embeddings``, else the table's, else (a random model here) yes."""
+    cfg = read_checkpoint_config(p)
+    if cfg is not None:
+        return bool(cfg.get("tie_word_embeddings", False))
+    if p.name in alloc.architectures:
+        return alloc.architectures[p.name].tie_word_embeddings
+    return not p.checkpoint   # policies.models ties a random model's embeddings

@@ -5,12 +5,18 @@ Order of decisions, each deterministic:
 1. Workers with the same ``group`` are colocated: they share devices and threads (a policy's
    generator and learner alternate in time), so the group is the unit that gets resources; its
    memory is the sum of its members' (both stay resident), its cost the sum of their costs.
-2. Memory-feasible minimums first, all or nothing: every group gets the fewest whole GPUs whose
-   usable memory holds it (sharded evenly across them), or, on a CPU-only inventory, a node whose
-   host RAM holds it. If any group cannot be placed, nothing is planned and ``PlanError`` names
-   each worker, what it needs and what is available.
-3. The capacity left after minimums (GPUs; CPU threads per node) is split in proportion to cost by
-   largest remainder: integral, sums exactly to capacity, ties broken by group name.
+2. Memory-feasible minimums first, all or nothing. A group of workers that run as processes on
+   one GPU each (``WorkerSpec.ranks``: a policy's generator and learner, the learner sharded over
+   N ranks) gets exactly as many GPUs as its most ranks, and every member's rank 0 shares the
+   first of them, so that GPU must hold the sum of their per-rank memory. A group described only
+   by its total memory gets the fewest whole GPUs whose usable memory holds it (spread evenly).
+   On a CPU-only inventory a group needs a node whose host RAM holds all of its ranks. If any
+   group cannot be placed, nothing is planned and ``PlanError`` names each worker, what it needs
+   (per GPU and on how many) and what is available.
+3. The capacity left after minimums is split in proportion to cost by largest remainder
+   (integral, sums exactly to capacity, ties broken by group name): CPU threads per node among
+   all groups; spare GPUs among the groups described by their total only (a group of ranks has
+   no use for a GPU beyond its ranks: spare GPUs stay free, and the plan says so).
 
 When there are fewer GPUs than groups, groups that fit in one GPU share GPUs (first-fit
 decreasing by memory); each gets a fraction of its GPU's compute in proportion to cost.
@@ -48,10 +54,11 @@ class Assignment(msgspec.Struct, frozen=True, kw_only=True):
     tokens_per_step: int
     cost: float
     cost_share: float                 # of the whole plan's cost
-    memory_bytes: int
+    memory_bytes: int                 # per rank when ranks is set
     node: int                         # where its CPU threads are (its first GPU's node)
     gpus: tuple[GpuSlot, ...]         # empty: runs on CPU
     threads: int                      # CPU threads; colocated workers share the same threads
+    ranks: int | None = None          # processes, one per GPU (WorkerSpec.ranks)
 
 
 class Plan(msgspec.Struct, frozen=True, kw_only=True):
@@ -77,10 +84,23 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
 class _Group(msgspec.Struct, kw_only=True):
     name: str
     members: list[WorkerSpec]
-    memory: int
+    memory: int                       # all of it, every rank
     cost: float
     min_threads: int
     accel: bool
+    ranks: int | None                 # GPUs it runs on, when its members run as ranks
+    peak: int                         # on its busiest GPU (the first) when ranks is set
+
+
+def _group(name: str, members: list[WorkerSpec]) -> _Group:
+    ranked = [s for s in members if s.ranks is not None]
+    ranks = max((s.ranks for s in ranked), default=None)
+    spread = sum(s.memory_bytes for s in members if s.ranks is None)
+    peak = sum(s.memory_bytes for s in ranked) + (-(-spread // ranks) if ranks else spread)
+    # Colocated workers alternate in time, so the group needs the largest minimum, not the sum.
+    return _Group(name=name, members=members, memory=sum(s.total_memory_bytes for s in members),
+                  cost=sum(s.cost for s in members), min_threads=max(s.min_threads for s in members),
+                  accel=any(s.uses_accelerator for s in members), ranks=ranks, peak=peak)
 
 
 def largest_remainder(total: int, weights: Sequence[float], keys: Sequence[str]) -> list[int]:
@@ -118,11 +138,7 @@ def _groups(specs: Sequence[WorkerSpec]) -> list[_Group]:
     by: dict[str, list[WorkerSpec]] = {}
     for s in specs:
         by.setdefault(s.group, []).append(s)
-    # Colocated workers alternate in time, so the group needs the largest minimum, not the sum.
-    return [_Group(name=g, members=m, memory=sum(s.memory_bytes for s in m),
-                   cost=sum(s.cost for s in m), min_threads=max(s.min_threads for s in m),
-                   accel=any(s.uses_accelerator for s in m))
-            for g, m in sorted(by.items())]
+    return [_group(g, m) for g, m in sorted(by.items())]
 
 
 def _gib(n: float) -> str:
@@ -133,16 +149,21 @@ def _need_lines(groups: Sequence[_Group], usable: int, unit: str) -> list[str]:
     lines = []
     for g in groups:
         for s in g.members:
-            lines.append(f"  {s.name} ({s.role}, {s.num_parameters:,} params) needs "
-                         f"{_gib(s.memory_bytes)}")
-        if len(g.members) > 1:
+            need = (_gib(s.memory_bytes) if s.ranks is None or unit == "node" else
+                    f"{_gib(s.memory_bytes)} on one GPU" if s.ranks == 1 else
+                    f"{_gib(s.memory_bytes)} on each of {s.ranks} GPUs (its {s.ranks} ranks' shards)")
+            lines.append(f"  {s.name} ({s.role}, {s.num_parameters:,} params) needs {need}")
+        if g.ranks is not None and unit == "GPU":
+            lines.append(f"    group {g.name!r}: {_gib(g.peak)} on its first GPU, of "
+                         f"{_gib(usable)} usable (more learner ranks shard the learner thinner)")
+        elif len(g.members) > 1:
             lines.append(f"    colocated group {g.name!r}: {_gib(g.memory)} = "
                          f"{math.ceil(g.memory / usable)} {unit}(s) of {_gib(usable)} usable")
     return lines
 
 
 def _min_gpus(g: _Group, usable: int) -> int:
-    return max(1, math.ceil(g.memory / usable))
+    return g.ranks if g.ranks is not None else max(1, math.ceil(g.memory / usable))
 
 
 def _place_whole(counts: dict[str, int], inv: Inventory) -> dict[str, list[GpuSlot]]:
@@ -180,7 +201,7 @@ def _pack_shared(groups: list[_Group], inv: Inventory, usable: int) -> dict[str,
         target = next((b for b in bins if room[b] >= g.memory), None)
         if target is None:
             raise PlanError(_infeasible_msg(groups, inv, usable, "GPU memory left after packing"))
-        room[target] -= g.memory
+        room[target] -= g.memory   # one GPU: a ranked group's memory is its one rank's
         members[target].append(g)
     for b, gs in members.items():
         shares = largest_remainder(100, [g.cost for g in gs], [g.name for g in gs])
@@ -205,11 +226,20 @@ def _gpu_slots(groups: list[_Group], inv: Inventory, usable: int) -> tuple[dict,
     too_big = [g for g in accel if mins[g.name] > inv.total_gpus]
     if too_big:
         raise PlanError(_infeasible_msg(too_big, inv, usable, "a group needs more GPUs than exist"))
+    too_full = [g for g in accel if g.ranks is not None and g.peak > usable]
+    if too_full:
+        raise PlanError(_infeasible_msg(too_full, inv, usable, "a GPU of a group cannot hold its share"))
     if sum(mins.values()) <= inv.total_gpus:
-        spare = largest_remainder(inv.total_gpus - sum(mins.values()), [g.cost for g in accel],
-                                  [g.name for g in accel])
-        counts = {g.name: mins[g.name] + extra for g, extra in zip(accel, spare)}
-        return _place_whole(counts, inv), []
+        takers = [g for g in accel if g.ranks is None]
+        left = inv.total_gpus - sum(mins.values())
+        spare = largest_remainder(left if takers else 0, [g.cost for g in takers],
+                                  [g.name for g in takers])
+        extra = dict(zip((g.name for g in takers), spare))
+        counts = {g.name: mins[g.name] + extra.get(g.name, 0) for g in accel}
+        notes = [] if takers or not left else [
+            f"{left} of {inv.total_gpus} GPUs stay free: every group runs on one GPU per rank "
+            "(raise a policy's learner_ranks to shard it over more)"]
+        return _place_whole(counts, inv), notes
     note = (f"{len(accel)} GPU groups need at least {sum(mins.values())} whole GPUs but "
             f"{inv.total_gpus} exist: groups that fit one GPU share GPUs")
     return _pack_shared(accel, inv, usable), [note]
@@ -262,7 +292,8 @@ def plan(specs: Sequence[WorkerSpec], inventory: Inventory, usable_memory_fracti
         Assignment(worker=s.name, role=s.role, policy=s.policy, group=g.name,
                    num_parameters=s.num_parameters, tokens_per_step=s.tokens_per_step,
                    cost=s.cost, cost_share=s.cost / total_cost, memory_bytes=s.memory_bytes,
-                   node=node_of[g.name], gpus=tuple(slots.get(g.name, ())), threads=threads[g.name])
+                   node=node_of[g.name], gpus=tuple(slots.get(g.name, ())), threads=threads[g.name],
+                   ranks=s.ranks)
         for g in groups for s in g.members)
     order = {s.name: i for i, s in enumerate(specs)}  # report in the caller's order
     assignments = tuple(sorted(assignments, key=lambda a: order[a.worker]))

@@ -18,6 +18,11 @@ travel to it through a pipe. What a process of its own gives that the threads of
   worker process that dies (a segfault, the OOM killer, ``os._exit``) is reported as that
   worker's failure with its exit code.
 
+- **Rank groups.** A ``RankGroup`` factory (a policy whose learner is sharded over several
+  ranks) gets one process per rank, each with the group's rendezvous and its own planned GPU in
+  its environment (``allocation.ranks``); calls go to every rank, rank 0 answers, and a rank that
+  fails ends the whole group as that worker's failure.
+
 Worker processes are not daemonic (a daemonic process may not start children, and vLLM's CPU
 build starts some); each watches its parent instead and exits when orphaned, so a killed run
 leaves nothing behind.
@@ -39,6 +44,8 @@ from typing import TYPE_CHECKING, Any
 from mutualrl.allocation.calls import (CallResult, FailurePolicy, WorkerCall, WorkerFailedError,
                                        WorkerFailure, build_worker, call_name, check_names)
 from mutualrl.allocation.malloc import reuse_large_buffers
+from mutualrl.allocation.ranks import (RankFactory, RankGroup, free_port, group_size, merge_ranks,
+                                       rank_env)
 from mutualrl.config import AllocationConfig
 
 if TYPE_CHECKING:
@@ -131,15 +138,16 @@ class _Proc:
 
 
 class ProcessExecutor:
-    """Workers in processes of their own on this machine, all computing at once."""
+    """Workers in processes of their own on this machine, all computing at once; a rank group's
+    worker in one process per rank."""
 
     def __init__(self, alloc: AllocationConfig | None = None) -> None:
         self.alloc = alloc or AllocationConfig()
         self.policy = FailurePolicy(self.alloc)
         self._factories: dict[str, Callable[[], object]] = {}
-        self._procs: dict[str, _Proc] = {}
+        self._procs: dict[str, list[_Proc]] = {}     # a worker's processes, in rank order
         self._threads: dict[str, int] = {}
-        self._envs: dict[str, dict[str, str]] = {}
+        self._gpus: dict[str, tuple[int, ...] | None] = {}
         # Calls may come from several driver threads at once (a paced run steps each policy in a
         # thread of its own): one pipe per worker carries one call at a time (``_holding``), and
         # the bookkeeping is guarded.
@@ -149,11 +157,16 @@ class ProcessExecutor:
 
     def start(self, factories: dict[str, Callable[[], object]], plan: Plan | None = None) -> None:
         self._factories = dict(factories)
-        for n in factories:
+        for n, factory in factories.items():
             a = next((a for a in plan.assignments if a.worker == n), None) if plan else None
-            self._threads[n] = a.threads if a else 0
-            gpus = tuple(sorted({s.gpu for s in a.gpus})) if a and a.gpus else None
-            self._envs[n] = worker_env(self._threads[n], gpus)
+            if a and len({s.node for s in a.gpus}) > 1:
+                raise ValueError(f"worker {n!r} is planned across {len({s.node for s in a.gpus})} "
+                                 "nodes; the process executor runs on one machine: use "
+                                 "allocation.executor = \"ray\"")
+            ranks = group_size(factory)
+            # each rank of a group gets an equal share of the group's threads, at least one
+            self._threads[n] = max(a.threads // ranks, 1) if a and a.threads else 0
+            self._gpus[n] = tuple(sorted({s.gpu for s in a.gpus})) if a and a.gpus else None
         for n in factories:
             self._spawn(n, restarted=False)
         results = self._collect(list(factories), "__init__", self.alloc.call_timeout_s)
@@ -163,8 +176,21 @@ class ProcessExecutor:
             raise WorkerFailedError(failures, results)
 
     def _spawn(self, name: str, restarted: bool) -> None:
-        self._procs[name] = _Proc(name, self._factories[name], self._envs[name],
-                                  self._threads[name], restarted)
+        factory, gpus, threads = self._factories[name], self._gpus[name], self._threads[name]
+        if not isinstance(factory, RankGroup):
+            self._procs[name] = [_Proc(name, factory, worker_env(threads, gpus), threads, restarted)]
+            return
+        if gpus is not None and len(gpus) < factory.ranks:
+            raise ValueError(f"worker {name!r} runs as {factory.ranks} ranks but was planned "
+                             f"{len(gpus)} GPU(s): one GPU per rank")
+        index = sorted(n for n in self._factories if isinstance(self._factories[n], RankGroup)).index(name)
+        port = self.alloc.master_port + index if self.alloc.master_port else free_port()
+        self._procs[name] = [
+            _Proc(f"{name}-rank{r}",
+                  RankFactory(factory, r, self.alloc.process_group_timeout_s, self.alloc.call_timeout_s),
+                  {**worker_env(threads, None if gpus is None else (gpus[r],)),
+                   **rank_env(r, factory.ranks, "127.0.0.1", port)}, threads, restarted)
+            for r in range(factory.ranks)]
 
     def put(self, obj: Any) -> Any:
         return obj  # pickled into each call that carries it
@@ -174,8 +200,8 @@ class ProcessExecutor:
 
     def call(self, calls: dict[str, WorkerCall], timeout_s: float | None = None, *,
              fetch: bool = True) -> dict[str, CallResult]:
-        """Send each named worker its call, then gather the replies (``fetch`` is the Ray
-        executor's; here every value comes back)."""
+        """Send each named worker its call (every rank of a group), then gather the replies
+        (``fetch`` is the Ray executor's; here every value comes back)."""
         method = call_name(next(iter(calls.values()))) if calls else "call"
         check_names(method, calls, self._factories)
         with self._holding(sorted(calls)):
@@ -185,9 +211,11 @@ class ProcessExecutor:
             results: dict[str, CallResult] = {}
             for n in live:
                 try:
-                    self._procs[n].conn.send(calls[n])
+                    for proc in self._procs[n]:
+                        proc.conn.send(calls[n])
                     sent.append(n)
                 except (OSError, ValueError, pickle.PicklingError) as exc:
+                    self._kill(n)
                     results[n] = self._failure(n, method, type(exc).__name__, f"cannot send: {exc}")
             results.update(self._collect(sent, method, timeout_s or self.alloc.call_timeout_s))
             with self._lock:
@@ -214,31 +242,43 @@ class ProcessExecutor:
             return dict(self._busy)
 
     def _collect(self, names: list[str], method: str, timeout_s: float) -> dict[str, CallResult]:
-        """One reply per name within ``timeout_s``; a process that died or hung is a failure."""
+        """One reply per process within ``timeout_s``; a process that died or hung is a failure
+        of its worker. A rank group's failed rank ends its other ranks at once: they would wait
+        in a collective for it."""
         deadline = time.monotonic() + timeout_s
-        waiting = {self._procs[n].conn: n for n in names}
-        out: dict[str, CallResult] = {}
+        waiting = {p.conn: (n, r) for n in names for r, p in enumerate(self._procs[n])}
+        replies: dict[str, list[CallResult | None]] = {n: [None] * len(self._procs[n]) for n in names}
+        failed: dict[str, CallResult] = {}
         while waiting and (left := deadline - time.monotonic()) > 0:
             for conn in wait(list(waiting), timeout=left):
-                n = waiting.pop(conn)
-                out[n] = self._receive(n, method)
-        for n in waiting.values():
-            self._procs[n].kill()
-            out[n] = self._failure(n, method, "TimeoutError",
-                                   f"no result within {timeout_s:g} s; its process was killed",
-                                   kind="timeout")
-        return out
+                if conn not in waiting:      # a rank of a group that failed meanwhile
+                    continue
+                n, r = waiting.pop(conn)
+                replies[n][r] = self._receive(n, r, method)
+                if not replies[n][r].ok and len(replies[n]) > 1 and n not in failed:
+                    failed[n] = merge_ranks(n, method, [x or CallResult(n) for x in replies[n]])
+                    waiting = {c: w for c, w in waiting.items() if w[0] != n}
+                    self._kill(n)
+        for n, r in waiting.values():
+            if n not in failed:
+                self._kill(n)
+                failed[n] = self._failure(
+                    n, method, "TimeoutError", f"no result within {timeout_s:g} s"
+                    + (f" from rank {r} of {len(replies[n])}" if len(replies[n]) > 1 else "")
+                    + "; its process was killed", kind="timeout")
+        return {n: failed.get(n) or merge_ranks(n, method, replies[n]) for n in names}
 
-    def _receive(self, name: str, method: str) -> CallResult:
-        proc = self._procs[name]
+    def _receive(self, name: str, rank: int, method: str) -> CallResult:
+        proc = self._procs[name][rank]
         try:
             reply = proc.conn.recv()
         except (EOFError, OSError):
             proc.process.join(_EXIT_GRACE_S)
             return self._failure(name, method, "WorkerDied",
                                  f"its process exited with code {proc.process.exitcode}")
-        with self._lock:
-            self._busy[name] = self._busy.get(name, 0.0) + reply[-1]
+        if rank == 0:   # a rank group's ranks compute together: its time is rank 0's
+            with self._lock:
+                self._busy[name] = self._busy.get(name, 0.0) + reply[-1]
         if reply[0] == "ok":
             return CallResult(name, value=reply[1])
         return CallResult(name, failure=WorkerFailure(
@@ -252,18 +292,23 @@ class ProcessExecutor:
             worker=name, method=method, exc_type=exc_type, message=message, traceback="",
             kind=kind))
 
+    def _kill(self, name: str) -> None:
+        for proc in self._procs.get(name, ()):
+            proc.kill()
+
     def _restart(self, name: str) -> None:
-        self._procs.pop(name).kill()
+        for proc in self._procs.pop(name):
+            proc.kill()
         self._spawn(name, restarted=True)
         res = self._collect([name], "restart", self.alloc.call_timeout_s)
         if not res[name].ok:
             raise RuntimeError(f"restart of worker {name!r} failed: {res[name].failure}")
 
     def _remove(self, name: str) -> None:
-        proc = self._procs.pop(name, None)
-        if proc is not None:
+        for proc in self._procs.pop(name, ()):
             proc.kill()
 
     def shutdown(self) -> None:
         for name in list(self._procs):
-            self._procs.pop(name).stop()
+            for proc in self._procs.pop(name):
+                proc.stop()

@@ -13,6 +13,13 @@ allows fractional GPU requests below 1, so colocated workers genuinely share a G
 has one, but with more than one GPU each actor gets a disjoint whole-GPU share; workers that must
 share several GPUs should be one object playing both roles.
 
+A rank group (``allocation.ranks.RankGroup``: a policy whose learner is sharded) is one actor per
+rank in its gang's placement group, each holding one of the gang's GPUs on the node the plan put
+it (its bundle) and an equal share of its threads. The actors are placed first; rank 0's actor
+names the rendezvous (its node's address and a free port there); then every rank joins the
+process group and builds its worker at once. Calls go to every rank and rank 0 answers; a rank
+that fails ends its group's actors (they would wait in a collective for it).
+
 Moving experience: ``put(obj)`` returns an ``ObjectRef``; ``call(..., fetch=False)`` returns each
 worker's value as an ``ObjectRef`` without copying it through the driver. A call travels as its
 class and its fields; refs that are *top-level* fields of a call are resolved by Ray inside the
@@ -22,6 +29,7 @@ refs and the worker calls ``ray.get`` itself.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -39,10 +47,28 @@ from mutualrl.allocation.calls import (CallResult, FailurePolicy, WorkerCall, Wo
                                        WorkerFailure, build_worker, call_fields, call_name,
                                        check_names)
 from mutualrl.allocation.planner import Assignment, Plan
+from mutualrl.allocation.ranks import RankFactory, RankGroup, free_port, merge_ranks, rank_env
 
 
 class PlacementError(RuntimeError):
     """Placement groups that could not all be reserved in time."""
+
+
+def _set_threads(threads: int) -> None:
+    import sys
+    if threads > 0 and "torch" in sys.modules:  # each actor is its own process: exact share
+        sys.modules["torch"].set_num_threads(threads)
+
+
+def _invoke(obj: object, call: type, fields: dict) -> tuple[tuple, Any]:
+    # The call's fields travel as Ray task arguments, so top-level ObjectRefs among them are
+    # resolved in the actor, straight from the object store; the call is rebuilt there.
+    import traceback
+    try:
+        return ("ok",), call(**fields)(obj)
+    except Exception as exc:
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        return ("raised", type(exc).__name__, str(exc), tb), None
 
 
 class _Host:
@@ -50,22 +76,41 @@ class _Host:
 
     def __init__(self, factory: Callable[[], object], threads: int, restarted: bool) -> None:
         self.obj = build_worker(factory, restarted)
-        import sys
-        if threads > 0 and "torch" in sys.modules:  # each actor is its own process: exact share
-            sys.modules["torch"].set_num_threads(threads)
+        _set_threads(threads)
 
-    def ready(self) -> bool:
-        return True
+    def ready(self) -> tuple:
+        return ("ok",)
 
     def invoke(self, _mutualrl_call: type, **fields: Any) -> tuple[tuple, Any]:
-        # The call's fields travel as Ray task arguments, so top-level ObjectRefs among them are
-        # resolved here, in this actor, straight from the object store; the call is rebuilt here.
+        return _invoke(self.obj, _mutualrl_call, fields)
+
+
+class _RankHost:
+    """The actor around one rank of a rank group: placed empty, then joined and built."""
+
+    def __init__(self) -> None:
+        self.obj: object = None
+
+    def rendezvous(self) -> tuple[str, int]:
+        """This node's address and a port free on it (asked of rank 0's actor)."""
+        addr = ray.util.get_node_ip_address()
+        return addr, free_port(addr)
+
+    def join(self, factory: RankFactory, env: dict[str, str], threads: int,
+             restarted: bool) -> tuple:
+        import os
         import traceback
+        os.environ.update(env)
         try:
-            return ("ok",), _mutualrl_call(**fields)(self.obj)
-        except Exception as exc:
+            self.obj = build_worker(factory, restarted)
+        except Exception as exc:   # reported as the rank's failure, never swallowed
             tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-            return ("raised", type(exc).__name__, str(exc), tb), None
+            return ("raised", type(exc).__name__, str(exc), tb)
+        _set_threads(threads)
+        return ("ok",)
+
+    def invoke(self, _mutualrl_call: type, **fields: Any) -> tuple[tuple, Any]:
+        return _invoke(self.obj, _mutualrl_call, fields)
 
 
 def _gang_bundles(members: list[Assignment], gpu_resource: str) -> list[dict[str, float]]:
@@ -157,9 +202,31 @@ class RayExecutor:
         opts["num_cpus"] = _share(bundles[b].get("CPU", 0.0), ways)
         gpus = bundles[b].get(self.alloc.gpu_resource, 0.0)
         if gpus:
-            key = "num_gpus" if self.alloc.gpu_resource == "GPU" else "resources"
-            share = _share(gpus, ways)
-            opts[key] = share if key == "num_gpus" else {self.alloc.gpu_resource: share}
+            self._gpu_option(opts, _share(gpus, ways))
+        opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+            self._pgs[gang], placement_group_bundle_index=b)
+        return opts
+
+    def _gpu_option(self, opts: dict, share: float) -> None:
+        key = "num_gpus" if self.alloc.gpu_resource == "GPU" else "resources"
+        opts[key] = share if key == "num_gpus" else {self.alloc.gpu_resource: share}
+
+    def _rank_options(self, gang: str, a: Assignment, rank: int, ranks: int) -> dict:
+        """Rank ``rank``'s actor: one whole GPU of its node's bundle, an equal share of the
+        bundle's threads with the other ranks there."""
+        if a.gpus and len(a.gpus) < ranks:
+            raise ValueError(f"worker {a.worker!r} runs as {ranks} ranks but was planned "
+                             f"{len(a.gpus)} GPU(s): one GPU per rank")
+        bundles = _gang_bundles([a], self.alloc.gpu_resource)
+        opts: dict[str, Any] = {"num_cpus": 0, "max_restarts": 0}
+        if not bundles:
+            return opts
+        node = a.gpus[rank].node if a.gpus else None
+        b = sorted({s.node for s in a.gpus}).index(node) if a.gpus else 0
+        here = sum(1 for s in a.gpus[:ranks] if s.node == node) if a.gpus else ranks
+        opts["num_cpus"] = _share(bundles[b].get("CPU", 0.0), here)
+        if a.gpus:
+            self._gpu_option(opts, 1.0)
         opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
             self._pgs[gang], placement_group_bundle_index=b)
         return opts
@@ -172,23 +239,42 @@ class RayExecutor:
         self._factories = dict(factories)
         gangs = self._gangs(list(factories), plan)
         self._reserve(gangs)
-        for g, members in gangs.items():
-            for i, a in enumerate(members):
-                self._options[a.worker] = self._actor_options(g, members, i)
-                self._threads[a.worker] = a.threads
-        for n in factories:
-            self._spawn(n, restarted=False)
-        results = self._wait({n: self._actors[n].ready.remote() for n in factories}, "__init__",
-                             self.alloc.call_timeout_s, statuses=False)
+        try:
+            for g, members in gangs.items():
+                for i, a in enumerate(members):
+                    f = factories[a.worker]
+                    self._options[a.worker] = (
+                        [self._rank_options(g, a, r, f.ranks) for r in range(f.ranks)]
+                        if isinstance(f, RankGroup) else [self._actor_options(g, members, i)])
+                    self._threads[a.worker] = a.threads
+            ready = {n: self._spawn(n, restarted=False) for n in factories}
+        except BaseException:
+            self.shutdown()
+            raise
+        results = self._wait(ready, "__init__", self.alloc.call_timeout_s)
         failures = [r.failure for r in results.values() if r.failure is not None]
         if failures:
             self.shutdown()
             raise WorkerFailedError(failures, results)
 
-    def _spawn(self, name: str, restarted: bool) -> None:
-        cls = ray.remote(_Host)
-        self._actors[name] = cls.options(**self._options[name]).remote(
-            self._factories[name], self._threads[name], restarted)
+    def _spawn(self, name: str, restarted: bool) -> list:
+        """Start the worker's actor(s); the refs that say each is built."""
+        factory, threads = self._factories[name], self._threads[name]
+        if not isinstance(factory, RankGroup):
+            actor = ray.remote(_Host).options(**self._options[name][0]).remote(factory, threads, restarted)
+            self._actors[name] = [actor]
+            return [actor.ready.remote()]
+        actors = [ray.remote(_RankHost).options(**o).remote() for o in self._options[name]]
+        self._actors[name] = actors
+        addr, port = ray.get(actors[0].rendezvous.remote(), timeout=self.alloc.call_timeout_s)
+        if self.alloc.master_port:
+            groups = sorted(n for n, f in self._factories.items() if isinstance(f, RankGroup))
+            port = self.alloc.master_port + groups.index(name)
+        each = max(threads // factory.ranks, 1) if threads else 0
+        return [a.join.remote(RankFactory(factory, r, self.alloc.process_group_timeout_s,
+                                          self.alloc.call_timeout_s),
+                              rank_env(r, factory.ranks, addr, port), each, restarted)
+                for r, a in enumerate(actors)]
 
     def put(self, obj: Any) -> Any:
         return ray.put(obj)
@@ -201,58 +287,75 @@ class RayExecutor:
         method = call_name(next(iter(calls.values()))) if calls else "call"
         check_names(method, calls, self._factories)
         live = [n for n in calls if n not in self.policy.removed]
-        refs = {n: self._actors[n].invoke.options(num_returns=2).remote(type(calls[n]),
-                                                                         **call_fields(calls[n]))
-                for n in live}
-        results = self._wait(refs, method, timeout_s or self.alloc.call_timeout_s,
-                             statuses=True, fetch=fetch)
+        refs = {n: [a.invoke.options(num_returns=2).remote(type(calls[n]), **call_fields(calls[n]))
+                    for a in self._actors[n]] for n in live}
+        results = self._wait(refs, method, timeout_s or self.alloc.call_timeout_s, fetch=fetch)
         for n in calls:
             if n not in live:
                 results[n] = self.policy.unavailable(n, method)
         self.policy.apply(results, self._restart, self._remove)
         return {n: results[n] for n in calls}
 
-    def _wait(self, refs: dict[str, Any], method: str, timeout_s: float, *, statuses: bool,
+    def _wait(self, refs: dict[str, list], method: str, timeout_s: float, *,
               fetch: bool = True) -> dict[str, CallResult]:
-        first = {n: (r[0] if statuses else r) for n, r in refs.items()}
-        ready, _ = ray.wait(list(first.values()), num_returns=len(first), timeout=timeout_s)
-        done = set(ready)
-        out: dict[str, CallResult] = {}
-        for n, ref in first.items():
-            if ref not in done:
-                out[n] = CallResult(n, failure=WorkerFailure(
+        """Every worker's result within ``timeout_s``. ``refs[name]``: per rank, a status ref,
+        or a (status, value) pair of refs. A failed rank ends its group's actors at once."""
+        pending = {(x[0] if isinstance(x, list) else x): (n, r)
+                   for n, per in refs.items() for r, x in enumerate(per)}
+        ranks: dict[str, list] = {n: [None] * len(per) for n, per in refs.items()}
+        failed: dict[str, CallResult] = {}
+        deadline = time.monotonic() + timeout_s
+        while pending and (left := deadline - time.monotonic()) > 0:
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=left)
+            for ref in done:
+                n, r = pending.pop(ref)
+                ranks[n][r] = self._result(n, method, refs[n][r], fetch and r == 0)
+                if not ranks[n][r].ok and len(refs[n]) > 1 and n not in failed:
+                    failed[n] = merge_ranks(n, method, [x or CallResult(n) for x in ranks[n]])
+                    self._kill(n)
+                    pending = {k: v for k, v in pending.items() if v[0] != n}
+        for n, r in pending.values():
+            if n not in failed:
+                where = f" from rank {r} of {len(refs[n])}" if len(refs[n]) > 1 else ""
+                failed[n] = CallResult(n, failure=WorkerFailure(
                     worker=n, method=method, exc_type="TimeoutError", kind="timeout", traceback="",
-                    message=f"no result within {timeout_s:g} s from its actor"))
-                continue
-            try:
-                status = ray.get(ref)
-            except Exception as exc:  # the actor died, or its constructor raised
-                out[n] = CallResult(n, failure=WorkerFailure(
-                    worker=n, method=method, exc_type=type(exc).__name__, message=str(exc)[:2000],
-                    traceback=str(exc), kind="raised"))
-                continue
-            if statuses and status[0] != "ok":
-                out[n] = CallResult(n, failure=WorkerFailure(
-                    worker=n, method=method, exc_type=status[1], message=status[2],
-                    traceback=status[3], kind="raised"))
-            elif statuses:
-                out[n] = CallResult(n, value=ray.get(refs[n][1]) if fetch else refs[n][1])
-            else:
-                out[n] = CallResult(n, value=status)
-        return out
+                    message=f"no result within {timeout_s:g} s{where} from its actor"))
+                if len(refs[n]) > 1:
+                    self._kill(n)
+        return {n: failed.get(n) or merge_ranks(n, method, ranks[n]) for n in refs}
+
+    @staticmethod
+    def _result(name: str, method: str, refs: Any, fetch: bool) -> CallResult:
+        status_ref = refs[0] if isinstance(refs, list) else refs
+        try:
+            status = ray.get(status_ref)
+        except Exception as exc:  # the actor died, or its constructor raised
+            return CallResult(name, failure=WorkerFailure(
+                worker=name, method=method, exc_type=type(exc).__name__, message=str(exc)[:2000],
+                traceback=str(exc), kind="raised"))
+        if status[0] != "ok":
+            return CallResult(name, failure=WorkerFailure(
+                worker=name, method=method, exc_type=status[1], message=status[2],
+                traceback=status[3], kind="raised"))
+        if not isinstance(refs, list):
+            return CallResult(name)
+        return CallResult(name, value=ray.get(refs[1]) if fetch else refs[1])
+
+    def _kill(self, name: str) -> None:
+        for actor in self._actors.get(name, ()):
+            ray.kill(actor)
 
     def _restart(self, name: str) -> None:
-        ray.kill(self._actors.pop(name))  # frees its share of the bundle for the new actor
-        self._spawn(name, restarted=True)
-        res = self._wait({name: self._actors[name].ready.remote()}, "restart",
-                         self.alloc.call_timeout_s, statuses=False)
+        self._kill(name)  # frees their share of the bundle for the new actors
+        self._actors.pop(name, None)
+        ready = self._spawn(name, restarted=True)
+        res = self._wait({name: ready}, "restart", self.alloc.call_timeout_s)
         if not res[name].ok:
             raise RuntimeError(f"restart of worker {name!r} failed: {res[name].failure}")
 
     def _remove(self, name: str) -> None:
-        actor = self._actors.pop(name, None)
-        if actor is not None:
-            ray.kill(actor)
+        self._kill(name)
+        self._actors.pop(name, None)
 
     def shutdown(self) -> None:
         for name in list(self._actors):

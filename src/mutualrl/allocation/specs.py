@@ -18,7 +18,7 @@ from typing import Literal
 
 import msgspec
 
-from mutualrl.allocation.dims import Dims, resolve_dims
+from mutualrl.allocation.dims import Dims, resolve_dims, tied_embeddings
 from mutualrl.config import GIB, AllocationConfig, ConfigError, InventoryConfig, MemoryModel, RunConfig
 
 Role = Literal["learner", "generator", "verifier"]
@@ -35,10 +35,18 @@ class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
     policy: str | None
     num_parameters: int
     tokens_per_step: int
-    memory_bytes: int                 # on its devices (GPU) or in host RAM (CPU-only)
+    memory_bytes: int                 # on its devices (GPU) or in host RAM (CPU-only); per rank with ranks
     group: str                        # colocation group; a worker alone has group == name
     min_threads: int = 1              # dedicated CPU threads it cannot work without
     uses_accelerator: bool = True     # False: CPU only even on a GPU inventory (the verifier)
+    # Processes it runs as, one GPU each, each needing memory_bytes (a sharded learner: N; a
+    # policy's generator or unsharded learner: 1). None: its memory may be spread evenly over
+    # however many GPUs the planner gives it (a worker described only by its total).
+    ranks: int | None = None          # processes on one GPU each; None: spread over any number
+
+    @property
+    def total_memory_bytes(self) -> int:
+        return self.memory_bytes * (self.ranks or 1)
 
     @property
     def cost(self) -> float:
@@ -94,13 +102,14 @@ def resolve_inventory(alloc: AllocationConfig) -> Inventory:
 # ---- memory estimates (pure) --------------------------------------------------------------------
 
 def learner_memory_bytes(num_parameters: int, mem: MemoryModel, *, reference: bool,
-                         lora: bool) -> int:
-    """Weights + gradients + optimizer state (+ a frozen reference copy when KL is on)."""
+                         lora: bool, ranks: int = 1) -> int:
+    """Weights + gradients + optimizer state (+ a frozen reference copy when KL is on), on each
+    of ``ranks`` ranks: a sharded learner holds 1/ranks of each (rounded up)."""
     if lora:
         # Only adapters train; the reference is the base with adapters disabled, so it is free.
         return num_parameters * mem.weight_bytes
     per_param = mem.weight_bytes + mem.grad_bytes + mem.optimizer_bytes
-    return num_parameters * (per_param + (mem.weight_bytes if reference else 0))
+    return -(-num_parameters * (per_param + (mem.weight_bytes if reference else 0)) // ranks)
 
 
 def kv_cache_bytes(num_layers: int, kv_width: int, tokens: int, mem: MemoryModel) -> int:
@@ -123,6 +132,16 @@ def activation_bytes(d: Dims, rows: int, seq_len: int, completion_len: int, act_
     per_layer = 6 * d.hidden + 2 * d.kv_width + 4 * d.intermediate
     kept = d.layers * d.hidden + per_layer if checkpointing else d.layers * per_layer
     return rows * seq_len * act_bytes * kept + rows * completion_len * d.vocab * 8
+
+
+def gathered_bytes(d: Dims, tied: bool, mem: MemoryModel) -> int:
+    """What a rank of a sharded learner holds whole for a moment, beyond its shards: its largest
+    FSDP unit gathered (parameters at weight_bytes), their gradients (grad_bytes) and the fp32
+    copy the reduction takes of them. The root unit holds the embedding (and an untied LM head),
+    at large vocabularies the largest; a decoder layer otherwise."""
+    root = d.vocab * d.hidden * (1 if tied else 2) + d.hidden
+    layer = 2 * d.hidden * (d.hidden + d.kv_width) + 3 * d.hidden * d.intermediate + 2 * d.hidden
+    return max(root, layer) * (mem.weight_bytes + mem.grad_bytes + 4)
 
 
 def generator_memory_bytes(num_parameters: int, kv_bytes: int, mem: MemoryModel) -> int:
@@ -184,14 +203,15 @@ def _count(p, alloc: AllocationConfig, count_params, vocab_size) -> int:
     return count_params(p, vocab_size(p.tokenizer))
 
 
-def learner_activation_bytes(cfg: RunConfig, alloc: AllocationConfig, dims: Dims) -> int:
-    """``activation_bytes`` for the run's micro-batch: rows and checkpointing from
+def learner_activation_bytes(cfg: RunConfig, alloc: AllocationConfig, dims: Dims,
+                             ranks: int = 1) -> int:
+    """``activation_bytes`` for the run's micro-batch on one rank: rows and checkpointing from
     ``[allocation.memory]``, else from the update engine's settings in ``[training]``, else one
-    batch of every own sequence of a step without checkpointing (peer rows a strategy adds are not
-    counted)."""
+    batch of every own sequence of a step, shared by ``ranks`` ranks, without checkpointing (peer
+    rows a strategy adds are not counted)."""
     g, t, mem = cfg.grpo, cfg.training, alloc.memory
     rows = (mem.micro_batch_rows or t.per_device_train_batch_size
-            or g.prompts_per_step * g.num_generations)
+            or -(-g.prompts_per_step * g.num_generations // ranks))
     ckpt = (mem.gradient_checkpointing if mem.gradient_checkpointing is not None
             else t.gradient_checkpointing)
     return activation_bytes(dims, rows, alloc.prompt_length_estimate + g.max_completion_length,
@@ -214,30 +234,45 @@ def worker_specs_from_config(
     g = cfg.grpo
     tokens = tokens_per_step(g.prompts_per_step, g.num_generations, alloc.prompt_length_estimate,
                              g.max_completion_length)
-    mem = alloc.memory
     specs: list[WorkerSpec] = []
     for i, p in enumerate(cfg.policies):
         n = alloc.num_parameters.get(p.name) or _count(p, alloc, count_params, vocab_size)
-        dims = resolve_dims(p, alloc, vocab_size)
-        resident = min(tokens, alloc.generation_batch_tokens or tokens)
-        kv = kv_cache_bytes(dims.layers, dims.kv_width, resident, mem)
-        learner_mem = (learner_memory_bytes(n, mem, reference=g.beta > 0, lora=p.lora is not None)
-                       + learner_activation_bytes(cfg, alloc, dims))
-        gen_mem = generator_memory_bytes(n, kv, mem)
-        if p.generation.backend == "vllm":
-            gen_mem = engine_reservation_bytes(p.generation.gpu_memory_utilization,
-                                               resolve_inventory(alloc).gpu_memory_bytes)
-            check_engine_fits(gen_mem, n * mem.weight_bytes, f"$.policies[{i}].generation")
-        for role, role_tokens, memory in (
-            ("learner", tokens * g.num_iterations, learner_mem),
-            ("generator", tokens, gen_mem),
+        learner_mem, gen_mem = _policy_memory(cfg, alloc, i, n, tokens, vocab_size)
+        # the generator is rank 0's copy of the weights (or one engine): one GPU
+        for role, role_tokens, memory, role_ranks in (
+            ("learner", tokens * g.num_iterations, learner_mem, p.learner_ranks),
+            ("generator", tokens, gen_mem, 1),
         ):
             name = f"{p.name}/{role}"
             specs.append(WorkerSpec(name=name, role=role, policy=p.name, num_parameters=n,
                                     tokens_per_step=role_tokens, memory_bytes=memory,
-                                    group=p.name if alloc.colocate else name))
+                                    group=p.name if alloc.colocate else name, ranks=role_ranks))
     specs.append(WorkerSpec(name="verifier", role="verifier", policy=None, num_parameters=0,
                             tokens_per_step=tokens * len(cfg.policies), memory_bytes=0,
                             group="verifier", min_threads=alloc.verifier_threads,
                             uses_accelerator=False))
     return [_apply_override(s, alloc) for s in specs]
+
+
+def _policy_memory(cfg: RunConfig, alloc: AllocationConfig, i: int, n: int, tokens: int,
+                   vocab_size) -> tuple[int, int]:
+    """(each learner rank's memory, the generator's) for policy ``i`` of ``n`` parameters."""
+    g, mem, p = cfg.grpo, alloc.memory, cfg.policies[i]
+    dims = resolve_dims(p, alloc, vocab_size)
+    # a torch sampler holds grpo.generation_batch_size sequences at once; an engine, what
+    # allocation.generation_batch_tokens caps
+    per_pass = (g.generation_batch_size * (alloc.prompt_length_estimate + g.max_completion_length)
+                if g.generation_batch_size else tokens)
+    resident = min(tokens, per_pass, alloc.generation_batch_tokens or tokens)
+    kv = kv_cache_bytes(dims.layers, dims.kv_width, resident, mem)
+    ranks = p.learner_ranks
+    learner = (learner_memory_bytes(n, mem, reference=g.beta > 0, lora=p.lora is not None, ranks=ranks)
+               + learner_activation_bytes(cfg, alloc, dims, ranks))
+    if ranks > 1:
+        learner += gathered_bytes(dims, tied_embeddings(p, alloc), mem)
+    gen = generator_memory_bytes(n, kv, mem)
+    if p.generation.backend == "vllm":
+        gen = engine_reservation_bytes(p.generation.gpu_memory_utilization,
+                                       resolve_inventory(alloc).gpu_memory_bytes)
+        check_engine_fits(gen, n * mem.weight_bytes, f"$.policies[{i}].generation")
+    return learner, gen

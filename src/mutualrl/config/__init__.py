@@ -42,13 +42,14 @@ from mutualrl.config.sections import (
     GuardsConfig,
     LoraConfig,
     PolicyConfig,
+    ShardingConfig,
     TaskConfig,
     WarmupConfig,
 )
 
 __all__ = [
     "ConfigError", "ConfigStruct", "check",
-    "GRPOConfig", "TrainingConfig", "WarmupConfig", "LoraConfig", "GenerationConfig", "PolicyConfig", "TaskConfig",
+    "GRPOConfig", "TrainingConfig", "WarmupConfig", "LoraConfig", "GenerationConfig", "PolicyConfig", "ShardingConfig", "TaskConfig",
     "EvalConfig", "ExchangeConfig", "DiversityConfig", "GuardsConfig",
     "GIB", "AllocationConfig", "ArchitectureDims", "InventoryConfig", "MemoryModel", "WorkerOverride",
     "AsymmetricParams", "DisjointParams", "OverlapParams", "ScenariosConfig",

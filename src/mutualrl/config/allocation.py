@@ -16,8 +16,14 @@ way the embedded CPU default runs:
   checkpointing, ``rows x seq x activation_bytes x (layers x h + 6 h + 2 kv + 4 i)`` with it, and
   the fp32 logits and log-probs of the completion positions, ``rows x completion x vocab x 8``;
 * generator = params x weight_bytes + KV cache, where the KV cache holds every sequence of a step
-  at once (or ``generation_batch_tokens`` of them): 2 (K and V) x layers x kv_heads x head_dim x
-  weight_bytes x tokens; grouped-query attention (``num_key_value_heads`` < heads) shrinks it.
+  at once (or ``generation_batch_tokens`` of them, or ``grpo.generation_batch_size`` sequences
+  for the torch sampler): 2 (K and V) x layers x kv_heads x head_dim x weight_bytes x tokens;
+  grouped-query attention (``num_key_value_heads`` < heads) shrinks it.
+* a learner sharded over ``learner_ranks`` = N ranks needs, on each of N GPUs: the weights,
+  gradients, optimizer state (and reference) above divided by N; the activations of its own
+  micro-batch (``rows`` = the step's rows / N unless a micro-batch size is set); and its largest
+  FSDP unit gathered whole for a moment (``allocation.specs.gathered_bytes``: the embedding, twice
+  when untied, x (weight_bytes + grad_bytes + 4)). The generator sits on the first of its GPUs.
 
 Architecture dims (layers ``L``, hidden ``h``, KV width ``kv`` = kv_heads x head_dim, MLP width
 ``i``, vocabulary) come from the checkpoint's config.json when it is on this machine, else from
@@ -86,6 +92,7 @@ class ArchitectureDims(ConfigStruct):
     num_key_value_heads: int | None = None   # None: num_attention_heads (no grouped-query attention)
     intermediate_size: int | None = None     # None: 4 x hidden_size
     head_dim: int | None = None              # None: hidden_size / num_attention_heads
+    tie_word_embeddings: bool = False        # input and output embeddings are one matrix (config.json's)
 
     def __post_init__(self) -> None:
         check(min(self.num_hidden_layers, self.hidden_size, self.num_attention_heads,
@@ -99,7 +106,7 @@ class WorkerOverride(ConfigStruct):
 
     num_parameters: int | None = None # the worker's parameter count; None: estimated
     tokens_per_step: int | None = None  # tokens it processes per step (its cost); None: estimated
-    memory_gb: float | None = None    # GiB it needs; None: the memory model's estimate
+    memory_gb: float | None = None    # GiB it needs (each rank, for a sharded learner); None: estimated
 
     def __post_init__(self) -> None:
         check(self.num_parameters is None or self.num_parameters >= 1, "num_parameters must be >= 1")
@@ -116,6 +123,10 @@ class AllocationConfig(ConfigStruct):
     max_restarts: int = 1             # per worker, when on_failure = "restart"
     call_timeout_s: float = 600.0     # every executor call and every paced step is bounded
     placement_timeout_s: float = 60.0 # Ray: how long all placement groups may take to be ready
+    process_group_timeout_s: float = 120.0  # a sharded learner's ranks must form their process group within it
+    # The rendezvous port of the first rank group (later ones count up from it). None: each
+    # group's rank 0 listens on a port the OS picks as free.
+    master_port: int | None = None    # rank groups' first rendezvous port; None: free ports
     # Pacing (mutualrl.run.paced). 0: lock-step, every policy takes each step together (the
     # synchronous loop, bit for bit). k >= 1: each policy runs its own step loop and may start
     # step s once every live policy has completed s - k steps; peer experience is used as it
@@ -151,6 +162,9 @@ class AllocationConfig(ConfigStruct):
         check(self.max_restarts >= 0, "max_restarts must be >= 0")
         check(self.call_timeout_s > 0, "call_timeout_s must be > 0")
         check(self.placement_timeout_s > 0, "placement_timeout_s must be > 0")
+        check(self.process_group_timeout_s > 0, "process_group_timeout_s must be > 0")
+        check(self.master_port is None or 1024 <= self.master_port <= 65535,
+              "master_port must be in [1024, 65535] (or absent: free ports)")
         check(self.max_staleness >= 0, "max_staleness must be >= 0")
         check(self.prompt_length_estimate >= 1, "prompt_length_estimate must be >= 1")
         check(self.generation_batch_tokens is None or self.generation_batch_tokens >= 1,

@@ -65,8 +65,36 @@ class RunConfig(ConfigStruct):
               or (self.grpo.top_k == 0 and self.grpo.top_p == 1.0),
               "training.logprob_chunk_size takes log-probs of the untruncated distribution; with "
               "grpo.top_k or grpo.top_p truncation unset it (the chunked LM head does not truncate)")
+        self._check_learner_ranks()
+        check(not self.allocation.async_generation or not any(
+                  p.generation.enable_sleep_mode for p in self.policies),
+              "allocation.async_generation samples while the learner updates, but "
+              "generation.enable_sleep_mode releases a vLLM engine's memory for each update; "
+              "turn one of them off")
         # Only the scenario the run uses: a table of another one may name policies of a config
         # it was written for.
         weak = self.scenarios.asymmetric.weak
         check(self.scenario != "asymmetric" or weak is None or weak in names,
               f"scenarios.asymmetric.weak: {weak!r} is not a policy; policies: {names}")
+
+    def _check_learner_ranks(self) -> None:
+        """The rule for a sharded learner: its rank count divides every full batch it trains on,
+        so each rank takes an equal share (batches a strategy makes uneven at run time are
+        padded with zero-weight passes, ``policies.ranks``)."""
+        rows = self.grpo.prompts_per_step * self.grpo.num_generations
+        for p in self.policies:
+            n, where = p.learner_ranks, f"policies.{p.name}.learner_ranks"
+            if n == 1:
+                continue
+            check(rows % n == 0, f"{where}: {n} ranks do not divide the step's own sequences "
+                  f"(grpo.prompts_per_step x num_generations = {rows}); choose a divisor of {rows}")
+            check(self.warmup.max_steps == 0 or self.warmup.batch_size % n == 0,
+                  f"{where}: {n} ranks do not divide warmup.batch_size = {self.warmup.batch_size}")
+            check(self.training.logprob_chunk_size is None,
+                  f"{where}: training.logprob_chunk_size reads the LM head's weight outside the "
+                  "model's forward, which a sharded model does not allow; unset it (micro-batches "
+                  "of training.per_device_train_batch_size bound the logits instead)")
+            check(not self.allocation.async_generation,
+                  f"{where}: allocation.async_generation samples beside the update in one worker "
+                  "process, which a learner over several ranks does not offer; set "
+                  f"learner_ranks = 1 or async_generation = false")

@@ -72,6 +72,15 @@ class GenerationConfig(ConfigStruct):
               "kv_cache_memory_bytes must be >= 1")
 
 
+class ShardingConfig(ConfigStruct):
+    """How a policy's learner runs across ``learner_ranks`` processes (``[policies.sharding]``,
+    FSDP2; ignored at one rank). Mixed precision follows the policy's ``dtype``: "bf16" computes in
+    bf16 with fp32 parameters and fp32 gradient reduction (FSDP2's ``MixedPrecisionPolicy``)."""
+
+    cpu_offload: bool = False         # keep sharded parameters, gradients and AdamW state in host RAM (GPU only)
+    reshard_after_forward: bool = True  # free gathered layers after forward (less memory, one more all-gather)
+
+
 class PolicyConfig(ConfigStruct):
     """One policy: a model of some architecture on some tokenizer, trained by its own optimizer."""
 
@@ -94,6 +103,10 @@ class PolicyConfig(ConfigStruct):
     # Compute precision. "bf16": forward and backward under bf16 autocast, fp32 master weights and
     # AdamW moments (bf16 weights would round away small AdamW updates); log-softmax stays fp32.
     dtype: Literal["fp32", "bf16"] = "fp32"  # compute precision (see above)
+    # Processes the learner runs as, one device each, its model sharded across them with FSDP2
+    # (docs/guides/policies-across-gpus.md). 1: one process, unsharded, exactly as before.
+    learner_ranks: int = 1            # learner processes (FSDP2 ranks); 1: unsharded
+    sharding: ShardingConfig = msgspec.field(default_factory=ShardingConfig)  # learner_ranks > 1 only
 
     def __post_init__(self) -> None:
         check(self.system_prompt is None or self.chat_template is not False,
@@ -101,6 +114,10 @@ class PolicyConfig(ConfigStruct):
         check(bool(self.name) and "/" not in self.name, "name must be non-empty without '/'")
         check(self.hidden_size % self.num_heads == 0, "hidden_size must be divisible by num_heads")
         check(self.num_layers >= 1, "num_layers must be >= 1")
+        check(self.learner_ranks >= 1, "learner_ranks must be >= 1")
+        check(self.learner_ranks == 1 or self.lora is None,
+              "learner_ranks > 1 shards a full fine-tune; a LoRA policy runs on one rank "
+              "(its trained state is small): set learner_ranks = 1 or remove [policies.lora]")
 
 
 class TaskConfig(ConfigStruct):

@@ -103,11 +103,12 @@ def check_policies(policies: list[PolicyConfig], handles: dict,
 _quiet = {"lock": threading.Lock(), "saving": 0, "restore": False}
 
 
-def save_pretrained_quietly(model, path: str | Path, tokenizer=None) -> Path:
+def save_pretrained_quietly(model, path: str | Path, tokenizer=None, state_dict=None) -> Path:
     """``model.save_pretrained(path)`` (and the tokenizer's) without transformers' per-save
     progress bar, which would tear through a run's or a compare's own display in every process
     that saves (the CLI's, a compare's worker processes, a benchmark's). The bar setting is
-    restored once no save is under way in this process."""
+    restored once no save is under way in this process. ``state_dict``: the weights to write
+    (None: the model's own)."""
     from transformers.utils import logging as hf_logging
 
     with _quiet["lock"]:
@@ -116,7 +117,10 @@ def save_pretrained_quietly(model, path: str | Path, tokenizer=None) -> Path:
             hf_logging.disable_progress_bar()
         _quiet["saving"] += 1
     try:
-        model.save_pretrained(path)
+        if state_dict is None:
+            model.save_pretrained(path)
+        else:
+            model.save_pretrained(path, state_dict=state_dict)
         if tokenizer is not None:
             tokenizer.save_pretrained(path)
     finally:

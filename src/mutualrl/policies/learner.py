@@ -5,7 +5,12 @@ plain supervised steps, each bumping nothing but this object's state. Its ``Upda
 (``policies.update``) is how a batch becomes optimizer steps within bounded memory; generation
 backends and the mismatch correction get the log-prob functions they need from here, never the
 whole policy. A learner knows nothing of tokenizers beyond the facts its model is built from, of
-sampling, or of other policies: it is the seam where a learner made of several processes plugs in.
+sampling, or of other policies.
+
+Where its model lives is its *placement*, asked once when the learner is built: ``OnDevice`` (the
+whole model on one device, the default) or a rank of a sharded learner
+(``policies.sharded.fsdp.Sharded``), which also says which micro-batches of each step are this
+rank's (``policies.ranks``). Everything else is the same code for both.
 """
 
 from __future__ import annotations
@@ -14,12 +19,14 @@ import contextlib
 import copy
 import threading
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
 from mutualrl.config import GRPOConfig, PolicyConfig, TrainingConfig
 from mutualrl.policies.batch import SFTExample, TrainBatch
 from mutualrl.policies.models import TokenizerFacts, build_model
+from mutualrl.policies.ranks import ONE_RANK, RankShare
 from mutualrl.policies.sampling import truncate_logits, truncates
 from mutualrl.policies.update import UpdateEngine, make_optimizer, prepare_model
 
@@ -28,42 +35,72 @@ from mutualrl.policies.update import UpdateEngine, make_optimizer, prepare_model
 _BUILD_LOCK = threading.Lock()
 
 
+def _on_device(cfg: PolicyConfig, facts: TokenizerFacts, seed: int,
+               device: torch.device) -> torch.nn.Module:
+    """The seeded model (random or the checkpoint), with its LoRA adapter when asked for."""
+    model = build_model(cfg, facts, seed).to(device)
+    if cfg.lora is not None:
+        from peft import LoraConfig, get_peft_model
+        # the adapter's initialisation is seeded by the policy too, wherever it is built
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = get_peft_model(model, LoraConfig(
+                r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
+                target_modules=list(cfg.lora.target_modules), task_type="CAUSAL_LM"))
+    return model
+
+
+class Placement(Protocol):
+    """Where a learner's model lives: built once, with its KL reference; which micro-batches are
+    this process's; whether forward passes run under bf16 autocast (a bf16 policy on one device)
+    or the model casts itself."""
+
+    share: RankShare
+    autocast: bool
+
+    def build(self, learner: Learner, facts: TokenizerFacts,
+              seed: int) -> tuple[torch.nn.Module, torch.nn.Module | None]:
+        """(model, frozen KL reference or None), each on ``learner.device``."""
+        ...
+
+
+class OnDevice:
+    """The whole model on the learner's device, in this process."""
+
+    share = ONE_RANK
+    autocast = True
+
+    def build(self, learner: Learner, facts: TokenizerFacts, seed: int):
+        # Seeded initialisation draws from torch's global RNG: built one learner at a time.
+        with _BUILD_LOCK:
+            model = _on_device(learner.cfg, facts, seed, learner.device)
+        # beta == 0 builds no reference at all; a LoRA policy's reference is its adapter disabled.
+        reference = None
+        if learner.grpo.beta > 0 and learner.cfg.lora is None:
+            reference = copy.deepcopy(model).eval().requires_grad_(False)
+        prepare_model(model, learner.training)
+        return model, reference
+
+
 class Learner:
     def __init__(self, cfg: PolicyConfig, grpo: GRPOConfig, facts: TokenizerFacts, seed: int,
                  device: str = "cpu", total_steps: int | None = None,
-                 training: TrainingConfig | None = None) -> None:
+                 training: TrainingConfig | None = None, placement: Placement | None = None) -> None:
         """``total_steps``: the optimizer steps the learning-rate schedule spans (the run's
         steps x num_iterations); only a schedule other than "constant" needs it. ``training``:
-        optimizer, schedule and memory settings (None: the defaults)."""
+        optimizer, schedule and memory settings (None: the defaults). ``placement``: where the
+        model lives (None: ``OnDevice``)."""
         self.cfg, self.grpo, self.name = cfg, grpo, cfg.name
         self.training = training or TrainingConfig()
         self.pad_id = facts.pad_token_id
         self.device = torch.device(device)
-        with _BUILD_LOCK:
-            self.model = self._build_model(facts, seed)
-        # beta == 0 builds no reference at all; a LoRA policy's reference is its adapter disabled.
-        self.reference = None
-        if grpo.beta > 0 and cfg.lora is None:
-            self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
-        prepare_model(self.model, self.training)
+        self.placement = placement or OnDevice()
+        self.model, self.reference = self.placement.build(self, facts, seed)
         self.optimizer, self.scheduler = make_optimizer(self.model, cfg, grpo, self.training,
                                                         total_steps)
         self.version = 0               # of the weights: +1 per update (not per SFT step)
         self.skipped_nan_steps = 0
         self.engine = UpdateEngine(self)
-
-    def _build_model(self, facts: TokenizerFacts, seed: int) -> torch.nn.Module:
-        cfg = self.cfg
-        model = build_model(cfg, facts, seed).to(self.device)
-        if cfg.lora is not None:
-            from peft import LoraConfig, get_peft_model
-            # the adapter's initialisation is seeded by the policy too, wherever it is built
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(seed)
-                model = get_peft_model(model, LoraConfig(
-                    r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
-                    target_modules=list(cfg.lora.target_modules), task_type="CAUSAL_LM"))
-        return model
 
     # ---- log-probs ------------------------------------------------------------------------
     def completion_logits(self, c, model=None, temperature: float | None = None) -> torch.Tensor:

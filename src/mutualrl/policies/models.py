@@ -65,6 +65,14 @@ def _mistral(p: PolicyConfig, t: TokenizerFacts):
     return MistralConfig(**_common(p, t), sliding_window=None)
 
 
+def model_config(p: PolicyConfig, facts: TokenizerFacts):
+    """The transformers config of the policy's model: its checkpoint's, or its architecture's."""
+    if p.checkpoint:
+        from transformers import AutoConfig
+        return AutoConfig.from_pretrained(p.checkpoint)
+    return ARCHITECTURES.get(p.architecture)(p, facts)
+
+
 def build_model(p: PolicyConfig, facts: TokenizerFacts, seed: int) -> torch.nn.Module:
     """A randomly initialised model (seeded), or the checkpoint at ``p.checkpoint``."""
     from transformers import AutoModelForCausalLM
@@ -77,14 +85,16 @@ def build_model(p: PolicyConfig, facts: TokenizerFacts, seed: int) -> torch.nn.M
         return AutoModelForCausalLM.from_config(config)
 
 
+def empty_model(p: PolicyConfig, facts: TokenizerFacts) -> torch.nn.Module:
+    """The policy's model with every tensor on the meta device: its structure, no memory."""
+    from transformers import AutoModelForCausalLM
+
+    config = model_config(p, facts)
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+
+
 def count_parameters(p: PolicyConfig, vocab_size: int) -> int:
     """Exact parameter count without allocating weights (built on the meta device)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    if p.checkpoint:
-        config = AutoConfig.from_pretrained(p.checkpoint)
-    else:
-        config = ARCHITECTURES.get(p.architecture)(p, TokenizerFacts(vocab_size, None, 0, 0))
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+    model = empty_model(p, TokenizerFacts(vocab_size, None, 0, 0))
     return sum(t.numel() for t in model.parameters())

@@ -21,6 +21,7 @@ from mutualrl.policies.learner import Learner
 from mutualrl.policies.models import TokenizerFacts
 from mutualrl.policies.prompting import chat_prompt
 from mutualrl.policies.samples import Sample
+from mutualrl.policies.dcp import is_sharded_checkpoint, load_sharded
 from mutualrl.retokenize.loaders import TokenizerHandle, TokenizerLoadError, load_tokenizer
 from mutualrl.storage import atomic_folder
 from mutualrl.tasks.base import Prompt
@@ -99,13 +100,8 @@ class Policy(PolicyView):
                  temperature: float) -> list[Sample]:
         """Sample ``num_generations`` completions per prompt with this policy's generation
         backend (``cfg.generation.backend``); temperature 0 is greedy."""
-        settings = self._settings(num_generations, max_new_tokens, temperature)
-        return self.backend.generate(prompts, [self.encode_prompt(p.text) for p in prompts], settings)
-
-    def _settings(self, num_generations: int, max_new_tokens: int, temperature: float) -> SamplingSettings:
-        g = self.grpo
-        return SamplingSettings(num_generations, max_new_tokens, temperature, top_p=g.top_p,
-                                top_k=g.top_k, batch_size=g.generation_batch_size)
+        return sample(self, self.backend, self.grpo, prompts, num_generations, max_new_tokens,
+                      temperature)
 
     def sequence_logprobs(self, prompts: list[tuple[int, ...]], completions: list[tuple[int, ...]]) -> torch.Tensor:
         """Total log-prob of each completion under the current policy: (B,). Used for off-policy ratios."""
@@ -128,12 +124,7 @@ class Policy(PolicyView):
 
     def train_steps(self, batches: list[TrainBatch], push: bool = True) -> dict[str, float]:
         """Every batch of one step in order; later batches' stats are prefixed by their tag."""
-        merged: dict[str, float] = {}
-        for batch in batches:
-            for k, v in self.train_step(batch, push).items():
-                merged[k if batch.tag == "grpo" else f"{batch.tag}/{k}"] = v
-        merged["skipped_nan_total"] = self.learner.skipped_nan_steps
-        return merged
+        return step_stats(batches, lambda batch: self.train_step(batch, push), self.learner)
 
     def update(self, batches: list[TrainBatch]) -> tuple[dict[str, float], int]:
         """``train_steps``, and the version of the weights after it (for the run, wherever this
@@ -153,7 +144,7 @@ class Policy(PolicyView):
         weights reach the backend once both are done."""
         sampler = self.backend.overlap_sampler()
         ids = [self.encode_prompt(p.text) for p in prompts]
-        settings = self._settings(num_generations, max_new_tokens, temperature)
+        settings = sampling_settings(self.grpo, num_generations, max_new_tokens, temperature)
 
         def draw() -> tuple[list[Sample], float]:
             t0 = time.perf_counter()
@@ -204,8 +195,15 @@ class Policy(PolicyView):
         self.learner.save_reference(d / "reference.pt")
 
     def restore_checkpoint(self, directory: str | Path) -> None:
-        """Continue from ``save_checkpoint``: weights, optimizer, sampler, version, reference."""
+        """Continue from ``save_checkpoint``: weights, optimizer, sampler, version, reference;
+        or from the checkpoint of a sharded learner of this policy (``policies.dcp``),
+        whose shards are read whole."""
         d = Path(directory)
+        if is_sharded_checkpoint(d):
+            meta = load_sharded(self.learner, d)
+            self.generator.set_state(meta["generator"].cpu())
+            self.backend.load_weights(self.version)
+            return
         self.load_state(d / "state.pt")
         self.learner.load_reference(d / "reference.pt")
 
@@ -221,3 +219,27 @@ class Policy(PolicyView):
         with atomic_folder(path, f"policy {self.name!r}") as tmp:
             save_pretrained_quietly(model, tmp, self.tokenizer)
         return path
+
+
+def sample(view: PolicyView, backend, grpo: GRPOConfig, prompts: list[Prompt], num_generations: int,
+           max_new_tokens: int, temperature: float) -> list[Sample]:
+    """``num_generations`` completions per prompt from ``backend``, prompts encoded by ``view``."""
+    settings = sampling_settings(grpo, num_generations, max_new_tokens, temperature)
+    return backend.generate(prompts, [view.encode_prompt(p.text) for p in prompts], settings)
+
+
+def sampling_settings(grpo: GRPOConfig, num_generations: int, max_new_tokens: int,
+                      temperature: float) -> SamplingSettings:
+    return SamplingSettings(num_generations, max_new_tokens, temperature, top_p=grpo.top_p,
+                            top_k=grpo.top_k, batch_size=grpo.generation_batch_size)
+
+
+def step_stats(batches: list[TrainBatch], train_step, learner) -> dict[str, float]:
+    """``train_step`` on every batch of one step in order; later batches' stats are prefixed by
+    their tag; the learner's running count of skipped steps last."""
+    merged: dict[str, float] = {}
+    for batch in batches:
+        for k, v in train_step(batch).items():
+            merged[k if batch.tag == "grpo" else f"{batch.tag}/{k}"] = v
+    merged["skipped_nan_total"] = learner.skipped_nan_steps
+    return merged

@@ -13,10 +13,9 @@ With neither option set (the default) there is one micro-batch and it runs exact
 the single pass, bit for bit.
 
 Precision: ``dtype = "bf16"`` runs forward under ``torch.autocast`` (bf16) with fp32 weights and
-AdamW moments. accelerate's ``Accelerator`` is not used: its state (device, mixed precision) is
-process-global, while one process may hold several policies on different devices and in
-different precisions; a per-policy ``torch.autocast`` is what its ``mixed_precision="bf16"``
-would apply, without the shared state.
+AdamW moments; a sharded learner gets the same from FSDP2's mixed-precision policy instead
+(``policies.sharded.fsdp``). A learner of several ranks runs its share of each step's
+micro-batches (``policies.ranks``); the gradient is the one-rank gradient.
 """
 
 from __future__ import annotations
@@ -35,16 +34,19 @@ from mutualrl.grpo import (LossShare, SurrogateSettings, chunked_token_logprobs,
                            token_logprobs, token_mean_scale)
 from mutualrl.policies.batch import Collated, SFTExample, TrainBatch, collate, collate_sequences
 from mutualrl.policies.generation.mismatch import correct_mismatch
+from mutualrl.policies.ranks import Pass
 
 
 # ---- pure helpers -----------------------------------------------------------------------------
 def micro_batch_slices(rows: int, per_device_train_batch_size: int | None,
-                       gradient_accumulation_steps: int) -> list[slice]:
+                       gradient_accumulation_steps: int, multiple: int = 1) -> list[slice]:
     """Cut ``rows`` into max(gradient_accumulation_steps, ceil(rows / per_device)) near-equal
-    consecutive slices (never more slices than rows; at least one)."""
+    consecutive slices, that count rounded up to a ``multiple`` (a sharded learner's ranks),
+    never more slices than rows, at least one."""
     n = gradient_accumulation_steps
     if per_device_train_batch_size is not None:
         n = max(n, math.ceil(rows / per_device_train_batch_size))
+    n = math.ceil(n / multiple) * multiple
     n = max(1, min(n, rows))
     base, extra = divmod(rows, n)
     bounds = [0]
@@ -130,6 +132,16 @@ class GRPOParts:
     stats: dict[str, float] = field(default_factory=dict)
     skipped_rows: int = 0                   # zero-loss rows the strategy left out (normaliser)
     skipped_tokens: int = 0  # the sampler/trainer mismatch, if corrected
+    # This rank's passes (``policies.ranks``): pass k runs micro-batch passes[k][0], its reference
+    # log-probs are ref[k]. None: pass k runs micro-batch k (one rank).
+    passes: list[Pass] | None = None
+
+    def __post_init__(self) -> None:
+        if self.passes is None:
+            self.passes = [(k, True) for k in range(len(self.slices))]
+
+    def micro_batch(self, k: int) -> int:
+        return self.passes[k][0]
 
 
 @dataclass
@@ -138,6 +150,11 @@ class SFTParts:
     mask: torch.Tensor                      # (B, T) on the device
     scale: torch.Tensor | None              # 1 / all SFT tokens; None: one micro-batch
     slices: list[slice]
+    passes: list[Pass] | None = None        # as GRPOParts.passes
+
+    def __post_init__(self) -> None:
+        if self.passes is None:
+            self.passes = [(k, True) for k in range(len(self.slices))]
 
 
 class UpdateEngine:
@@ -149,7 +166,10 @@ class UpdateEngine:
         self.p = learner
         self.grpo: GRPOConfig = learner.grpo
         self.training: TrainingConfig = learner.training
-        self.bf16 = learner.cfg.dtype == "bf16"
+        # The rank's share of each step (one rank: everything); a sharded model casts to bf16
+        # itself (FSDP2's mixed precision), so only an unsharded one runs under autocast.
+        self.share = learner.placement.share
+        self.bf16 = learner.cfg.dtype == "bf16" and learner.placement.autocast
 
     def autocast(self):
         """The policy's compute precision for a forward pass (backward follows it)."""
@@ -157,9 +177,12 @@ class UpdateEngine:
             return contextlib.nullcontext()
         return torch.autocast(self.p.device.type, dtype=torch.bfloat16)
 
-    def _slices(self, rows: int) -> list[slice]:
+    def _slices(self, rows: int, split: bool = True) -> list[slice]:
+        """Micro-batches of ``rows``; ``split``: a count the ranks share evenly (gradient passes;
+        passes without gradient run every micro-batch on every rank)."""
         t = self.training
-        return micro_batch_slices(rows, t.per_device_train_batch_size, t.gradient_accumulation_steps)
+        return micro_batch_slices(rows, t.per_device_train_batch_size, t.gradient_accumulation_steps,
+                                  self.share.world if split else 1)
 
     # ---- log-probs ----------------------------------------------------------------------------
     def _chunked(self, c: Collated) -> bool:
@@ -212,7 +235,7 @@ class UpdateEngine:
         self.p.model.eval()
         c = collate(prompts, completions, self.p.pad_id)
         mask = completion_mask(c.completion_ids, c.lengths)
-        slices = self._slices(len(prompts))
+        slices = self._slices(len(prompts), split=False)
         if len(slices) == 1:
             return (self.plain_logprobs(c).cpu() * mask).sum(-1)
         return torch.cat([(self.plain_logprobs(take_rows(c, s)).cpu() * mask[s]).sum(-1)
@@ -221,7 +244,7 @@ class UpdateEngine:
     @torch.no_grad()
     def batch_logprobs(self, c: Collated) -> torch.Tensor:
         """(B, T) log-probs of a whole collated batch, computed micro-batch by micro-batch."""
-        slices = self._slices(c.input_ids.shape[0])
+        slices = self._slices(c.input_ids.shape[0], split=False)
         if len(slices) == 1:
             return self.plain_logprobs(c)
         return torch.cat([self.plain_logprobs(take_rows(c, s)) for s in slices])
@@ -244,23 +267,25 @@ class UpdateEngine:
                                g.mask_truncated_completions).to(dev)
         slices = self._slices(len(batch.sequences))
         one = len(slices) == 1
-        ref = [self._reference_logp(c if one else take_rows(c, s)) for s in slices]
+        passes = self.share.passes(len(slices))
+        ref = [self._reference_logp(c if one else take_rows(c, slices[i])) for i, _ in passes]
         scales = None if one else row_scales(mask, g.loss_type, g.max_completion_length,
                                              batch.skipped_rows, batch.skipped_tokens).to(dev)
         return GRPOParts(c, mask, c.seq.old_logprobs.to(dev), ref, scales, slices, mismatch,
-                         batch.skipped_rows, batch.skipped_tokens)
+                         batch.skipped_rows, batch.skipped_tokens, passes)
 
     def _sft_parts(self, examples: tuple[SFTExample, ...]) -> SFTParts:
         c = collate([e.prompt_ids for e in examples], [e.completion_ids for e in examples], self.p.pad_id)
         mask = completion_mask(c.completion_ids, c.lengths).to(self.p.device)
         slices = self._slices(len(examples))
         scale = None if len(slices) == 1 else token_mean_scale(mask).to(self.p.device)
-        return SFTParts(c, mask, scale, slices)
+        return SFTParts(c, mask, scale, slices, self.share.passes(len(slices)))
 
     # ---- one micro-batch's losses ---------------------------------------------------------------
     def grpo_loss(self, parts: GRPOParts, i: int, weights: torch.Tensor):
-        """Micro-batch ``i``'s GRPO loss (its share of the batch's) and its log-prob entropy."""
-        g, s = self.grpo, parts.slices[i]
+        """Pass ``i``'s GRPO loss (its micro-batch's share of the batch's) and its log-prob
+        entropy (pass i runs micro-batch i on one rank)."""
+        g, s = self.grpo, parts.slices[parts.micro_batch(i)]
         c = parts.c if parts.scales is None else take_rows(parts.c, s)
         logp, ent = self.token_logprobs(c)
         old = parts.old[s]
@@ -281,13 +306,14 @@ class UpdateEngine:
         return out, ent
 
     def sft_total_loss(self, examples: tuple[SFTExample, ...]) -> torch.Tensor:
-        """Mean token NLL of ``examples`` over all micro-batches (differentiable)."""
+        """Mean token NLL of ``examples`` over this rank's micro-batches (all of them on one
+        rank; differentiable)."""
         parts = self._sft_parts(examples)
-        return sum(self.sft_loss(parts, k) for k in range(len(parts.slices)))
+        return sum(self.sft_loss(parts, k) for k, (_, real) in enumerate(parts.passes) if real)
 
     def sft_loss(self, parts: SFTParts, i: int) -> torch.Tensor:
-        """Micro-batch ``i``'s share of the mean token NLL over all SFT examples."""
-        s = parts.slices[i]
+        """Pass ``i``'s micro-batch's share of the mean token NLL over all SFT examples."""
+        s = parts.slices[parts.passes[i][0]]
         c = parts.c if parts.scale is None else take_rows(parts.c, s)
         logp, _ = self.token_logprobs(c, temperature=1.0, entropy=False)
         mask = parts.mask[s]
@@ -328,33 +354,66 @@ class UpdateEngine:
             self.p.scheduler.step()
 
     def _iteration(self, grpo: GRPOParts | None, sft: SFTParts | None, coef: float) -> dict[str, float]:
-        """One optimizer step: micro-batch k backpropagates GRPO micro-batch k plus SFT
-        micro-batch k (with one of each, exactly the single pass's loss)."""
+        """One optimizer step: pass k backpropagates GRPO micro-batch k plus SFT micro-batch k
+        (with one of each, exactly the single pass's loss). A rank of a sharded learner runs its
+        own passes (``policies.ranks``); its padding passes count for nothing."""
         self.p.optimizer.zero_grad(set_to_none=True)
-        n = max(len(grpo.slices) if grpo else 1, len(sft.slices) if sft else 1)
+        g_passes = grpo.passes if grpo is not None else []
+        s_passes = sft.passes if sft is not None else []
+        n = max(len(g_passes), len(s_passes), 1)
         means = {k: _Mean() for k in ("kl", "clip_ratio_low", "clip_ratio_high", "entropy")}
         sums: dict[str, list[torch.Tensor]] = {"grpo_loss": [], "sft_loss": [], "loss": []}
         grads, finite = False, True
         for k in range(n):
             loss = torch.zeros((), device=self.p.device)
-            if grpo is not None and k < len(grpo.slices):
+            if k < len(g_passes):
                 out, ent = self.grpo_loss(grpo, k, grpo.c.seq.weights)
-                loss = loss + out.loss
-                self._grpo_stats(means, sums, grpo.mask[grpo.slices[k]], out, ent)
-            if sft is not None and k < len(sft.slices):
+                if g_passes[k][1]:
+                    loss = loss + out.loss
+                    self._grpo_stats(means, sums, grpo.mask[grpo.slices[g_passes[k][0]]], out, ent)
+                else:
+                    loss = loss + out.loss * 0.0
+            if k < len(s_passes):
                 part = self.sft_loss(sft, k)
-                loss = loss + coef * part
-                sums["sft_loss"].append(part.detach())
+                if s_passes[k][1]:
+                    loss = loss + coef * part
+                    sums["sft_loss"].append(part.detach())
+                else:
+                    loss = loss + part * 0.0
             sums["loss"].append(loss.detach())
             if not torch.isfinite(loss):
                 finite = False
-                break
+                if self.share.stops_early:
+                    break   # with several ranks every pass still runs: each is a collective
             if loss.requires_grad:
                 loss.backward()
                 grads = True
-        stats = {k: m.value() for k, m in means.items() if m.parts}
-        stats.update({k: float(sum(v)) if len(v) > 1 else float(v[0]) for k, v in sums.items() if v})
+        stats = self._merge_stats(means, sums)
+        finite, grads = self.share.all_finite(finite), self.share.any(grads)
         stats.update(self._optimizer_step(stats["loss"], grads) if finite else self._skip(float("nan")))
+        return stats
+
+    def _merge_stats(self, means: dict[str, _Mean], sums: dict[str, list[torch.Tensor]]) -> dict[str, float]:
+        """The step's statistics: token-weighted means and sums over every rank's passes."""
+        if self.share.world == 1:
+            stats = {k: m.value() for k, m in means.items() if m.parts}
+            stats.update({k: float(sum(v)) if len(v) > 1 else float(v[0]) for k, v in sums.items() if v})
+            return stats
+        # per mean: (sum of value x tokens, tokens, parts); per sum: (sum, parts)
+        local = [x for m in means.values() for x in (
+            sum((float(v.double() * t) for v, t in m.parts), 0.0),
+            sum((float(t) for _, t in m.parts), 0.0), float(len(m.parts)))]
+        local += [x for v in sums.values() for x in (sum(float(t) for t in v), float(len(v)))]
+        total = self.share.sum(torch.tensor(local, dtype=torch.float64)).tolist()
+        stats: dict[str, float] = {}
+        for j, k in enumerate(means):
+            weighted, tokens, parts = total[3 * j:3 * j + 3]
+            if parts:
+                stats[k] = weighted / max(tokens, 1.0)
+        for j, k in enumerate(sums):
+            value, parts = total[3 * len(means) + 2 * j:3 * len(means) + 2 * j + 2]
+            if parts:
+                stats[k] = value
         return stats
 
     @staticmethod
@@ -383,6 +442,8 @@ class UpdateEngine:
             return {"loss": loss, "skipped_empty": 1.0}
         params = [q for q in p.model.parameters() if q.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(params, self.training.max_grad_norm or math.inf)
+        if hasattr(norm, "full_tensor"):   # sharded gradients: the norm is a replicated DTensor
+            norm = norm.full_tensor()
         if not torch.isfinite(norm):
             return self._skip(loss)
         p.optimizer.step()
@@ -398,22 +459,35 @@ class UpdateEngine:
         """Gradient norms of the own and the peer samples' loss terms, and their cosine.
 
         Each part keeps the full batch's normaliser (rows of the other source weighted 0), so
-        the two gradients sum to the gradient of the full loss.
+        the two gradients sum to the gradient of the full loss. A sharded learner's ranks each
+        hold a shard of both gradients: their dot products are summed over the ranks.
         """
         p = self.p
-        params = [q for q in p.model.parameters() if q.requires_grad]
         is_peer = parts.c.seq.is_peer
         grads = []
         for keep in (~is_peer, is_peer):
             p.optimizer.zero_grad(set_to_none=True)
             w = parts.c.seq.weights                 # (B,), or (B, T) with token weights
-            for k in range(len(parts.slices)):
+            for k, (_, real) in enumerate(parts.passes):
                 out, _ = self.grpo_loss(parts, k, w * keep.float().view(-1, *[1] * (w.dim() - 1)))
-                out.loss.backward()
-            grads.append(torch.cat([(q.grad if q.grad is not None else torch.zeros_like(q)).flatten()
+                (out.loss if real else out.loss * 0.0).backward()
+            # read after backward: a sharded model registers its sharded parameters again only
+            # then (after a forward its root holds gathered ones)
+            params = [q for q in p.model.parameters() if q.requires_grad]
+            grads.append(torch.cat([_local(q.grad if q.grad is not None else torch.zeros_like(q)).flatten()
                                     for q in params]))
         p.optimizer.zero_grad(set_to_none=True)
         own, peer = grads
+        if self.share.world > 1:
+            dots = self.share.sum(torch.stack([own @ own, peer @ peer, own @ peer]).double())
+            own_norm, peer_norm = float(dots[0].sqrt()), float(dots[1].sqrt())
+            cos = float(dots[2]) / max(own_norm * peer_norm, 1e-8) if peer_norm > 0 else 0.0
+            return {"grad/own_norm": own_norm, "grad/peer_norm": peer_norm, "grad/own_peer_cosine": cos}
         cos = torch.nn.functional.cosine_similarity(own, peer, dim=0) if peer.norm() > 0 else torch.tensor(0.0)
         return {"grad/own_norm": float(own.norm()), "grad/peer_norm": float(peer.norm()),
                 "grad/own_peer_cosine": float(cos)}
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a sharded (DTensor) gradient; a plain tensor as it is."""
+    return t.to_local() if hasattr(t, "to_local") else t

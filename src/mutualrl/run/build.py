@@ -18,9 +18,11 @@ import torch
 from mutualrl.allocation import make_executor, plan, resolve_inventory, worker_specs_from_config
 from mutualrl.allocation.placement import policy_device
 from mutualrl.allocation.planner import Plan
+from mutualrl.allocation.ranks import RankGroup
 from mutualrl.config import AllocationConfig, ConfigError, RunConfig, to_dict
 from mutualrl.policies.checkpoints import check_checkpoints, check_policies
 from mutualrl.policies.generation import check_engine_processes
+from mutualrl.policies.models import TokenizerFacts
 from mutualrl.policies.policy import Policy, PolicyView, load_handles
 from mutualrl.retokenize import Retokenizer
 from mutualrl.run.experience import PeerLogPool, open_bus
@@ -78,6 +80,7 @@ def prepare(cfg: RunConfig) -> Prepared:
     check_policies(cfg.policies, handles, checkpoints)  # chat templates present, vocab fits
     check_engine_processes(cfg.policies, cfg.allocation.executor)  # one vLLM engine a process
     check_paced(cfg)                          # the strategy can run at its own pace, if asked
+    check_rank_groups(cfg)                   # sharded learners need one process per rank
     alloc, the_plan = plan_workers(cfg, handles)        # an infeasible plan fails here
     return Prepared(strategy, task, rewards, peer_logs, handles, alloc, the_plan)
 
@@ -121,18 +124,43 @@ def plan_workers(cfg: RunConfig, handles: dict) -> tuple[AllocationConfig, Plan]
     return alloc, plan(specs, resolve_inventory(alloc), alloc.memory.usable_memory_fraction)
 
 
+def check_rank_groups(cfg: RunConfig) -> None:
+    """A learner of several ranks needs an executor that starts one process per rank."""
+    if cfg.allocation.executor != "local":
+        return
+    for p in cfg.policies:
+        if p.learner_ranks > 1:
+            raise ConfigError(
+                f"policies.{p.name}.learner_ranks = {p.learner_ranks} runs the learner as "
+                f"{p.learner_ranks} processes, and the local executor runs every policy in threads "
+                "of this one: set allocation.executor = \"process\" (this machine) or \"ray\"")
+
+
 def policy_factories(cfg: RunConfig, alloc: AllocationConfig, handles: dict,
                      the_plan: Plan | None = None) -> dict:
     """Picklable factories, one per policy. In process they reuse the driver's tokenizers;
     elsewhere each worker loads its own. Each is placed by ``policy_device``; its learning-rate
-    schedule spans the run's optimizer steps (steps x num_iterations GRPO updates)."""
+    schedule spans the run's optimizer steps (steps x num_iterations GRPO updates). A policy of
+    ``learner_ranks`` > 1 is a ``RankGroup``: one ``ShardedPolicy`` per rank, gloo on CPU,
+    NCCL on GPUs."""
     in_process = alloc.executor == "local"
-    return {p.name: functools.partial(
-                Policy, p, cfg.grpo, seed=cfg.seed * 1000 + i,
-                device=policy_device(p.name, cfg.device, the_plan, alloc.executor),
-                handle=handles[p.tokenizer] if in_process else None,
-                total_steps=cfg.steps * cfg.grpo.num_iterations, training=cfg.training)
-            for i, p in enumerate(cfg.policies)}
+    out: dict = {}
+    for i, p in enumerate(cfg.policies):
+        device = policy_device(p.name, cfg.device, the_plan, alloc.executor)
+        seed, total = cfg.seed * 1000 + i, cfg.steps * cfg.grpo.num_iterations
+        if p.learner_ranks > 1:
+            # FSDP and its checkpoint support load only for a run that shards a policy
+            from mutualrl.policies.sharded.worker import build_rank
+            facts = TokenizerFacts.of(handles[p.tokenizer].tokenizer)
+            out[p.name] = RankGroup(p.learner_ranks, functools.partial(
+                build_rank, p, cfg.grpo, seed, facts, device, total, cfg.training),
+                backend="nccl" if device.startswith("cuda") else "gloo")
+            continue
+        out[p.name] = functools.partial(
+            Policy, p, cfg.grpo, seed=seed, device=device,
+            handle=handles[p.tokenizer] if in_process else None, total_steps=total,
+            training=cfg.training)
+    return out
 
 
 def policy_plan(the_plan: Plan, cfg: RunConfig) -> Plan:

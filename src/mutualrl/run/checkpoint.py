@@ -59,7 +59,14 @@ APPEND_ONLY = ("metrics.jsonl", "heldout.jsonl")
 # what it computes. Anything else that differs is refused.
 HARMLESS = ("steps", "output_dir", "eval", "save_steps", "save_total_limit", "report_to", "guards",
             "warmup.cache_dir", "allocation.call_timeout_s", "allocation.placement_timeout_s",
-            "exchange.block_timeout_s")
+            "exchange.block_timeout_s", "allocation.process_group_timeout_s",
+            "allocation.master_port",
+            # where the workers run, not what they compute (every executor gives the same numbers)
+            "allocation.executor", "allocation.local_mode")
+# Per-policy paths (``policies.<i>.<path>``) a resumed run may change: how many ranks a learner is
+# sharded over (its checkpoint reshards on load; sums over ranks differ from one rank's only by
+# float rounding) and where its shards are kept.
+POLICY_HARMLESS = ("learner_ranks", "sharding.cpu_offload")
 
 
 @dataclass(frozen=True)
@@ -175,7 +182,8 @@ def config_differences(old: dict, new: dict) -> tuple[list[str], list[str]]:
     """(refused, harmless) dotted paths where two resolved configs differ."""
     a, b = _flatten(old), _flatten(new)
     changed = sorted(k for k in a.keys() | b.keys() if a.get(k, _MISSING) != b.get(k, _MISSING))
-    harmless = [k for k in changed if any(k == h or k.startswith(h + ".") for h in HARMLESS)]
+    harmless = [k for k in changed if any(k == h or k.startswith(h + ".") for h in HARMLESS)
+                or (k.startswith("policies.") and k.split(".", 2)[-1] in POLICY_HARMLESS)]
     return [k for k in changed if k not in harmless], harmless
 
 
