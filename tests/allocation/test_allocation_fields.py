@@ -22,6 +22,8 @@ EFFECTS = {
     "max_restarts": "allocation/test_local_executor.py::test_restart_rebuilds_from_the_factory_and_loads_the_checkpoint",
     "call_timeout_s": "allocation/test_process_executor.py::test_a_hung_worker_is_killed_at_its_timeout_and_the_others_go_on",
     "placement_timeout_s": "allocation/test_ray_executor.py::test_unplaceable_gangs_are_all_or_nothing_with_a_diagnostic",
+    "process_group_timeout_s": "allocation/test_rank_groups.py::test_a_rank_that_never_joins_times_out_naming_the_bound",
+    "master_port": "allocation/test_rank_groups.py::test_a_port_in_use_is_a_named_error_not_a_hang",
     "max_staleness": "test_paced.py::test_no_policy_starts_more_than_k_steps_ahead",
     "async_generation": "test_paced.py::test_async_generation_trains_on_samples_one_version_behind",
     "colocate": "allocation/test_specs_and_cli.py::test_hints_and_overrides_replace_estimates_and_split_groups",
