@@ -198,3 +198,31 @@ def test_starvation_report_compares_updates_and_time_with_the_plan():
     assert rep["a"]["update_ratio"] == pytest.approx(0.5 / 0.75)  # starved vs. its plan
     assert rep["b"]["update_ratio"] == pytest.approx(2.0)          # ran ahead of its plan
     assert rep["b"]["wait_fraction"] == 0.5
+
+
+class Phased:
+    """Produces one record per step; records what ``learn`` was handed."""
+
+    def __init__(self, name: str, delay_s: float, seen: list) -> None:
+        self.name, self.delay_s, self.seen = name, delay_s, seen
+
+    def produce(self, k: int) -> list:
+        time.sleep(self.delay_s)
+        return [f"{self.name}@{k}"]
+
+    def learn(self, k: int, incoming: list[PacedRecord]) -> None:
+        self.seen.append((self.name, k, [(r.producer, r.version - 1) for r in incoming]))
+        time.sleep(self.delay_s)
+
+
+def test_phased_workers_use_a_peers_step_at_their_own_step_when_the_peer_is_ahead():
+    gate = VersionGate(["fast", "slow"], max_staleness=2)
+    seen: list = []
+    report = run_paced({"fast": Phased("fast", 0.001, seen), "slow": Phased("slow", 0.02, seen)},
+                       10, gate, step_timeout_s=2.0)
+    assert report.balanced() and not report.failures
+    for name, k, incoming in seen:
+        assert all(step <= k for _, step in incoming)        # nothing from a step ahead of it
+    slow = {k: [s for _, s in incoming] for name, k, incoming in seen if name == "slow"}
+    assert all(slow[k] == [k] for k in range(10))           # the fast one's step k, at step k
+    assert sum(report.dropped_stale.values()) == 0

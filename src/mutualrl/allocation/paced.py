@@ -40,8 +40,9 @@ class StepWorker(Protocol):
 class PhasedWorker(Protocol):
     """A step in two phases around the exchange, as a GRPO step is: ``produce`` makes the step's
     records (e.g. its samples), which go to the peers at once; ``learn`` then takes what has
-    arrived by then (its own records and the peers' fresh ones) and uses it. Publishing early
-    and consuming late gives the peers the most of each other's experience the gate allows."""
+    arrived by then from steps up to its own (the peers' fresh ones; records of a peer's later
+    steps wait until it gets there) and uses it. Publishing early and consuming late gives the
+    peers the most of each other's experience the gate allows."""
 
     def produce(self, k: int) -> list[Any]: ...
 
@@ -96,8 +97,16 @@ class _Run:
         with self.lock:
             return self.tokens[name] == token
 
-    def consume(self, name: str, k: int) -> list[PacedRecord]:
+    def consume(self, name: str, k: int, hold_ahead: bool = False) -> list[PacedRecord]:
+        """The fresh records queued for ``name`` at its step ``k`` (stale ones dropped, counted).
+        ``hold_ahead``: records of a producer's step after ``k`` stay queued until the consumer
+        gets there (a step's experience is used at that step, as in lock-step)."""
         records = self.channel.take(name)
+        if hold_ahead:
+            ahead = [r for r in records if r.version - 1 > k]
+            if ahead:
+                self.channel.put_back(name, ahead)
+                records = [r for r in records if r.version - 1 <= k]
         fresh = [r for r in records if is_fresh(r.version, k, self.max_age)]
         with self.lock:
             self.consumed[name] += len(fresh)
@@ -162,7 +171,7 @@ def _one_step(run: _Run, name: str, token: int, worker, k: int, t0: float) -> bo
     if hasattr(worker, "produce"):
         if not run.publish(name, token, k, list(worker.produce(k) or [])):
             return False
-        worker.learn(k, run.consume(name, k))
+        worker.learn(k, run.consume(name, k, hold_ahead=True))
         return run.finish_step(name, token, k, t0, [])
     out = list(worker.step(k, run.consume(name, k)) or [])
     return run.finish_step(name, token, k, t0, out)

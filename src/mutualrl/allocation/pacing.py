@@ -128,6 +128,8 @@ class Channel(Protocol):
 
     def pending(self) -> int: ...                             # queued records, left queued
 
+    def put_back(self, consumer: str, records: list[PacedRecord]) -> None: ...  # queue them again
+
 
 class QueueChannel:
     """One unbounded thread-safe FIFO per consumer; in process, nothing is copied."""

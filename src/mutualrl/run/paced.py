@@ -9,8 +9,10 @@ with the same phases as the lock-step loop, for itself only:
 The gate (``VersionGate``) lets a policy start step ``s`` once every live policy has completed
 ``s - k`` steps. What a policy publishes goes into the exchange (the experience log, the seqs) and
 to each live peer as one record per step, stamped with the producer's step + 1; a receiver at
-step ``s`` uses the records that have arrived when it builds its batches, and drops (and counts)
-those stamped below ``s - k``. So a strategy sees only what was published before it builds a
+step ``s`` uses the records of steps up to ``s`` that have arrived when it builds its batches
+(a peer's later steps wait in its queue until it gets there, so a step's experience is used at
+that step, as in lock-step, whenever the peer is ahead), and drops (and counts) those stamped
+below ``s - k``. So a strategy sees only what was published before it builds a
 batch: a fast policy trains without the experience of prompts its peers have not reached yet.
 
 Each policy has a strategy object of its own (built from the run's config), which sees its own
