@@ -2,8 +2,8 @@
 
 One ``mutualrl compare`` per k (the same strategies and seeds, ``--set allocation.max_staleness=k``,
 into ``reports/staleness/k<k>/``), then, per policy and strategy, the final held-out pass@1 on its
-own and its peer's family at each k (mean ± std over seeds), and the paired difference of k >= 1
-against k = 0 (seed by seed, prompt by prompt: the runs of one seed start from the same warm start
+own and its peer's family at each k (mean ± sample std over seeds, as the compare report gives
+it), and the paired difference of k >= 1 against k = 0 (seed by seed, prompt by prompt: the runs of one seed start from the same warm start
 and are asked the same held-out prompts) with the compare report's hierarchical bootstrap
 interval. Paced runs depend on how the policies' steps interleave on the machine, so their
 numbers are one draw of that too; lock-step ones are reproducible.
@@ -60,7 +60,8 @@ def table(results: dict[int, dict], ks: list[int]) -> list[dict]:
             row = {"policy": policy, "strategy": strategy, "k": k, "seeds": seeds}
             for m in METRICS:
                 finals = [float(results[k][policy, strategy, sd][m].mean()) for sd in seeds]
-                row[m] = {"mean": float(np.mean(finals)), "std": float(np.std(finals))}
+                spread = np.std(finals, ddof=1) if len(finals) > 1 else 0.0
+                row[m] = {"mean": float(np.mean(finals)), "std": float(spread)}
                 if k != ks[0]:
                     d = paired_difference(
                         np.stack([results[k][policy, strategy, sd][m] for sd in seeds]),
