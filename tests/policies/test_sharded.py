@@ -19,13 +19,15 @@ import torch
 from mutualrl.allocation import ProcessExecutor, call_one
 from mutualrl.allocation.ranks import RankGroup
 from mutualrl.config import AllocationConfig, GRPOConfig, PolicyConfig, TrainingConfig
-from mutualrl.policies.batch import SFTExample, TrainBatch, TrainSequence
+from mutualrl.policies.batch import TrainBatch
 from mutualrl.policies.models import TokenizerFacts
 from mutualrl.policies.policy import Policy
 from mutualrl.policies.sharded.worker import build_rank
 from mutualrl.policies.worker import (FreezeReference, Generate, LoadState, RestoreCheckpoint, SaveCheckpoint,
                                       SavePretrained, SaveState, SequenceLogprobs, Update)
 from mutualrl.tasks.base import Prompt
+
+from tests.policies.batches import mixed_batch
 
 # Gradients: the two ranks' micro-batches are cut differently from one rank's and summed by the
 # reduction, so they agree to float rounding. Parameters after two AdamW steps (lr 1e-3): Adam's
@@ -86,21 +88,8 @@ class PoisonOn:
 
 
 def batch_for(p: Policy) -> TrainBatch:
-    """8 rows: own ones with behaviour log-probs, peer ones with importance weights and none, of
-    different lengths, a truncated one; one SFT example."""
-    g = torch.Generator().manual_seed(0)
-    seqs = []
-    for i in range(8):
-        n = 2 + i % 3
-        ids = tuple(int(t) for t in torch.randint(100, 30000, (n,), generator=g))
-        own = i % 3 != 0
-        old = tuple(float(x) for x in -10 + 0.5 * torch.randn(n, generator=g)) if own else None
-        seqs.append(TrainSequence(p.encode_prompt("first: cat dog" + " sun" * (i % 4) + " ="), ids,
-                                  advantage=float(torch.randn((), generator=g)), old_logprobs=old,
-                                  weight=1.0 if own else 0.3 + 0.2 * i, truncated=i == 4,
-                                  source="" if own else "peer"))
-    sft = (SFTExample(p.encode_prompt("last: a b c ="), p.encode_completion(" c")),)
-    return TrainBatch(sequences=tuple(seqs), sft=sft, sft_coef=0.5, diagnose_sources=True)
+    """8 rows (a multiple of the ranks) of every kind, one SFT example, source diagnostics on."""
+    return mixed_batch(p, rows=8, sft_examples=1, diagnose=True)
 
 
 @pytest.fixture(scope="module")

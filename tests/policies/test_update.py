@@ -8,9 +8,11 @@ import pytest
 import torch
 
 from mutualrl.config import GRPOConfig, TrainingConfig, PolicyConfig
-from mutualrl.policies.batch import SFTExample, TrainBatch, TrainSequence
+from mutualrl.policies.batch import TrainBatch
 from mutualrl.policies.policy import Policy
 from mutualrl.policies.update import micro_batch_slices, prepare_model
+
+from tests.policies.batches import mixed_batch
 
 # Micro-batched and chunked steps differ from the single pass only by float summation order:
 # gradients agree to GRAD_TOL; parameters after AdamW steps (lr 1e-3) to PARAM_ATOL, 5% of a step
@@ -36,22 +38,7 @@ def make_policy(handles, seed=3, dtype="fp32", total_steps=None, **settings) -> 
 
 
 def batch_for(p: Policy, sft_coef: float = 0.5, diagnose: bool = False) -> TrainBatch:
-    """Own rows with behaviour log-probs, peer rows with importance weights and none, rows of
-    different prompt and completion lengths, a truncated row; plus SFT examples."""
-    g = torch.Generator().manual_seed(0)
-    seqs = []
-    for i in range(7):
-        n = 2 + i % 3
-        ids = tuple(int(t) for t in torch.randint(100, 30000, (n,), generator=g))
-        own = i % 3 != 0
-        old = tuple(float(x) for x in -10 + 0.5 * torch.randn(n, generator=g)) if own else None
-        seqs.append(TrainSequence(p.encode_prompt("first: cat dog" + " sun" * (i % 4) + " ="), ids,
-                                  advantage=float(torch.randn((), generator=g)), old_logprobs=old,
-                                  weight=1.0 if own else 0.3 + 0.2 * i, truncated=i == 4,
-                                  source="" if own else "peer"))
-    sft = tuple(SFTExample(p.encode_prompt("last: a b" + " c" * i + " ="), p.encode_completion(" b" * (i + 1)))
-                for i in range(3))
-    return TrainBatch(sequences=tuple(seqs), sft=sft, sft_coef=sft_coef, diagnose_sources=diagnose)
+    return mixed_batch(p, sft_coef=sft_coef, diagnose=diagnose)
 
 
 def run_step(p: Policy, batch: TrainBatch):
