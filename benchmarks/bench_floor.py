@@ -77,6 +77,9 @@ class _Verifier:
     def __call__(self, prompt, text: str) -> float:
         return reward(prompt, text)
 
+    def score_many(self, items) -> list[float]:
+        return [reward(prompt, text) for prompt, text in items]
+
 
 class Bare:
     """The same step in plain PyTorch, on copies of the policy's weights and generator."""
