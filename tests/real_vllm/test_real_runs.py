@@ -66,7 +66,8 @@ def test_both_policies_train_on_their_engines_and_log_the_mismatch(reference):
 
 def close(a: list[dict], b: list[dict]) -> None:
     """The same rows, float statistics within 1e-5 (the log-probs' last bits follow the thread
-    count the kernels run with, which Ray sets per actor)."""
+    count the kernels run with, which Ray sets per actor). Neither side may be empty."""
+    assert a and len(a) == len(b), (len(a), len(b))
     assert [sorted(r) for r in a] == [sorted(r) for r in b]
     for ra, rb in zip(a, b):
         for k, va in ra.items():
@@ -84,6 +85,8 @@ def test_ray_actors_serve_the_engines_as_the_process_executor_does(reference, tm
     pytest.importorskip("ray", reason="the ray extra is not installed")
     out = tmp_path / "ray"
     run(command(out, 'allocation.executor="ray"'))
+    assert json.loads((out / "config.json").read_text())["allocation"]["executor"] == "ray"
+    assert len(rows(out)) == 4
     close(rows(out), rows(reference))
     close(rows(out, "eval"), rows(reference, "eval"))
 
