@@ -20,12 +20,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 
 from mutualrl.provenance import git_commit, machine_info
-from mutualrl.report.analysis import _roles, load_curves, prompt_metrics
-from mutualrl.report.data import load_runs
-from mutualrl.report.stats import paired_difference
+from mutualrl.report.analysis import load_curves, paired_metrics, prompt_metrics, prompt_roles
+from mutualrl.report.data import load_runs, stat
 
 ROOT = Path(__file__).resolve().parent.parent
 METRICS = ("pass@1 end (own)", "pass@1 end (peer)")
@@ -43,30 +41,34 @@ def run_compare(k: int, a) -> Path:
     return out
 
 
-def per_prompt(out: Path) -> dict:
-    """(policy, strategy, seed) -> per-prompt final metrics of that run."""
+def curves_and_roles(out: Path) -> dict:
+    """(policy, strategy, seed) -> (held-out curve, the families to test over) of that run."""
     runs = load_runs(out, json.loads((out / "compare.json").read_text()))
-    curves = load_curves(runs)
     by = {(r.strategy, r.seed): r for r in runs}
-    return {key: prompt_metrics(c, _roles(by[key[1], key[2]], key[0], c)) for key, c in curves.items()}
+    return {key: (c, prompt_roles(by[key[1], key[2]], key[0], c))
+            for key, c in load_curves(runs).items()}
 
 
 def table(results: dict[int, dict], ks: list[int]) -> list[dict]:
+    """Per policy, strategy and k: the final metrics' mean ± sample std over seeds and, for k
+    other than the first, the paired difference to the first k over the seeds both ran."""
+    base = results[ks[0]]
     rows = []
-    for policy, strategy, _ in sorted({(p, s, 0) for p, s, _ in results[ks[0]]}):
+    for policy, strategy in sorted({(p, s) for p, s, _ in base}):
         for k in ks:
             seeds = sorted(sd for p, s, sd in results[k] if (p, s) == (policy, strategy)
-                           and (policy, strategy, sd) in results[ks[0]])
+                           and (policy, strategy, sd) in base)
+            runs = [results[k][policy, strategy, sd] for sd in seeds]
             row = {"policy": policy, "strategy": strategy, "k": k, "seeds": seeds}
+            finals = [prompt_metrics(curve, roles) for curve, roles in runs]
+            diffs = (paired_metrics([c for c, _ in runs],
+                                    [base[policy, strategy, sd][0] for sd in seeds], runs[0][1])
+                     if k != ks[0] else {})
             for m in METRICS:
-                finals = [float(results[k][policy, strategy, sd][m].mean()) for sd in seeds]
-                spread = np.std(finals, ddof=1) if len(finals) > 1 else 0.0
-                row[m] = {"mean": float(np.mean(finals)), "std": float(spread)}
-                if k != ks[0]:
-                    d = paired_difference(
-                        np.stack([results[k][policy, strategy, sd][m] for sd in seeds]),
-                        np.stack([results[ks[0]][policy, strategy, sd][m] for sd in seeds]))
-                    row[m]["vs_k0"] = d.as_dict()
+                spread = stat([float(f[m].mean()) for f in finals])
+                row[m] = {"mean": spread["mean"], "std": spread["std"]}
+                if m in diffs:
+                    row[m]["vs_k0"] = diffs[m].as_dict()
             rows.append(row)
     return rows
 
@@ -82,7 +84,7 @@ def main() -> None:
     ap.add_argument("--report-only", action="store_true")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
-    results = {k: per_prompt(run_compare(k, a)) for k in a.k}
+    results = {k: curves_and_roles(run_compare(k, a)) for k in a.k}
     rows = table(results, a.k)
     for r in rows:
         cells = []
@@ -94,10 +96,11 @@ def main() -> None:
                 if diff else ""))
         print(f"{r['policy']:14s} {r['strategy']:5s} k={r['k']}  " + "  ".join(cells))
     if a.json:
+        config = a.config.relative_to(ROOT) if a.config.is_relative_to(ROOT) else a.config
         a.json.parent.mkdir(parents=True, exist_ok=True)
         a.json.write_text(json.dumps({"benchmark": "staleness_cost", "commit": git_commit(ROOT),
                                       "machine": machine_info(), "settings": {
-                                          "config": str(a.config.relative_to(ROOT)), "k": a.k,
+                                          "config": str(config), "k": a.k,
                                           "strategies": a.strategies, "seeds": a.seeds},
                                       "rows": rows}, indent=2))
 

@@ -63,7 +63,7 @@ def load_curves(runs: list[RunData]) -> dict[tuple[str, str, int], Curve]:
 
 
 # ---- metrics per prompt ----------------------------------------------------------------------
-def _roles(run: RunData, policy: str, curve: Curve) -> dict[str, list[str]]:
+def prompt_roles(run: RunData, policy: str, curve: Curve) -> dict[str, list[str]]:
     """Families to test over: all of them, and the own and peer ones where the policy has both."""
     own = set(own_families_of(run, policy))
     evaluated = sorted(set(curve.families.tolist()))
@@ -98,16 +98,27 @@ def significance(runs: list[RunData], curves: dict, strategies: Sequence[str]) -
                      == curves[(policy, "none", s)].prompt_ids]
             if not seeds:
                 continue
-            roles = _roles(by_key[(strategy, seeds[0])], policy, curves[(policy, "none", seeds[0])])
-            treat = [prompt_metrics(curves[(policy, strategy, s)], roles) for s in seeds]
-            control = [prompt_metrics(curves[(policy, "none", s)], roles) for s in seeds]
-            for metric in treat[0]:
-                d = paired_difference(np.stack([t[metric] for t in treat]),
-                                      np.stack([c[metric] for c in control]),
-                                      n_boot=N_BOOT, seed=BOOTSTRAP_SEED)
-                rows.append({"policy": policy, "strategy": strategy, "metric": metric,
-                             "seeds": seeds, **d.as_dict()})
+            roles = prompt_roles(by_key[(strategy, seeds[0])], policy, curves[(policy, "none", seeds[0])])
+            diffs = paired_metrics([curves[(policy, strategy, s)] for s in seeds],
+                                   [curves[(policy, "none", s)] for s in seeds], roles)
+            rows.extend({"policy": policy, "strategy": strategy, "metric": metric, "seeds": seeds,
+                         **d.as_dict()} for metric, d in diffs.items())
     return rows
+
+
+def paired_metrics(treat: Sequence[Curve], control: Sequence[Curve],
+                   roles: dict[str, list[str]]) -> dict[str, Any]:
+    """Per tested metric (``prompt_metrics``): the paired difference of the ``treat`` runs' curves
+    against the ``control`` runs' (one of each per seed, in the same order, asked the same
+    held-out prompts) with its hierarchical bootstrap interval and verdict."""
+    if any(t.prompt_ids != c.prompt_ids for t, c in zip(treat, control, strict=True)):
+        raise ValueError("paired runs must be asked the same held-out prompts")
+    t_m = [prompt_metrics(c, roles) for c in treat]
+    c_m = [prompt_metrics(c, roles) for c in control]
+    return {metric: paired_difference(np.stack([m[metric] for m in t_m]),
+                                      np.stack([m[metric] for m in c_m]),
+                                      n_boot=N_BOOT, seed=BOOTSTRAP_SEED)
+            for metric in t_m[0]}
 
 
 # ---- sample efficiency ------------------------------------------------------------------------
