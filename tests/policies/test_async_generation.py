@@ -58,3 +58,15 @@ def test_an_update_on_stale_samples_is_corrected_as_an_inexact_samplers(tokenize
     assert stale_rows(stale, policy.version)
     corrected = policy.train_step(stale)
     assert 0 < corrected["mismatch/is_weight_mean"] and corrected["mismatch/logp_abs_diff_max"] > 0
+
+
+def test_the_batches_of_one_step_are_not_stale_to_each_other(tokenizer_handles):
+    # A step of several batches (hacpo's updates_per_step) moves the version between them; its
+    # own samples, drawn at the step's start, are on-policy for each batch.
+    policy = make_policy(tokenizer_handles, "llama", "mistral-v1")
+    samples = policy.generate(PROMPTS, 4, 4, 0.7)
+    first, again = own_batch(samples), own_batch(samples)
+    again = TrainBatch(sequences=again.sequences, tag="again")
+    stats = policy.train_steps([first, again])
+    assert policy.version == 2
+    assert not any("mismatch/" in k for k in stats), sorted(k for k in stats if "mismatch" in k)

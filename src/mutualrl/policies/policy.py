@@ -108,15 +108,19 @@ class Policy(PolicyView):
         return self.learner.sequence_logprobs(prompts, completions)
 
     # ---- updates --------------------------------------------------------------------------
-    def train_step(self, batch: TrainBatch, push: bool = True) -> dict[str, float]:
+    def train_step(self, batch: TrainBatch, push: bool = True,
+                   step_version: int | None = None) -> dict[str, float]:
         """One update (``num_iterations`` optimizer steps) on a batch; NaN losses are skipped, counted.
 
         Own samples drawn by older weights than the learner's (generation overlapped an update)
         are corrected as an inexact sampler's: the trainer's log-probs before the update become
         the ratio's denominator and ``pi_trainer / pi_behaviour`` weights the policy term
         (``grpo.vllm_importance_sampling_*``). ``push``: hand the new weights to the generation
-        backend now (False while it is sampling; the caller pushes once it is done)."""
-        inexact = not self.backend.exact_logprobs or stale_rows(batch, self.version)
+        backend now (False while it is sampling; the caller pushes once it is done).
+        ``step_version``: the learner's version when the step began (default: now); a step of
+        several batches moves the version between them, which does not make its samples stale."""
+        began = self.version if step_version is None else step_version
+        inexact = not self.backend.exact_logprobs or stale_rows(batch, began)
         stats = self.learner.train_step(batch, correct_mismatch=inexact)
         if push:   # the generation engine samples the new weights; an engine reports its probe gap
             stats.update(self.backend.load_weights(self.version) or {})
@@ -124,7 +128,8 @@ class Policy(PolicyView):
 
     def train_steps(self, batches: list[TrainBatch], push: bool = True) -> dict[str, float]:
         """Every batch of one step in order; later batches' stats are prefixed by their tag."""
-        return step_stats(batches, lambda batch: self.train_step(batch, push), self.learner)
+        began = self.version
+        return step_stats(batches, lambda batch: self.train_step(batch, push, began), self.learner)
 
     def update(self, batches: list[TrainBatch]) -> tuple[dict[str, float], int]:
         """``train_steps``, and the version of the weights after it (for the run, wherever this
@@ -143,12 +148,12 @@ class Policy(PolicyView):
         log-probs are recorded and the update corrects for the lag (``train_step``). The new
         weights reach the backend once both are done."""
         sampler = self.backend.overlap_sampler()
-        ids = [self.encode_prompt(p.text) for p in prompts]
-        settings = sampling_settings(self.grpo, num_generations, max_new_tokens, temperature)
 
         def draw() -> tuple[list[Sample], float]:
             t0 = time.perf_counter()
-            return sampler.generate(prompts, ids, settings), time.perf_counter() - t0
+            drawn = sample(self, sampler, self.grpo, prompts, num_generations, max_new_tokens,
+                           temperature)
+            return drawn, time.perf_counter() - t0
 
         with cf.ThreadPoolExecutor(1, thread_name_prefix=f"mutualrl-sample-{self.name}") as pool:
             drawn = pool.submit(draw)
