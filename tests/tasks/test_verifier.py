@@ -149,3 +149,33 @@ def test_a_hung_call_times_out_alone_and_the_rest_are_verified():
     finally:
         verifier.release.set()
         v.close()
+
+
+def test_callers_on_two_threads_take_turns_and_neither_is_timed_out_waiting():
+    # 0.3 s a call, 0.5 s allowed: two callers at once must not count one's wait as its time
+    import threading
+
+    g = GuardedVerifier(Sleeps(0.3), timeout_s=0.5)
+    got = []
+    callers = [threading.Thread(target=lambda: got.append(g(PROMPT, " cat"))) for _ in range(2)]
+    for c in callers:
+        c.start()
+    for c in callers:
+        c.join()
+    assert got == [1.0, 1.0] and g.counters.timeouts == 0 and g.counters.calls == 2
+    g.close()
+
+
+class RaisesTimeout:
+    verifier_id, version = "raises-timeout", 1
+
+    def __call__(self, prompt, completion):
+        raise TimeoutError("the sandbox did not answer")
+
+
+def test_a_verifier_that_raises_timeouterror_is_an_error_not_a_guard_timeout():
+    g = GuardedVerifier(RaisesTimeout(), timeout_s=5)
+    assert g(PROMPT, " cat") == 0.0
+    assert g.counters.errors == 1 and g.counters.timeouts == 0
+    assert "TimeoutError: the sandbox did not answer" in g.counters.last_error
+    g.close()

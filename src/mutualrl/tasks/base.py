@@ -9,6 +9,7 @@ and is counted; it never stops the run.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -76,13 +77,15 @@ class GuardedVerifier:
     ``threads`` (``allocation.verifier_threads``): how many samples ``score_many`` verifies at
     once; 0 or 1, one after another. Each call keeps its own time limit, counted from when it
     starts. Concurrent calls share the verifier object, which must then be thread-safe (the
-    built-in ones keep no state)."""
+    built-in ones keep no state). Callers on several threads (a paced run's policies) take turns:
+    no call waits in the pool behind another caller's, and a hung call abandons only its own."""
 
     def __init__(self, verifier: Verifier, timeout_s: float, threads: int = 0) -> None:
         self.verifier = verifier
         self.timeout_s = timeout_s
         self.threads = threads
         self.counters = VerifierCounters()
+        self._turn = threading.RLock()
         # A verifier that hangs is abandoned (threads cannot be killed) with its pool, and a
         # fresh pool is made, so later calls are not stuck behind it.
         self._pool = self._new_pool()
@@ -95,17 +98,14 @@ class GuardedVerifier:
         self._pool = self._new_pool()
 
     def __call__(self, prompt: Prompt, completion: str) -> float:
-        self.counters.calls += 1
-        future = self._pool.submit(self.verifier, prompt, completion)
-        try:
-            future.result(timeout=self.timeout_s)
-        except cf.TimeoutError:
-            self.counters.timeouts += 1
-            self._abandon_pool()
-            return 0.0
-        except Exception:  # noqa: BLE001 - settled (counted) below
-            pass
-        return self._settle(future)
+        with self._turn:
+            self.counters.calls += 1
+            future = self._pool.submit(self.verifier, prompt, completion)
+            if not cf.wait([future], timeout=self.timeout_s).done:
+                self.counters.timeouts += 1
+                self._abandon_pool()
+                return 0.0
+            return self._settle(future)
 
     def _settle(self, future: cf.Future) -> float:
         """A finished call's reward; an error or a non-finite value is 0, counted."""
@@ -125,6 +125,10 @@ class GuardedVerifier:
         """The rewards of (prompt, completion) pairs, in order, ``threads`` verified at once."""
         if self.threads <= 1:
             return [self(p, c) for p, c in items]
+        with self._turn:
+            return self._score_threaded(items)
+
+    def _score_threaded(self, items: Sequence[tuple[Prompt, str]]) -> list[float]:
         self.counters.calls += len(items)
         out = [0.0] * len(items)
         started: dict[int, float] = {}
@@ -149,7 +153,8 @@ class GuardedVerifier:
             for f in done:
                 out[futures[f]] = self._settle(f)
             now = time.monotonic()
-            hung = {f for f in pending if now - started.get(futures[f], now) > self.timeout_s}
+            hung = {f for f in pending
+                    if not f.done() and now - started.get(futures[f], now) > self.timeout_s}
             if hung:
                 self.counters.timeouts += len(hung)
                 pending -= hung
