@@ -48,6 +48,16 @@ def test_weighted_sum_and_parts():
     r.close()
 
 
+def test_score_many_is_score_of_each_pair_with_threads():
+    r = WeightedReward(_Task(_Right()), ["correctness", "hash_format"], [1.0, 0.25], timeout_s=5,
+                       threads=3)
+    items = [(P, c) for c in ("#### 4", "#### 5", "4", "5", "#### 44")]
+    assert r.score_many(items) == [r.score(p, c) for p, c in items]
+    assert r.score_many(items)[0] == (1.25, {"correctness": 1.0, "hash_format": 1.0})
+    assert all(g.threads == 3 for _, _, g in r.terms)
+    r.close()
+
+
 def test_failures_give_zero_and_are_counted():
     r = WeightedReward(_Task(Raises()), ["correctness", "hash_format"], [], timeout_s=5)
     assert r.score(P, "#### 4") == (1.0, {"correctness": 0.0, "hash_format": 1.0})

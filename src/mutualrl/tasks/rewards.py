@@ -88,15 +88,16 @@ class WeightedReward:
 
     def score(self, prompt: Prompt, completion: str) -> tuple[float, dict[str, float]]:
         """The combined reward and each function's own value."""
-        parts = {name: guarded(prompt, completion) for name, _, guarded in self.terms}
-        return sum(w * parts[name] for name, w, _ in self.terms), parts
+        return self._total({name: guarded(prompt, completion) for name, _, guarded in self.terms})
 
     def score_many(self, items: Sequence[tuple[Prompt, str]]) -> list[tuple[float, dict[str, float]]]:
         """``score`` of each (prompt, completion) pair, each function verifying its ``threads``
         at once (``GuardedVerifier.score_many``)."""
         values = {name: guarded.score_many(items) for name, _, guarded in self.terms}
-        parts = [{name: values[name][i] for name in values} for i in range(len(items))]
-        return [(sum(w * p[name] for name, w, _ in self.terms), p) for p in parts]
+        return [self._total({name: values[name][i] for name in values}) for i in range(len(items))]
+
+    def _total(self, parts: dict[str, float]) -> tuple[float, dict[str, float]]:
+        return sum(w * parts[name] for name, w, _ in self.terms), parts
 
     def __call__(self, prompt: Prompt, completion: str) -> float:
         return self.score(prompt, completion)[0]
