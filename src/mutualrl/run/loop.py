@@ -68,7 +68,7 @@ def train_loop(run: Run, start: int = 0) -> None:
     """Lock-step: every live policy takes each step together; or, with
     ``allocation.max_staleness >= 1``, each at its own pace (``run.paced``)."""
     if run.pace is not None:
-        paced_train_loop(run, start, save_checkpoint, stop_here)
+        paced_train_loop(run, save_checkpoint, stop_here)
         return
     run.progress.start_phase("train", run.cfg.steps, completed=start)
     for step in range(start, run.cfg.steps):

@@ -295,7 +295,7 @@ def sync_points(cfg: RunConfig, start: int) -> int:
     return cfg.steps
 
 
-def paced_train_loop(run: Run, start: int, save_checkpoint, stop_here) -> None:
+def paced_train_loop(run: Run, save_checkpoint, stop_here) -> None:
     """Every live policy at its own pace, segment by segment between the steps where all meet
     (``save_checkpoint(run, step)`` and ``stop_here(run, step)`` are the lock-step loop's)."""
     pace, cfg = run.pace, run.cfg
@@ -314,6 +314,8 @@ def paced_train_loop(run: Run, start: int, save_checkpoint, stop_here) -> None:
             raise pace.tripped
         reached = all(pace.gate.version(n) >= end for n in pace.live(run))
         if run.stop.requested or not reached:
+            if reached:   # every policy is at end: its checkpoint first, which stop_here names
+                save_checkpoint(run, end)
             stop_here(run, pace.rows.next)
         if cfg.eval.every and end % cfg.eval.every == 0 and end < cfg.steps:
             evaluate(run, end)
@@ -348,12 +350,14 @@ def pace_summary(rows: list[dict], names: list[str]) -> dict[str, dict[str, floa
         p = f"policy/{n}/"
         mine = [r for r in rows if r.get("phase") == "train" and p + "reward/mean" in r]
         wall = sum(r.get(p + "pace/step_wall_time_s", r.get("time_s", 0.0)) or 0.0 for r in mine)
-        busy = sum(r.get(p + "pace/busy_time_s") or 0.0 for r in mine)
+        timed = [r[p + "pace/busy_time_s"] for r in mine if p + "pace/busy_time_s" in r]
+        busy = sum(timed) if timed else None   # None: the executor does not measure it (Ray)
         used = sum(r.get(p + "pace/experience_records") or 0.0 for r in mine)
         lag = sum((r.get(p + "pace/experience_lag_mean") or 0.0) * (r.get(p + "pace/experience_records") or 0.0)
                   for r in mine)
         out[n] = {"steps": len(mine), "wall_s": wall, "busy_s": busy,
-                  "idle_fraction": max(0.0, 1 - busy / wall) if wall else 0.0,
+                  "idle_fraction": (max(0.0, 1 - busy / wall) if wall else 0.0)
+                  if busy is not None else None,
                   "steps_per_min": 60 * len(mine) / wall if wall else 0.0,
                   "gate_wait_s": sum(r.get(p + "pace/gate_wait_time_s") or 0.0 for r in mine),
                   "experience_lag_mean": lag / used if used else 0.0,

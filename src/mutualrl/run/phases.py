@@ -252,7 +252,8 @@ def log_pace(run: Run, ctx: StrategyContext, samples: dict[str, list[Sample]],
     and, when its samples were drawn during its last update, how many versions they lag behind
     the weights they were trained from (``versions``: the run's record before the update)."""
     for name, ss in samples.items():
-        ctx.log(name, "pace/busy_time_s", busy.get(name, 0.0))
+        if name in busy:
+            ctx.log(name, "pace/busy_time_s", busy[name])
         if run.cfg.allocation.async_generation and ss:
             drawn = min((s.policy_version for s in ss if s.policy_version is not None),
                         default=versions[name])
