@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -21,7 +22,7 @@ import msgspec
 import pytest
 
 from mutualrl.config import AllocationConfig, ConfigError, load_config
-from mutualrl.exchange import read_log
+from mutualrl.exchange import ReadStats, read_log
 from mutualrl.run import train
 from mutualrl.run.build import build_run, prepare
 from mutualrl.run.metrics import read_metrics
@@ -71,30 +72,50 @@ def test_k0_builds_no_pace_and_k1_builds_one(tmp_path, fast_run_builds):
             run.close()
 
 
+SLOW = "qwen-deepseek"
+
+
 @pytest.fixture(scope="module")
 def independent(tmp_path_factory, fast_run_builds_module):
-    """The tiny run under ``none`` in lock-step and paced at k = 1 and 2 (five steps)."""
+    """The tiny run under ``none`` in lock-step and paced at k = 1 and 2 (five steps), with
+    ``SLOW``'s updates 0.3 s longer, so that the other policy runs ahead when it may."""
+    from mutualrl.policies.policy import Policy
+
+    update = Policy.update
+
+    def slow(self, batches):
+        if self.name == SLOW:
+            time.sleep(0.3)
+        return update(self, batches)
+
     root = tmp_path_factory.mktemp("paced")
-    return {k: (root / f"k{k}", run_tiny(root / f"k{k}", "steps=5", 'strategy="none"',
-                                         f"allocation.max_staleness={k}"))
-            for k in (0, 1, 2)}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Policy, "update", slow)
+        return {k: (root / f"k{k}", run_tiny(root / f"k{k}", "steps=5", 'strategy="none"',
+                                             f"allocation.max_staleness={k}"))
+                for k in (0, 1, 2)}
 
 
 @pytest.mark.parametrize("k", [1, 2])
 def test_paced_policies_compute_what_they_compute_in_lock_step(independent, k):
     lock, _ = independent[0]
     paced, _ = independent[k]
-    assert policy_rows(paced) == policy_rows(lock)
+    rows = policy_rows(lock)
+    assert sorted(rows) == list(range(5))
+    assert all(f"policy/{n}/reward/mean" in r for r in rows.values() for n in NAMES)
+    assert set(experience(lock)) == set(NAMES)
+    assert policy_rows(paced) == rows
     assert experience(paced) == experience(lock)
 
 
 @pytest.mark.parametrize("k", [1, 2])
 def test_no_policy_starts_more_than_k_steps_ahead(independent, k):
     out, summary = independent[k]
-    for r in read_metrics(out / "metrics.jsonl"):
-        if r["phase"] == "train":
-            for n in NAMES:
-                assert r[f"policy/{n}/pace/lead"] <= k
+    leads = {n: [r[f"policy/{n}/pace/lead"] for r in read_metrics(out / "metrics.jsonl")
+                 if r["phase"] == "train"] for n in NAMES}
+    assert all(len(v) == 5 and max(v) <= k for v in leads.values())
+    fast = next(n for n in NAMES if n != SLOW)
+    assert max(leads[fast]) == k     # it did run ahead, as far as the gate lets it
     for n in NAMES:
         s = summary["pace"][n]
         assert s["steps"] == 5 and 0 <= s["idle_fraction"] < 1 and s["steps_per_min"] > 0
@@ -103,7 +124,9 @@ def test_no_policy_starts_more_than_k_steps_ahead(independent, k):
 
 def _assert_books_whole(books: dict, steps: int) -> None:
     """Every step of every peer reached every receiver once: consumed, dropped or queued."""
+    assert set(books) == set(NAMES)
     for consumer, by in books.items():
+        assert set(by) == set(NAMES) - {consumer}, consumer
         for producer, b in by.items():
             seen = [s for how in ("consumed", "dropped", "queued") for a, z in b[how]
                     for s in range(a, z + 1)]
@@ -130,9 +153,16 @@ def test_a_strategy_that_needs_lock_step_is_refused_before_anything_is_written(t
     assert not out.exists()
 
 
+def test_restart_is_refused_for_a_paced_run_naming_both_fields(tmp_path):
+    with pytest.raises(ConfigError, match=r'max_staleness = 1: .*on_failure = "restart" needs'):
+        load_config(TINY, [f'output_dir="{tmp_path}"', "allocation.max_staleness=1",
+                           'allocation.on_failure="restart"'])
+
+
 def test_async_generation_trains_on_samples_one_version_behind(tmp_path, fast_run_builds):
     run_tiny(tmp_path / "a", "steps=4", 'strategy="none"', "allocation.async_generation=true")
     rows = [r for r in read_metrics(tmp_path / "a" / "metrics.jsonl") if r["phase"] == "train"]
+    assert [r["step"] for r in rows] == list(range(4))
     for r in rows:
         for n in NAMES:
             p = f"policy/{n}/"
@@ -157,12 +187,15 @@ def test_a_paced_run_killed_and_resumed_loses_and_replays_nothing(tmp_path):
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             start_new_session=True)
     deadline = time.monotonic() + 300
-    while not (out / "checkpoints" / "step-000004").is_dir():
+    while len([r for r in read_metrics(out / "metrics.jsonl") if r["phase"] == "train"]
+              if (out / "metrics.jsonl").exists() else []) < 5:
         assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
         assert time.monotonic() < deadline
         time.sleep(0.02)
-    os.killpg(proc.pid, signal.SIGKILL)   # mid-way through the second segment
+    os.killpg(proc.pid, signal.SIGKILL)   # mid-way through the second segment (steps 4-7)
     proc.wait()
+    assert proc.returncode == -signal.SIGKILL and not (out / "summary.json").exists()
+    assert (out / "checkpoints" / "step-000004").is_dir()
     done = subprocess.run([sys.executable, "-m", "mutualrl.cli", "train", "--resume", str(out),
                            "--no-progress"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -170,34 +203,40 @@ def test_a_paced_run_killed_and_resumed_loses_and_replays_nothing(tmp_path):
     _assert_books_whole(summary["pace_books"], 8)
     steps = [r["step"] for r in read_metrics(out / "metrics.jsonl") if r["phase"] == "train"]
     assert steps == list(range(8))
+    stats = ReadStats()
+    assert sum(1 for _ in read_log(out, stats=stats)) and stats.skipped == 0   # no damaged frame
     for producer, records in experience(out).items():   # no seq lost or written twice
         assert [seq for _, _, seq, _ in records] == list(range(len(records))), producer
 
 
 # ---- a policy that fails or hangs ------------------------------------------------------------------
-def _breaking(monkeypatch, how: str, at_version: int = 2):
+def _breaking(monkeypatch, how: str, at_version: int = 2) -> threading.Event:
+    """qwen-deepseek's update raises, or hangs until the returned event is set (the test's end)."""
     from mutualrl.policies.policy import Policy
 
-    update = Policy.update
+    update, released = Policy.update, threading.Event()
 
     def broken(self, batches):
         if self.name == "qwen-deepseek" and self.version >= at_version:
             if how == "hang":
-                time.sleep(30)
+                released.wait(300)
             raise RuntimeError("the learner fell over")
         return update(self, batches)
     monkeypatch.setattr(Policy, "update", broken)
+    return released
 
 
 @pytest.mark.parametrize("how", ["raise", "hang"])
 def test_under_continue_a_failed_policy_leaves_and_the_other_goes_on(tmp_path, fast_run_builds,
-                                                                    monkeypatch, how):
-    _breaking(monkeypatch, how)
+                                                                    monkeypatch, request, how):
+    request.addfinalizer(_breaking(monkeypatch, how).set)
     out = tmp_path / how
     t0 = time.monotonic()
     summary = run_tiny(out, "steps=6", 'strategy="sgt"', "allocation.max_staleness=1",
                        'allocation.on_failure="continue"', "allocation.call_timeout_s=3")
-    assert time.monotonic() - t0 < 60    # a hung peer costs its call's time-out, not the run
+    # a hung peer costs its step's time-out (3 calls of 3 s), not the run: the hang lasts
+    # until the test ends
+    assert time.monotonic() - t0 < 120
     rows = [r for r in read_metrics(out / "metrics.jsonl") if r["phase"] == "train"]
     assert [r["step"] for r in rows] == list(range(6))
     assert all("policy/llama-mistral/reward/mean" in r for r in rows)

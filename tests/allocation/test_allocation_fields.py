@@ -20,9 +20,9 @@ EFFECTS = {
     "local_mode": "allocation/test_local_executor.py::test_calls_run_concurrently_in_threads_mode",
     "on_failure": "test_train_executors.py::test_a_failed_call_kept_going_by_on_failure_is_unavailable_to_the_loop",
     "max_restarts": "allocation/test_local_executor.py::test_restart_rebuilds_from_the_factory_and_loads_the_checkpoint",
-    "call_timeout_s": "allocation/test_process_executor.py::test_a_hung_worker_is_killed_at_its_timeout_and_the_others_go_on",
+    "call_timeout_s": "test_paced.py::test_under_continue_a_failed_policy_leaves_and_the_other_goes_on",
     "placement_timeout_s": "allocation/test_ray_executor.py::test_unplaceable_gangs_are_all_or_nothing_with_a_diagnostic",
-    "process_group_timeout_s": "allocation/test_rank_groups.py::test_a_rank_that_never_joins_times_out_naming_the_bound",
+    "process_group_timeout_s": "allocation/test_rank_groups.py::test_a_group_that_does_not_form_fails_at_process_group_timeout_s",
     "master_port": "allocation/test_rank_groups.py::test_a_port_in_use_is_a_named_error_not_a_hang",
     "max_staleness": "test_paced.py::test_no_policy_starts_more_than_k_steps_ahead",
     "async_generation": "test_paced.py::test_async_generation_trains_on_samples_one_version_behind",
@@ -48,7 +48,17 @@ def test_every_allocation_field_names_a_test_of_its_effect():
         source = (TESTS / path).read_text()
         tests = {f.name for f in ast.walk(ast.parse(source)) if isinstance(f, ast.FunctionDef)}
         assert name in tests, f"{field}: {node} does not exist"
-        assert field in source, f"{field}: {node}'s file never mentions it"
+        assert field in _body(source, name), f"{field}: {node} never mentions it"
+
+
+def _body(source: str, name: str) -> str:
+    """The test's source and that of the module's functions it calls or takes as fixtures."""
+    tree = ast.parse(source)
+    funcs = {f.name: f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)}
+    fn = funcs[name]
+    called = {c.func.id for c in ast.walk(fn) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
+    called |= {a.arg for a in fn.args.args}
+    return "\n".join(ast.get_source_segment(source, funcs[n]) for n in {name} | (called & set(funcs)))
 
 
 def _specs(**allocation):

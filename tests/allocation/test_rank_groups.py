@@ -69,7 +69,8 @@ def _group(ranks: int = 2) -> RankGroup:
 
 
 def _ex(**kw) -> ProcessExecutor:
-    return ProcessExecutor(AllocationConfig(call_timeout_s=60.0, process_group_timeout_s=20.0, **kw))
+    return ProcessExecutor(AllocationConfig(**{"call_timeout_s": 60.0, "process_group_timeout_s": 20.0,
+                                               **kw}))
 
 
 def _plan(gpus=()):
@@ -151,6 +152,25 @@ def test_a_rank_that_never_joins_times_out_naming_the_bound():
     finally:
         for k in rank_env(0, 2, "127.0.0.1", port):
             os.environ.pop(k, None)
+
+
+@dataclass(frozen=True)
+class MissingRank(RankGroup):
+    """A group whose ranks, once in their processes, wait for one rank more than were started."""
+
+    def __getattribute__(self, name):
+        value = object.__getattribute__(self, name)
+        return value + 1 if name == "ranks" and "RANK" in os.environ else value
+
+
+def test_a_group_that_does_not_form_fails_at_process_group_timeout_s():
+    ex = _ex(process_group_timeout_s=2.0)
+    t0 = time.monotonic()
+    with pytest.raises(WorkerFailedError) as err:
+        ex.start({"g": MissingRank(2, Member)})
+    assert time.monotonic() - t0 < 30          # the field's bound, not the call's 60 s
+    assert "not every rank joined within 2 s (allocation.process_group_timeout_s)" in str(err.value)
+    ex.shutdown()
 
 
 def test_a_group_needs_an_executor_that_starts_processes():

@@ -48,6 +48,7 @@ def rows(out: Path, phase: str = "train") -> list[dict]:
 def reference(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("vllm") / "reference"
     run(command(out))
+    assert len(rows(out)) == 4 and rows(out, "eval")
     return out
 
 

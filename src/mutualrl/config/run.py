@@ -66,6 +66,10 @@ class RunConfig(ConfigStruct):
               "training.logprob_chunk_size takes log-probs of the untruncated distribution; with "
               "grpo.top_k or grpo.top_p truncation unset it (the chunked LM head does not truncate)")
         self._check_learner_ranks()
+        check(self.allocation.max_staleness == 0 or self.allocation.on_failure != "restart",
+              f"allocation.max_staleness = {self.allocation.max_staleness}: a paced run cannot "
+              "rebuild a policy mid-loop; allocation.on_failure = \"restart\" needs "
+              "max_staleness = 0 (or use \"continue\" or \"stop\")")
         check(not self.allocation.async_generation or not any(
                   p.generation.enable_sleep_mode for p in self.policies),
               "allocation.async_generation samples while the learner updates, but "
