@@ -107,12 +107,14 @@ class _Run:
             if ahead:
                 self.channel.put_back(name, ahead)
                 records = [r for r in records if r.version - 1 <= k]
-        fresh = [r for r in records if is_fresh(r.version, k, self.max_age)]
+        fresh, stale = [], []
+        for r in records:
+            (fresh if is_fresh(r.version, k, self.max_age) else stale).append(r)
         with self.lock:
             self.consumed[name] += len(fresh)
-            self.dropped[name] += len(records) - len(fresh)
-        if self.on_stale is not None and len(fresh) < len(records):
-            self.on_stale(name, [r for r in records if not is_fresh(r.version, k, self.max_age)])
+            self.dropped[name] += len(stale)
+        if self.on_stale is not None and stale:
+            self.on_stale(name, stale)
         return fresh
 
     def publish(self, name: str, token: int, k: int, payloads: list[Any]) -> bool:

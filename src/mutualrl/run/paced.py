@@ -159,16 +159,16 @@ class StepRows:
     def add(self, step: int, name: str, part: dict) -> None:
         with self.lock:
             self.parts[step][name] = part
-            self._flush(complete_only=True)
+            self._flush()
 
     def flush(self) -> None:
         """Write every row whose policies have all given their parts (after a failure too)."""
         with self.lock:
-            self._flush(complete_only=True)
+            self._flush()
 
-    def _flush(self, complete_only: bool) -> None:
+    def _flush(self) -> None:
         live = set(self.pace.live(self.run))
-        while self.next in self.parts and (not complete_only or live <= set(self.parts[self.next])):
+        while self.next in self.parts and live <= set(self.parts[self.next]):
             self._write(self.next, self.parts.pop(self.next))
             self.next += 1
 
