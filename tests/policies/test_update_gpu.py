@@ -40,3 +40,20 @@ def test_half_billion_parameter_policy_takes_a_bf16_micro_batched_chunked_step(t
     # logits alone would be 4.2 GB more, times three for log-softmax and its gradient.
     assert peak < 14e9, peak
     print(f"peak {peak / 1e9:.2f} GB, step {stats['step_time_s']:.2f} s")
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
+def test_every_loss_type_takes_a_micro_batched_step_on_cuda(tokenizer_handles, loss_type):
+    # micro-batches make the update use the whole batch's row scales (grpo/normalise.py), which
+    # dapo and dr_grpo once built on the CPU: a run on a GPU failed at its first update
+    cfg = PolicyConfig(name="tiny", architecture="llama", tokenizer="mistral-v1", hidden_size=64,
+                       num_layers=2, num_heads=2, dtype="bf16")
+    grpo = GRPOConfig(num_generations=4, max_completion_length=16, loss_type=loss_type)
+    p = Policy(cfg, grpo, seed=0, device="cuda:0", handle=tokenizer_handles["mistral-v1"],
+               training=TrainingConfig(per_device_train_batch_size=2))
+    g = torch.Generator().manual_seed(0)
+    seqs = tuple(TrainSequence(tuple(int(t) for t in torch.randint(10, 30000, (8,), generator=g)),
+                               tuple(int(t) for t in torch.randint(10, 30000, (16 - i,), generator=g)),
+                               advantage=float(i % 2) - 0.5) for i in range(8))
+    stats = p.train_step(TrainBatch(sequences=seqs))
+    assert stats["skipped_nan"] == 0.0 and stats["grad_norm"] > 0

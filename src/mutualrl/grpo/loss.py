@@ -77,7 +77,7 @@ def sampled_entropy(logp_all: Tensor, mask: Tensor, size: int | None) -> Tensor:
     V = logp_all.shape[-1]
     where = mask.reshape(-1).nonzero().squeeze(1)
     if size is not None and where.numel() > size:
-        where = where[torch.linspace(0, where.numel() - 1, size).round().long()]
+        where = where[torch.linspace(0, where.numel() - 1, size, device=where.device).round().long()]
     out = torch.full((mask.numel(),), float("nan"), dtype=logp_all.dtype, device=logp_all.device)
     flat, rows = logp_all.reshape(-1, V), _entropy_rows(V)
     for lo in range(0, where.numel(), rows):
@@ -198,7 +198,7 @@ def completion_mask(completion_ids: Tensor, lengths: Tensor, truncated: Tensor |
 
     completion_ids: (B, T); lengths: (B,) tokens generated incl. EOS; truncated: (B,) bool.
     """
-    positions = torch.arange(completion_ids.shape[1]).unsqueeze(0)       # (1, T)
+    positions = torch.arange(completion_ids.shape[1], device=lengths.device).unsqueeze(0)   # (1, T)
     mask = positions < lengths.unsqueeze(-1)                             # (B, T)
     if mask_truncated and truncated is not None:
         mask = mask & ~truncated.unsqueeze(-1)

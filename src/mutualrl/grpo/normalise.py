@@ -66,7 +66,7 @@ class ConstantLength:
 
     def row_scales(self, mask, max_completion_length, skipped_rows, skipped_tokens):
         B = mask.shape[0]
-        return torch.full((B,), 1.0 / ((B + skipped_rows) * max_completion_length))
+        return mask.new_full((B,), 1.0 / ((B + skipped_rows) * max_completion_length))
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ class TokenMean:
         return (per_token * mask).sum() / (mask.sum() + skipped_tokens).clamp(min=1)
 
     def row_scales(self, mask, max_completion_length, skipped_rows, skipped_tokens):
-        return torch.full((mask.shape[0],), 1.0) / (mask.sum() + skipped_tokens).clamp(min=1)
+        return mask.new_ones(mask.shape[0]) / (mask.sum() + skipped_tokens).clamp(min=1)
 
 
 # loss_type -> its normaliser; read-only, filled here once.
