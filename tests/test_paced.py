@@ -210,14 +210,15 @@ def test_a_paced_run_killed_and_resumed_loses_and_replays_nothing(tmp_path):
 
 
 # ---- a policy that fails or hangs ------------------------------------------------------------------
-def _breaking(monkeypatch, how: str, at_version: int = 2) -> threading.Event:
-    """qwen-deepseek's update raises, or hangs until the returned event is set (the test's end)."""
+def _breaking(monkeypatch, how: str, at_version: int = 2,
+              who: tuple[str, ...] = ("qwen-deepseek",)) -> threading.Event:
+    """``who``'s updates raise, or hang until the returned event is set (the test's end)."""
     from mutualrl.policies.policy import Policy
 
     update, released = Policy.update, threading.Event()
 
     def broken(self, batches):
-        if self.name == "qwen-deepseek" and self.version >= at_version:
+        if self.name in who and self.version >= at_version:
             if how == "hang":
                 released.wait(300)
             raise RuntimeError("the learner fell over")
@@ -228,7 +229,8 @@ def _breaking(monkeypatch, how: str, at_version: int = 2) -> threading.Event:
 
 @pytest.mark.parametrize("how", ["raise", "hang"])
 def test_under_continue_a_failed_policy_leaves_and_the_other_goes_on(tmp_path, fast_run_builds,
-                                                                    monkeypatch, request, how):
+                                                                    monkeypatch, request, how,
+                                                                    capsys):
     request.addfinalizer(_breaking(monkeypatch, how).set)
     out = tmp_path / how
     t0 = time.monotonic()
@@ -243,6 +245,49 @@ def test_under_continue_a_failed_policy_leaves_and_the_other_goes_on(tmp_path, f
     assert "policy/qwen-deepseek/reward/mean" not in rows[-1]
     assert summary["pace"]["llama-mistral"]["steps"] == 6
     assert summary["pace"]["qwen-deepseek"]["steps"] < 6
+    _assert_departure_said_and_kept(out, summary, capsys, "qwen-deepseek",
+                                    "the learner fell over" if how == "raise" else "timeout")
+
+
+def _assert_departure_said_and_kept(out: Path, summary: dict, capsys, name: str, why: str) -> None:
+    """The policy that left is named once on stderr, in failures.jsonl and in summary.json."""
+    said = [line for line in capsys.readouterr().err.splitlines() if "left the run" in line]
+    assert len(said) == 1 and repr(name) in said[0] and why in said[0], said
+    records = [msgspec.json.decode(line) for line in (out / "failures.jsonl").read_bytes().splitlines()]
+    assert [r["policy"] for r in records] == [name]
+    assert why in records[0]["failure"]["message"] + records[0]["failure"]["kind"]
+    assert records[0]["failure"]["traceback"] and records[0]["phase"] == "train"
+    assert list(summary["failed"]) == [name] and summary["failed"][name]["step"] >= 1
+
+
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_under_continue_a_run_every_policy_left_stops_with_their_failures(tmp_path, fast_run_builds,
+                                                                          monkeypatch, capsys,
+                                                                          staleness):
+    # before: the run went on with no policy, logged empty steps, evaluated NaN and said "done"
+    from mutualrl.allocation import WorkerFailedError
+
+    _breaking(monkeypatch, "raise", at_version=0, who=NAMES)
+    out = tmp_path / f"all-{staleness}"
+    with pytest.raises(WorkerFailedError, match="the learner fell over") as exc:
+        run_tiny(out, "steps=4", 'strategy="sgt"', f"allocation.max_staleness={staleness}",
+                 'allocation.on_failure="continue"')
+    assert sorted(f.worker for f in exc.value.failures) == sorted(NAMES)
+    assert not (out / "summary.json").exists()
+    records = [msgspec.json.decode(line) for line in (out / "failures.jsonl").read_bytes().splitlines()]
+    assert sorted(r["policy"] for r in records) == sorted(NAMES)
+    assert sum("left the run" in line for line in capsys.readouterr().err.splitlines()) == 2
+
+
+def test_under_continue_a_lock_step_policy_that_fails_is_said_and_kept(tmp_path, fast_run_builds,
+                                                                       monkeypatch, capsys):
+    _breaking(monkeypatch, "raise")
+    out = tmp_path / "lock-step"
+    summary = run_tiny(out, "steps=4", 'strategy="sgt"', 'allocation.on_failure="continue"')
+    rows = [r for r in read_metrics(out / "metrics.jsonl") if r["phase"] == "train"]
+    assert "policy/qwen-deepseek/reward/mean" not in rows[-1]
+    assert "policy/llama-mistral/reward/mean" in rows[-1]
+    _assert_departure_said_and_kept(out, summary, capsys, "qwen-deepseek", "the learner fell over")
 
 
 def test_under_stop_a_failed_policy_stops_the_run_with_its_traceback(tmp_path, fast_run_builds,

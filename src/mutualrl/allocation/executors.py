@@ -116,6 +116,10 @@ class LocalExecutor:
     def live_workers(self) -> list[str]:
         return [n for n in self._factories if n not in self.policy.removed]
 
+    def removed(self) -> dict[str, WorkerFailure]:
+        """Workers removed under ``on_failure = "continue"``, each with the failure that did it."""
+        return dict(self.policy.removed)
+
     def worker(self, name: str) -> object:
         """The object a worker runs (in process). A restart replaces it: read it again after one."""
         return self._workers[name]

@@ -198,6 +198,10 @@ class ProcessExecutor:
     def live_workers(self) -> list[str]:
         return [n for n in self._factories if n not in self.policy.removed]
 
+    def removed(self) -> dict[str, WorkerFailure]:
+        """Workers removed under ``on_failure = "continue"``, each with the failure that did it."""
+        return dict(self.policy.removed)
+
     def call(self, calls: dict[str, WorkerCall], timeout_s: float | None = None, *,
              fetch: bool = True) -> dict[str, CallResult]:
         """Send each named worker its call (every rank of a group), then gather the replies

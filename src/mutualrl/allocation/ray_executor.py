@@ -282,6 +282,10 @@ class RayExecutor:
     def live_workers(self) -> list[str]:
         return [n for n in self._factories if n not in self.policy.removed]
 
+    def removed(self) -> dict[str, WorkerFailure]:
+        """Workers removed under ``on_failure = "continue"``, each with the failure that did it."""
+        return dict(self.policy.removed)
+
     def call(self, calls: dict[str, WorkerCall], timeout_s: float | None = None, *,
              fetch: bool = True) -> dict[str, CallResult]:
         method = call_name(next(iter(calls.values()))) if calls else "call"

@@ -25,6 +25,7 @@ from mutualrl.policies.generation import check_engine_processes
 from mutualrl.policies.models import TokenizerFacts
 from mutualrl.policies.policy import Policy, PolicyView, load_handles
 from mutualrl.retokenize import Retokenizer
+from mutualrl.run.departures import Departures
 from mutualrl.run.experience import PeerLogPool, open_bus
 from mutualrl.run.guards import Guards
 from mutualrl.run.paced import Pace, check_paced
@@ -109,6 +110,7 @@ def build_run(cfg: RunConfig, progress: RunProgress | None = None,
                                             profiles=profiles) for n, p in policies.items()},
                peer_logs=prep.peer_logs, executor=executor, rewards=prep.rewards,
                guards=Guards(cfg.guards), versions={n: 0 for n in policies})
+    run.departures = Departures(out)
     if cfg.allocation.max_staleness >= 1:
         run.pace = Pace(run)   # built before a resume loads its state into it
     return run

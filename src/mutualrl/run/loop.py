@@ -74,6 +74,7 @@ def train_loop(run: Run, start: int = 0) -> None:
     for step in range(start, run.cfg.steps):
         with run.timed("train"):
             record = grpo_step(run, step)
+        run.departures.check(run, step + 1, "train")
         check_guards(run, record)
         if run.cfg.eval.every and (step + 1) % run.cfg.eval.every == 0 and step + 1 < run.cfg.steps:
             evaluate(run, step + 1)
@@ -113,6 +114,9 @@ class RunSummary:
     pace: dict[str, dict[str, float]] = field(default_factory=dict)
     # A paced run's books of peer experience (``run.paced.Pace.books``); empty for lock-step.
     pace_books: dict = field(default_factory=dict)
+    # Policies that left under on_failure = "continue": step, phase, call, error
+    # (``run.departures``; tracebacks in failures.jsonl).
+    failed: dict[str, dict] = field(default_factory=dict)
 
 
 def summarize(run: Run, final_eval: dict, wall: float) -> RunSummary:
@@ -124,7 +128,8 @@ def summarize(run: Run, final_eval: dict, wall: float) -> RunSummary:
                          {k: v for k, v in final_eval.items() if k not in ("phase", "step")}, wall,
                          dict(run.phase_times),
                          pace_summary(read_metrics(run.out / "metrics.jsonl"), list(run.policies)),
-                         run.pace.books() if run.pace is not None else {})
+                         run.pace.books() if run.pace is not None else {},
+                         run.departures.summary())
     (run.out / "summary.json").write_bytes(msgspec.json.format(msgspec.json.encode(summary), indent=2))
     return summary
 
@@ -185,6 +190,7 @@ def _train_built(run: Run, opened, t0: float) -> RunSummary:
             with run.timed("warm start"):
                 warm_start(run)
             evaluate(run, 0)   # the starting point every later evaluation is compared with
+            run.departures.check(run, 0, "warm start")
             start = 0
         else:
             start = resume_from(run, *opened)
@@ -195,6 +201,7 @@ def _train_built(run: Run, opened, t0: float) -> RunSummary:
             save_policies(run)
             raise
         final = evaluate(run, cfg.steps)
+        run.departures.check(run, cfg.steps, "eval")
         save_policies(run)
         summary = summarize(run, final, time.perf_counter() - t0)
     except BaseException:

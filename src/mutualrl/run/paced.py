@@ -338,6 +338,7 @@ def _segment(run: Run, steppers: dict[str, PolicyStepper], end: int) -> None:
     pace.rows.flush()
     if report.stopped and report.failures:
         raise WorkerFailedError(list(report.failures), {})
+    run.departures.check(run, end, "train", report.failures, pace.failed)
 
 
 def pace_summary(rows: list[dict], names: list[str]) -> dict[str, dict[str, float]]:

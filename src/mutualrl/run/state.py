@@ -77,6 +77,7 @@ class Run:
     # Each policy's samples for its next step, drawn during its update (async_generation).
     prefetched: dict[str, Prefetched] = field(default_factory=dict)
     pace: Any = None   # a paced run's own state (run.paced.Pace); None: lock-step
+    departures: Any = None   # policies that left under on_failure = "continue" (run.departures)
 
     def timed(self, phase: str):
         """Add the block's wall time to ``phase_times[phase]`` (the run's totals)."""

@@ -1,0 +1,78 @@
+"""Policies that left a run under ``allocation.on_failure = "continue"``: said, kept, never silent.
+
+Under ``continue`` a worker whose call fails is removed and the other policies go on
+(``allocation.calls``). The run says so once, on stderr, when it first sees a policy gone (which
+policy, at which step, the call and the error), appends the record with the worker's traceback
+to ``RUN_DIR/failures.jsonl``, and ``summary.json`` names it under ``failed``. A run left with no
+live policy has nothing to train: it stops with ``WorkerFailedError`` carrying every failure,
+rather than finishing with empty steps and NaN evaluations.
+
+The loop calls ``check`` after each phase that may lose a policy: the warm start and the first
+evaluation, each lock-step step, each paced segment, the final evaluation.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from mutualrl.allocation.calls import WorkerFailedError, WorkerFailure
+
+if TYPE_CHECKING:
+    from mutualrl.run.state import Run
+
+FILE = "failures.jsonl"
+
+
+class Departure(msgspec.Struct, frozen=True, kw_only=True):
+    """One policy's leaving: where in the run, and the failure that removed it."""
+
+    policy: str
+    step: int            # the GRPO steps it had been given when it was seen gone
+    phase: str           # "train", "warm start", "eval"
+    failure: WorkerFailure
+
+    def line(self, out: Path) -> str:
+        f = self.failure
+        return (f"mutualrl: policy {self.policy!r} left the run ({self.phase}, step {self.step}): "
+                f"{f.method}(): {f.kind}: {f.exc_type}: {f.message}; the others go on "
+                f"(allocation.on_failure = \"continue\"); traceback in {out / FILE}")
+
+
+class Departures:
+    """The run's record of the policies that left it (see the module docstring)."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.seen: dict[str, Departure] = {}
+
+    def check(self, run: Run, step: int, phase: str, failures: Iterable[WorkerFailure] = (),
+              gone: Iterable[str] = ()) -> None:
+        """Record the policies newly gone: those the executor removed, and ``gone`` (a paced
+        run's failed loops, whose ``failures`` say why). Raises when none is left."""
+        removed = run.executor.removed()
+        given = {f.worker: f for f in failures}
+        live = set(run.live()) - set(gone)
+        for name in run.policies:
+            if name in live or name in self.seen:
+                continue
+            failure = removed.get(name) or given.get(name)
+            if failure is None:    # gone before this process (a resumed paced run's books)
+                continue
+            d = Departure(policy=name, step=step, phase=phase, failure=failure)
+            self.seen[name] = d
+            with (self.out / FILE).open("ab") as fh:
+                fh.write(msgspec.json.encode(d) + b"\n")
+            print(d.line(self.out), file=sys.stderr, flush=True)
+        if not live:
+            raise WorkerFailedError([d.failure for d in self.seen.values()] or list(given.values()), {})
+
+    def summary(self) -> dict[str, dict]:
+        """Per policy that left: its step, phase, call and error (``summary.json``'s ``failed``)."""
+        return {n: {"step": d.step, "phase": d.phase, "call": d.failure.method,
+                    "error": f"{d.failure.exc_type}: {d.failure.message}"}
+                for n, d in sorted(self.seen.items())}
