@@ -1,0 +1,120 @@
+"""Step time, tokens/s and peak GPU memory of finished `mutualrl train` runs, from their own logs.
+
+Reads each RUN_DIR's ``metrics.jsonl`` and ``summary.json`` (what any run writes) and, where given,
+a GPU memory trace polled beside the run (``nvidia-smi --query-gpu=memory.used`` and
+``--query-compute-apps=pid,used_memory``, CSV without header or units, one file each). Medians
+over the GRPO steps after the first (the first pays CUDA's lazy initialisation and the allocator's
+growth). ``benchmarks/gpu_check.sh`` calls it; it runs anywhere the run folders are.
+
+    python benchmarks/gpu_run_summary.py --run paced=/tmp/gpu-paced --smi paced=smi.csv \
+        --apps paced=apps.csv --json gpu_run.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+PER_POLICY = ("step_time_s", "tokens_per_s", "completion_length", "phase/generate_time_s",
+              "phase/update_time_s", "pace/step_wall_time_s", "pace/gate_wait_time_s")
+
+
+def policy_rows(run: Path) -> tuple[list[dict], dict]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line]
+    train = [r for r in rows if r.get("phase") == "train"]
+    if not train:
+        raise SystemExit(f"{run}/metrics.jsonl: no GRPO step rows (phase = train)")
+    summary = run / "summary.json"    # absent where the run was stopped before its end
+    return train, json.loads(summary.read_text()) if summary.exists() else {}
+
+
+def median_after_first(values: list[float]) -> float | None:
+    kept = values[1:] or values
+    return statistics.median(kept) if kept else None
+
+
+def summarise(run: Path) -> dict:
+    train, summary = policy_rows(run)
+    names = sorted({k.split("/")[1] for r in train for k in r if k.startswith("policy/")})
+    policies = {}
+    for name in names:
+        entry = {}
+        for stat in PER_POLICY:
+            values = [r[f"policy/{name}/{stat}"] for r in train if f"policy/{name}/{stat}" in r]
+            if values:
+                entry[stat] = median_after_first(values)
+        entry["steps"] = sum(f"policy/{name}/step_time_s" in r for r in train)
+        policies[name] = entry
+    step_wall = [r["time_s"] for r in train if "time_s" in r]
+    phases = {k: median_after_first([r[k] for r in train if k in r])
+              for k in sorted({k for r in train for k in r if k.startswith("phase/")})}
+    return {"run": str(run), "steps": len(train), "step_wall_s_median": median_after_first(step_wall),
+            "phase_medians_s": phases,
+            "wall_time_s": summary.get("wall_time_s"), "phase_times_s": summary.get("phase_times_s"),
+            "policies": policies}
+
+
+def peak_mib(path: Path, column: int) -> float | None:
+    values = []
+    for line in path.read_text().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) > column:
+            try:
+                values.append(float(parts[column]))
+            except ValueError:
+                continue
+    return max(values) if values else None
+
+
+def per_process_peak_mib(path: Path) -> dict[str, float]:
+    peaks: dict[str, float] = {}
+    for line in path.read_text().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 2:
+            try:
+                peaks[parts[0]] = max(peaks.get(parts[0], 0.0), float(parts[1]))
+            except ValueError:
+                continue
+    return peaks
+
+
+def labelled(items: list[str] | None) -> dict[str, Path]:
+    out = {}
+    for item in items or ():
+        label, sep, path = item.partition("=")
+        if not sep:
+            raise SystemExit(f"{item!r}: expected LABEL=PATH")
+        out[label] = Path(path)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run", action="append", required=True, help="LABEL=RUN_DIR (repeatable)")
+    ap.add_argument("--smi", action="append", help="LABEL=CSV of nvidia-smi memory.used (MiB)")
+    ap.add_argument("--apps", action="append", help="LABEL=CSV of nvidia-smi pid,used_memory (MiB)")
+    ap.add_argument("--device", default="", help="the machine, in words (recorded as given)")
+    ap.add_argument("--json", type=Path, required=True)
+    args = ap.parse_args()
+    smi, apps = labelled(args.smi), labelled(args.apps)
+    out = {"device": args.device, "runs": {}}
+    for label, run in labelled(args.run).items():
+        if not (run / "metrics.jsonl").exists():
+            out["runs"][label] = {"run": str(run), "error": "no metrics.jsonl: the run logged no step"}
+            continue
+        entry = summarise(run)
+        entry["finished"] = (run / "summary.json").exists()
+        if label in smi and smi[label].exists():
+            entry["gpu_memory_used_peak_mib"] = peak_mib(smi[label], 0)
+        if label in apps and apps[label].exists():
+            entry["gpu_memory_per_process_peak_mib"] = per_process_peak_mib(apps[label])
+        out["runs"][label] = entry
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(out, indent=2) + "\n")
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
