@@ -62,6 +62,8 @@ def test_undocumented_field_is_caught(tmp_path, monkeypatch):
                                          "above": ("", "a block above"), "silent": ("", "")}
     docs = {f.path: f for f in ref.sections(Probe, "probe")[0].fields}
     assert docs["probe.said"].default == "`1`" and docs["probe.above"].type == "`str`"
+    # the detector the test above relies on names the field without a comment, and only it
+    assert ref.undocumented(ref.sections(Probe, "probe")) == ["probe.silent"]
 
 
 def test_configuration_page_shows_the_source_comments():
@@ -93,13 +95,18 @@ def test_cli_page_lists_every_option_of_every_command():
     commands = list(cli.commands(build_parser()))
     assert {p.prog for p in commands} >= {"mutualrl train", "mutualrl compare", "mutualrl plan",
                                           "mutualrl exchange inspect", "mutualrl bench retokenize"}
+    # each command's own section, from its heading to the next: an option must be listed under
+    # its command (``--resume`` of train, not only of compare)
+    heads = list(re.finditer(r"^## `([^`]+)`", page, re.M))
+    own = {m.group(1): page[m.end():nxt.start() if nxt else len(page)]
+           for m, nxt in zip(heads, [*heads[1:], None])}
     for parser in commands:
-        assert f"## `{parser.prog}`" in page
+        assert parser.prog in own, parser.prog
         for action in parser._actions:
             if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
                 continue
             for option in action.option_strings or [action.metavar or action.dest]:
-                assert f"`{option}" in page, f"{parser.prog} {option}"
+                assert f"`{option}" in own[parser.prog], f"{parser.prog} {option}"
 
 
 # ---- code snippets -----------------------------------------------------------------------------

@@ -195,9 +195,11 @@ def all_sections() -> list[Section]:
     return [*sections(RunConfig), *strategy_sections()]
 
 
-def undocumented() -> list[str]:
-    """Paths of fields with neither a trailing comment nor a comment block above them."""
-    return [f.path for s in all_sections() for f in s.fields if not (f.summary or f.detail)]
+def undocumented(among: list[Section] | None = None) -> list[str]:
+    """Paths of fields with neither a trailing comment nor a comment block above them, among
+    ``among`` (default: every section of the run config and of every registered strategy)."""
+    return [f.path for s in (all_sections() if among is None else among) for f in s.fields
+            if not (f.summary or f.detail)]
 
 
 # ---- the page ----------------------------------------------------------------------------------
