@@ -102,6 +102,8 @@ class PolicyConfig(ConfigStruct):
     generation: GenerationConfig = msgspec.field(default_factory=GenerationConfig)  # sampling backend
     # Compute precision. "bf16": forward and backward under bf16 autocast, fp32 master weights and
     # AdamW moments (bf16 weights would round away small AdamW updates); log-softmax stays fp32.
+    # For GPUs: a CPU without bf16 matrix instructions (AVX512-BF16, AMX) emulates it, 10-25x
+    # slower than fp32, and the run warns before it starts (policies.precision).
     dtype: Literal["fp32", "bf16"] = "fp32"  # compute precision (see above)
     # Processes the learner runs as, one device each, its model sharded across them with FSDP2
     # (docs/guides/policies-across-gpus.md). 1: one process, unsharded, exactly as before.

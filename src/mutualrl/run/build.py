@@ -24,6 +24,7 @@ from mutualrl.policies.checkpoints import check_checkpoints, check_policies
 from mutualrl.policies.generation import check_engine_processes
 from mutualrl.policies.models import TokenizerFacts
 from mutualrl.policies.policy import Policy, PolicyView, load_handles
+from mutualrl.policies.precision import check_precision
 from mutualrl.retokenize import Retokenizer
 from mutualrl.run.departures import Departures
 from mutualrl.run.experience import PeerLogPool, open_bus
@@ -79,6 +80,7 @@ def prepare(cfg: RunConfig) -> Prepared:
     peer_logs = PeerLogPool(cfg.exchange.peer_logs) if cfg.exchange.peer_logs else None
     handles = load_handles(cfg.policies)      # each tokenizer once; the driver encodes prompts
     check_policies(cfg.policies, handles, checkpoints)  # chat templates present, vocab fits
+    check_precision(cfg.policies, cfg.device)  # bf16 on a CPU that emulates it: a warning
     check_engine_processes(cfg.policies, cfg.allocation.executor)  # one vLLM engine a process
     check_paced(cfg)                          # the strategy can run at its own pace, if asked
     check_rank_groups(cfg)                   # sharded learners need one process per rank
