@@ -121,6 +121,7 @@ def test_a_hung_worker_times_out_while_the_others_results_come_back():
     again = ex.call({"fast": Work(2), "hung": Work(2)}, timeout_s=0.5)
     assert again["fast"].value == ("fast", 4) and again["hung"].failure.kind == "unavailable"
     assert ex.live_workers() == ["fast"]
+    assert list(ex.removed()) == ["hung"] and ex.removed()["hung"].kind == "timeout"  # the cause
     release.set()
     ex.shutdown()
 

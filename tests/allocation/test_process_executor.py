@@ -123,6 +123,7 @@ def test_a_hung_worker_is_killed_at_its_timeout_and_the_others_go_on():
     again = ex.call({"fast": Sleep(0.0), "hung": Sleep(0.0)})
     assert again["fast"].value == "fast" and again["hung"].failure.kind == "unavailable"
     assert ex.live_workers() == ["fast"]
+    assert list(ex.removed()) == ["hung"] and "killed" in ex.removed()["hung"].message  # the cause
     ex.shutdown()
 
 

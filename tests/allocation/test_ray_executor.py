@@ -111,6 +111,9 @@ def test_actors_in_placement_groups_call_results_failures_and_refs(cluster):
         slow = ex.call({"b/generator": Sleep(30.0), "a/generator": Sleep(0.0)}, timeout_s=1.0)
         assert slow["b/generator"].failure.kind == "timeout" and slow["a/generator"].ok
         assert set(ex.live_workers()) == {"a/generator"}
+        removed = ex.removed()                                 # each with the failure that did it
+        assert {n: f.kind for n, f in removed.items()} == {
+            "a/learner": "raised", "b/learner": "raised", "b/generator": "timeout"}
     finally:
         ex.shutdown()
     assert all(t["state"] == "REMOVED" for t in ray.util.placement_group_table().values())
@@ -208,6 +211,7 @@ def test_a_rank_group_is_one_actor_per_rank_in_one_process_group(cluster):
         assert time.monotonic() - t0 < 60
         assert dead.failure.kind == "raised" and "rank 1 of 2" in dead.failure.message
         assert ex.live_workers() == []                         # on_failure = "continue"
+        assert "rank 1 of 2" in ex.removed()["g"].message
     finally:
         ex.shutdown()
     assert all(t["state"] == "REMOVED" for t in ray.util.placement_group_table().values())
