@@ -245,18 +245,27 @@ def test_under_continue_a_failed_policy_leaves_and_the_other_goes_on(tmp_path, f
     assert "policy/qwen-deepseek/reward/mean" not in rows[-1]
     assert summary["pace"]["llama-mistral"]["steps"] == 6
     assert summary["pace"]["qwen-deepseek"]["steps"] < 6
-    _assert_departure_said_and_kept(out, summary, capsys, "qwen-deepseek",
-                                    "the learner fell over" if how == "raise" else "timeout")
+    if how == "raise":
+        _assert_departure_said_and_kept(out, summary, capsys, "qwen-deepseek", "raised",
+                                        "the learner fell over")
+    else:
+        _assert_departure_said_and_kept(out, summary, capsys, "qwen-deepseek", "timeout")
 
 
-def _assert_departure_said_and_kept(out: Path, summary: dict, capsys, name: str, why: str) -> None:
-    """The policy that left is named once on stderr, in failures.jsonl and in summary.json."""
+def _failures(out: Path) -> list[dict]:
+    return [msgspec.json.decode(line) for line in (out / "failures.jsonl").read_bytes().splitlines()]
+
+
+def _assert_departure_said_and_kept(out: Path, summary: dict, capsys, name: str, kind: str,
+                                    message: str = "") -> None:
+    """The policy that left is named once on stderr, in failures.jsonl and in summary.json, with
+    the kind of its failure and (where given) its message."""
     said = [line for line in capsys.readouterr().err.splitlines() if "left the run" in line]
-    assert len(said) == 1 and repr(name) in said[0] and why in said[0], said
-    records = [msgspec.json.decode(line) for line in (out / "failures.jsonl").read_bytes().splitlines()]
-    assert [r["policy"] for r in records] == [name]
-    assert why in records[0]["failure"]["message"] + records[0]["failure"]["kind"]
-    assert records[0]["failure"]["traceback"] and records[0]["phase"] == "train"
+    assert len(said) == 1 and repr(name) in said[0] and f": {kind}: " in said[0], said
+    [record] = _failures(out)
+    assert record["policy"] == name and record["phase"] == "train"
+    assert record["failure"]["kind"] == kind and message in record["failure"]["message"]
+    assert record["failure"]["traceback"]
     assert list(summary["failed"]) == [name] and summary["failed"][name]["step"] >= 1
 
 
@@ -274,8 +283,7 @@ def test_under_continue_a_run_every_policy_left_stops_with_their_failures(tmp_pa
                  'allocation.on_failure="continue"')
     assert sorted(f.worker for f in exc.value.failures) == sorted(NAMES)
     assert not (out / "summary.json").exists()
-    records = [msgspec.json.decode(line) for line in (out / "failures.jsonl").read_bytes().splitlines()]
-    assert sorted(r["policy"] for r in records) == sorted(NAMES)
+    assert sorted(r["policy"] for r in _failures(out)) == sorted(NAMES)
     assert sum("left the run" in line for line in capsys.readouterr().err.splitlines()) == 2
 
 
@@ -287,7 +295,8 @@ def test_under_continue_a_lock_step_policy_that_fails_is_said_and_kept(tmp_path,
     rows = [r for r in read_metrics(out / "metrics.jsonl") if r["phase"] == "train"]
     assert "policy/qwen-deepseek/reward/mean" not in rows[-1]
     assert "policy/llama-mistral/reward/mean" in rows[-1]
-    _assert_departure_said_and_kept(out, summary, capsys, "qwen-deepseek", "the learner fell over")
+    _assert_departure_said_and_kept(out, summary, capsys, "qwen-deepseek", "raised",
+                                    "the learner fell over")
 
 
 def test_under_stop_a_failed_policy_stops_the_run_with_its_traceback(tmp_path, fast_run_builds,

@@ -32,7 +32,7 @@ class Departure(msgspec.Struct, frozen=True, kw_only=True):
     """One policy's leaving: where in the run, and the failure that removed it."""
 
     policy: str
-    step: int            # the GRPO steps it had been given when it was seen gone
+    step: int            # the step boundary where the run saw it gone (paced: its segment's end)
     phase: str           # "train", "warm start", "eval"
     failure: WorkerFailure
 
