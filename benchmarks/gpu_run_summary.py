@@ -1,10 +1,12 @@
-"""Step time, tokens/s and peak GPU memory of finished `mutualrl train` runs, from their own logs.
+"""Step time, tokens/s and peak GPU memory of `mutualrl train` runs, from their own logs.
 
 Reads each RUN_DIR's ``metrics.jsonl`` and ``summary.json`` (what any run writes) and, where given,
 a GPU memory trace polled beside the run (``nvidia-smi --query-gpu=memory.used`` and
 ``--query-compute-apps=pid,used_memory``, CSV without header or units, one file each). Medians
 over the GRPO steps after the first (the first pays CUDA's lazy initialisation and the allocator's
-growth). ``benchmarks/gpu_check.sh`` calls it; it runs anywhere the run folders are.
+growth). A run stopped before its end is summarised from the steps it logged (``finished``:
+false); one that logged none gets an ``error``. ``benchmarks/gpu_check.sh`` calls it; it runs
+anywhere the run folders are.
 
     python benchmarks/gpu_run_summary.py --run paced=/tmp/gpu-paced --smi paced=smi.csv \
         --apps paced=apps.csv --json gpu_run.json
@@ -17,17 +19,10 @@ import json
 import statistics
 from pathlib import Path
 
+from mutualrl.run.metrics import read_metrics
+
 PER_POLICY = ("step_time_s", "tokens_per_s", "completion_length", "phase/generate_time_s",
               "phase/update_time_s", "pace/step_wall_time_s", "pace/gate_wait_time_s")
-
-
-def policy_rows(run: Path) -> tuple[list[dict], dict]:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line]
-    train = [r for r in rows if r.get("phase") == "train"]
-    if not train:
-        raise SystemExit(f"{run}/metrics.jsonl: no GRPO step rows (phase = train)")
-    summary = run / "summary.json"    # absent where the run was stopped before its end
-    return train, json.loads(summary.read_text()) if summary.exists() else {}
 
 
 def median_after_first(values: list[float]) -> float | None:
@@ -36,7 +31,16 @@ def median_after_first(values: list[float]) -> float | None:
 
 
 def summarise(run: Path) -> dict:
-    train, summary = policy_rows(run)
+    """One run's medians; an ``error`` entry where it logged no GRPO step (the other runs of the
+    check are still summarised)."""
+    if not (run / "metrics.jsonl").exists():
+        return {"run": str(run), "error": "no metrics.jsonl: the run logged nothing"}
+    train = [r for r in read_metrics(run / "metrics.jsonl") if r.get("phase") == "train"]
+    if not train:
+        return {"run": str(run), "error": "no GRPO step in metrics.jsonl (see the run's log and "
+                                          "failures.jsonl)"}
+    path = run / "summary.json"        # absent where the run was stopped before its end
+    summary = json.loads(path.read_text()) if path.exists() else {}
     names = sorted({k.split("/")[1] for r in train for k in r if k.startswith("policy/")})
     policies = {}
     for name in names:
@@ -50,21 +54,20 @@ def summarise(run: Path) -> dict:
     step_wall = [r["time_s"] for r in train if "time_s" in r]
     phases = {k: median_after_first([r[k] for r in train if k in r])
               for k in sorted({k for r in train for k in r if k.startswith("phase/")})}
-    return {"run": str(run), "steps": len(train), "step_wall_s_median": median_after_first(step_wall),
-            "phase_medians_s": phases,
+    return {"run": str(run), "finished": path.exists(), "steps": len(train),
+            "step_wall_s_median": median_after_first(step_wall), "phase_medians_s": phases,
             "wall_time_s": summary.get("wall_time_s"), "phase_times_s": summary.get("phase_times_s"),
             "policies": policies}
 
 
-def peak_mib(path: Path, column: int) -> float | None:
+def peak_mib(path: Path) -> float | None:
+    """The largest reading of a one-column trace (``memory.used``, MiB)."""
     values = []
     for line in path.read_text().splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) > column:
-            try:
-                values.append(float(parts[column]))
-            except ValueError:
-                continue
+        try:
+            values.append(float(line.strip()))
+        except ValueError:       # a line cut short when the poller was stopped
+            continue
     return max(values) if values else None
 
 
@@ -101,13 +104,9 @@ def main() -> None:
     smi, apps = labelled(args.smi), labelled(args.apps)
     out = {"device": args.device, "runs": {}}
     for label, run in labelled(args.run).items():
-        if not (run / "metrics.jsonl").exists():
-            out["runs"][label] = {"run": str(run), "error": "no metrics.jsonl: the run logged no step"}
-            continue
         entry = summarise(run)
-        entry["finished"] = (run / "summary.json").exists()
         if label in smi and smi[label].exists():
-            entry["gpu_memory_used_peak_mib"] = peak_mib(smi[label], 0)
+            entry["gpu_memory_used_peak_mib"] = peak_mib(smi[label])
         if label in apps and apps[label].exists():
             entry["gpu_memory_per_process_peak_mib"] = per_process_peak_mib(apps[label])
         out["runs"][label] = entry

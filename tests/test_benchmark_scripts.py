@@ -44,3 +44,33 @@ def test_bench_grpo_step_times_both_trainers(tmp_path):
                "--max-completion-length", "4", "--json", str(out), out=out)
     for side in ("ours_step_s", "trl_step_s"):
         assert got[side]["n"] == 1 and got[side]["median"] > 0, got[side]
+
+
+def test_gpu_run_summary_reads_a_run_and_its_memory_traces(tmp_path, fast_run_builds):
+    # benchmarks/gpu_check.sh's summary, on a CPU run of the tiny config: per-policy medians from
+    # the run's own metrics, the peak of a trace whose last line was cut short, and a run that
+    # never started recorded as such rather than failing the whole summary
+    from tests.test_paced import run_tiny
+
+    run = tmp_path / "run"
+    run_tiny(run, "steps=3", "warmup.max_steps=0")
+    (tmp_path / "smi.csv").write_text("1200\n80000\n4100\n41")
+    (tmp_path / "apps.csv").write_text("101, 300\n102, 900\n101, 700\n")
+    out = tmp_path / "gpu_run.json"
+    got = _run("gpu_run_summary.py", "--run", f"tiny={run}", "--smi", f"tiny={tmp_path / 'smi.csv'}",
+               "--apps", f"tiny={tmp_path / 'apps.csv'}", "--run", f"never={tmp_path / 'never'}",
+               "--json", str(out), out=out)
+    tiny = got["runs"]["tiny"]
+    assert tiny["finished"] and tiny["steps"] == 3
+    assert tiny["gpu_memory_used_peak_mib"] == 80000.0
+    assert tiny["gpu_memory_per_process_peak_mib"] == {"101": 700.0, "102": 900.0}
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if r.get("phase") == "train"]
+    for name in ("llama-mistral", "qwen-deepseek"):
+        p = tiny["policies"][name]
+        assert p["steps"] == 3
+        # the median over the steps after the first (two here: their mean)
+        later = [r[f"policy/{name}/step_time_s"] for r in steps[1:]]
+        assert p["step_time_s"] == pytest.approx(sum(later) / 2)
+        assert p["tokens_per_s"] > 0
+    assert "error" in got["runs"]["never"]
