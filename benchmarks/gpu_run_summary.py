@@ -4,7 +4,8 @@ Reads each RUN_DIR's ``metrics.jsonl`` and ``summary.json`` (what any run writes
 a GPU memory trace polled beside the run (``nvidia-smi --query-gpu=memory.used`` and
 ``--query-compute-apps=pid,used_memory``, CSV without header or units, one file each). Medians
 over the GRPO steps after the first (the first pays CUDA's lazy initialisation and the allocator's
-growth). A run stopped before its end is summarised from the steps it logged (``finished``:
+growth); torch's own peak memory counters (``cuda/peak_*_gib``, ``cuda/alloc_retries``) as their
+largest over the run. A run stopped before its end is summarised from the steps it logged (``finished``:
 false); one that logged none gets an ``error``. ``benchmarks/gpu_check.sh`` calls it; it runs
 anywhere the run folders are.
 
@@ -23,6 +24,8 @@ from mutualrl.run.metrics import read_metrics
 
 PER_POLICY = ("step_time_s", "tokens_per_s", "completion_length", "phase/generate_time_s",
               "phase/update_time_s", "pace/step_wall_time_s", "pace/gate_wait_time_s")
+# torch.cuda's own peaks, reported with each update (policies.device_memory)
+PEAKS = ("cuda/peak_allocated_gib", "cuda/peak_reserved_gib", "cuda/alloc_retries")
 
 
 def median_after_first(values: list[float]) -> float | None:
@@ -49,6 +52,10 @@ def summarise(run: Path) -> dict:
             values = [r[f"policy/{name}/{stat}"] for r in train if f"policy/{name}/{stat}" in r]
             if values:
                 entry[stat] = median_after_first(values)
+        for stat in PEAKS:          # the largest over the run, the first step included
+            values = [r[f"policy/{name}/{stat}"] for r in train if f"policy/{name}/{stat}" in r]
+            if values:
+                entry[f"{stat}_max"] = max(values)
         entry["steps"] = sum(f"policy/{name}/step_time_s" in r for r in train)
         policies[name] = entry
     step_wall = [r["time_s"] for r in train if "time_s" in r]

@@ -54,6 +54,14 @@ def test_gpu_run_summary_reads_a_run_and_its_memory_traces(tmp_path, fast_run_bu
 
     run = tmp_path / "run"
     run_tiny(run, "steps=3", "warmup.max_steps=0")
+    # a GPU run's updates also report torch's peak memory (policies/device_memory.py): the
+    # summary keeps the largest, the first step's included
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    peaks = iter([5.0, 3.0, 4.0])
+    for r in rows:
+        if r.get("phase") == "train":
+            r["policy/llama-mistral/cuda/peak_allocated_gib"] = next(peaks)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "smi.csv").write_text("1200\n80000\n4100\n41")
     (tmp_path / "apps.csv").write_text("101, 300\n102, 900\n101, 700\n")
     out = tmp_path / "gpu_run.json"
@@ -73,4 +81,6 @@ def test_gpu_run_summary_reads_a_run_and_its_memory_traces(tmp_path, fast_run_bu
         later = [r[f"policy/{name}/step_time_s"] for r in steps[1:]]
         assert p["step_time_s"] == pytest.approx(sum(later) / 2)
         assert p["tokens_per_s"] > 0
+    assert tiny["policies"]["llama-mistral"]["cuda/peak_allocated_gib_max"] == 5.0
+    assert "cuda/peak_allocated_gib_max" not in tiny["policies"]["qwen-deepseek"]
     assert "error" in got["runs"]["never"]

@@ -16,6 +16,7 @@ import torch
 from mutualrl.config import ConfigError, GRPOConfig, PolicyConfig, TrainingConfig
 from mutualrl.policies.batch import SFTExample, TrainBatch, stale_rows
 from mutualrl.policies.checkpoints import save_pretrained_quietly
+from mutualrl.policies.device_memory import peak_memory_stats
 from mutualrl.policies.generation import SamplingSettings, build_backend
 from mutualrl.policies.learner import Learner
 from mutualrl.policies.models import TokenizerFacts
@@ -133,8 +134,11 @@ class Policy(PolicyView):
 
     def update(self, batches: list[TrainBatch]) -> tuple[dict[str, float], int]:
         """``train_steps``, and the version of the weights after it (for the run, wherever this
-        policy lives)."""
-        return self.train_steps(batches), self.version
+        policy lives), with the process's peak accelerator memory since the last update
+        (``policies.device_memory``; nothing on a CPU)."""
+        stats = self.train_steps(batches)
+        stats.update(peak_memory_stats(self.learner.device))
+        return stats, self.version
 
     def update_and_generate(self, batches: list[TrainBatch], prompts: list[Prompt],
                             num_generations: int, max_new_tokens: int, temperature: float
@@ -161,6 +165,7 @@ class Policy(PolicyView):
             samples, seconds = drawn.result()
         stats.update(self.backend.load_weights(self.version) or {})
         stats["async/generate_time_s"] = seconds
+        stats.update(peak_memory_stats(self.learner.device))
         return stats, self.version, samples
 
     def sft_step(self, examples: tuple[SFTExample, ...], learning_rate: float | None = None) -> float:

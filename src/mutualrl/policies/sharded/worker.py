@@ -27,6 +27,7 @@ from mutualrl.policies.batch import SFTExample, TrainBatch
 from mutualrl.policies.checkpoints import save_pretrained_quietly
 from mutualrl.policies.dcp import (full_state, is_sharded_checkpoint, load_full_state,
                                    load_sharded, save_sharded)
+from mutualrl.policies.device_memory import peak_memory_stats
 from mutualrl.policies.generation import build_backend
 from mutualrl.policies.learner import Learner
 from mutualrl.policies.models import TokenizerFacts
@@ -91,7 +92,10 @@ class ShardedPolicy:
         return stats
 
     def update(self, batches: list[TrainBatch]) -> tuple[dict[str, float], int]:
-        return step_stats(batches, self.train_step, self.learner), self.version
+        """The step's stats (rank 0's peak accelerator memory among them) and the new version."""
+        stats = step_stats(batches, self.train_step, self.learner)
+        stats.update(peak_memory_stats(self.learner.device))
+        return stats, self.version
 
     def sft_step(self, examples: tuple[SFTExample, ...], learning_rate: float | None = None) -> float:
         loss = self.learner.sft_step(examples, learning_rate)
