@@ -35,6 +35,10 @@ class GRPOConfig(ConfigStruct):
     top_p: float = 1.0                # nucleus mass kept; 1: no nucleus truncation
     top_k: int = 0                    # highest-logit tokens kept; 0: no top-k truncation
     generation_batch_size: int | None = None  # sequences per generation pass; None: all at once
+    # The torch sampler's KV cache (TRL's name; the vLLM backend has its own). "dynamic" (None)
+    # grows by one token a step, as TRL's default; "static" is allocated once for the longest
+    # sequence: on a GPU the growing cache fragments the caching allocator (guides/memory.md).
+    cache_implementation: Literal["dynamic", "static"] | None = None  # torch sampler's KV cache
     # Sampler/trainer mismatch of an inexact generation backend (vLLM), TRL's names: the trainer
     # recomputes the sampled tokens' log-probs and weights the policy term (not the KL term) by
     # pi_trainer / pi_sampler, per token or per sequence, clamped to or masked outside

@@ -241,7 +241,8 @@ def sample(view: PolicyView, backend, grpo: GRPOConfig, prompts: list[Prompt], n
 def sampling_settings(grpo: GRPOConfig, num_generations: int, max_new_tokens: int,
                       temperature: float) -> SamplingSettings:
     return SamplingSettings(num_generations, max_new_tokens, temperature, top_p=grpo.top_p,
-                            top_k=grpo.top_k, batch_size=grpo.generation_batch_size)
+                            top_k=grpo.top_k, batch_size=grpo.generation_batch_size,
+                            cache_implementation=grpo.cache_implementation)
 
 
 def step_stats(batches: list[TrainBatch], train_step, learner) -> dict[str, float]:

@@ -30,6 +30,7 @@ class SamplingSettings:
     top_p: float = 1.0                # 1: no nucleus truncation
     top_k: int = 0                    # 0: no top-k truncation
     batch_size: int | None = None     # sequences per generation pass; None: all at once
+    cache_implementation: str | None = None  # the torch sampler's KV cache: None/"dynamic", "static"
 
 
 class GenerationBackend(Protocol):

@@ -78,8 +78,11 @@ class TorchBackend:
         ids, attn = c.input_ids[:, :P].to(device), c.attention_mask[:, :P].to(device)
         pos = c.position_ids[:, :P].to(device)
         B, eos = ids.shape[0], self.view.tokenizer.eos_token_id
+        static = s.cache_implementation == "static"
+        first = {self.cache_key: static_cache(model, P + s.max_new_tokens),
+                 "cache_position": torch.arange(P, device=device)} if static else {}
         out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True,
-                    logits_to_keep=1)
+                    logits_to_keep=1, **first)
         tokens, logps = [], []
         finished = torch.zeros(B, dtype=torch.bool, device=device)
         next_pos = pos[:, -1:] + 1
@@ -88,6 +91,8 @@ class TorchBackend:
             if i:   # the last sampled token's forward; none after the last token is drawn
                 attn = torch.cat([attn, torch.ones((B, 1), dtype=attn.dtype, device=device)], 1)
                 cache = {self.cache_key: getattr(out, self.cache_key)}
+                if static:   # where this token's keys and values go in the preallocated cache
+                    cache["cache_position"] = torch.full((1,), P + i - 1, device=device)
                 out = model(input_ids=tokens[-1].unsqueeze(-1), attention_mask=attn,
                             position_ids=next_pos, use_cache=True, **cache)
                 next_pos = next_pos + 1
@@ -125,6 +130,17 @@ class TorchBackend:
                 finish_reason="stop" if eos in ids else "length", group=groups[i],
                 policy_version=version))
         return out
+
+
+def static_cache(model, length: int):
+    """A KV cache for sequences of up to ``length`` tokens, allocated at its first use and then
+    written in place (``grpo.cache_implementation = "static"``): the dynamic cache concatenates a
+    new, one-token-longer tensor per layer at every step, which a GPU's caching allocator cannot
+    reuse (guides/memory.md)."""
+    from transformers import StaticCache
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return StaticCache(config=base.config, max_cache_len=length)
 
 
 class FrozenWeights:

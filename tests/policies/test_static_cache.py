@@ -1,0 +1,117 @@
+"""The torch sampler's preallocated KV cache (``grpo.cache_implementation = "static"``): the same
+draws as the growing one, the trainer's own log-probs, and no allocation that grows with the step
+(what fragments a GPU's caching allocator; guides/memory.md)."""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from mutualrl.config import GRPOConfig, LoraConfig, PolicyConfig
+from mutualrl.policies.generation import SamplingSettings
+from mutualrl.policies.generation.torch import TorchBackend
+from mutualrl.policies.policy import Policy
+from tests.policies.test_generation import PROMPTS, trainer_logprobs
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+SHAPES = {   # architecture, tokenizer, extra policy settings
+    "llama": ("llama", "mistral-v1", {}),
+    "qwen2": ("qwen2", "deepseek-v3", {}),
+    "llama-lora": ("llama", "mistral-v1", {"lora": LoraConfig(r=4, alpha=8)}),
+}
+
+
+def make(handles, shape: str, cache: str | None, new_tokens: int = 12) -> Policy:
+    arch, tok, extra = SHAPES[shape]
+    grpo = GRPOConfig(num_generations=4, max_completion_length=new_tokens, temperature=1.0,
+                      learning_rate=1e-2, cache_implementation=cache)
+    cfg = PolicyConfig(name="p", architecture=arch, tokenizer=tok, hidden_size=64, num_layers=2,
+                       num_heads=2, **extra)
+    return Policy(cfg, grpo, seed=0, handle=handles[tok])
+
+
+def draw(policy: Policy, cache: str | None, new_tokens: int = 12, seed: int = 5):
+    settings = SamplingSettings(4, new_tokens, 1.0, cache_implementation=cache)
+    ids = [policy.encode_prompt(p.text) for p in PROMPTS]
+    backend = TorchBackend(policy, policy.learner, torch.Generator().manual_seed(seed))
+    return backend.generate(PROMPTS, ids, settings)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_the_static_cache_draws_the_dynamic_caches_tokens_with_the_trainers_log_probs(
+        tokenizer_handles, shape):
+    pol = make(tokenizer_handles, shape, "static")
+    grown, static = draw(pol, None), draw(pol, "static")
+    assert max(len(s.completion_ids) for s in static) > 1           # decode steps ran
+    assert [s.completion_ids for s in static] == [s.completion_ids for s in grown]
+    for a, b in zip(static, grown):
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs),
+                                   atol=1e-5, rtol=0)
+    for s, lp in zip(static, trainer_logprobs(pol, static)):
+        torch.testing.assert_close(torch.tensor(s.logprobs), lp, atol=1e-4, rtol=0)
+
+
+def test_the_setting_reaches_the_sampler_from_the_grpo_section(tokenizer_handles):
+    from transformers import StaticCache
+    for cache, static in ((None, False), ("dynamic", False), ("static", True)):
+        pol = make(tokenizer_handles, "llama", cache)
+        seen = []
+        real = pol.learner.model.forward
+        pol.learner.model.forward = lambda *a, **kw: seen.append(kw) or real(*a, **kw)
+        pol.generate(PROMPTS, 2, 4, 1.0)
+        key = pol.backend.cache_key
+        assert isinstance(seen[0].get(key), StaticCache) is static, cache
+        assert ("cache_position" in seen[-1]) is static, cache
+
+
+class Allocations(TorchDispatchMode):
+    """The element count of every tensor an op returns, by the model forward it ran in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.forward, self.sizes = 0, {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.sizes.setdefault(self.forward, Counter())[t.numel()] += 1
+        return out
+
+
+def growing_sizes(tokenizer_handles, cache: str | None) -> tuple[int, int]:
+    """(largest tensor whose size is not the same at every decode step, the 2D attention mask's
+    size at the last step): sizes that change from step to step are what a caching allocator
+    cannot hand back to the next step."""
+    pol = make(tokenizer_handles, "llama", cache, new_tokens=10)
+    mode = Allocations()
+    real = pol.learner.model.forward
+
+    @functools.wraps(real)      # its signature names the cache keyword (cache_keyword)
+    def counted(*a, **kw):
+        mode.forward += 1
+        return real(*a, **kw)
+
+    pol.learner.model.forward = counted
+    with mode:
+        samples = draw(pol, cache, new_tokens=10)
+    decode = [mode.sizes[k] for k in sorted(mode.sizes) if k >= 2]   # forward 1 is the prompt's
+    assert len(decode) >= 5                                          # no early end of every row
+    common = set.intersection(*(set(c) for c in decode))
+    varying = {n for c in decode for n in c if n not in common}
+    rows, prompt = len(samples), max(len(s.prompt_ids) for s in samples)
+    return max(varying, default=0), rows * (prompt + 10)
+
+
+def test_a_static_cache_step_allocates_nothing_that_grows_with_the_step(tokenizer_handles):
+    largest, mask = growing_sizes(tokenizer_handles, "static")
+    assert largest <= mask           # only the 2D attention mask (rows x tokens so far) grows
+    # the growing cache: a new, longer key/value tensor per layer per step (rows x heads x
+    # tokens x head_dim), far larger than the mask
+    largest, mask = growing_sizes(tokenizer_handles, None)
+    assert largest > 8 * mask
