@@ -195,7 +195,7 @@ class Retokenizer:
         others, which go through ``_assemble``. Field values equal ``_assemble``'s exactly.
         """
         prof, full, split = self.profile, batch.full, batch.split
-        cols, tgt_ids, gsums = self._batch_columns(batch, targets, sources)
+        cols, tgt_ids, gsums, mass_errors = self._batch_columns(batch, targets, sources)
         # The caller's target ids: slices of the fresh batch concatenation (writeable, and never
         # the cached arrays), one slice per text instead of one copy per text.
         tgt_stop = (batch.tgt_offset + np.diff(batch.tgt_offset, append=tgt_ids.size)).tolist()
@@ -203,8 +203,9 @@ class Retokenizer:
         max_len = self.max_length
         has_unk = prof.unk_id is not None
         lo = 0
-        for k, g, hi, t0, t1, ng, c11, c1n, cn1, big_s, big_t, big_b, us, ut, n_unk, n_fb in zip(
-                full, batch.groups(), split.tolist(), batch.tgt_offset.tolist(), tgt_stop, *cols):
+        for k, g, hi, t0, t1, mass_error, ng, c11, c1n, cn1, big_s, big_t, big_b, us, ut, n_unk, \
+                n_fb in zip(full, batch.groups(), split.tolist(), batch.tgt_offset.tolist(),
+                            tgt_stop, mass_errors, *cols):
             src, tgt = sources[k], targets[k]
             m = t1 - t0
             if (src.n_specials or (flags[k] and eos) or (max_len is not None and m > max_len)
@@ -213,10 +214,7 @@ class Retokenizer:
                 lo = hi
                 continue
             n_src = src.ends.size
-            sums, mass_error = None, 0.0
-            if gsums is not None:
-                sums = gsums[lo:hi]
-                mass_error = abs(float(src.logprobs.sum()) - float(sums.sum()))
+            sums = gsums[lo:hi] if gsums is not None else None
             residuals = AlignmentResiduals(
                 n_bytes=totals[k], n_source_tokens=n_src, n_target_tokens=m, n_groups=ng,
                 roundtrip_mismatch=tgt.mismatch, roundtrip_edit_distance=tgt.edit_distance,
@@ -235,7 +233,9 @@ class Retokenizer:
 
     def _batch_columns(self, batch: BatchAlignment, targets, sources):
         """Per-text residual columns of a whole batch by segment reductions: (columns, the batch's
-        target ids concatenated, per-group log-prob sums or None)."""
+        target ids concatenated, per-group log-prob sums or None, per-text log-prob mass errors).
+        Every per-text total is a segment of one ``np.add.reduceat``, which sums a segment exactly
+        as ``_total`` sums it alone, so the values equal ``_assemble``'s."""
         prof, full, local = self.profile, batch.full, batch.local
         split = batch.split
         n_groups = np.diff(split, prepend=0)
@@ -251,17 +251,19 @@ class Retokenizer:
         unk = (np.add.reduceat((tgt_ids == prof.unk_id).astype(np.int64), batch.tgt_offset)
                if prof.unk_id is not None else None)
         fallback = np.add.reduceat(prof.byte_fallback[tgt_ids].astype(np.int64), batch.tgt_offset)
-        gsums = None
+        gsums, mass_errors = None, [0.0] * len(full)
         if all(sources[k].logprobs is not None for k in full):
             # Texts with specials have more log-probs than ends: placeholders keep the layout.
             lp_all = np.concatenate([sources[k].logprobs if not sources[k].n_specials
                                      else np.zeros(sources[k].ends.size) for k in full])
             gsums = np.add.reduceat(lp_all, local[0] + np.repeat(batch.src_offset, n_groups))
+            mass_errors = np.abs(np.add.reduceat(lp_all, batch.src_offset)
+                                 - np.add.reduceat(gsums, gstart)).tolist()
         cols = (n_groups.tolist(), card[0].tolist(), card[1].tolist(), card[2].tolist(),
                 largest[0].tolist(), largest[1].tolist(), largest[2].tolist(),
                 uniq[0].tolist(), uniq[1].tolist(),
                 unk.tolist() if unk is not None else [0] * len(full), fallback.tolist())
-        return cols, tgt_ids, gsums
+        return cols, tgt_ids, gsums, mass_errors
 
     def _sources(self, prof, texts, datas, source_ids, source_logprobs, flags) -> list[_Source]:
         if source_ids is None:
@@ -348,7 +350,7 @@ class Retokenizer:
             groups = _append_group(groups, start, start + int(paired), target_ids.size, total)
             target_ids = np.append(target_ids, np.int64(eos_id))
         sums, lp_total, stripped_mass = _group_sums(src, groups, paired)
-        mass_error = abs(lp_total - float(sums.sum())) if sums is not None else 0.0
+        mass_error = abs(lp_total - _total(sums)) if sums is not None else 0.0
         n_all = target_ids.size
         groups, target_ids, truncated_mass = self._truncate(groups, target_ids, sums)
         if sums is not None:
@@ -426,7 +428,13 @@ def _group_sums(src: _Source | None, groups: AlignmentGroups, paired: bool):
     if lp.size and nonempty.any():
         # reduceat sums start[i]..start[i+1]-1; any gap in between holds only zeroed specials.
         sums[nonempty] = np.add.reduceat(lp, groups.src_start[nonempty])
-    return sums, float(lp.sum()), stripped
+    return sums, _total(lp), stripped
+
+
+def _total(values: np.ndarray) -> float:
+    """The sum of ``values`` as one segment of an ``np.add.reduceat`` (as the batch path sums
+    every text's at once; ``ndarray.sum``'s pairwise order would differ in the last bits)."""
+    return float(np.add.reduceat(values, [0])[0]) if values.size else 0.0
 
 
 def _cardinality(groups: AlignmentGroups):
