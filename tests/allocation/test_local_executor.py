@@ -33,6 +33,38 @@ class Echo:
         self.loaded = True
 
 
+class SlowToRestore(Echo):
+    """A worker whose restart (loading its checkpoint) takes ``restore_s``."""
+
+    def __init__(self, name: str, restore_s: float = 2.0) -> None:
+        super().__init__(name)
+        self.restore_s = restore_s
+
+    def load_checkpoint(self) -> None:
+        time.sleep(self.restore_s)
+        self.loaded = True
+
+
+def restart_beside(ex, failing: str, fail_call, other: str, other_call, timeout_s: float):
+    """Fail ``failing`` (on_failure = "restart") in one driver thread and, while its restart is
+    under way, call ``other`` from this one: (the other's result, seconds it took, whether the
+    restart was still going when the other's call returned)."""
+    done = threading.Event()
+
+    def fail():
+        ex.call({failing: fail_call})
+        done.set()
+
+    t = threading.Thread(target=fail)
+    t.start()
+    time.sleep(0.3)                  # the failed call is back and the restart has begun
+    t0 = time.monotonic()
+    out = ex.call({other: other_call}, timeout_s=timeout_s)[other]
+    took, during = time.monotonic() - t0, not done.is_set()
+    t.join()
+    return out, took, during
+
+
 class Hangs(Echo):
     def __init__(self, name: str, release: threading.Event) -> None:
         super().__init__(name)
@@ -142,6 +174,20 @@ def test_restart_rebuilds_from_the_factory_and_loads_the_checkpoint():
     with pytest.raises(WorkerFailedError):  # restart budget spent: as "stop"
         ex.call({"a": Boom()})
     ex.shutdown()
+
+
+def test_a_restart_does_not_hold_up_the_other_workers_calls():
+    # A paced run steps each policy in a thread of its own: one policy's restart (seconds for a
+    # real model) must not stall the other's calls, nor time them out.
+    ex = _ex(on_failure="restart", max_restarts=1)
+    ex.start({"a": lambda: SlowToRestore("a", 2.0), "b": lambda: Echo("b", 0.05)})
+    try:
+        out, took, during = restart_beside(ex, "a", Boom(), "b", Work(3), timeout_s=1.0)
+        assert out.value == ("b", 6), out.failure
+        assert during and took < 0.75, took
+        assert ex.call({"a": Work(1)})["a"].value == ("a", 2)    # restarted, and it works
+    finally:
+        ex.shutdown()
 
 
 def test_constructor_failures_and_unknown_names_are_explained():

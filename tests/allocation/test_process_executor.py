@@ -15,7 +15,8 @@ from mutualrl.allocation import (EXECUTORS, AllocationConfig, ProcessExecutor, W
                                  make_executor)
 from mutualrl.allocation.planner import Assignment, GpuSlot
 from mutualrl.allocation.processes import worker_env
-from tests.allocation.test_local_executor import Boom, Echo, Nope, Work
+from tests.allocation.test_local_executor import (Boom, Echo, Nope, SlowToRestore, Work,
+                                                  restart_beside)
 
 
 class Facts:
@@ -135,6 +136,18 @@ def test_a_worker_process_that_dies_is_that_workers_failure_and_restart_rebuilds
     assert out["a"].failure.exc_type == "WorkerDied" and "code 7" in out["a"].failure.message
     assert ex.call({"a": Ask()})["a"].value["pid"] != before     # a new process
     ex.shutdown()
+
+
+def test_a_restart_does_not_hold_up_the_other_workers_calls():
+    ex = _ex(on_failure="restart", max_restarts=1)
+    ex.start({"a": functools.partial(SlowToRestore, "a", 3.0), "b": functools.partial(Echo, "b")})
+    try:
+        out, took, during = restart_beside(ex, "a", Boom(), "b", Work(3), timeout_s=30.0)
+        assert out.value == ("b", 6), out.failure
+        assert during and took < 1.5, took   # a new process alone takes seconds to start
+        assert ex.call({"a": Work(1)})["a"].value == ("a", 2)
+    finally:
+        ex.shutdown()
 
 
 def test_constructor_failures_unknown_names_and_missing_methods_are_explained():

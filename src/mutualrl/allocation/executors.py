@@ -138,7 +138,9 @@ class LocalExecutor:
             for n in calls:
                 if n not in live:
                     results[n] = self.policy.unavailable(n, method)
-            self.policy.apply(results, self._restart, self._remove)
+        # Not under the lock: a restart rebuilds its worker (seconds for a real model), and the
+        # other workers' calls, from other driver threads, go on meanwhile.
+        self.policy.apply(results, self._restart, self._remove)
         return {n: results[n] for n in calls}
 
     def busy_seconds(self) -> dict[str, float]:
@@ -184,7 +186,8 @@ class LocalExecutor:
 
     def _abandon(self, name: str) -> None:
         # A hung thread cannot be killed; it is daemonic and unreferenced, so it dies with us.
-        t = self._threads.pop(name, None)
+        with self._lock:
+            t = self._threads.pop(name, None)
         if t is not None:
             t.close()
 

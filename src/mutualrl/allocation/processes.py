@@ -226,7 +226,9 @@ class ProcessExecutor:
                 for n in calls:
                     if n not in live:
                         results[n] = self.policy.unavailable(n, method)
-                self.policy.apply(results, self._restart, self._remove)
+            # With these workers' pipes held but not the executor's lock: a restart starts a
+            # process and rebuilds its worker (seconds), and other workers' calls go on meanwhile.
+            self.policy.apply(results, self._restart, self._remove)
         return {n: results[n] for n in calls}
 
     @contextlib.contextmanager
