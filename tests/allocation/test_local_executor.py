@@ -190,6 +190,23 @@ def test_a_restart_does_not_hold_up_the_other_workers_calls():
         ex.shutdown()
 
 
+def test_a_call_in_flight_when_another_worker_restarts_is_not_timed_out():
+    # The in-flight call's thread records its busy time under the executor's lock when it ends:
+    # held by a restart, that lock once kept the call from returning until it timed out.
+    ex = _ex(on_failure="restart", max_restarts=1)
+    ex.start({"a": lambda: SlowToRestore("a", 2.0), "b": lambda: Echo("b", 0.5)})
+    got = {}
+    t = threading.Thread(target=lambda: got.update(ex.call({"b": Work(3)}, timeout_s=1.0)))
+    try:
+        t.start()
+        time.sleep(0.1)                                          # b's call is under way
+        assert ex.call({"a": Boom()})["a"].failure.kind == "raised"   # a restarts (2 s)
+        t.join()
+        assert got["b"].value == ("b", 6), got["b"].failure
+    finally:
+        ex.shutdown()
+
+
 def test_constructor_failures_and_unknown_names_are_explained():
     ex = _ex()
     with pytest.raises(WorkerFailedError, match="__init__"):
