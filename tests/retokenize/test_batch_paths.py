@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from mutualrl.retokenize.benchmark import load_corpus
-from mutualrl.retokenize.encoding import (encode_from, encode_from_batch, ends_from_offsets,
-                                          offset_ends_batch, utf8)
+from mutualrl.retokenize.encoding import (EncodingCache, encode_from, encode_from_batch,
+                                          encode_texts, ends_from_offsets, offset_ends_batch, utf8)
 
 from .helpers import NAMES
 
@@ -52,6 +52,25 @@ def test_encode_from_batch_equals_encode_from(retokenizers, name):
         assert not got.ids.flags.writeable and not got.ends.flags.writeable
         assert (got.mismatch, got.edit_distance, got.normalizer_changed) == (
             want.mismatch, want.edit_distance, want.normalizer_changed), text
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_batch_encoded_without_offsets_equals_per_text_encodings(retokenizers, name):
+    # A lossless side's batch comes from encode_batch_fast (no offsets); a text whose ids do not
+    # spell it must still get its byte ends from offsets, as encoded on its own.
+    prof = retokenizers[name].profile
+    texts = _texts() + ["a\u2581b \u2581\u2581", "\u2581lead"]
+    datas = [utf8(t) for t in texts]
+    got = encode_texts(prof, texts, datas, EncodingCache(0))
+    unspelled = 0
+    for item, text, data in zip(got, texts, datas):
+        want = encode_from(prof, prof.continuation.encode(text, add_special_tokens=False), text, data)
+        assert np.array_equal(item.ids, want.ids) and np.array_equal(item.ends, want.ends), text
+        assert (item.mismatch, item.edit_distance, item.normalizer_changed) == (
+            want.mismatch, want.edit_distance, want.normalizer_changed), text
+        unspelled += prof.lossless and prof.text_bytes(want.ids.tolist()) != data
+    if name == "mistral-v1":      # the path is taken: its byte fallback cannot spell every text
+        assert unspelled >= 1
 
 
 def test_normaliser_check_by_character_matches_the_normaliser(retokenizers):

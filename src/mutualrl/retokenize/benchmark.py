@@ -8,6 +8,8 @@ the median pass time and its spread (min, max, interquartile range), after one w
 Measurements per (source -> target) pair:
 
 * ``encode`` / ``encode_batch``  the receiver's Rust encode alone (per text / one batch call).
+* ``encode_batch_fast``  a lossless receiver's ``encode_batch_fast``: the same ids without
+  offsets, which is what the retokenizer calls for such a receiver (``encoding.rust_encode``).
 * ``align`` / ``align_per_text``  our vectorised alignment from byte-end arrays (one call for the
   corpus / one per text); inputs precomputed, as for every aligner below.
 * ``align_trl``  TRL's Python walk over the same byte offsets (as ``(start, end)`` lists).
@@ -28,7 +30,8 @@ whose median and range are reported under ``paired`` — robust to the machine's
 between the separate passes above. ``floor`` is the least any byte-offset retokenizer of the batch
 does (see ``_floor``): end_to_end_batch over it is what the checks, log-prob sums, residuals and
 per-text results cost. For a receiver that is not lossless (WordPiece) a fourth contender,
-``floor_rendered``, adds the decode of its ids that the round-trip residuals need.
+``floor_rendered``, adds the decode of its ids that the round-trip residuals need; for a lossless
+one, ``encode_batch_fast`` joins the round and end_to_end_batch is also given over it.
 """
 
 from __future__ import annotations
@@ -150,11 +153,13 @@ def _bench_ours(d: PairData, repeats: int) -> list[Timing]:
     source = d.src.target
     datas = [utf8(t) for t in d.texts]
     src_prof = d.tgt.profile_for(source)
+    fast = _fast_encode(d)
     return [
         Timing("encode", time_calls(lambda: [backend.encode(t, add_special_tokens=False).ids
                                               for t in d.texts], repeats), n),
         Timing("encode_batch", time_calls(lambda: [e.ids for e in backend.encode_batch(
             d.texts, add_special_tokens=False)], repeats), n),
+        *([Timing("encode_batch_fast", time_calls(fast, repeats), n)] if fast else []),
         Timing("align", time_calls(lambda: align_many(d.src_ends, d.tgt_ends, d.totals),
                                     repeats), n),
         Timing("align_per_text", time_calls(lambda: [
@@ -199,6 +204,15 @@ def _bench_peers(d: PairData, repeats: int, naive_texts: int) -> list[Timing]:
     return out
 
 
+def _fast_encode(d: PairData):
+    """A lossless receiver's ``encode_batch_fast`` of the texts (ids read), or None."""
+    backend = d.tgt.profile.continuation
+    fast = getattr(backend, "encode_batch_fast", None) if d.tgt.profile.lossless else None
+    if fast is None:
+        return None
+    return lambda: [e.ids for e in fast(d.texts, add_special_tokens=False)]
+
+
 def _ratio_summary(num: list[float], den: list[float]) -> dict:
     r = [a / b for a, b in zip(num, den)]
     return {"median": statistics.median(r), "min": min(r), "max": max(r), "pairs": len(r)}
@@ -206,7 +220,8 @@ def _ratio_summary(num: list[float], den: list[float]) -> dict:
 
 def _floor(d: PairData, rendered: bool = False):
     """What any byte-offset retokenizer of the batch must do at least: the receiver's Rust encode
-    with its ids read into one array, byte ends of both sides, and one alignment over the batch.
+    (without offsets where its byte ends come from its table: ``encode_batch_fast``) with its ids
+    read into one array, byte ends of both sides, and one alignment over the batch.
     No checks (ids in range, finite log-probs, ids that spell the text), no log-prob sums, no
     residuals, no per-text results. A lossless side's byte ends come from its byte-length table;
     the ids of any other side (WordPiece) do not spell the text, so its byte ends need its own
@@ -233,8 +248,12 @@ def _floor(d: PairData, rendered: bool = False):
                            count=int(sizes.sum()))
         return flat, batch_ends(p.piece_len[flat], sizes)[0], sizes
 
+    encode = backend.encode_batch
+    if prof.lossless and hasattr(backend, "encode_batch_fast"):
+        encode = backend.encode_batch_fast
+
     def run():
-        encs = backend.encode_batch(d.texts, add_special_tokens=False)
+        encs = encode(d.texts, add_special_tokens=False)
         _, t_ends, t_sizes = side(prof, encs)
         if rendered and not prof.lossless:
             backend.decode_batch([e.ids for e in encs], skip_special_tokens=False)
@@ -255,15 +274,21 @@ def _bench_paired(d: PairData, repeats: int, peers: bool) -> dict:
         _floor(d),
         lambda: d.tgt.retokenize_batch(d.texts, source=source, source_ids=d.src_ids,
                                        source_logprobs=d.src_lps)]
+    fast = _fast_encode(d)
     if not d.tgt.profile.lossless:  # the floor plus the rendering the residuals need
         contenders.append(_floor(d, rendered=True))
+    elif fast is not None:          # the receiver's encode as the retokenizer calls it
+        contenders.append(fast)
     enc, floor, e2e, *rest = time_alternating(contenders, repeats)
     out = {"end_to_end_batch_over_encode_batch": _ratio_summary(e2e, enc),
            "floor_over_encode_batch": _ratio_summary(floor, enc),
            "end_to_end_batch_over_floor": _ratio_summary(e2e, floor)}
-    if rest:
+    if rest and not d.tgt.profile.lossless:
         out["floor_rendered_over_encode_batch"] = _ratio_summary(rest[0], enc)
         out["end_to_end_batch_over_floor_rendered"] = _ratio_summary(e2e, rest[0])
+    elif rest:
+        out["encode_batch_fast_over_encode_batch"] = _ratio_summary(rest[0], enc)
+        out["end_to_end_batch_over_encode_batch_fast"] = _ratio_summary(e2e, rest[0])
     trl = baselines.trl_align_fn() if peers else None
     if trl is not None:
         s_off = [_offsets(e) for e in d.src_ends]
