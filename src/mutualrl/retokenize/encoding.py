@@ -339,9 +339,9 @@ def rust_encode(profile: TokenizerProfile, texts: list[str]) -> list:
     """The continuation backend's Rust encodings of ``texts`` (one call).
 
     A lossless tokenizer's byte ends come from its byte-length table, not from offsets, so its
-    batch is encoded by ``encode_batch_fast`` (the same ids, no offsets tracked; 16-29% faster on
-    the packaged tokenizers); ``encode_from_batch`` encodes again, with offsets, the rare text
-    whose ids do not spell it."""
+    batch is encoded by ``encode_batch_fast`` (the same ids, no offsets tracked: 0.54-0.92 of
+    ``encode_batch``'s time on the packaged tokenizers, docs/results/performance.md);
+    ``encode_from_batch`` encodes again, with offsets, the rare text whose ids do not spell it."""
     backend = profile.continuation
     if len(texts) == 1:
         return [backend.encode(texts[0], add_special_tokens=False)]
