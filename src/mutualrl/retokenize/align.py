@@ -125,15 +125,15 @@ def _common_ends(src_ends: np.ndarray, tgt_ends: np.ndarray, total: int):
         # its boundary on each side (tokens of zero length before it join the group).
         mark = np.zeros(total + 1, dtype=bool)
         mark[tgt_ends] = True
-        hit = mark[src_ends]
+        hit = mark.take(src_ends)
         if s_last is not True:
             hit &= s_last
         src_end = np.flatnonzero(hit)
-        bounds = src_ends[src_end]
+        bounds = src_ends.take(src_end)
         src_end += 1
-        mark[tgt_ends] = False
-        mark[src_ends] = True
-        hit = mark[tgt_ends]
+        mark = np.zeros(total + 1, dtype=bool)
+        mark[bounds] = True
+        hit = mark.take(tgt_ends)
         if t_last is not True:
             hit &= t_last
         tgt_end = np.flatnonzero(hit)
@@ -223,39 +223,64 @@ class BatchAlignment:
     tgt_all: np.ndarray
 
     def groups(self) -> list[AlignmentGroups]:
-        """Each text's groups, in the order of ``full``: column slices of ``local`` (views).
-
-        Built without the frozen dataclass's per-field ``__setattr__`` (a batch builds one per
-        text); equal to ``AlignmentGroups(*local[:, lo:hi])``."""
-        r0, r1, r2, r3, r4, r5 = self.local
-        new = object.__new__
+        """Each text's groups, in the order of ``full``: ``AlignmentGroups`` whose fields are the
+        column slices ``local[:, lo:hi]`` of the batch (views), each made when first read (see
+        ``_BatchTextGroups``); equal to ``AlignmentGroups(*local[:, lo:hi])``."""
+        rows, new = tuple(self.local), object.__new__
         out = []
         lo = 0
         for hi in self.split.tolist():
-            g = new(AlignmentGroups)
-            g.__dict__.update(src_start=r0[lo:hi], src_end=r1[lo:hi], tgt_start=r2[lo:hi],
-                              tgt_end=r3[lo:hi], byte_start=r4[lo:hi], byte_end=r5[lo:hi])
+            g = new(_BatchTextGroups)
+            g.__dict__.update(_rows=rows, _lo=lo, _hi=hi)
             out.append(g)
             lo = hi
         return out
+
+
+_FIELD_ROW = {name: row for row, name in enumerate(
+    ("src_start", "src_end", "tgt_start", "tgt_end", "byte_start", "byte_end"))}
+
+
+class _BatchTextGroups(AlignmentGroups):
+    """One text's groups in a batch alignment, built without its six views: a field is made
+    (``local[row, lo:hi]``, a view) on first read and kept. A batch of many texts, most of whose
+    fields nobody reads, skips about a microsecond per text that six views cost. Everything an
+    ``AlignmentGroups`` does works the same; copies and pickles carry the fields, not the batch.
+    """
+
+    def __getattr__(self, name: str):  # only for attributes not (yet) in the instance dict
+        row, d = _FIELD_ROW.get(name), self.__dict__
+        if row is None or "_rows" not in d:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        value = d[name] = d["_rows"][row][d["_lo"]:d["_hi"]]
+        return value
+
+    def __len__(self) -> int:
+        d = self.__dict__
+        return d["_hi"] - d["_lo"] if "_rows" in d else int(self.src_start.shape[0])
+
+    def __getstate__(self) -> dict:
+        return {name: getattr(self, name) for name in _FIELD_ROW}
 
 
 def align_batch(src_ends: list[np.ndarray], tgt_ends: list[np.ndarray],
                 totals: list[int]) -> BatchAlignment | None:
     """One alignment over the concatenated ends of the texts with both sides non-empty (None:
     no such text); see ``align_many``. ``src_all`` / ``tgt_all`` are the shifted ends."""
-    full = [k for k in range(len(totals)) if src_ends[k].size and tgt_ends[k].size]
+    n = len(totals)
+    s_sizes = np.fromiter(map(len, src_ends), dtype=np.int64, count=n)
+    t_sizes = np.fromiter(map(len, tgt_ends), dtype=np.int64, count=n)
+    tot = np.fromiter(totals, dtype=np.int64, count=n)
+    if s_sizes.all() and t_sizes.all():
+        full, srcs, tgts = list(range(n)), src_ends, tgt_ends
+    else:
+        keep = (s_sizes > 0) & (t_sizes > 0)
+        full = np.flatnonzero(keep).tolist()
+        srcs, tgts = [src_ends[k] for k in full], [tgt_ends[k] for k in full]
+        s_sizes, t_sizes, tot = s_sizes[keep], t_sizes[keep], tot[keep]
     if not full:
         return None
-    if len(full) == len(totals):
-        srcs, tgts, tots = src_ends, tgt_ends, totals
-    else:
-        srcs, tgts = [src_ends[k] for k in full], [tgt_ends[k] for k in full]
-        tots = [totals[k] for k in full]
-    tot = np.fromiter(tots, dtype=np.int64, count=len(full))
     byte_off = np.cumsum(tot + 1) - (tot + 1)
-    s_sizes = np.fromiter(map(len, srcs), dtype=np.int64, count=len(full))
-    t_sizes = np.fromiter(map(len, tgts), dtype=np.int64, count=len(full))
     s_all = np.concatenate(srcs)
     s_all += np.repeat(byte_off, s_sizes)
     t_all = np.concatenate(tgts)
@@ -265,12 +290,11 @@ def align_batch(src_ends: list[np.ndarray], tgt_ends: list[np.ndarray],
     counts = np.diff(split, prepend=0)                   # groups per text
     s_start, t_start = np.cumsum(s_sizes) - s_sizes, np.cumsum(t_sizes) - t_sizes
     local = np.empty((6, bounds.size), dtype=np.int64)
-    # Each group starts where the previous one ended; the first group of each text where the
-    # previous text ended, which is local 0 on every axis (the byte axis skips the one-byte gap).
-    for row, ends, off in ((0, src_end, s_start), (2, tgt_end, t_start), (4, bounds, byte_off)):
-        off = np.repeat(off, counts)
-        np.subtract(ends, off, out=local[row + 1])
-        local[row, 0] = 0
-        np.subtract(ends[:-1], off[1:], out=local[row, 1:])
-    np.maximum(local[4], 0, out=local[4])
+    # Ends in per-text coordinates; each group starts where the previous one ended, and the first
+    # group of each text at 0 on every axis (the byte axis skips the one-byte gap).
+    text_off = np.repeat(np.stack((s_start, t_start, byte_off)), counts, axis=1)
+    for row, ends in ((1, src_end), (3, tgt_end), (5, bounds)):
+        np.subtract(ends, text_off[row // 2], out=local[row])
+    local[0::2, 1:] = local[1::2, :-1]
+    local[0::2, split - counts] = 0
     return BatchAlignment(full, local, split, s_start, t_start, s_all, t_all)
