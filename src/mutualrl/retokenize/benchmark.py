@@ -47,7 +47,8 @@ import numpy as np
 from mutualrl.provenance import time_alternating, time_calls
 from mutualrl.retokenize import baselines
 from mutualrl.retokenize.align import align_batch, align_ends, align_many
-from mutualrl.retokenize.encoding import batch_ends, encode_texts, offset_ends_batch, utf8
+from mutualrl.retokenize.encoding import (batch_ends, encode_texts, encodes_without_offsets,
+                                          offset_ends_batch, rust_encode, utf8)
 from mutualrl.retokenize.loaders import TokenizerHandle, load_tokenizer
 from mutualrl.retokenize.residuals import aggregate_residuals
 from mutualrl.retokenize.retokenizer import Retokenizer
@@ -205,12 +206,12 @@ def _bench_peers(d: PairData, repeats: int, naive_texts: int) -> list[Timing]:
 
 
 def _fast_encode(d: PairData):
-    """A lossless receiver's ``encode_batch_fast`` of the texts (ids read), or None."""
-    backend = d.tgt.profile.continuation
-    fast = getattr(backend, "encode_batch_fast", None) if d.tgt.profile.lossless else None
-    if fast is None:
+    """The receiver's encode as the retokenizer calls it (``encoding.rust_encode``), ids read,
+    when that is ``encode_batch_fast`` (a lossless receiver); else None."""
+    prof = d.tgt.profile
+    if not encodes_without_offsets(prof):
         return None
-    return lambda: [e.ids for e in fast(d.texts, add_special_tokens=False)]
+    return lambda: [e.ids for e in rust_encode(prof, d.texts)]
 
 
 def _ratio_summary(num: list[float], den: list[float]) -> dict:
@@ -248,20 +249,15 @@ def _floor(d: PairData, rendered: bool = False):
                            count=int(sizes.sum()))
         return flat, batch_ends(p.piece_len[flat], sizes)[0], sizes
 
-    encode = backend.encode_batch
-    if prof.lossless and hasattr(backend, "encode_batch_fast"):
-        encode = backend.encode_batch_fast
-
     def run():
-        encs = encode(d.texts, add_special_tokens=False)
+        encs = rust_encode(prof, d.texts)
         _, t_ends, t_sizes = side(prof, encs)
         if rendered and not prof.lossless:
             backend.decode_batch([e.ids for e in encs], skip_special_tokens=False)
         if sprof.lossless:
             s_ends, s_sizes = batch_ends(sprof.piece_len[src_flat], src_sizes)[0], src_sizes
         else:
-            _, s_ends, s_sizes = side(sprof, sprof.continuation.encode_batch(
-                d.texts, add_special_tokens=False))
+            _, s_ends, s_sizes = side(sprof, rust_encode(sprof, d.texts))
         return align_batch(split(s_ends, s_sizes), split(t_ends, t_sizes), d.totals)
     return run
 

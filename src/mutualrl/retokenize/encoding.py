@@ -347,10 +347,15 @@ def rust_encode(profile: TokenizerProfile, texts: list[str]) -> list:
         return [backend.encode(texts[0], add_special_tokens=False)]
     if not texts:
         return []
-    fast = getattr(backend, "encode_batch_fast", None) if profile.lossless else None
-    if fast is not None:
-        return fast(texts, add_special_tokens=False)
+    if encodes_without_offsets(profile):
+        return backend.encode_batch_fast(texts, add_special_tokens=False)
     return backend.encode_batch(texts, add_special_tokens=False)
+
+
+def encodes_without_offsets(profile: TokenizerProfile) -> bool:
+    """Whether ``rust_encode`` encodes a batch with ``encode_batch_fast``: a lossless tokenizer
+    whose backend has it (recent ``tokenizers`` releases)."""
+    return profile.lossless and hasattr(profile.continuation, "encode_batch_fast")
 
 
 def finish_encodings(profile: TokenizerProfile, encs, todo: list[int], texts, datas, keys,
