@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from mutualrl.provenance import time_alternating
-from mutualrl.retokenize import baselines
-from mutualrl.retokenize.align import align_batch, align_many
-from mutualrl.retokenize.benchmark import PairData, _floor, _read_all, run_benchmark
+from mutualrl.retokenize.align import align_batch
+from mutualrl.retokenize.benchmark import PairData, _floor, run_benchmark
 from mutualrl.retokenize.retokenizer import Retokenizer
 
 
@@ -82,24 +79,3 @@ def test_a_wordpiece_receiver_also_gets_the_floor_with_its_rendering(handles, tm
     assert "encode_batch_fast" in out["pairs"][1]["timings"]
     assert "encode_batch_fast" not in out["pairs"][0]["timings"]
     assert "end_to_end_batch_over_encode_batch_fast" not in wordpiece
-
-
-def test_with_trl_the_aligner_is_paired_against_its_walk_as_built_and_as_read(handles, tmp_path):
-    """TRL's byte-offset walk is timed against ``align`` and ``align_read`` (every text's fields
-    read), each alternating with it; ``_read_all`` reads every field of every text."""
-    if baselines.trl_align_fn() is None:
-        pytest.skip("TRL is not installed")
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    texts = ["The answer is 42.", "Второй ответ 😀", "def f(x):\n    return x + 1\n"]
-    (corpus / "a.jsonl").write_text("".join(json.dumps({"completion": t}) + "\n" for t in texts))
-    out = run_benchmark([("deepseek-v3", "mistral-v1")], corpus=corpus, repeats=2, naive_texts=0,
-                        peers=True, handles=dict(handles))
-    (pair,) = out["pairs"]
-    assert {"align", "align_read", "align_trl"} <= set(pair["timings"])
-    for key in ("align_speedup_vs_trl", "align_read_speedup_vs_trl"):
-        assert pair["paired"][key]["pairs"] == 2 and pair["paired"][key]["min"] > 0
-    d = PairData.build(Retokenizer(handles["deepseek-v3"]), Retokenizer(handles["mistral-v1"]), texts)
-    groups = align_many(d.src_ends, d.tgt_ends, d.totals)
-    _read_all(groups)
-    assert all({"src_start", "byte_end"} <= set(vars(g)) for g in groups)

@@ -11,10 +11,7 @@ Measurements per (source -> target) pair:
 * ``encode_batch_fast``  a lossless receiver's ``encode_batch_fast``: the same ids without
   offsets, which is what the retokenizer calls for such a receiver (``encoding.rust_encode``).
 * ``align`` / ``align_per_text``  our vectorised alignment from byte-end arrays (one call for the
-  corpus / one per text); inputs precomputed, as for every aligner below. A batch text's groups
-  make their field views when first read (``align._BatchTextGroups``); ``align_read`` is
-  ``align`` plus reading all six fields of every text, what a caller that walks every text's
-  groups pays (TRL's walk returns its groups as built lists).
+  corpus / one per text); inputs precomputed, as for every aligner below.
 * ``align_trl``  TRL's Python walk over the same byte offsets (as ``(start, end)`` lists).
 * ``align_spacy``  spacy-alignments over the two token-string lists.
 * ``align_naive``  decode-prefix + two-pointer walk, on the first ``naive_texts`` texts only
@@ -166,8 +163,6 @@ def _bench_ours(d: PairData, repeats: int) -> list[Timing]:
         *([Timing("encode_batch_fast", time_calls(fast, repeats), n)] if fast else []),
         Timing("align", time_calls(lambda: align_many(d.src_ends, d.tgt_ends, d.totals),
                                     repeats), n),
-        Timing("align_read", time_calls(lambda: _read_all(align_many(
-            d.src_ends, d.tgt_ends, d.totals)), repeats), n),
         Timing("align_per_text", time_calls(lambda: [
             align_ends(a, b, c) for a, b, c in zip(d.src_ends, d.tgt_ends, d.totals)],
             repeats), n),
@@ -182,12 +177,6 @@ def _bench_ours(d: PairData, repeats: int) -> list[Timing]:
         Timing("e2e_source", time_calls(lambda: d.tgt._sources(
             src_prof, d.texts, datas, d.src_ids, d.src_lps, [False] * len(d.texts)), repeats), n),
     ]
-
-
-def _read_all(groups: list) -> None:
-    """Read every field of every text's groups (``align_read``)."""
-    for g in groups:
-        g.src_start, g.src_end, g.tgt_start, g.tgt_end, g.byte_start, g.byte_end  # noqa: B018
 
 
 def _bench_peers(d: PairData, repeats: int, naive_texts: int) -> list[Timing]:
@@ -300,13 +289,10 @@ def _bench_paired(d: PairData, repeats: int, peers: bool) -> dict:
     if trl is not None:
         s_off = [_offsets(e) for e in d.src_ends]
         t_off = [_offsets(e) for e in d.tgt_ends]
-        walk = lambda: [trl(a, b) for a, b in zip(s_off, t_off)]  # noqa: E731
-        theirs, ours = time_alternating(
-            (walk, lambda: align_many(d.src_ends, d.tgt_ends, d.totals)), repeats)
+        theirs, ours = time_alternating((lambda: [trl(a, b) for a, b in zip(s_off, t_off)],
+                                         lambda: align_many(d.src_ends, d.tgt_ends, d.totals)),
+                                        repeats)
         out["align_speedup_vs_trl"] = _ratio_summary(theirs, ours)
-        theirs, ours = time_alternating(
-            (walk, lambda: _read_all(align_many(d.src_ends, d.tgt_ends, d.totals))), repeats)
-        out["align_read_speedup_vs_trl"] = _ratio_summary(theirs, ours)
     return out
 
 
