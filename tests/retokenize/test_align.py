@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import copy
-import dataclasses
-import pickle
-
 import numpy as np
 import pytest
 
@@ -88,32 +84,6 @@ def test_a_batch_with_empty_sides_between_its_texts_aligns_each_text_as_alone():
     for s, t, total, g in zip(src, tgt, totals, align_many(src, tgt, totals)):
         assert _rows(g) == _rows(align_ends(s, t, total))
     assert align_many([], [], []) == []
-
-
-def test_a_batch_texts_groups_read_copy_and_pickle_as_plain_groups():
-    """A batch text's groups make their fields on first read; what a reader sees, a copy or a
-    pickle carries, equals the same groups built eagerly."""
-    rng = np.random.default_rng(3)
-    totals = [40, 25, 60]
-    src = [_random_ends(rng, t, t // 3, duplicates=False) for t in totals]
-    tgt = [_random_ends(rng, t, t // 2, duplicates=True) for t in totals]
-    lazy = align_many(src, tgt, totals)[1]
-    eager = align_ends(src[1], tgt[1], totals[1])
-    assert isinstance(lazy, AlignmentGroups) and len(lazy) == len(eager)
-    names = [f.name for f in dataclasses.fields(AlignmentGroups)]
-    for other in (pickle.loads(pickle.dumps(lazy)), copy.copy(lazy), copy.deepcopy(lazy), lazy,
-                  dataclasses.replace(lazy)):
-        assert _rows(other) == _rows(eager) and len(other) == len(eager)
-        assert all(getattr(other, n).dtype == np.int64 for n in names)
-    # a pickle holds this text's groups only, not the batch's arrays
-    assert len(pickle.dumps(align_many(src, tgt, totals)[0])) < len(pickle.dumps(lazy.src_start.base))
-    assert np.array_equal(lazy.target_group_index(int(tgt[1].size)),
-                          eager.target_group_index(int(tgt[1].size)))
-    assert repr(lazy).startswith("_BatchTextGroups(src_start=array(")
-    with pytest.raises(AttributeError, match="no attribute 'src_starts'"):
-        lazy.src_starts  # noqa: B018 - a misspelt field is an error, not a batch row
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        lazy.src_start = eager.src_start
 
 
 @pytest.mark.parametrize("name", ["qwen2.5", "mistral-v1"])

@@ -223,44 +223,21 @@ class BatchAlignment:
     tgt_all: np.ndarray
 
     def groups(self) -> list[AlignmentGroups]:
-        """Each text's groups, in the order of ``full``: ``AlignmentGroups`` whose fields are the
-        column slices ``local[:, lo:hi]`` of the batch (views), each made when first read (see
-        ``_BatchTextGroups``); equal to ``AlignmentGroups(*local[:, lo:hi])``."""
-        rows, new = tuple(self.local), object.__new__
+        """Each text's groups, in the order of ``full``: column slices of ``local`` (views).
+
+        Built without the frozen dataclass's per-field ``__setattr__`` (a batch builds one per
+        text); equal to ``AlignmentGroups(*local[:, lo:hi])``."""
+        r0, r1, r2, r3, r4, r5 = self.local
+        new = object.__new__
         out = []
         lo = 0
         for hi in self.split.tolist():
-            g = new(_BatchTextGroups)
-            g.__dict__.update(_rows=rows, _lo=lo, _hi=hi)
+            g = new(AlignmentGroups)
+            g.__dict__.update(src_start=r0[lo:hi], src_end=r1[lo:hi], tgt_start=r2[lo:hi],
+                              tgt_end=r3[lo:hi], byte_start=r4[lo:hi], byte_end=r5[lo:hi])
             out.append(g)
             lo = hi
         return out
-
-
-_FIELD_ROW = {name: row for row, name in enumerate(
-    ("src_start", "src_end", "tgt_start", "tgt_end", "byte_start", "byte_end"))}
-
-
-class _BatchTextGroups(AlignmentGroups):
-    """One text's groups in a batch alignment, built without its six views: a field is made
-    (``local[row, lo:hi]``, a view) on first read and kept. A batch of many texts, most of whose
-    fields nobody reads, skips about a microsecond per text that six views cost. Everything an
-    ``AlignmentGroups`` does works the same; copies and pickles carry the fields, not the batch.
-    """
-
-    def __getattr__(self, name: str):  # only for attributes not (yet) in the instance dict
-        row, d = _FIELD_ROW.get(name), self.__dict__
-        if row is None or "_rows" not in d:
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        value = d[name] = d["_rows"][row][d["_lo"]:d["_hi"]]
-        return value
-
-    def __len__(self) -> int:
-        d = self.__dict__
-        return d["_hi"] - d["_lo"] if "_rows" in d else int(self.src_start.shape[0])
-
-    def __getstate__(self) -> dict:
-        return {name: getattr(self, name) for name in _FIELD_ROW}
 
 
 def align_batch(src_ends: list[np.ndarray], tgt_ends: list[np.ndarray],
