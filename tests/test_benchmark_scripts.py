@@ -84,3 +84,12 @@ def test_gpu_run_summary_reads_a_run_and_its_memory_traces(tmp_path, fast_run_bu
     assert tiny["policies"]["llama-mistral"]["cuda/peak_allocated_gib_max"] == 5.0
     assert "cuda/peak_allocated_gib_max" not in tiny["policies"]["qwen-deepseek"]
     assert "error" in got["runs"]["never"]
+
+
+def test_cold_call_times_the_aligner_back_to_back_and_after_other_work(tmp_path):
+    out = tmp_path / "cold.json"
+    got = _run("cold_call.py", "--repeats", "2", "--gap-ms", "1", "--json", str(out), out=out)
+    conditions = {r["condition"] for r in got["rows"]}
+    assert {"back to back", "after a 1 ms sleep", "after a 1 ms Python loop"} <= conditions
+    assert all(r["median_ms"] > 0 for r in got["rows"])
+    assert {r["over_back_to_back"] for r in got["rows"] if r["condition"] == "back to back"} == {1.0}

@@ -5,6 +5,7 @@ Benchmarks and compare reports record these so a figure can be traced and compar
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import subprocess
@@ -65,13 +66,32 @@ def time_calls(fn: Callable[[], object], repeats: int) -> list[float]:
 def time_alternating(fns: Sequence[Callable[[], object]], repeats: int) -> list[list[float]]:
     """Wall seconds of ``repeats`` calls of each contender, in turn (A B C A B C ...) after one
     warm-up call of each, so that drift in the machine's speed falls on all alike."""
+    return time_turns(fns, repeats)[0]
+
+
+def time_turns(fns: Sequence[Callable[[], object]], repeats: int, min_turn_s: float = 0.0
+               ) -> tuple[list[list[float]], list[int]]:
+    """``time_alternating`` where each contender's turn is as many calls as fill ``min_turn_s``
+    (counted from a second warm-up call): (seconds per call of each turn, per contender; calls per
+    turn). With contenders of very unequal length, a one-call turn measures the short one
+    cold, right after the long one, and on a shared VM that first call after other work can
+    take twice its steady time (``benchmarks/cold_call.py``); turns of equal length compare both
+    at steady state and still alternate against drift."""
+    calls = []
     for fn in fns:
         fn()
-    out: list[list[float]] = [[] for _ in fns]
-    for _ in range(repeats):
-        for fn, times in zip(fns, out):
+        if min_turn_s > 0:
             start = time.perf_counter()
             fn()
-            times.append(time.perf_counter() - start)
-    return out
+            calls.append(max(1, math.ceil(min_turn_s / max(time.perf_counter() - start, 1e-9))))
+        else:
+            calls.append(1)
+    out: list[list[float]] = [[] for _ in fns]
+    for _ in range(repeats):
+        for fn, k, times in zip(fns, calls, out):
+            start = time.perf_counter()
+            for _ in range(k):
+                fn()
+            times.append((time.perf_counter() - start) / k)
+    return out, calls
 

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import time
 
-from mutualrl.provenance import time_alternating
+import pytest
+
+from mutualrl.provenance import time_alternating, time_turns
+from mutualrl.retokenize import baselines
 from mutualrl.retokenize.align import align_batch
 from mutualrl.retokenize.benchmark import PairData, _floor, run_benchmark
 from mutualrl.retokenize.retokenizer import Retokenizer
@@ -18,6 +22,17 @@ def test_time_alternating_takes_the_contenders_in_turn():
     calls.clear()
     times = time_alternating([lambda c=c: calls.append(c) for c in "xyz"], 2)
     assert calls == list("xyz") * 3 and [len(t) for t in times] == [2, 2, 2]
+
+
+def test_time_turns_fills_each_turn_with_calls_and_reports_time_per_call():
+    calls = []
+    (slow, fast), per_turn = time_turns((lambda: (calls.append("s"), time.sleep(0.004)),
+                                         lambda: calls.append("f")), 3, min_turn_s=0.004)
+    k = per_turn[1]
+    assert per_turn[0] == 1 and k > 1          # one call fills the slow side's turn
+    assert calls == ["s", "s", "f", "f"] + (["s"] + ["f"] * k) * 3   # two warm-ups each
+    assert len(slow) == len(fast) == 3 and min(slow) >= 0.004 > max(fast)
+    assert time_turns((lambda: None,), 2)[1] == [1]   # no minimum: one call a turn
 
 
 def test_benchmark_reports_paired_goal_ratios(handles, tmp_path):
@@ -79,3 +94,19 @@ def test_a_wordpiece_receiver_also_gets_the_floor_with_its_rendering(handles, tm
     assert "encode_batch_fast" in out["pairs"][1]["timings"]
     assert "encode_batch_fast" not in out["pairs"][0]["timings"]
     assert "end_to_end_batch_over_encode_batch_fast" not in wordpiece
+
+
+def test_with_trl_the_aligners_alternate_call_by_call_and_in_turns(handles, tmp_path):
+    if baselines.trl_align_fn() is None:
+        pytest.skip("TRL is not installed")
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    texts = ["The answer is 42.", "Второй ответ 😀", "def f(x):\n    return x + 1\n"]
+    (corpus / "a.jsonl").write_text("".join(json.dumps({"completion": t}) + "\n" for t in texts))
+    out = run_benchmark([("deepseek-v3", "mistral-v1")], corpus=corpus, repeats=2, naive_texts=0,
+                        peers=True, handles=dict(handles))
+    paired = out["pairs"][0]["paired"]
+    assert paired["align_speedup_vs_trl"]["pairs"] == 2
+    turns = paired["align_speedup_vs_trl_turns"]
+    assert turns["pairs"] == 2 and turns["min"] > 0 and len(turns["calls_per_turn"]) == 2
+    assert all(k >= 1 for k in turns["calls_per_turn"])   # each side fills its 20 ms turn

@@ -27,7 +27,10 @@ Measurements per (source -> target) pair:
 The two goal ratios are also taken *paired*: the contenders alternate call by call (encode_batch,
 floor, end_to_end_batch, encode_batch, ...; our align, TRL's, ...) and each round gives one ratio,
 whose median and range are reported under ``paired`` — robust to the machine's speed drifting
-between the separate passes above. ``floor`` is the least any byte-offset retokenizer of the batch
+between the separate passes above. TRL's walk takes about 20 times as long as ours, so call by
+call ours always runs right after 10 ms of other work, which on a shared VM slows a short call by
+itself (``benchmarks/cold_call.py``); ``align_speedup_vs_trl_turns`` alternates turns of at least
+``ALIGN_TURN_S`` each (a few calls of TRL's, a few tens of ours; ``provenance.time_turns``). ``floor`` is the least any byte-offset retokenizer of the batch
 does (see ``_floor``): end_to_end_batch over it is what the checks, log-prob sums, residuals and
 per-text results cost. For a receiver that is not lossless (WordPiece) a fourth contender,
 ``floor_rendered``, adds the decode of its ids that the round-trip residuals need; for a lossless
@@ -44,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mutualrl.provenance import time_alternating, time_calls
+from mutualrl.provenance import time_alternating, time_calls, time_turns
 from mutualrl.retokenize import baselines
 from mutualrl.retokenize.align import align_batch, align_ends, align_many
 from mutualrl.retokenize.encoding import (batch_ends, encode_texts, encodes_without_offsets,
@@ -56,6 +59,7 @@ from mutualrl.retokenize.retokenizer import Retokenizer
 DEFAULT_PAIRS = (("deepseek-v3", "mistral-v1"), ("mistral-v1", "deepseek-v3"),
                  ("deepseek-v3", "bert-wordpiece"), ("bert-wordpiece", "deepseek-v3"),
                  ("mistral-v1", "bert-wordpiece"), ("bert-wordpiece", "mistral-v1"))
+ALIGN_TURN_S = 0.02   # each side's turn when the aligners alternate in turns (``time_turns``)
 RESIDUAL_KEYS = ("frac_groups_1_1", "boundary_iou_mean", "roundtrip_mismatch_frac",
                  "roundtrip_edit_rate", "largest_group_bytes_max", "length_ratio_pooled",
                  "unknown_rate", "byte_fallback_rate", "logprob_mass_error_max")
@@ -289,10 +293,13 @@ def _bench_paired(d: PairData, repeats: int, peers: bool) -> dict:
     if trl is not None:
         s_off = [_offsets(e) for e in d.src_ends]
         t_off = [_offsets(e) for e in d.tgt_ends]
-        theirs, ours = time_alternating((lambda: [trl(a, b) for a, b in zip(s_off, t_off)],
-                                         lambda: align_many(d.src_ends, d.tgt_ends, d.totals)),
-                                        repeats)
+        walk = lambda: [trl(a, b) for a, b in zip(s_off, t_off)]  # noqa: E731
+        align = lambda: align_many(d.src_ends, d.tgt_ends, d.totals)  # noqa: E731
+        theirs, ours = time_alternating((walk, align), repeats)
         out["align_speedup_vs_trl"] = _ratio_summary(theirs, ours)
+        (theirs, ours), calls = time_turns((walk, align), repeats, ALIGN_TURN_S)
+        out["align_speedup_vs_trl_turns"] = {**_ratio_summary(theirs, ours),
+                                             "calls_per_turn": calls}
     return out
 
 
