@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from mutualrl.allocation.malloc import reuse_large_buffers
-from mutualrl.provenance import git_commit, machine_info
+from mutualrl.provenance import collector_paused, git_commit, machine_info
 from mutualrl.retokenize import Retokenizer, baselines, load_tokenizer
 from mutualrl.retokenize.align import align_batch, align_many
 from mutualrl.retokenize.benchmark import PairData, _offsets, load_corpus
@@ -58,12 +58,13 @@ def main(argv: list[str] | None = None) -> int:
         call()
         for label, pre in before.items():
             times = []
-            for _ in range(a.repeats):
-                if pre is not None:
-                    pre()
-                start = time.perf_counter()
-                call()
-                times.append(time.perf_counter() - start)
+            with collector_paused():      # as the benchmark's timers (provenance.time_calls)
+                for _ in range(a.repeats):
+                    if pre is not None:
+                        pre()
+                    start = time.perf_counter()
+                    call()
+                    times.append(time.perf_counter() - start)
             rows.append({"call": call_name, "condition": label,
                          "median_ms": statistics.median(times) * 1e3,
                          "min_ms": min(times) * 1e3, "max_ms": max(times) * 1e3})

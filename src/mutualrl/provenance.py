@@ -5,13 +5,15 @@ Benchmarks and compare reports record these so a figure can be traced and compar
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import math
 import os
 import platform
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 
@@ -52,20 +54,38 @@ def machine_info(**versions: str) -> dict[str, object]:
             "python": sys.version.split()[0], **versions}
 
 
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while timing, as ``timeit`` does (after one full
+    collection): a collection's length depends on every object the process holds, not on the
+    call it interrupts, and a call that builds many lists (TRL's walk) would be charged for
+    whichever collection falls in it. Reference counting still frees everything as usual."""
+    gc.collect()
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def time_calls(fn: Callable[[], object], repeats: int) -> list[float]:
-    """Wall seconds of ``repeats`` calls of ``fn`` after one warm-up call."""
-    fn()
-    out = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+    """Wall seconds of ``repeats`` calls of ``fn`` after one warm-up call (collector paused)."""
+    with collector_paused():
         fn()
-        out.append(time.perf_counter() - start)
+        out = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - start)
     return out
 
 
 def time_alternating(fns: Sequence[Callable[[], object]], repeats: int) -> list[list[float]]:
     """Wall seconds of ``repeats`` calls of each contender, in turn (A B C A B C ...) after one
-    warm-up call of each, so that drift in the machine's speed falls on all alike."""
+    warm-up call of each, so that drift in the machine's speed falls on all alike (collector
+    paused)."""
     return time_turns(fns, repeats)[0]
 
 
@@ -78,20 +98,22 @@ def time_turns(fns: Sequence[Callable[[], object]], repeats: int, min_turn_s: fl
     take twice its steady time (``benchmarks/cold_call.py``); turns of equal length compare both
     at steady state and still alternate against drift."""
     calls = []
-    for fn in fns:
-        fn()
-        if min_turn_s > 0:
-            start = time.perf_counter()
-            fn()
-            calls.append(max(1, math.ceil(min_turn_s / max(time.perf_counter() - start, 1e-9))))
-        else:
-            calls.append(1)
     out: list[list[float]] = [[] for _ in fns]
-    for _ in range(repeats):
-        for fn, k, times in zip(fns, calls, out):
-            start = time.perf_counter()
-            for _ in range(k):
+    with collector_paused():
+        for fn in fns:
+            fn()
+            if min_turn_s > 0:
+                start = time.perf_counter()
                 fn()
-            times.append((time.perf_counter() - start) / k)
+                took = time.perf_counter() - start
+                calls.append(max(1, math.ceil(min_turn_s / max(took, 1e-9))))
+            else:
+                calls.append(1)
+        for _ in range(repeats):
+            for fn, k, times in zip(fns, calls, out):
+                start = time.perf_counter()
+                for _ in range(k):
+                    fn()
+                times.append((time.perf_counter() - start) / k)
     return out, calls
 

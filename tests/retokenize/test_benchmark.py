@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 
 import pytest
 
-from mutualrl.provenance import time_alternating, time_turns
+from mutualrl.provenance import time_alternating, time_calls, time_turns
 from mutualrl.retokenize import baselines
 from mutualrl.retokenize.align import align_batch
 from mutualrl.retokenize.benchmark import PairData, _floor, run_benchmark
@@ -33,6 +34,13 @@ def test_time_turns_fills_each_turn_with_calls_and_reports_time_per_call():
     assert calls == ["s", "s", "f", "f"] + (["s"] + ["f"] * k) * 3   # two warm-ups each
     assert len(slow) == len(fast) == 3 and min(slow) >= 0.004 > max(fast)
     assert time_turns((lambda: None,), 2)[1] == [1]   # no minimum: one call a turn
+
+
+def test_the_timers_pause_the_garbage_collector_while_they_time():
+    seen = []
+    time_calls(lambda: seen.append(gc.isenabled()), 2)
+    time_turns((lambda: seen.append(gc.isenabled()),), 2, min_turn_s=0.001)
+    assert seen and not any(seen) and gc.isenabled()
 
 
 def test_benchmark_reports_paired_goal_ratios(handles, tmp_path):
