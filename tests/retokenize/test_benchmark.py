@@ -15,6 +15,14 @@ from mutualrl.retokenize.benchmark import PairData, _floor, run_benchmark
 from mutualrl.retokenize.retokenizer import Retokenizer
 
 
+def write_corpus(tmp_path, texts: list[str]):
+    """A one-file corpus of ``texts`` (the benchmark's JSONL format); its folder."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.jsonl").write_text("".join(json.dumps({"completion": t}) + "\n" for t in texts))
+    return corpus
+
+
 def test_time_alternating_takes_the_contenders_in_turn():
     calls = []
     a, b = time_alternating((lambda: calls.append("a"), lambda: calls.append("b")), 3)
@@ -44,10 +52,8 @@ def test_the_timers_pause_the_garbage_collector_while_they_time():
 
 
 def test_benchmark_reports_paired_goal_ratios(handles, tmp_path):
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    texts = ["The answer is 42.", "Второй ответ 😀", "def f(x):\n    return x + 1\n"]
-    (corpus / "a.jsonl").write_text("".join(json.dumps({"completion": t}) + "\n" for t in texts))
+    corpus = write_corpus(tmp_path, ["The answer is 42.", "Второй ответ 😀",
+                                     "def f(x):\n    return x + 1\n"])
     out = run_benchmark([("deepseek-v3", "mistral-v1")], corpus=corpus, repeats=2, naive_texts=0,
                         peers=False, handles=dict(handles))
     (pair,) = out["pairs"]
@@ -86,10 +92,7 @@ def test_the_floor_aligns_as_the_retokenizer_does_with_wordpiece(handles):
 
 
 def test_a_wordpiece_receiver_also_gets_the_floor_with_its_rendering(handles, tmp_path):
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    texts = ["The Answer is 42.", "Второй ответ 😀"]
-    (corpus / "a.jsonl").write_text("".join(json.dumps({"completion": t}) + "\n" for t in texts))
+    corpus = write_corpus(tmp_path, ["The Answer is 42.", "Второй ответ 😀"])
     out = run_benchmark([("deepseek-v3", "bert-wordpiece"), ("bert-wordpiece", "mistral-v1")],
                         corpus=corpus, repeats=2, naive_texts=0, peers=False,
                         handles=dict(handles))
@@ -107,10 +110,8 @@ def test_a_wordpiece_receiver_also_gets_the_floor_with_its_rendering(handles, tm
 def test_with_trl_the_aligners_alternate_call_by_call_and_in_turns(handles, tmp_path):
     if baselines.trl_align_fn() is None:
         pytest.skip("TRL is not installed")
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    texts = ["The answer is 42.", "Второй ответ 😀", "def f(x):\n    return x + 1\n"]
-    (corpus / "a.jsonl").write_text("".join(json.dumps({"completion": t}) + "\n" for t in texts))
+    corpus = write_corpus(tmp_path, ["The answer is 42.", "Второй ответ 😀",
+                                     "def f(x):\n    return x + 1\n"])
     out = run_benchmark([("deepseek-v3", "mistral-v1")], corpus=corpus, repeats=2, naive_texts=0,
                         peers=True, handles=dict(handles))
     paired = out["pairs"][0]["paired"]
