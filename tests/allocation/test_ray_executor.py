@@ -105,6 +105,13 @@ def test_actors_in_placement_groups_call_results_failures_and_refs(cluster):
         assert isinstance(ref, ray.ObjectRef)
         got = ex.call({"b/learner": Consume(ref), "a/learner": Consume(ex.put([10, 20]))})
         assert got["b/learner"].value == ("b/learner", 6) and got["a/learner"].value[1] == 30
+        # each worker's time inside calls, as its actor timed it: what a paced run's pace
+        # statistics read (a worker never called has none)
+        before = ex.busy_seconds()
+        ex.call({"a/generator": Sleep(0.3)})
+        busy = ex.busy_seconds()
+        assert 0.3 <= busy["a/generator"] - before["a/generator"] < 5.0
+        assert busy["b/learner"] == before["b/learner"] < 0.3
         bad = ex.call({"a/learner": Boom(), "b/learner": Boom()})
         assert all(r.failure.kind == "raised" and "refuses" in r.failure.message for r in bad.values())
         assert "in boom" in bad["a/learner"].failure.traceback

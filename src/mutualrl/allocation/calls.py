@@ -109,6 +109,10 @@ class Executor(Protocol):
 
     def removed(self) -> dict[str, WorkerFailure]: ...
 
+    def busy_seconds(self) -> dict[str, float]:
+        """Seconds each worker has spent inside calls so far (the rest of a step it idled)."""
+        ...
+
     def shutdown(self) -> None: ...
 
 

@@ -29,6 +29,7 @@ refs and the worker calls ``ray.get`` itself.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -62,13 +63,16 @@ def _set_threads(threads: int) -> None:
 
 def _invoke(obj: object, call: type, fields: dict) -> tuple[tuple, Any]:
     # The call's fields travel as Ray task arguments, so top-level ObjectRefs among them are
-    # resolved in the actor, straight from the object store; the call is rebuilt there.
+    # resolved in the actor, straight from the object store; the call is rebuilt there. The
+    # status ends with the seconds the call took in the actor (the worker's busy time).
     import traceback
+    t0 = time.perf_counter()
     try:
-        return ("ok",), call(**fields)(obj)
+        value = call(**fields)(obj)
+        return ("ok", time.perf_counter() - t0), value
     except Exception as exc:
         tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        return ("raised", type(exc).__name__, str(exc), tb), None
+        return ("raised", type(exc).__name__, str(exc), tb, time.perf_counter() - t0), None
 
 
 class _Host:
@@ -79,7 +83,7 @@ class _Host:
         _set_threads(threads)
 
     def ready(self) -> tuple:
-        return ("ok",)
+        return ("ok", 0.0)
 
     def invoke(self, _mutualrl_call: type, **fields: Any) -> tuple[tuple, Any]:
         return _invoke(self.obj, _mutualrl_call, fields)
@@ -105,9 +109,9 @@ class _RankHost:
             self.obj = build_worker(factory, restarted)
         except Exception as exc:   # reported as the rank's failure, never swallowed
             tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-            return ("raised", type(exc).__name__, str(exc), tb)
+            return ("raised", type(exc).__name__, str(exc), tb, 0.0)
         _set_threads(threads)
-        return ("ok",)
+        return ("ok", 0.0)
 
     def invoke(self, _mutualrl_call: type, **fields: Any) -> tuple[tuple, Any]:
         return _invoke(self.obj, _mutualrl_call, fields)
@@ -145,6 +149,8 @@ class RayExecutor:
         self._threads: dict[str, int] = {}
         self._actors: dict[str, Any] = {}
         self._pgs: dict[str, PlacementGroup] = {}
+        self._busy: dict[str, float] = {}
+        self._lock = threading.Lock()   # paced runs call from several driver threads
 
     # ---- placement --------------------------------------------------------------------------
 
@@ -279,6 +285,12 @@ class RayExecutor:
     def put(self, obj: Any) -> Any:
         return ray.put(obj)
 
+    def busy_seconds(self) -> dict[str, float]:
+        """Seconds each worker has spent inside calls so far, as its actor timed them (the
+        transfers to and from it aside)."""
+        with self._lock:
+            return dict(self._busy)
+
     def live_workers(self) -> list[str]:
         return [n for n in self._factories if n not in self.policy.removed]
 
@@ -313,7 +325,7 @@ class RayExecutor:
             done, _ = ray.wait(list(pending), num_returns=1, timeout=left)
             for ref in done:
                 n, r = pending.pop(ref)
-                ranks[n][r] = self._result(n, method, refs[n][r], fetch and r == 0)
+                ranks[n][r] = self._result(n, method, refs[n][r], fetch and r == 0, r == 0)
                 if not ranks[n][r].ok and len(refs[n]) > 1 and n not in failed:
                     failed[n] = merge_ranks(n, method, [x or CallResult(n) for x in ranks[n]])
                     self._kill(n)
@@ -328,8 +340,7 @@ class RayExecutor:
                     self._kill(n)
         return {n: failed.get(n) or merge_ranks(n, method, ranks[n]) for n in refs}
 
-    @staticmethod
-    def _result(name: str, method: str, refs: Any, fetch: bool) -> CallResult:
+    def _result(self, name: str, method: str, refs: Any, fetch: bool, timed: bool) -> CallResult:
         status_ref = refs[0] if isinstance(refs, list) else refs
         try:
             status = ray.get(status_ref)
@@ -337,6 +348,9 @@ class RayExecutor:
             return CallResult(name, failure=WorkerFailure(
                 worker=name, method=method, exc_type=type(exc).__name__, message=str(exc)[:2000],
                 traceback=str(exc), kind="raised"))
+        if timed:   # a rank group's ranks compute together: its time is rank 0's
+            with self._lock:
+                self._busy[name] = self._busy.get(name, 0.0) + status[-1]
         if status[0] != "ok":
             return CallResult(name, failure=WorkerFailure(
                 worker=name, method=method, exc_type=status[1], message=status[2],

@@ -241,7 +241,8 @@ def run_metrics(run: Run) -> dict:
 
 
 def busy_seconds(run: Run) -> dict[str, float]:
-    """Seconds each worker has spent inside calls so far (executors that measure it)."""
+    """Seconds each worker has spent inside calls so far (every shipped executor measures it;
+    one that does not, such as a test's stand-in, reports nothing)."""
     measure = getattr(run.executor, "busy_seconds", None)
     return measure() if measure is not None else {}
 
