@@ -254,9 +254,9 @@ def encode_from_batch(profile: TokenizerProfile, encs, texts: list[str],
                       datas: list[bytes]) -> list[Encoded]:
     """``encode_from`` for many Rust encodings at once. For a lossless tokenizer the ids, byte ends
     and spelling checks of the whole batch are numpy passes, and each text's ``Encoded`` holds
-    views of them; a text whose ids do not spell it takes ``encode_from`` on an encoding made
-    again with offsets (the batch's may have none: ``rust_encode``). For any other tokenizer
-    the byte ends of the whole batch come from its offsets (``offset_ends_batch``)."""
+    views of them; a text whose ids do not spell it takes ``encode_from``, on an encoding made
+    again with offsets where the batch's have none (``encodes_without_offsets``). For any other
+    tokenizer the byte ends of the whole batch come from its offsets (``offset_ends_batch``)."""
     if len(encs) < 2:
         return [encode_from(profile, e, t, d) for e, t, d in zip(encs, texts, datas)]
     if not profile.lossless:
@@ -271,11 +271,15 @@ def encode_from_batch(profile: TokenizerProfile, encs, texts: list[str],
                        count=int(sizes.sum()))
     spells, ends = spelled_ends(profile, flat, sizes, datas)
     flat.flags.writeable = False
+    again = encodes_without_offsets(profile)   # the batch's encodings carry no offsets
     out, lo = [], 0
     for i, (hi, ok) in enumerate(zip(np.cumsum(sizes).tolist(), spells.tolist())):
-        out.append(Encoded(flat[lo:hi], ends[lo:hi], False, 0, False) if ok
-                   else encode_from(profile, profile.continuation.encode(
-                       texts[i], add_special_tokens=False), texts[i], datas[i]))
+        if ok:
+            out.append(Encoded(flat[lo:hi], ends[lo:hi], False, 0, False))
+        else:
+            enc = (profile.continuation.encode(texts[i], add_special_tokens=False) if again
+                   else encs[i])
+            out.append(encode_from(profile, enc, texts[i], datas[i]))
         lo = hi
     return out
 
