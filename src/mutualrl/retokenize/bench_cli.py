@@ -14,8 +14,8 @@ from pathlib import Path
 from mutualrl.provenance import git_commit, machine_info
 from mutualrl.retokenize.benchmark import DEFAULT_PAIRS, run_benchmark
 
-_ROWS = ("encode", "encode_batch", "encode_batch_fast", "align", "align_per_text", "end_to_end", "end_to_end_batch",
-         "e2e_target", "e2e_source", "align_trl", "align_spacy", "align_naive")
+_ROWS = ("encode", "encode_batch", "encode_batch_fast", "align", "align_per_text", "end_to_end",
+         "end_to_end_batch", "e2e_target", "e2e_source", "align_trl", "align_spacy", "align_naive")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -25,7 +25,7 @@ from mutualrl.run.build import build_run, prepare
 from mutualrl.run.evaluation import evaluate
 from mutualrl.run.folder import claim
 from mutualrl.run.guards import GuardTripped
-from mutualrl.run.phases import (build_batches, busy_seconds, check_guards, generate, log_pace,
+from mutualrl.run.phases import (build_batches, check_guards, generate, log_pace,
                                  log_step, make_context, publish, sample_prompts, update, verify)
 from mutualrl.run.metrics import read_metrics
 from mutualrl.run.paced import pace_summary, paced_train_loop
@@ -39,7 +39,7 @@ def grpo_step(run: Run, step: int, names: list[str] | None = None) -> dict:
     """One GRPO step of the named policies (default: every live one); its logged record."""
     t0, clock = time.perf_counter(), run.step_phase
     run.step_phases.clear()
-    busy, versions = busy_seconds(run), dict(run.versions)
+    busy, versions = run.executor.busy_seconds(), dict(run.versions)
     prompts = sample_prompts(run, step)
     with clock("generate"):
         samples, gen_time = generate(run, prompts, names, step)
@@ -51,8 +51,8 @@ def grpo_step(run: Run, step: int, names: list[str] | None = None) -> dict:
         ctx = make_context(run, step, prompts)
         run.strategy.observe(ctx, samples)
     stats = update(run, ctx, build_batches(run, ctx, samples))
-    log_pace(run, ctx, samples, {n: v - busy.get(n, 0.0) for n, v in busy_seconds(run).items()},
-             versions)
+    busy = {n: v - busy.get(n, 0.0) for n, v in run.executor.busy_seconds().items()}
+    log_pace(run, ctx, samples, busy, versions)
     # time_s minus the phases is prompt sampling and logging (a record cannot time its own write)
     return log_step(run, step, samples, gen_time, stats, ctx, time.perf_counter() - t0)
 

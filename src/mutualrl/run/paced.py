@@ -40,7 +40,7 @@ from mutualrl.allocation import (PacedRecord, QueueChannel, VersionGate, WorkerF
 from mutualrl.config import ConfigError, RunConfig
 from mutualrl.run.evaluation import evaluate
 from mutualrl.run.guards import GuardTripped
-from mutualrl.run.phases import (build_batches, busy_seconds, check_guards, generate, log_pace,
+from mutualrl.run.phases import (build_batches, check_guards, generate, log_pace,
                                  make_context, policy_metrics, publish, run_metrics,
                                  sample_prompts, update, verify)
 from mutualrl.run.state import Run
@@ -230,7 +230,7 @@ class PolicyStepper:
         versions, wait = self.pace.gate.versions(), self.pace.gate.wait_s[name]
         lead = k - min((versions[n] for n in self.pace.live(run) if n != name), default=k)
         waited, self.wait_seen = wait - self.wait_seen, wait
-        t0, busy0 = time.perf_counter(), busy_seconds(run).get(name, 0.0)
+        t0, busy0 = time.perf_counter(), run.executor.busy_seconds().get(name, 0.0)
         prompts = sample_prompts(run, k)
         with clock("generate"):
             samples, gen_time = generate(run, prompts, [name], k)
@@ -255,8 +255,8 @@ class PolicyStepper:
         stats = update(run, ctx, build_batches(run, ctx, cur.samples))
         if name not in stats:
             raise WorkerUnavailable(f"policy {name!r}: its update at step {k} failed")
-        log_pace(run, ctx, cur.samples, {name: busy_seconds(run).get(name, 0.0) - cur.busy0},
-                 versions)
+        busy = run.executor.busy_seconds().get(name, 0.0) - cur.busy0
+        log_pace(run, ctx, cur.samples, {name: busy}, versions)
         self._log_experience(ctx, k, incoming, cur)
         part = policy_metrics(run, name, cur.samples[name], cur.gen_time[name], stats[name], ctx)
         part.update({f"policy/{name}/phase/{p}_time_s": v for p, v in run.step_phases.items()})
@@ -352,7 +352,8 @@ def pace_summary(rows: list[dict], names: list[str]) -> dict[str, dict[str, floa
         mine = [r for r in rows if r.get("phase") == "train" and p + "reward/mean" in r]
         wall = sum(r.get(p + "pace/step_wall_time_s", r.get("time_s", 0.0)) or 0.0 for r in mine)
         timed = [r[p + "pace/busy_time_s"] for r in mine if p + "pace/busy_time_s" in r]
-        busy = sum(timed) if timed else None   # None: the executor does not measure it (Ray)
+        # None: no busy time in the rows (a Ray run written before its executor measured it)
+        busy = sum(timed) if timed else None
         used = sum(r.get(p + "pace/experience_records") or 0.0 for r in mine)
         lag = sum((r.get(p + "pace/experience_lag_mean") or 0.0) * (r.get(p + "pace/experience_records") or 0.0)
                   for r in mine)

@@ -240,13 +240,6 @@ def run_metrics(run: Run) -> dict:
     return record
 
 
-def busy_seconds(run: Run) -> dict[str, float]:
-    """Seconds each worker has spent inside calls so far (every shipped executor measures it;
-    one that does not, such as a test's stand-in, reports nothing)."""
-    measure = getattr(run.executor, "busy_seconds", None)
-    return measure() if measure is not None else {}
-
-
 def log_pace(run: Run, ctx: StrategyContext, samples: dict[str, list[Sample]],
              busy: dict[str, float], versions: dict[str, int]) -> None:
     """Per policy: seconds its worker was busy during the step (the rest of the step it idled)
