@@ -12,6 +12,7 @@ import copy
 import inspect
 
 import torch
+from transformers import StaticCache
 
 from mutualrl.policies.batch import collate
 from mutualrl.policies.generation import GENERATION_BACKENDS, SamplingSettings
@@ -137,10 +138,23 @@ def static_cache(model, length: int):
     written in place (``grpo.cache_implementation = "static"``): the dynamic cache concatenates a
     new, one-token-longer tensor per layer at every step, which a GPU's caching allocator cannot
     reuse (guides/memory.md)."""
-    from transformers import StaticCache
-
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return StaticCache(config=base.config, max_cache_len=length)
+    return _UniformStaticCache(config=base.config, max_cache_len=length)
+
+
+class _UniformStaticCache(StaticCache):
+    """transformers' ``StaticCache`` with keys stored in the values' dtype.
+
+    Under bf16 autocast over fp32 weights the keys leave the rotary embedding in fp32 (its
+    cos/sin follow the fp32 hidden states) while the values leave their projection in bf16.
+    Some transformers versions (5.17 among them) allocate both cache tensors in the keys' dtype
+    and then fail to copy the bf16 values in; later ones keep fp32 keys, twice the memory. The
+    attention casts its inputs to bf16 under autocast, so keys stored in bf16 are what it reads
+    either way: the draws are those of the growing cache (tests/policies/test_static_cache.py)."""
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        return super().update(key_states.to(value_states.dtype), value_states, layer_idx,
+                              *args, **kwargs)
 
 
 class FrozenWeights:
