@@ -19,7 +19,6 @@ import statistics
 import time
 from pathlib import Path
 
-from mutualrl.allocation.malloc import reuse_large_buffers
 from mutualrl.provenance import collector_paused, git_commit, machine_info
 from mutualrl.retokenize import Retokenizer, baselines, load_tokenizer
 from mutualrl.retokenize.align import align_batch, align_many
@@ -40,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gap-ms", type=float, default=10.0, help="length of the sleep and the loop")
     ap.add_argument("--json", type=Path, help="write the results here")
     a = ap.parse_args(argv)
-    reuse_large_buffers()          # as the CLI and every benchmark process start
+    # glibc's allocator defaults, as `mutualrl bench retokenize` runs (allocation/malloc.py)
     texts = load_corpus()
     d = PairData.build(Retokenizer(load_tokenizer(a.source), cache_size=0),
                        Retokenizer(load_tokenizer(a.target), cache_size=0), texts)

@@ -34,7 +34,7 @@ def _add_train(sub) -> None:
                    help="start afresh in an output directory that holds a run, deleting its run "
                         "files (without it such a directory is refused)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=_run_train)
+    p.set_defaults(func=_run_train, trains=True)
 
 
 def _overrides(args) -> list[str]:
@@ -97,17 +97,23 @@ def _run_train(args) -> int:
 
 
 # Subcommands implemented by their layers: (command path, module, help).
+# (path, module, help, trains): a command that trains gets the allocator set-up for large buffers
+# (allocation/malloc.py); the others keep glibc's arena per thread, which the Rust tokenizers'
+# thread pool needs (one shared arena made the WordPiece encode_batch 2.7x slower on 2 threads).
 _DELEGATED = [
-    (("plan",), "mutualrl.allocation.cli", "print the resource plan for a config without running"),
-    (("exchange", "inspect"), "mutualrl.exchange.cli", "summarise or dump a run's experience log"),
-    (("bench", "retokenize"), "mutualrl.retokenize.bench_cli", "benchmark retokenization across tokenizers"),
-    (("compare",), "mutualrl.compare", "run several strategies x seeds and write a report"),
+    (("plan",), "mutualrl.allocation.cli", "print the resource plan for a config without running",
+     False),
+    (("exchange", "inspect"), "mutualrl.exchange.cli", "summarise or dump a run's experience log",
+     False),
+    (("bench", "retokenize"), "mutualrl.retokenize.bench_cli",
+     "benchmark retokenization across tokenizers", False),
+    (("compare",), "mutualrl.compare", "run several strategies x seeds and write a report", True),
 ]
 
 
 def _add_delegated(sub) -> None:
     groups: dict[str, argparse._SubParsersAction] = {}
-    for path, module, help_text in _DELEGATED:
+    for path, module, help_text, trains in _DELEGATED:
         try:
             mod = importlib.import_module(module)
         except ImportError:
@@ -120,7 +126,7 @@ def _add_delegated(sub) -> None:
             parent = groups[path[0]]
         p = parent.add_parser(path[-1], help=help_text, description=help_text)
         mod.configure(p)
-        p.set_defaults(func=mod.run)
+        p.set_defaults(func=mod.run, trains=trains)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -141,8 +147,9 @@ GUARD_EXIT = 3
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from mutualrl.allocation.malloc import reuse_large_buffers
-    reuse_large_buffers()    # before torch starts its threads (allocation/malloc.py says why)
+    if args.trains:
+        from mutualrl.allocation.malloc import reuse_large_buffers
+        reuse_large_buffers()    # before torch starts its threads (allocation/malloc.py says why)
     # The command owns the display (rich progress); transformers' own bars (one per saved model)
     # would tear through it.
     from transformers.utils import logging as hf_logging

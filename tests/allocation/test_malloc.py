@@ -29,3 +29,19 @@ def test_a_preloaded_caching_allocator_is_left_alone(monkeypatch):
     monkeypatch.setenv("LD_PRELOAD", "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2")
     monkeypatch.delenv("MUTUALRL_MALLOC", raising=False)
     assert m.reuse_large_buffers() == "preloaded: jemalloc"
+
+
+def test_only_the_commands_that_train_set_the_allocator_up_for_large_buffers():
+    # one arena slows the Rust tokenizers' thread pool (allocation/malloc.py): the retokenization
+    # benchmark, plan and exchange inspect keep glibc's defaults
+    from mutualrl.cli import build_parser
+    parser = build_parser()
+    trains = {cmd: parser.parse_args(argv).trains for cmd, argv in {
+        "train": ["train", "--config", "configs/tiny.toml"],
+        "compare": ["compare", "--config", "configs/tiny.toml"],
+        "bench retokenize": ["bench", "retokenize"],
+        "plan": ["plan", "--config", "configs/tiny.toml"],
+        "exchange inspect": ["exchange", "inspect", "runs/x"],
+    }.items()}
+    assert trains == {"train": True, "compare": True, "bench retokenize": False, "plan": False,
+                      "exchange inspect": False}

@@ -8,10 +8,17 @@ thread its own arena, and a thread arena cannot hold a block over 64 MB, so ther
 buffer is mapped and unmapped whatever the threshold (the same update: 356 ms in an executor
 thread, 187 ms on the main thread).
 
-``reuse_large_buffers`` (called once at start-up by the CLI, by each worker process and by the
-benchmarks) switches that off with ``mallopt``: one arena for every thread, no mmap for large
-blocks (they come from the heap, and freed ones are reused), and no trimming of the heap's top.
-The process keeps its peak heap until it exits, which is what a training process does anyway.
+``reuse_large_buffers`` (called once at start-up by the CLI's training commands, by each worker
+process and by the training benchmarks) switches that off with ``mallopt``: one arena for every
+thread, no mmap for large blocks (they come from the heap, and freed ones are reused), and no
+trimming of the heap's top. The process keeps its peak heap until it exits, which is what a
+training process does anyway.
+
+The one arena has a cost: threads that allocate many small blocks at once wait for its lock. The
+Rust tokenizers' ``encode_batch`` on two threads took 33 ms instead of 12 ms for the THL
+benchmark's corpus (WordPiece), slower than one thread (22 ms). Commands that do not train
+(``mutualrl bench retokenize``, ``plan``, ``exchange inspect``) therefore keep glibc's defaults,
+and so does a plain Python process that uses the retokenizer as a library.
 
 Left alone when another allocator is preloaded (tcmalloc, jemalloc: ``LD_PRELOAD``), when not on
 glibc, or when ``MUTUALRL_MALLOC=system`` asks for glibc's defaults.
