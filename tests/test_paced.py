@@ -252,6 +252,47 @@ def test_under_continue_a_failed_policy_leaves_and_the_other_goes_on(tmp_path, f
         _assert_departure_said_and_kept(out, summary, capsys, "qwen-deepseek", "timeout")
 
 
+def test_a_paced_step_that_verifies_past_its_calls_budget_is_not_declared_hung(
+        tmp_path, fast_run_builds, monkeypatch):
+    # call_timeout_s = 1: a step is hung after 3 s of calls; each policy's 4 samples verify in
+    # 3.6 s (0.9 s each, under verifier_timeout_s = 5), and the two policies take turns at the
+    # verifier. Before, the watchdog counted that time and abandoned a healthy step.
+    import mutualrl.run.paced as paced_loop
+    from mutualrl.tasks import GuardedVerifier
+
+    slow = threading.Event()
+
+    class Slow:
+        def __init__(self, inner):
+            self.inner, self.verifier_id, self.version = inner, inner.verifier_id, inner.version
+
+        def __call__(self, prompt, completion):
+            if slow.is_set():
+                time.sleep(0.9)
+            return self.inner(prompt, completion)
+
+    init = GuardedVerifier.__init__
+    monkeypatch.setattr(GuardedVerifier, "__init__",
+                        lambda self, verifier, *a, **kw: init(self, Slow(verifier), *a, **kw))
+    segment = paced_loop._segment
+
+    def slowed(*args):   # the train steps only, not the warm start and evaluations around them
+        slow.set()
+        try:
+            return segment(*args)
+        finally:
+            slow.clear()
+
+    monkeypatch.setattr(paced_loop, "_segment", slowed)
+    out = tmp_path / "slow-verifier"
+    summary = run_tiny(out, "steps=1", "grpo.prompts_per_step=1", "allocation.max_staleness=1",
+                       'allocation.on_failure="continue"', "allocation.call_timeout_s=1")
+    assert not (out / "failures.jsonl").exists() and not summary.get("failed")
+    assert {n: summary["pace"][n]["steps"] for n in NAMES} == {n: 1 for n in NAMES}
+    rows = [r for r in read_metrics(out / "metrics.jsonl") if r["phase"] == "train"]
+    assert all(f"policy/{n}/reward/mean" in rows[0] for n in NAMES)
+
+
 def _failures(out: Path) -> list[dict]:
     return [msgspec.json.decode(line) for line in (out / "failures.jsonl").read_bytes().splitlines()]
 

@@ -166,6 +166,40 @@ def test_a_hung_worker_does_not_deadlock_the_others_under_continue():
     _assert_accounted(report)
 
 
+class Verifies:
+    """Each step spends ``verify_s`` in a verifier that GuardedVerifier-style bookkeeping times
+    per thread (a stand-in for ``tasks.base.GuardedVerifier.seconds_in_calls``)."""
+
+    def __init__(self, verify_s: float, clock: dict) -> None:
+        self.verify_s, self.clock = verify_s, clock
+
+    def step(self, k: int, incoming: list[PacedRecord]) -> list:
+        ident, t0 = threading.get_ident(), time.monotonic()
+        self.clock[ident] = (self.clock.get(ident, (0.0, None))[0], t0)   # in progress
+        time.sleep(self.verify_s)
+        self.clock[ident] = (self.clock[ident][0] + time.monotonic() - t0, None)
+        return [k]
+
+
+def test_a_step_timeout_sets_aside_the_time_its_thread_spends_in_self_bounded_work():
+    # a paced training run's verification: each call bounded by task.verifier_timeout_s, and
+    # the policies take turns, so a healthy step can verify for longer than its calls' budget
+    def aside(ident: int) -> float:
+        spent, since = clock.get(ident, (0.0, None))
+        return spent if since is None else spent + time.monotonic() - since
+
+    clock: dict = {}
+    gate = VersionGate(["v"], max_staleness=1)
+    report = run_paced({"v": Verifies(0.6, clock)}, 2, gate, step_timeout_s=0.3,
+                       on_failure="continue", set_aside=aside)
+    assert report.steps_completed["v"] == 2 and not report.failures
+    clock.clear()
+    gate = VersionGate(["v"], max_staleness=1)
+    report = run_paced({"v": Verifies(0.6, clock)}, 2, gate, step_timeout_s=0.3,
+                       on_failure="continue")
+    assert [(f.worker, f.kind) for f in report.failures] == [("v", "timeout")]
+
+
 def test_restart_rebuilds_a_failed_worker_which_resumes_after_its_last_step():
     gate = VersionGate(["a", "flaky"], max_staleness=1)
     seen: list = []

@@ -179,3 +179,27 @@ def test_a_verifier_that_raises_timeouterror_is_an_error_not_a_guard_timeout():
     assert g.counters.errors == 1 and g.counters.timeouts == 0
     assert "TimeoutError: the sandbox did not answer" in g.counters.last_error
     g.close()
+
+
+@pytest.mark.parametrize("threads", [0, 2])
+def test_seconds_in_calls_count_each_callers_time_its_wait_and_the_call_in_progress(threads):
+    # what a paced run's step time-out sets aside (allocation.paced, run.paced)
+    import threading
+
+    g = GuardedVerifier(Sleeps(0.1), timeout_s=5, threads=threads)
+    me = threading.get_ident()
+    try:
+        g.score_many([(PROMPT, " cat")] * 2)
+        mine = g.seconds_in_calls(me)
+        assert (0.19 if threads <= 1 else 0.09) < mine < 1.5
+        other: list = []
+        t = threading.Thread(target=lambda: other.append(g(PROMPT, " cat")))
+        with g._turn:        # the other caller waits for its turn, and that wait counts
+            t.start()
+            time.sleep(0.15)
+            assert 0.1 < g.seconds_in_calls(t.ident) < 1.0   # in progress, counted so far
+        t.join()
+        assert 0.2 < g.seconds_in_calls(t.ident) < 1.5 and other == [1.0]
+        assert g.seconds_in_calls(me) == mine               # one thread's time is its own
+    finally:
+        g.close()

@@ -4,7 +4,8 @@
 its incoming records (fresh ones handed over, stale ones dropped and counted), ``step(k,
 incoming) -> outgoing``, publish the outgoing records to every live peer, advance the gate. The
 calling thread supervises: a step that raises is reported with its traceback; a step that runs
-past ``step_timeout_s`` is declared hung, reported with the stack where it hangs, and abandoned
+past ``step_timeout_s`` (less the seconds ``set_aside`` names) is declared hung, reported with
+the stack where it hangs, and abandoned
 (its thread is daemonic; a late result is discarded). The failed worker leaves the gate so the
 others go on without its experience. Then ``on_failure``: ``stop`` ends the run cleanly (steps
 in flight finish and publish; everything so far is in the report), ``continue`` goes on without
@@ -81,6 +82,8 @@ class _Run:
         self.tokens = {n: 0 for n in names}            # bumped to disown an abandoned thread
         self.threads: dict[str, threading.Thread] = {}
         self.in_step: dict[str, float | None] = {n: None for n in names}  # step start time
+        self.set_aside: Callable[[int], float] | None = None
+        self.aside_at_start: dict[str, float] = {n: 0.0 for n in names}
         self.produced = {n: 0 for n in names}
         self.consumed = {n: 0 for n in names}
         self.dropped = {n: 0 for n in names}
@@ -159,8 +162,9 @@ def _loop(run: _Run, name: str, token: int, worker: StepWorker | PhasedWorker) -
             if run.halted(name, token):
                 break
             t0 = time.monotonic()
+            aside = run.set_aside(threading.get_ident()) if run.set_aside is not None else 0.0
             with run.lock:
-                run.in_step[name] = t0
+                run.in_step[name], run.aside_at_start[name] = t0, aside
             if not _one_step(run, name, token, worker, k, t0):
                 return
         run.events.put(("done", name, token, None))
@@ -194,14 +198,21 @@ def _hung(run: _Run) -> list[WorkerFailure]:
     now, out = time.monotonic(), []
     with run.lock:
         for name, t0 in run.in_step.items():
-            if t0 is not None and now - t0 > run.step_timeout_s:
+            if t0 is None or now - t0 <= run.step_timeout_s:
+                continue
+            aside = 0.0
+            if run.set_aside is not None:   # time in work bounded on its own does not count
+                aside = run.set_aside(run.threads[name].ident or -1) - run.aside_at_start[name]
+            if now - t0 - aside > run.step_timeout_s:
                 run.tokens[name] += 1      # disown the thread: its late output is discarded
                 run.in_step[name] = None
                 frame = sys._current_frames().get(run.threads[name].ident or -1)
                 where = "".join(traceback.format_stack(frame)) if frame is not None else ""
                 out.append(WorkerFailure(
                     worker=name, method="step", exc_type="TimeoutError", kind="timeout",
-                    message=f"step ran past {run.step_timeout_s:g} s; its thread is abandoned",
+                    message=f"step ran past {run.step_timeout_s:g} s"
+                            + (f" (besides {aside:.1f} s set aside)" if aside else "")
+                            + "; its thread is abandoned",
                     traceback=f"where it was when abandoned:\n{where}"))
     return out
 
@@ -236,6 +247,7 @@ def run_paced(
     halt: Callable[[], bool] | None = None,
     keep_undelivered: bool = False,
     on_stale: Callable[[str, list[PacedRecord]], None] | None = None,
+    set_aside: Callable[[int], float] | None = None,
 ) -> PacedReport:
     """Run every worker from the version the gate holds for it up to ``steps``; see the module
     docstring. Workers are ``StepWorker``s or ``PhasedWorker``s.
@@ -246,12 +258,15 @@ def run_paced(
     boundary (e.g. the run was asked to stop), each at its own version. ``keep_undelivered``:
     leave the records still queued in ``channel`` for a later call that continues the run
     (they are counted in ``undelivered`` either way). ``on_stale(consumer, records)``: told of
-    the records a consumer dropped as too old, as they are dropped."""
+    the records a consumer dropped as too old, as they are dropped. ``set_aside(ident)``: the
+    seconds the thread ``ident`` has spent so far in work that bounds itself (a training run's
+    verification: each call under ``task.verifier_timeout_s``); a step's time-out does not count
+    the part of them spent during the step."""
     if on_failure == "restart" and not factories:
         raise ValueError("run_paced: on_failure='restart' needs factories to rebuild workers")
     names = list(workers)
     run = _Run(names, steps, gate, channel or QueueChannel(names), step_timeout_s, max_age)
-    run.halt, run.on_stale = halt, on_stale
+    run.halt, run.on_stale, run.set_aside = halt, on_stale, set_aside
     failures: list[WorkerFailure] = []
     restarts = {n: 0 for n in names}
     active = set(names)

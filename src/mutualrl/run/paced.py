@@ -47,8 +47,17 @@ from mutualrl.run.state import Run
 from mutualrl.strategies import STRATEGIES, build_strategy
 
 # Calls a step makes on workers (generate, the strategy's, update), each bounded by
-# call_timeout_s: a step still running after this many of them is declared hung.
+# call_timeout_s: a step still running after this many of them is declared hung. Verification
+# is bounded on its own (task.verifier_timeout_s per call) and set aside (verification_seconds).
 CALLS_PER_STEP = 3
+
+
+def verification_seconds(run: Run, ident: int) -> float:
+    """Seconds the thread ``ident`` has spent verifying so far: the task's verifier (a strategy's
+    checks included) and the reward functions. The policies take turns at them, so one policy's
+    step can wait for another's verification; each call has its own time limit."""
+    out = run.verifier.seconds_in_calls(ident)
+    return out + (run.rewards.seconds_in_calls(ident) if run.rewards is not None else 0.0)
 
 
 def check_paced(cfg: RunConfig) -> None:
@@ -333,7 +342,8 @@ def _segment(run: Run, steppers: dict[str, PolicyStepper], end: int) -> None:
         step_timeout_s=CALLS_PER_STEP * alloc.call_timeout_s,
         on_failure="continue" if alloc.on_failure == "continue" else "stop",
         halt=lambda: run.stop.requested or pace.tripped is not None, keep_undelivered=True,
-        on_stale=lambda consumer, records: steppers[consumer].dropped(records))
+        on_stale=lambda consumer, records: steppers[consumer].dropped(records),
+        set_aside=lambda ident: verification_seconds(run, ident))
     pace.failed.update(f.worker for f in report.failures)
     pace.rows.flush()
     if report.stopped and report.failures:

@@ -9,6 +9,7 @@ and is counted; it never stops the run.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -86,6 +87,9 @@ class GuardedVerifier:
         self.threads = threads
         self.counters = VerifierCounters()
         self._turn = threading.RLock()
+        self._clock = threading.Lock()
+        self._spent: dict[int, float] = {}   # thread ident -> seconds inside finished calls
+        self._since: dict[int, float] = {}   # thread ident -> start of its call in progress
         # A verifier that hangs is abandoned (threads cannot be killed) with its pool, and a
         # fresh pool is made, so later calls are not stuck behind it.
         self._pool = self._new_pool()
@@ -97,8 +101,31 @@ class GuardedVerifier:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._pool = self._new_pool()
 
+    def seconds_in_calls(self, ident: int) -> float:
+        """Seconds the thread ``ident`` has spent in this verifier's calls so far, its waits for
+        its turn and the call in progress included. Each call is bounded by ``timeout_s``, so a
+        paced run's step time-out sets these seconds aside (``allocation.paced``)."""
+        with self._clock:
+            spent, since = self._spent.get(ident, 0.0), self._since.get(ident)
+            return spent if since is None else spent + time.monotonic() - since
+
+    @contextlib.contextmanager
+    def _clocked(self):
+        ident = threading.get_ident()
+        with self._clock:
+            outer = ident not in self._since   # score_many's per-sample calls count once
+            if outer:
+                self._since[ident] = time.monotonic()
+        try:
+            yield
+        finally:
+            if outer:
+                with self._clock:
+                    start = self._since.pop(ident)
+                    self._spent[ident] = self._spent.get(ident, 0.0) + time.monotonic() - start
+
     def __call__(self, prompt: Prompt, completion: str) -> float:
-        with self._turn:
+        with self._clocked(), self._turn:
             self.counters.calls += 1
             future = self._pool.submit(self.verifier, prompt, completion)
             if not cf.wait([future], timeout=self.timeout_s).done:
@@ -123,10 +150,11 @@ class GuardedVerifier:
 
     def score_many(self, items: Sequence[tuple[Prompt, str]]) -> list[float]:
         """The rewards of (prompt, completion) pairs, in order, ``threads`` verified at once."""
-        if self.threads <= 1:
-            return [self(p, c) for p, c in items]
-        with self._turn:
-            return self._score_threaded(items)
+        with self._clocked():
+            if self.threads <= 1:
+                return [self(p, c) for p, c in items]
+            with self._turn:
+                return self._score_threaded(items)
 
     def _score_threaded(self, items: Sequence[tuple[Prompt, str]]) -> list[float]:
         self.counters.calls += len(items)

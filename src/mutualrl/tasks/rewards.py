@@ -102,6 +102,11 @@ class WeightedReward:
     def __call__(self, prompt: Prompt, completion: str) -> float:
         return self.score(prompt, completion)[0]
 
+    def seconds_in_calls(self, ident: int) -> float:
+        """Seconds the thread ``ident`` has spent verifying, over every function
+        (``GuardedVerifier.seconds_in_calls``)."""
+        return sum(g.seconds_in_calls(ident) for _, _, g in self.terms)
+
     def failures(self) -> tuple[int, int]:
         """Errors and time-outs over every function so far."""
         return (sum(g.counters.errors for _, _, g in self.terms),
