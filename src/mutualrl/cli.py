@@ -97,9 +97,9 @@ def _run_train(args) -> int:
 
 
 # Subcommands implemented by their layers: (command path, module, help, trains). A command that
-# trains gets the allocator set-up for large buffers
-# (allocation/malloc.py); the others keep glibc's arena per thread, which the Rust tokenizers'
-# thread pool needs (one shared arena made the WordPiece encode_batch 2.7x slower on 2 threads).
+# trains gets the allocator set-up for large buffers (allocation/malloc.py); the others keep
+# glibc's arena per thread, which the Rust tokenizers' thread pool needs (one shared arena made
+# the WordPiece encode_batch 2.7x slower on 2 threads).
 _DELEGATED = [
     (("plan",), "mutualrl.allocation.cli", "print the resource plan for a config without running",
      False),
