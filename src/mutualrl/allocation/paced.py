@@ -281,21 +281,30 @@ def run_paced(
                 run.recipients.discard(f.worker)
             if on_failure == "restart" and restarts[f.worker] < max_restarts:
                 restarts[f.worker] += 1
-                try:
-                    rebuilt = build_worker(factories[f.worker], restarted=True)
-                    gate.rejoin(f.worker)
-                    with run.lock:
-                        run.recipients.add(f.worker)
-                    _launch(run, f.worker, rebuilt)
+                if _restart(run, f.worker, factories[f.worker], failures):
                     continue
-                except Exception as exc:
-                    failures.append(failure_from_exception(f.worker, "restart", exc))
             active.discard(f.worker)
             if on_failure != "continue":
                 run.stop.set()
     stopped = run.stop.is_set()
     _wind_down(run, active)
     return _report(run, failures, restarts, stopped, time.monotonic() - t_start, keep_undelivered)
+
+
+def _restart(run: _Run, name: str, factory: Callable[[], StepWorker],
+             failures: list[WorkerFailure]) -> bool:
+    """Rebuild a failed worker and launch it again at its gate version; a failed rebuild is a
+    failure of its own (False)."""
+    try:
+        rebuilt = build_worker(factory, restarted=True)
+        run.gate.rejoin(name)
+        with run.lock:
+            run.recipients.add(name)
+        _launch(run, name, rebuilt)
+        return True
+    except Exception as exc:
+        failures.append(failure_from_exception(name, "restart", exc))
+        return False
 
 
 def _wind_down(run: _Run, active: set[str]) -> None:
