@@ -27,12 +27,12 @@ SHAPES = {   # architecture, tokenizer, extra policy settings
 }
 
 
-def make(handles, shape: str, cache: str | None, new_tokens: int = 12) -> Policy:
+def make(handles, shape: str, cache: str | None, new_tokens: int = 12, **settings) -> Policy:
     arch, tok, extra = SHAPES[shape]
     grpo = GRPOConfig(num_generations=4, max_completion_length=new_tokens, temperature=1.0,
                       learning_rate=1e-2, cache_implementation=cache)
     cfg = PolicyConfig(name="p", architecture=arch, tokenizer=tok, hidden_size=64, num_layers=2,
-                       num_heads=2, **extra)
+                       num_heads=2, **extra, **settings)
     return Policy(cfg, grpo, seed=0, handle=handles[tok])
 
 
@@ -62,11 +62,7 @@ def test_under_bf16_autocast_the_static_cache_holds_keys_and_values_in_bf16_and_
     # bf16 autocast over fp32 weights: the keys leave the rotary embedding in fp32, the values
     # their projection in bf16. transformers 5.17 then allocated both in fp32 and failed to copy
     # the values in (the first GPU run of gpu1-random-1b.toml); later versions kept fp32 keys.
-    arch, tok, _ = SHAPES["llama"]
-    grpo = GRPOConfig(num_generations=4, max_completion_length=12, temperature=1.0)
-    cfg = PolicyConfig(name="p", architecture=arch, tokenizer=tok, hidden_size=64, num_layers=2,
-                       num_heads=2, dtype="bf16")
-    pol = Policy(cfg, grpo, seed=0, handle=tokenizer_handles[tok])
+    pol = make(tokenizer_handles, "llama", "static", dtype="bf16")
     caches, real = [], pol.learner.model.forward
 
     def forward(*a, **kw):   # the sampler passes its cache by whichever name the model takes
