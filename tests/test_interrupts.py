@@ -67,6 +67,23 @@ def test_a_signal_stops_at_a_step_boundary_with_a_checkpoint_and_the_resume_comm
     assert train_rows(out) == list(range(30))
 
 
+def test_ctrl_c_at_the_terminal_stops_a_run_of_worker_processes_at_a_step_boundary(tmp_path):
+    """A terminal sends Ctrl-C to its whole foreground process group. Worker processes lead
+    groups of their own, so only the driver gets it and the step in flight finishes."""
+    out = tmp_path / "run"
+    proc = subprocess.Popen(train_cmd(out, 30, "--set", 'allocation.executor="process"'), cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    wait_for(lambda: len(train_rows(out)) >= 2, proc)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err[-2000:]
+    assert f"mutualrl train --resume {out}" in err and "Traceback" not in err
+    done = train_rows(out)
+    assert done == list(range(len(done)))
+    assert (out / "checkpoints" / f"step-{len(done):06d}" / "manifest.json").is_file()
+
+
 def test_the_same_signal_twice_stops_at_once_and_another_kind_does_not(monkeypatch):
     exits = []
     monkeypatch.setattr(os, "_exit", exits.append)

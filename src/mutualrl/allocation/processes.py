@@ -26,6 +26,14 @@ travel to it through a pipe. What a process of its own gives that the threads of
 Worker processes are not daemonic (a daemonic process may not start children, and vLLM's CPU
 build starts some); each watches its parent instead and exits when orphaned, so a killed run
 leaves nothing behind.
+
+**Each worker leads a process group of its own**, which holds whatever it starts: a vLLM engine
+in a process of its own (a sharded learner's rank 0, ``policies.generation.vllm_engine``) lives
+there, and vLLM's own exit handlers never run in a worker (a ``multiprocessing`` child ends
+without them). Stopping a worker ends its whole group (SIGTERM, then SIGKILL what remains), as
+does an orphaned worker; a killed or hung worker's group is killed. A Ctrl-C at the terminal
+reaches the driver only, which finishes the step in flight (``run.signals``) and then stops the
+workers; before, it reached every worker too and failed the step under way.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ import contextlib
 import multiprocessing as mp
 import os
 import pickle
+import signal
 import threading
 import time
 import traceback
@@ -58,13 +67,32 @@ def _watch_parent(parent: int) -> None:
     while True:
         time.sleep(0.5)
         if os.getppid() != parent:
+            if os.getpgrp() == os.getpid():   # this worker's own group: itself and its children
+                os.killpg(0, signal.SIGKILL)
             os._exit(3)
+
+
+def end_group(pgid: int, grace_s: float) -> None:
+    """End process group ``pgid``: SIGTERM, then SIGKILL to whatever is left after ``grace_s``."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 0.0)):
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):   # no such group (left): nothing to end
+            return
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.05)
 
 
 def _serve(conn: Connection, factory: bytes, env: dict[str, str], threads: int,
            restarted: bool, parent: int) -> None:
     """The worker process: settle its environment, build the worker, answer calls until told
     to stop (``None``) or the driver goes away."""
+    os.setpgrp()   # a process group of its own, for what it starts (see the module docstring)
     os.environ.update(env)
     reuse_large_buffers()
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
@@ -123,17 +151,21 @@ class _Proc:
         child.close()
 
     def kill(self) -> None:
-        if self.process.is_alive():
+        """The worker and everything in its process group, at once."""
+        end_group(self.process.pid, 0.0)
+        if self.process.is_alive():      # not yet in a group of its own
             self.process.kill()
         self.process.join(_EXIT_GRACE_S)
         self.conn.close()
 
     def stop(self) -> None:
+        """Ask the worker to return, then end what it started (its group), then kill the rest."""
         try:
             self.conn.send(None)
         except (OSError, ValueError):
             pass
         self.process.join(_EXIT_GRACE_S)
+        end_group(self.process.pid, _EXIT_GRACE_S)
         self.kill()
 
 
