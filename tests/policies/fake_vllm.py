@@ -3,7 +3,8 @@
 It mirrors ``vllm.LLM``: ``generate(prompts, sampling_params, lora_request=, use_tqdm=)`` with
 token-id prompts, returning request outputs whose completions carry token ids, processed
 log-probs (``{token_id: Logprob}`` per position) and a finish reason, and ``prompt_logprobs``;
-``collective_rpc("reload_weights", kwargs={"weights_iterator": pairs, ...})``;
+``collective_rpc("reload_weights", kwargs={"weights_iterator": pairs, ...})`` or
+``kwargs={"weights_path": folder, ...}``;
 ``llm_engine.remove_lora``; ``reset_prefix_cache``; ``sleep``/``wake_up``. One
 ``SamplingParams`` per prompt or one for all; a prompt's i-th completion is seeded seed + i, as
 vLLM seeds the children of an ``n > 1`` request. LoRA adapters are
@@ -46,7 +47,7 @@ class LoRARequest:
     lora_path: str
 
 
-API = SimpleNamespace(SamplingParams=SamplingParams, LoRARequest=LoRARequest)
+API = SimpleNamespace(SamplingParams=SamplingParams, LoRARequest=LoRARequest, in_process=True)
 
 
 @dataclass(frozen=True)
@@ -74,11 +75,20 @@ class FakeLLM:
         return [self._request(list(item["prompt_token_ids"]), p) for item, p in zip(prompts, params)]
 
     def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+        """``reload_weights`` from ``weights_iterator`` (an engine in the caller's process) or
+        from the safetensors files of ``weights_path`` (one in a process of its own); every
+        tensor of the model must come, as a partial load would leave the rest as it was."""
         assert method == "reload_weights", method
-        pairs = dict(kwargs["weights_iterator"])
+        if "weights_path" in kwargs:
+            from safetensors.torch import load_file
+            pairs = {}
+            for file in sorted(Path(kwargs["weights_path"]).glob("*.safetensors")):
+                pairs.update(load_file(str(file)))
+        else:
+            pairs = dict(kwargs["weights_iterator"])
         self.weight_loads += 1
         if not self.ignore_loads:
-            self.model.load_state_dict(pairs)
+            self.model.load_state_dict(pairs)   # strict: a name left out is an error
         return [None]
 
     def reset_prefix_cache(self) -> bool:

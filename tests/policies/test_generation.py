@@ -171,6 +171,24 @@ def test_vllm_backend_samples_and_keeps_the_engine_in_sync(tokenizer_handles):
     assert pol.backend.sync_check()["sync/probe_gap"] < 1e-4
 
 
+def test_an_engine_in_a_process_of_its_own_reloads_every_tensor_from_a_folder(tokenizer_handles,
+                                                                              tmp_path):
+    """A sharded learner's rank 0 runs its engine in a process of its own (``api.in_process``
+    False): the weights go through a checkpoint folder. The policy's LM head is tied to its
+    embeddings, which ``save_pretrained`` leaves out and the engine then never reloads."""
+    pol = make_policy(tokenizer_handles)
+    assert pol.model.config.tie_word_embeddings
+    llm = FakeLLM(pol)
+    api = types.SimpleNamespace(**{**vars(API), "in_process": False})
+    pol.backend = VLLMBackend(pol, pol.learner, pol.generator, llm, api, work_dir=tmp_path)
+    samples = pol.generate(PROMPTS, 4, 4, 0.7)
+    pol.train_step(batch_of(samples))
+    assert llm.weight_loads == 2 and (tmp_path / "weights" / "model.safetensors").is_file()
+    for (name, mine), theirs in zip(pol.model.state_dict().items(), llm.model.state_dict().values()):
+        assert torch.equal(mine, theirs), name
+    assert pol.backend.sync_check()["sync/probe_gap"] < 1e-4
+
+
 def test_a_missed_sync_is_caught_by_the_probe(tokenizer_handles):
     pol = make_policy(tokenizer_handles, grpo=GRPOConfig(
         num_generations=4, max_completion_length=4, temperature=0.7, learning_rate=0.5))

@@ -110,3 +110,71 @@ def test_a_killed_driver_leaves_no_engine_and_resume_gives_the_same_run(referenc
     run([sys.executable, "-m", "mutualrl.cli", "train", "--resume", str(out), "--no-progress"])
     assert rows(out) == rows(reference)
     assert rows(out, "eval") == rows(reference, "eval")
+
+
+def _descendants(pid: int, seen: dict[int, tuple[psutil.Process, str]]) -> None:
+    """Every process under ``pid`` so far, with its latest command line (vLLM retitles its
+    processes once they start, e.g. ``VLLM::EngineCore``)."""
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return
+    for p in children:
+        try:
+            seen[p.pid] = (seen.get(p.pid, (p,))[0], " ".join(p.cmdline()))
+        except psutil.Error:
+            pass
+
+
+def _alive(seen: dict[int, tuple[psutil.Process, str]], timeout: float = 15.0) -> list[str]:
+    """What of ``seen`` still runs after ``timeout`` (a zombie does not: this container's init
+    does not reap the orphans it inherits)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = []
+        for p, cmd in seen.values():
+            try:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    left.append(cmd)
+            except psutil.NoSuchProcess:
+                pass
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
+
+
+def test_a_sharded_learner_samples_from_an_engine_in_a_process_of_its_own(tmp_path):
+    """``learner_ranks = 2``: rank 0 runs its engine in a spawned process of its own (in rank
+    0's process vLLM took the learner's two ranks as its own world and waited for ever), and
+    reloads it after each update from a checkpoint folder. The fp32 engine then serves the
+    trainer's weights exactly, tied LM head included, and nothing it started outlives the run,
+    whether the run ends or its driver is killed."""
+    sharded = "policies.0.learner_ranks=2"
+    out, seen = tmp_path / "sharded", {}
+    with open(tmp_path / "sharded.log", "w") as log:
+        proc = subprocess.Popen(command(out, sharded, "steps=2"), stdout=log, stderr=log, cwd=ROOT,
+                                start_new_session=True)
+        while proc.poll() is None:
+            _descendants(proc.pid, seen)
+            time.sleep(0.2)
+    assert proc.returncode == 0, (tmp_path / "sharded.log").read_text()[-3000:]
+    assert any("EngineCore" in cmd for _, cmd in seen.values()), "no engine of its own"
+    train = rows(out)
+    assert len(train) == 2
+    for row in train:
+        assert row["policy/llama-mistral/sync/shard_probe_gap"] < 1e-5
+        assert row["policy/llama-mistral/sync/probe_gap"] < 1e-4
+        assert row["policy/llama-mistral/sync/probe_gap_max"] < 1e-4
+    assert not _alive(seen), "processes outlived their run"
+
+    killed, seen = tmp_path / "killed", {}
+    proc = subprocess.Popen(command(killed, sharded), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, cwd=ROOT, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while not any("EngineCore" in cmd for _, cmd in seen.values()):   # the engine is up
+        assert proc.poll() is None and time.monotonic() < deadline
+        _descendants(proc.pid, seen)
+        time.sleep(0.2)
+    os.kill(proc.pid, signal.SIGKILL)            # the driver only: its workers must notice
+    proc.wait()
+    assert not _alive(seen), "processes outlived their killed driver"

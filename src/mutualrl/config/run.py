@@ -102,11 +102,3 @@ class RunConfig(ConfigStruct):
                   f"{where}: allocation.async_generation samples beside the update in one worker "
                   "process, which a learner over several ranks does not offer; set "
                   f"learner_ranks = 1 or async_generation = false")
-            # vLLM's in-process engine joins torch.distributed's default group when one exists
-            # (vllm.distributed.init_distributed_environment): on rank 0 of a rank group it
-            # takes the learner's ranks as its own world and waits for ranks that never join.
-            check(p.generation.backend != "vllm",
-                  f"{where}: generation.backend = \"vllm\" runs its engine in rank 0's process, "
-                  "where vLLM takes the learner's process group as its own and waits for the "
-                  "other ranks forever; use generation.backend = \"torch\" with a sharded "
-                  "learner, or learner_ranks = 1 with vLLM")

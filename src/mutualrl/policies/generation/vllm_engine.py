@@ -9,6 +9,8 @@ Each check fails before the engine starts, naming the policy and the field to ch
   required; sleep mode does nothing on CPU and is refused.
 - The engine computes in the policy's precision unless ``generation.dtype`` says otherwise.
 - A LoRA rank vLLM does not allow as ``max_lora_rank`` is rounded up to the next one it does.
+- The engine runs in this process, except on a sharded learner's rank 0, where it runs in a
+  spawned process of its own (``engine_in_process``).
 - An engine in this process lands on ``cuda:0``; a policy planned elsewhere must run in a worker
   process of its own (``allocation.executor = "process"`` or ``"ray"``), where its planned GPUs are
   the visible ones.
@@ -42,9 +44,22 @@ def install_hint() -> str:
     return INSTALL_GPU if torch.cuda.is_available() else INSTALL_CPU
 
 
-def import_vllm(name: str):
-    """``vllm`` itself, or an error that says how to install it (or why it does not import)."""
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")   # the engine in this process
+def engine_in_process() -> bool:
+    """Whether the engine runs in this process: yes, unless this process is one rank of a group
+    (a sharded learner's rank 0). There vLLM would take the group as its own world and wait for
+    ranks that never join it (``vllm.distributed.init_distributed_environment``), so the engine
+    runs in a process of its own, spawned: a forked one would inherit the group."""
+    import torch.distributed as dist
+    return not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1)
+
+
+def import_vllm(name: str, in_process: bool = True):
+    """``vllm`` itself, set up to run its engine in this process or in one of its own (the
+    backend pushes weights differently to each), or an error that says how to install it (or
+    why it does not import)."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
+    if not in_process:
+        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
     try:
         import vllm
     except ImportError as exc:
@@ -127,8 +142,10 @@ def engine_kwargs(view, platform_cpu: bool, device: str) -> dict:
 
 
 def start_engine(view, learner):
-    """``(llm, api, work_dir)``: the engine over the policy's current weights, in this process."""
-    vllm = import_vllm(view.name)
+    """``(llm, api, work_dir)``: the engine over the policy's current weights, in this process or,
+    on a sharded learner's rank 0, in a process of its own (``api.in_process`` says which)."""
+    in_process = engine_in_process()
+    vllm = import_vllm(view.name, in_process)
     from vllm.lora.request import LoRARequest          # not exported by ``vllm`` itself
     from vllm.platforms import current_platform
     kw = engine_kwargs(view, current_platform.is_cpu(), str(learner.device))
@@ -139,7 +156,8 @@ def start_engine(view, learner):
     except Exception as exc:   # vLLM's own reason, with the policy it concerns
         raise VLLMStartError(f"policy {view.name!r}: the vLLM engine could not start "
                              f"({type(exc).__name__}: {exc}){_memory_hint(view, exc)}") from exc
-    return llm, SimpleNamespace(SamplingParams=vllm.SamplingParams, LoRARequest=LoRARequest), work
+    return llm, SimpleNamespace(SamplingParams=vllm.SamplingParams, LoRARequest=LoRARequest,
+                                in_process=in_process), work
 
 
 def _memory_hint(view, exc: Exception) -> str:
