@@ -75,8 +75,8 @@ def test_sigkill_then_resume_from_2_ranks_on_1_and_back(tmp_path):
               "allocation.inventory.cpus_per_node=2", "allocation.call_timeout_s=300")
     members = kill_after_rows(train(out, *common, *ranks(2)), out, 3)
     assert len(members) >= 5                       # the driver and four rank processes
-    # The rank processes lead process groups of their own (allocation.processes): they see
-    # their driver gone and end their groups themselves, within a few seconds on 2 busy cores.
+    # The rank processes lead process groups of their own (allocation.processes), which their
+    # guards kill once the driver is gone: 0.1-1.2 s in five tries, 15 s allowed when busy.
     deadline = time.monotonic() + 15
     while [p for p in members if psutil.pid_exists(p)
            and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]:

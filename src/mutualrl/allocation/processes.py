@@ -32,8 +32,8 @@ in a process of its own (a sharded learner's rank 0, ``policies.generation.vllm_
 there, and vLLM's own exit handlers never run in a worker (a ``multiprocessing`` child ends
 without them). Stopping a worker ends its whole group (SIGTERM, then SIGKILL what remains), as
 does an orphaned worker; a killed or hung worker's group is killed. A SIGKILL to the driver's
-group reaches the driver only; its workers see it gone and end their groups within a few seconds
-(1.2-2.8 s measured with four busy rank processes on 2 cores). A Ctrl-C at the terminal
+group reaches the driver only: each worker's guard, a process in its group blocked on a pipe only
+the driver holds open, sees the pipe close and kills the group at once (``_guard_group``). A Ctrl-C at the terminal
 reaches the driver only, which finishes the step in flight (``run.signals``) and then stops the
 workers; before, it reached every worker too and failed the step under way.
 """
@@ -74,6 +74,39 @@ def _watch_parent(parent: int) -> None:
             os._exit(3)
 
 
+def _guard_group(lifeline: Connection, conn: Connection) -> int:
+    """Fork this worker's guard and return its pid. The guard is a process in the worker's group
+    that blocks on ``lifeline``, whose other end only the driver holds. When the driver ends,
+    however it ends (a SIGKILL too), the pipe reaches EOF and the guard kills the whole group at
+    once. In a process of its own, no busy thread of the worker can delay it. Call it while the
+    worker has one thread."""
+    pid = os.fork()
+    if pid:
+        return pid
+    try:   # the guard
+        conn.close()                        # only the worker answers the driver
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        while os.read(lifeline.fileno(), 1):
+            pass
+        os.killpg(0, signal.SIGKILL)
+    finally:
+        os._exit(0)
+
+
+def _end_children(grace_s: float) -> None:
+    """Before a worker returns: SIGTERM what it started (a vLLM engine in a process of its own),
+    wait for it, SIGKILL what is left. Reaped here, none of them lingers as a zombie."""
+    children = mp.active_children()
+    for child in children:
+        child.terminate()
+    deadline = time.monotonic() + grace_s
+    for child in children:
+        child.join(max(0.0, deadline - time.monotonic()))
+        if child.is_alive():
+            child.kill()
+            child.join()
+
+
 def end_group(pgid: int, grace_s: float) -> None:
     """End process group ``pgid``: SIGTERM, then SIGKILL to whatever is left after ``grace_s``."""
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 0.0)):
@@ -90,11 +123,22 @@ def end_group(pgid: int, grace_s: float) -> None:
             time.sleep(0.05)
 
 
-def _serve(conn: Connection, factory: bytes, env: dict[str, str], threads: int,
-           restarted: bool, parent: int) -> None:
-    """The worker process: settle its environment, build the worker, answer calls until told
-    to stop (``None``) or the driver goes away."""
+def _serve(conn: Connection, lifeline: Connection, factory: bytes, env: dict[str, str],
+           threads: int, restarted: bool, parent: int) -> None:
+    """The worker process: a group of its own with its guard, then its environment, then build
+    the worker and answer calls until told to stop (``None``) or the driver goes away."""
     os.setpgrp()   # a process group of its own, for what it starts (see the module docstring)
+    guard = _guard_group(lifeline, conn)
+    try:
+        _answer(conn, factory, env, threads, restarted, parent)
+    finally:
+        _end_children(_EXIT_GRACE_S)
+        os.kill(guard, signal.SIGKILL)
+        os.waitpid(guard, 0)
+
+
+def _answer(conn: Connection, factory: bytes, env: dict[str, str], threads: int,
+            restarted: bool, parent: int) -> None:
     os.environ.update(env)
     reuse_large_buffers()
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
@@ -146,11 +190,13 @@ class _Proc:
                  threads: int, restarted: bool) -> None:
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
+        lifeline, self.lifeline = ctx.Pipe(duplex=False)   # the driver never writes to it
         self.process = ctx.Process(
             target=_serve, name=f"mutualrl-{name}", daemon=False,
-            args=(child, pickle.dumps(factory), env, threads, restarted, os.getpid()))
+            args=(child, lifeline, pickle.dumps(factory), env, threads, restarted, os.getpid()))
         self.process.start()
         child.close()
+        lifeline.close()
 
     def kill(self) -> None:
         """The worker and everything in its process group, at once."""
@@ -159,6 +205,7 @@ class _Proc:
             self.process.kill()
         self.process.join(_EXIT_GRACE_S)
         self.conn.close()
+        self.lifeline.close()
 
     def stop(self) -> None:
         """Ask the worker to return, then end what it started (its group), then kill the rest."""
