@@ -30,12 +30,13 @@ leaves nothing behind.
 **Each worker leads a process group of its own**, which holds whatever it starts: a vLLM engine
 in a process of its own (a sharded learner's rank 0, ``policies.generation.vllm_engine``) lives
 there, and vLLM's own exit handlers never run in a worker (a ``multiprocessing`` child ends
-without them). Stopping a worker ends its whole group (SIGTERM, then SIGKILL what remains), as
-does an orphaned worker; a killed or hung worker's group is killed. A SIGKILL to the driver's
-group reaches the driver only: each worker's guard, a process in its group blocked on a pipe only
-the driver holds open, sees the pipe close and kills the group at once (``_guard_group``). A Ctrl-C at the terminal
-reaches the driver only, which finishes the step in flight (``run.signals``) and then stops the
-workers; before, it reached every worker too and failed the step under way.
+without them). A worker that returns ends what it started and reaps it (``_end_children``);
+stopping a worker then ends its whole group (SIGTERM, then SIGKILL what remains), and a killed or
+hung worker's group is killed at once. A SIGKILL to the driver's group reaches the driver only:
+each worker's guard, a process in its group blocked on a pipe only the driver holds open, sees
+the pipe close and kills the group at once (``_guard_group``). A Ctrl-C at the terminal reaches
+the driver only, which finishes the step in flight (``run.signals``) and then stops the workers;
+before, it reached every worker too and failed the step under way.
 """
 
 from __future__ import annotations

@@ -12,9 +12,10 @@ builds: ``collective_rpc("reload_weights", kwargs={"weights_iterator": ...})`` o
 runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``; the worker process that holds the
 policy is the engine's process). On a sharded learner's rank 0 the engine runs in a process of
 its own (``vllm_engine.engine_in_process``), which an iterator of tensors cannot reach: the
-weights are written as a checkpoint folder and reloaded from it (``weights_path``). The engine takes the whole checkpoint-format state dict and
-repacks it for its kernels itself (pushing part of a fused group would corrupt it, so it always
-gets every tensor), then its prefix cache is reset. The engine object is injected, so the unit
+weights are written as a checkpoint folder and reloaded from it (``weights_path``). The engine
+takes the whole checkpoint-format state dict and repacks it for its kernels itself (pushing part
+of a fused group would corrupt it, so it always gets every tensor), then its prefix cache is
+reset. The engine object is injected, so the unit
 tests drive this class with a fake engine of the same interface; the engine itself is built in
 ``policies.generation.vllm_engine``.
 
