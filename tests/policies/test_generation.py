@@ -3,6 +3,7 @@ fake engine (weight sync verified by the probe, LoRA adapters, sleep mode, misma
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import math
 import types
@@ -189,12 +190,24 @@ def test_an_engine_in_a_process_of_its_own_reloads_every_tensor_from_a_folder(to
     assert pol.backend.sync_check()["sync/probe_gap"] < 1e-4
 
 
+@pytest.mark.parametrize("dtype, tolerance", [("fp32", 0.01), ("bf16", 0.1)])
+def test_the_default_tolerance_follows_the_engines_precision(tokenizer_handles, dtype, tolerance):
+    """An fp32 engine 0.05 off per token serves other weights (one that kept its old tied LM
+    head was 0.07 off); the old default of 0.1 for every precision let it through."""
+    pol = make_policy(tokenizer_handles, dtype=dtype)
+    with_fake(pol)
+    assert pol.backend.tolerance == tolerance
+    refused = pytest.raises(WeightSyncError, match=r"by 0.05 on average.*sync_tolerance = 0.01\)")
+    with refused if dtype == "fp32" else contextlib.nullcontext():
+        with_fake(pol, logprob_shift=0.05)       # the first load is probed
+
+
 def test_a_missed_sync_is_caught_by_the_probe(tokenizer_handles):
     pol = make_policy(tokenizer_handles, grpo=GRPOConfig(
         num_generations=4, max_completion_length=4, temperature=0.7, learning_rate=0.5))
     with_fake(pol, ignore_loads=True)
     samples = pol.generate(PROMPTS, 4, 4, 0.7)
-    with pytest.raises(WeightSyncError, match=r"policy 'p'.*differ from the trainer's by \S+ on average.*sync_tolerance = 0.1"):
+    with pytest.raises(WeightSyncError, match=r"policy 'p'.*differ from the trainer's by \S+ on average.*sync_tolerance = 0.01\)"):
         pol.train_step(batch_of(samples))
 
 
@@ -202,7 +215,8 @@ def test_a_stale_engine_within_tolerance_is_caught(tokenizer_handles):
     """A tiny update moves the probe less than the tolerance; the engine not moving at all is
     still reported."""
     pol = make_policy(tokenizer_handles, grpo=GRPOConfig(
-        num_generations=4, max_completion_length=4, temperature=0.7, learning_rate=1e-4))
+        num_generations=4, max_completion_length=4, temperature=0.7, learning_rate=1e-4),
+        generation=GenerationConfig(sync_tolerance=0.1))
     with_fake(pol, ignore_loads=True)
     samples = pol.generate(PROMPTS, 4, 4, 0.7)
     with pytest.raises(WeightSyncError, match=r"policy 'p'.*moved by (\S+) .*engine's did not change") as err:

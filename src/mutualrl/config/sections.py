@@ -62,11 +62,14 @@ class GenerationConfig(ConfigStruct):
     dtype: str = "auto"                   # vLLM model dtype; "auto": the policy's dtype ("float32", "bfloat16", ...)
     max_model_len: int | None = None      # vLLM: context length; None: the model's
     sync_check: bool = True               # probe the engine after every weight load
-    sync_tolerance: float = 0.1           # largest mean |engine - trainer| probe log-prob gap accepted
+    # largest probe log-prob gap accepted (vLLM: mean |engine - trainer|; a sharded learner's
+    # copy: max); None: 0.01 when the probe runs in float32, 0.1 in bf16/fp16 (generation.sync_tolerance)
+    sync_tolerance: float | None = None
 
     def __post_init__(self) -> None:
         check(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization must be in (0, 1]")
-        check(self.sync_tolerance > 0, "sync_tolerance must be > 0")
+        check(self.sync_tolerance is None or self.sync_tolerance > 0,
+              "sync_tolerance must be > 0 (or none: by precision)")
         check(self.max_model_len is None or self.max_model_len >= 1, "max_model_len must be >= 1")
         check(self.kv_cache_memory_bytes is None or self.kv_cache_memory_bytes >= 1,
               "kv_cache_memory_bytes must be >= 1")

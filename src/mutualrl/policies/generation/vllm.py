@@ -35,7 +35,8 @@ import torch
 from mutualrl.grpo import selective_log_softmax
 from mutualrl.policies.batch import collate
 from mutualrl.policies.checkpoints import save_pretrained_quietly
-from mutualrl.policies.generation import GENERATION_BACKENDS, SamplingSettings
+from mutualrl.policies.generation import GENERATION_BACKENDS, SamplingSettings, sync_tolerance
+from mutualrl.policies.generation.vllm_engine import engine_dtype
 from mutualrl.policies.samples import Sample
 
 # A trainer probe move (max |delta log p|) above which an engine probe that stayed bitwise equal
@@ -60,6 +61,7 @@ class VLLMBackend:
         self.view, self.learner, self.generator = view, learner, generator
         self.llm, self.api = llm, api
         self.cfg = view.cfg.generation
+        self.tolerance = sync_tolerance(self.cfg, engine_dtype(view.cfg) == "float32")
         self.work_dir = Path(work_dir or tempfile.mkdtemp(prefix=f"mutualrl-{view.name}-"))
         self.lora, self.loads, self.version = None, 0, learner.version
         self.asleep = False
@@ -165,7 +167,7 @@ class VLLMBackend:
         # hundredths per token, with rare larger outliers even when in sync.
         diff = (engine - trainer).abs()
         gap, worst = float(diff.mean()), float(diff.max())
-        name, tol = self.view.name, self.cfg.sync_tolerance
+        name, tol = self.view.name, self.tolerance
         if gap > tol:
             raise WeightSyncError(
                 f"policy {name!r}: the vLLM engine's log-probs of the probe differ from the "

@@ -18,6 +18,7 @@ import contextlib
 import torch
 
 from mutualrl.policies.batch import collate
+from mutualrl.policies.generation import sync_tolerance
 from mutualrl.policies.generation.vllm import WeightSyncError
 from mutualrl.policies.sharded.fsdp import settle
 
@@ -72,10 +73,11 @@ class WeightMirror:
         gap = self.probe_gap(vocab_size)
         if gap is None:
             return {}
-        if gap > gen.sync_tolerance:
+        tol = sync_tolerance(gen, self.learner.cfg.dtype == "fp32")
+        if gap > tol:
             raise WeightSyncError(f"policy {self.learner.name!r}: rank 0's copy of the sharded "
                                   f"weights differs from them by {gap:.3g} in log-prob on the probe "
-                                  f"(generation.sync_tolerance {gen.sync_tolerance:g})")
+                                  f"(generation.sync_tolerance {tol:g})")
         return {"sync/shard_probe_gap": gap}
 
 
