@@ -59,6 +59,23 @@ def test_activations_are_per_rank_and_the_rest_per_shard():
     assert act_one == pytest.approx(4 * act_four, rel=1e-9)
 
 
+def test_a_sharded_vllm_policy_plans_its_engine_and_rank_0s_whole_copy():
+    """The engine reserves its share of the GPU; a sharded learner's rank 0 also keeps the whole
+    copy of the weights that the engine reloads from (``policies.sharded.mirror``)."""
+    vllm = {"backend": "vllm", "gpu_memory_utilization": 0.25}
+    cfg = config_from_dict({
+        "policies": [{"name": "a", "generation": vllm},
+                     {"name": "b", "generation": vllm, "learner_ranks": 2}],
+        "grpo": {"prompts_per_step": 4, "num_generations": 8},
+        "allocation": {"executor": "process", "inventory": {"gpus_per_node": 4,
+                                                            "gpu_memory_gb": 80}}})
+    specs = {s.name: s for s in worker_specs_from_config(
+        cfg, count_params=lambda p, v: 10**9, vocab_size=lambda t: 32000)}
+    engine = int(0.25 * 80 * GIB)
+    assert specs["a/generator"].memory_bytes == engine
+    assert specs["b/generator"].memory_bytes == engine + 10**9 * cfg.allocation.memory.weight_bytes
+
+
 def test_a_group_of_ranks_gets_one_gpu_per_rank_and_its_first_gpu_holds_rank_0s_share():
     p = plan([spec("a/learner", mem_gib=40, ranks=4), spec("a/generator", "generator", 20),
               spec("b/learner", mem_gib=30)], inv())

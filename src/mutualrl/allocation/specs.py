@@ -275,4 +275,6 @@ def _policy_memory(cfg: RunConfig, alloc: AllocationConfig, i: int, n: int, toke
         gen = engine_reservation_bytes(p.generation.gpu_memory_utilization,
                                        resolve_inventory(alloc).gpu_memory_bytes)
         check_engine_fits(gen, n * mem.weight_bytes, f"$.policies[{i}].generation")
+        if ranks > 1:   # rank 0 also keeps the whole copy the engine reloads from (sharded.mirror)
+            gen += n * mem.weight_bytes
     return learner, gen
