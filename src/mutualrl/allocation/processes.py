@@ -117,11 +117,32 @@ def end_group(pgid: int, grace_s: float) -> None:
             return
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
-            try:
-                os.killpg(pgid, 0)
-            except ProcessLookupError:
+            if not _group_runs(pgid):
                 return
             time.sleep(0.05)
+
+
+def _group_runs(pgid: int) -> bool:
+    """Whether a member of group ``pgid`` still runs. A zombie does not, though it stays a
+    member until reaped, and an init that reaps nothing (some containers') keeps it for good.
+    From ``/proc`` where there is one; else any member counts."""
+    try:
+        pids = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                state, _, group = f.read().rsplit(b")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue                     # gone meanwhile
+        if int(group) == pgid and state != b"Z":
+            return True
+    return False
 
 
 def _serve(conn: Connection, lifeline: Connection, factory: bytes, env: dict[str, str],
@@ -198,6 +219,7 @@ class _Proc:
         self.process.start()
         child.close()
         lifeline.close()
+        self.asked = False
 
     def kill(self) -> None:
         """The worker and everything in its process group, at once."""
@@ -208,13 +230,20 @@ class _Proc:
         self.conn.close()
         self.lifeline.close()
 
-    def stop(self) -> None:
-        """Ask the worker to return, then end what it started (its group), then kill the rest."""
+    def ask_to_stop(self) -> None:
+        if self.asked:
+            return
+        self.asked = True
         try:
             self.conn.send(None)
         except (OSError, ValueError):
             pass
-        self.process.join(_EXIT_GRACE_S)
+
+    def stop(self) -> None:
+        """Ask the worker to return and wait (it first ends what it started, for up to
+        ``_EXIT_GRACE_S``), then end its group, then kill the rest."""
+        self.ask_to_stop()
+        self.process.join(2 * _EXIT_GRACE_S)
         end_group(self.process.pid, _EXIT_GRACE_S)
         self.kill()
 
@@ -397,6 +426,9 @@ class ProcessExecutor:
             proc.kill()
 
     def shutdown(self) -> None:
-        for name in list(self._procs):
-            for proc in self._procs.pop(name):
-                proc.stop()
+        """Every worker asked at once, so their own shutdowns (an engine's: about 4 s) overlap."""
+        procs = [proc for name in list(self._procs) for proc in self._procs.pop(name)]
+        for proc in procs:
+            proc.ask_to_stop()
+        for proc in procs:
+            proc.stop()
