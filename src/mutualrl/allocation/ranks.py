@@ -112,14 +112,16 @@ class RankFactory:
 
 def merge_ranks(name: str, method: str, results: list[CallResult]) -> CallResult:
     """One worker's result from its ranks' results (in rank order): rank 0's value when every
-    rank succeeded, else the first failure, named with its rank."""
-    for rank, r in enumerate(results):
-        if r.failure is not None:
-            f = r.failure
-            return CallResult(name, failure=WorkerFailure(
-                worker=name, method=method, exc_type=f.exc_type, kind=f.kind, traceback=f.traceback,
-                message=f"rank {rank} of {len(results)}: {f.message}"))
-    return CallResult(name, value=results[0].value)
+    rank succeeded, else a failure naming every failed rank with its message (the first one's
+    type and traceback). When a rank dies, the others' collectives fail too, and the first to
+    report need not be the cause."""
+    failed = [(rank, r.failure) for rank, r in enumerate(results) if r.failure is not None]
+    if not failed:
+        return CallResult(name, value=results[0].value)
+    f = failed[0][1]
+    return CallResult(name, failure=WorkerFailure(
+        worker=name, method=method, exc_type=f.exc_type, kind=f.kind, traceback=f.traceback,
+        message="; ".join(f"rank {rank} of {len(results)}: {x.message}" for rank, x in failed)))
 
 
 def group_size(factory: Any) -> int:

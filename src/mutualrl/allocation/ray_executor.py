@@ -51,6 +51,12 @@ from mutualrl.allocation.planner import Assignment, Plan
 from mutualrl.allocation.ranks import RankFactory, RankGroup, free_port, merge_ranks, rank_env
 
 
+# After a rank of a group fails, how long the group's other ranks may still report before the
+# group is killed. A rank that died is seen through Ray, later than the error it causes in its
+# peers' collectives.
+RANK_FAILURE_GRACE_S = 2.0
+
+
 class PlacementError(RuntimeError):
     """Placement groups that could not all be reserved in time."""
 
@@ -327,6 +333,13 @@ class RayExecutor:
                 n, r = pending.pop(ref)
                 ranks[n][r] = self._result(n, method, refs[n][r], fetch and r == 0, r == 0)
                 if not ranks[n][r].ok and len(refs[n]) > 1 and n not in failed:
+                    # the cause may report after a rank its death broke: give the rest a moment
+                    rest = [k for k, v in pending.items() if v[0] == n]
+                    grace = min(RANK_FAILURE_GRACE_S, max(0.0, deadline - time.monotonic()))
+                    late = ray.wait(rest, num_returns=len(rest), timeout=grace)[0] if rest else []
+                    for k in late:
+                        ranks[n][pending[k][1]] = self._result(n, method, refs[n][pending[k][1]],
+                                                               False, False)
                     failed[n] = merge_ranks(n, method, [x or CallResult(n) for x in ranks[n]])
                     self._kill(n)
                     pending = {k: v for k, v in pending.items() if v[0] != n}
