@@ -65,6 +65,26 @@ def restart_beside(ex, failing: str, fail_call, other: str, other_call, timeout_
     return out, took, during
 
 
+class Closes(Echo):
+    """A worker that records each ``close()`` as a line of ``marks/<name>``; ``fail`` makes it
+    raise instead."""
+
+    def __init__(self, name: str, marks: str, fail: bool = False) -> None:
+        super().__init__(name)
+        self.marks, self.fail = marks, fail
+
+    def close(self) -> None:
+        if self.fail:
+            raise OSError("cannot remove the scratch folder")
+        with open(f"{self.marks}/{self.name}", "a") as f:
+            f.write("closed\n")
+
+
+def closes(marks) -> dict[str, int]:
+    """How many times each worker was closed."""
+    return {p.name: len(p.read_text().splitlines()) for p in sorted(marks.iterdir())}
+
+
 class Hangs(Echo):
     def __init__(self, name: str, release: threading.Event) -> None:
         super().__init__(name)
@@ -219,6 +239,24 @@ def test_constructor_failures_and_unknown_names_are_explained():
         ex.call({"a": Nope()})
     assert ex.put(obj := object()) is obj
     ex.shutdown()
+
+
+def test_shutdown_and_restart_close_each_worker_once_and_a_failed_close_is_a_warning(tmp_path):
+    """A policy's vLLM engine removes its scratch folder (a whole copy of the model) in
+    ``close``: the run's end closes each worker, and a restart closes the object it replaces."""
+    for mode in ("threads", "sequential"):
+        marks = tmp_path / mode
+        marks.mkdir()
+        ex = _ex(mode, on_failure="restart", max_restarts=1)
+        ex.start({n: (lambda n=n: Closes(n, str(marks))) for n in ("a", "b")})
+        assert ex.call({"a": Boom()})["a"].failure.kind == "raised"     # rebuilt
+        assert closes(marks) == {"a": 1}
+        ex.shutdown()
+        assert closes(marks) == {"a": 2, "b": 1}
+    ex = _ex()
+    ex.start({"a": lambda: Closes("a", str(tmp_path), fail=True), "b": lambda: Echo("b")})
+    with pytest.warns(RuntimeWarning, match=r"worker 'a': close\(\) failed \(OSError: cannot"):
+        ex.shutdown()
 
 
 def test_executor_registry_has_local_and_ray():

@@ -15,8 +15,8 @@ from mutualrl.allocation import (EXECUTORS, AllocationConfig, ProcessExecutor, W
                                  make_executor)
 from mutualrl.allocation.planner import Assignment, GpuSlot
 from mutualrl.allocation.processes import worker_env
-from tests.allocation.test_local_executor import (Boom, Echo, Nope, SlowToRestore, Work,
-                                                  restart_beside)
+from tests.allocation.test_local_executor import (Boom, Closes, Echo, Nope, SlowToRestore, Work,
+                                                  closes, restart_beside)
 
 
 class Facts:
@@ -171,6 +171,18 @@ def test_shutdown_ends_every_worker_process():
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_a_worker_process_closes_its_worker_before_it_ends(tmp_path):
+    """What a worker keeps outside its process (a vLLM engine's scratch folder) is released in
+    the worker's process when the run is done with it; a rebuilt worker's process was killed,
+    so only the live ones are closed."""
+    ex = _ex(on_failure="restart", max_restarts=1)
+    ex.start({n: functools.partial(Closes, n, str(tmp_path)) for n in ("a", "b")})
+    assert ex.call({"a": Boom()})["a"].failure.kind == "raised"     # a new process
+    ex.call({"a": Work(1), "b": Work(2)})
+    ex.shutdown()
+    assert closes(tmp_path) == {"a": 1, "b": 1}
 
 
 def test_the_registry_builds_it_and_the_environment_is_planned():

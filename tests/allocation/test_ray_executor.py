@@ -53,8 +53,12 @@ def _classes():
             return worker.sleep(self.s)
 
     class Worker:
-        def __init__(self, name: str) -> None:
-            self.name = name
+        def __init__(self, name: str, marks: str | None = None) -> None:
+            self.name, self.marks = name, marks
+
+        def close(self) -> None:   # the run is done with it: record it as a file in marks
+            if self.marks is not None:
+                open(f"{self.marks}/{self.name.replace('/', '-')}", "w").close()
 
         def produce(self, n: int) -> list[int]:
             return list(range(n))
@@ -90,12 +94,12 @@ def _executor(**kw):
     return RayExecutor(AllocationConfig(**opts))
 
 
-def test_actors_in_placement_groups_call_results_failures_and_refs(cluster):
+def test_actors_in_placement_groups_call_results_failures_and_refs(cluster, tmp_path):
     Worker, Produce, Consume, Boom, Sleep = _classes()
     p = _plan()
     ex = _executor(on_failure="continue")
     names = [a.worker for a in p.assignments]
-    ex.start({n: (lambda n=n: Worker(n)) for n in names}, p)
+    ex.start({n: (lambda n=n: Worker(n, str(tmp_path))) for n in names}, p)
     try:
         out = ex.call({n: Consume([1, 2]) for n in names})
         assert {n: r.value for n, r in out.items()} == {n: (n, 3) for n in names}
@@ -124,6 +128,8 @@ def test_actors_in_placement_groups_call_results_failures_and_refs(cluster):
     finally:
         ex.shutdown()
     assert all(t["state"] == "REMOVED" for t in ray.util.placement_group_table().values())
+    # the worker left alive closed before its actor was killed; the removed ones were killed
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["a-generator"]
 
 
 def test_unplaceable_gangs_are_all_or_nothing_with_a_diagnostic(cluster):

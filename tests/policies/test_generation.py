@@ -237,7 +237,27 @@ def test_lora_policy_sends_only_a_fresh_adapter(tokenizer_handles, tmp_path):
     assert second.lora_int_id != first.lora_int_id and llm.removed == [first.lora_int_id]
     assert sorted(p.name for p in (tmp_path / "adapter-2").iterdir()) == [
         "README.md", "adapter_config.json", "adapter_model.safetensors"]
+    assert [p.name for p in tmp_path.iterdir()] == ["adapter-2"]    # not one folder per update
     assert pol.backend.sync_check()["sync/probe_gap"] < 1e-4
+
+
+def test_the_engines_scratch_folder_goes_when_the_policy_is_closed(tokenizer_handles, tmp_path):
+    """What the backend writes for its engine (weights, adapters; a randomly initialised
+    policy's base model) sits in a temporary folder that closing the policy removes: at real
+    scale each is a whole copy of the model, and every run used to leave its own in TMPDIR. A
+    folder the caller gave it stays."""
+    from mutualrl.config import LoraConfig
+    pol = make_policy(tokenizer_handles, lora=LoraConfig(r=4, alpha=8))
+    with_fake(pol)
+    scratch = pol.backend.work_dir
+    assert scratch.name.startswith("mutualrl-p-") and any(scratch.iterdir())
+    pol.close()
+    assert not scratch.exists()
+    pol.close()                                              # closing twice is harmless
+    pol.backend = VLLMBackend(pol, pol.learner, pol.generator, FakeLLM(pol), API,
+                              work_dir=tmp_path)
+    pol.close()
+    assert [p.name for p in tmp_path.iterdir()] == ["adapter-1"]
 
 
 def test_sleep_mode_frees_the_engine_between_generations(tokenizer_handles):

@@ -131,6 +131,15 @@ def test_a_lora_adapter_is_pushed_as_an_adapter(tokenizer_handles):
     assert pol.backend.lora.lora_int_id != first.lora_int_id
     engine, trainer = pol.backend.last_probe
     torch.testing.assert_close(engine, trainer, atol=ATOL, rtol=0)
+    # a replaced adapter's folder is deleted: the engine, which loaded it, never reads it again
+    for _ in range(2):
+        pol.train_step(batch_of(pol.generate(PROMPTS, 4, 8, 1.0)))
+        engine, trainer = pol.backend.last_probe
+        torch.testing.assert_close(engine, trainer, atol=ATOL, rtol=0)
+    scratch = pol.backend.work_dir
+    assert sorted(p.name for p in scratch.iterdir()) == ["adapter-4", "base"]
+    pol.close()
+    assert not scratch.exists()
 
 
 def test_a_head_size_the_platform_cannot_run_fails_at_start_with_vllms_reason(tokenizer_handles):

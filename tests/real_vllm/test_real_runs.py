@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -31,9 +33,20 @@ def command(out: Path, *extra: str) -> list[str]:
             "--output-dir", str(out), *(a for s in sets for a in ("--set", s))]
 
 
-def run(cmd: list[str]) -> None:
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+def run(cmd: list[str], tmp: Path | None = None) -> None:
+    """``cmd`` to its end; with ``tmp``, as the run's ``TMPDIR``, which must hold none of the
+    engines' scratch folders afterwards (each a copy of the model: every run used to leave its
+    own)."""
+    env = None if tmp is None else {**os.environ, "TMPDIR": str(tmp)}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
+    if tmp is not None:
+        assert_no_scratch(tmp)
+
+
+def assert_no_scratch(tmp: Path) -> None:
+    left = sorted(p.name for p in tmp.glob("mutualrl-*"))
+    assert not left, f"the run left its engines' scratch folders in TMPDIR: {left}"
 
 
 def rows(out: Path, phase: str = "train") -> list[dict]:
@@ -47,7 +60,7 @@ def rows(out: Path, phase: str = "train") -> list[dict]:
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("vllm") / "reference"
-    run(command(out))
+    run(command(out), tmp_path_factory.mktemp("tmp"))
     assert len(rows(out)) == 4 and rows(out, "eval")
     return out
 
@@ -85,7 +98,12 @@ def test_ray_actors_serve_the_engines_as_the_process_executor_does(reference, tm
     and gradient norms; engine log-probs equal to float rounding."""
     pytest.importorskip("ray", reason="the ray extra is not installed")
     out = tmp_path / "ray"
-    run(command(out, 'allocation.executor="ray"'))
+    # a short TMPDIR: Ray keeps its session's sockets there, and a socket's path is short
+    tmp = Path(tempfile.mkdtemp(prefix="mr-", dir="/tmp"))
+    try:
+        run(command(out, 'allocation.executor="ray"'), tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     assert json.loads((out / "config.json").read_text())["allocation"]["executor"] == "ray"
     assert len(rows(out)) == 4
     close(rows(out), rows(reference))
@@ -150,10 +168,11 @@ def test_a_sharded_learner_samples_from_an_engine_in_a_process_of_its_own(tmp_pa
     trainer's weights exactly, tied LM head included, and nothing it started outlives the run,
     whether the run ends or its driver is killed."""
     sharded = "policies.0.learner_ranks=2"
-    out, seen = tmp_path / "sharded", {}
+    out, seen, tmp = tmp_path / "sharded", {}, tmp_path / "tmp"
+    tmp.mkdir()
     with open(tmp_path / "sharded.log", "w") as log:
         proc = subprocess.Popen(command(out, sharded, "steps=2"), stdout=log, stderr=log, cwd=ROOT,
-                                start_new_session=True)
+                                start_new_session=True, env={**os.environ, "TMPDIR": str(tmp)})
         while proc.poll() is None:
             _descendants(proc.pid, seen)
             time.sleep(0.2)
@@ -166,6 +185,7 @@ def test_a_sharded_learner_samples_from_an_engine_in_a_process_of_its_own(tmp_pa
         assert row["policy/llama-mistral/sync/probe_gap"] < 1e-4
         assert row["policy/llama-mistral/sync/probe_gap_max"] < 1e-4
     assert not _alive(seen), "processes outlived their run"
+    assert_no_scratch(tmp)
 
     killed, seen = tmp_path / "killed", {}
     proc = subprocess.Popen(command(killed, sharded), stdout=subprocess.DEVNULL,

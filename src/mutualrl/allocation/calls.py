@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import traceback
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -133,6 +134,20 @@ def build_worker(factory: Callable[[], object], restarted: bool) -> object:
     if restarted and callable(getattr(obj, "load_checkpoint", None)):
         obj.load_checkpoint()
     return obj
+
+
+def close_worker(name: str, obj: object) -> None:
+    """The worker's ``close()``, where it has one, once the run is done with it (a policy's
+    vLLM engine removes its scratch folder). A failure to close is a warning naming the worker:
+    the run's own outcome stands."""
+    close = getattr(obj, "close", None)
+    if not callable(close):
+        return
+    try:
+        close()
+    except Exception as exc:
+        warnings.warn(f"worker {name!r}: close() failed ({type(exc).__name__}: {exc})",
+                      RuntimeWarning, stacklevel=2)
 
 
 class FailurePolicy:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from mutualrl.allocation.calls import (CallResult, FailurePolicy, WorkerCall, WorkerFailedError,
                                        WorkerFailure, build_worker, call_name, check_names,
-                                       failure_from_exception)
+                                       close_worker, failure_from_exception)
 from mutualrl.config import AllocationConfig
 
 if TYPE_CHECKING:
@@ -192,20 +192,21 @@ class LocalExecutor:
             t.close()
 
     def _restart(self, name: str) -> None:
-        self._abandon(name)
-        self._workers.pop(name, None)
+        self._remove(name)
         res = self._run({name: lambda: self._build(name, True)}, "restart", self.alloc.call_timeout_s)
         if not res[name].ok:
             raise RuntimeError(f"restart of worker {name!r} failed: {res[name].failure}")
 
     def _remove(self, name: str) -> None:
         self._abandon(name)
-        self._workers.pop(name, None)
+        if name in self._workers:
+            close_worker(name, self._workers.pop(name))
 
     def shutdown(self) -> None:
         for name in list(self._threads):
             self._abandon(name)
-        self._workers.clear()
+        for name in list(self._workers):
+            close_worker(name, self._workers.pop(name))
 
 
 def _done_future(job: Callable[[], Any]) -> Future:

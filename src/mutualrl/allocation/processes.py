@@ -54,7 +54,8 @@ from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any
 
 from mutualrl.allocation.calls import (CallResult, FailurePolicy, WorkerCall, WorkerFailedError,
-                                       WorkerFailure, build_worker, call_name, check_names)
+                                       WorkerFailure, build_worker, call_name, check_names,
+                                       close_worker)
 from mutualrl.allocation.malloc import reuse_large_buffers
 from mutualrl.allocation.ranks import (RankFactory, RankGroup, free_port, group_size, merge_ranks,
                                        rank_env)
@@ -173,6 +174,13 @@ def _answer(conn: Connection, factory: bytes, env: dict[str, str], threads: int,
     except BaseException as exc:
         conn.send(_raised(exc))
         return
+    try:
+        _calls(conn, obj)
+    finally:   # told to stop, the driver gone, or a broken pipe
+        close_worker(mp.current_process().name.removeprefix("mutualrl-"), obj)
+
+
+def _calls(conn: Connection, obj: object) -> None:
     while True:
         try:
             call = conn.recv()

@@ -29,6 +29,7 @@ refs and the worker calls ``ray.get`` itself.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -46,7 +47,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from mutualrl.config import AllocationConfig
 from mutualrl.allocation.calls import (CallResult, FailurePolicy, WorkerCall, WorkerFailedError,
                                        WorkerFailure, build_worker, call_fields, call_name,
-                                       check_names)
+                                       check_names, close_worker)
 from mutualrl.allocation.planner import Assignment, Plan
 from mutualrl.allocation.ranks import RankFactory, RankGroup, free_port, merge_ranks, rank_env
 
@@ -55,6 +56,8 @@ from mutualrl.allocation.ranks import RankFactory, RankGroup, free_port, merge_r
 # group is killed. A rank that died is seen through Ray, later than the error it causes in its
 # peers' collectives.
 RANK_FAILURE_GRACE_S = 2.0
+# How long a shutdown waits for its workers to close before it kills them.
+CLOSE_TIMEOUT_S = 10.0
 
 
 class PlacementError(RuntimeError):
@@ -94,6 +97,10 @@ class _Host:
     def invoke(self, _mutualrl_call: type, **fields: Any) -> tuple[tuple, Any]:
         return _invoke(self.obj, _mutualrl_call, fields)
 
+    def close(self, name: str) -> None:
+        if self.obj is not None:
+            close_worker(name, self.obj)
+
 
 class _RankHost:
     """The actor around one rank of a rank group: placed empty, then joined and built."""
@@ -121,6 +128,10 @@ class _RankHost:
 
     def invoke(self, _mutualrl_call: type, **fields: Any) -> tuple[tuple, Any]:
         return _invoke(self.obj, _mutualrl_call, fields)
+
+    def close(self, name: str) -> None:
+        if self.obj is not None:
+            close_worker(name, self.obj)
 
 
 def _gang_bundles(members: list[Assignment], gpu_resource: str) -> list[dict[str, float]]:
@@ -389,6 +400,11 @@ class RayExecutor:
         self._actors.pop(name, None)
 
     def shutdown(self) -> None:
+        # the live workers close first (a vLLM engine's scratch folder is on its actor's node),
+        # all at once; a busy or hung one is killed when its time is up
+        refs = [a.close.remote(n) for n in self.live_workers() for a in self._actors.get(n, ())]
+        with contextlib.suppress(Exception):
+            ray.wait(refs, num_returns=len(refs), timeout=CLOSE_TIMEOUT_S)
         for name in list(self._actors):
             self._remove(name)
         self._release()

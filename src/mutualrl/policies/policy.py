@@ -17,7 +17,7 @@ from mutualrl.config import ConfigError, GRPOConfig, PolicyConfig, TrainingConfi
 from mutualrl.policies.batch import SFTExample, TrainBatch, stale_rows
 from mutualrl.policies.checkpoints import save_pretrained_quietly
 from mutualrl.policies.device_memory import peak_memory_stats
-from mutualrl.policies.generation import SamplingSettings, build_backend
+from mutualrl.policies.generation import SamplingSettings, build_backend, close_backend
 from mutualrl.policies.learner import Learner
 from mutualrl.policies.models import TokenizerFacts
 from mutualrl.policies.prompting import chat_prompt
@@ -85,6 +85,11 @@ class Policy(PolicyView):
                                total_steps, training)
         self.generator = torch.Generator().manual_seed(seed)
         self.backend = build_backend(self, self.learner, self.generator)
+
+    def close(self) -> None:
+        """The run is done with this policy: its backend releases what it keeps outside the
+        process (``close_backend``). Executors call it once, also after a failure."""
+        close_backend(self.backend)
 
     @property
     def model(self) -> torch.nn.Module:

@@ -26,6 +26,7 @@ while the trainer's did is reported as serving stale weights.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -54,16 +55,24 @@ class VLLMBackend:
     exact_logprobs = False
 
     def __init__(self, view, learner, generator: torch.Generator, llm, api,
-                 work_dir: str | Path | None = None) -> None:
+                 work_dir: str | Path | None = None,
+                 scratch: tempfile.TemporaryDirectory | None = None) -> None:
         """``view``: the policy's tokenizer side; ``learner``: whose weights the engine serves;
         ``llm``: a ``vllm.LLM`` (or a fake with its interface); ``api``: the module that
-        provides ``SamplingParams`` and ``LoRARequest`` (``vllm`` itself, or the fake's)."""
+        provides ``SamplingParams`` and ``LoRARequest`` (``vllm`` itself, or the fake's).
+        Adapters and weight folders are written under ``work_dir``; without one, under
+        ``scratch``, a temporary folder the backend owns and ``close`` removes (a new one when
+        neither is given)."""
         self.view, self.learner, self.generator = view, learner, generator
         self.llm, self.api = llm, api
         self.cfg = view.cfg.generation
         self.tolerance = sync_tolerance(self.cfg, engine_dtype(view.cfg) == "float32")
-        self.work_dir = Path(work_dir or tempfile.mkdtemp(prefix=f"mutualrl-{view.name}-"))
+        if work_dir is None and scratch is None:
+            scratch = tempfile.TemporaryDirectory(prefix=f"mutualrl-{view.name}-")
+        self.scratch = scratch
+        self.work_dir = Path(work_dir) if work_dir is not None else Path(scratch.name)
         self.lora, self.loads, self.version = None, 0, learner.version
+        self.adapter_dir: Path | None = None
         self.asleep = False
         self.probe_ids = view.encode_prompt(PROBE_TEXT)
         self.last_probe: tuple[torch.Tensor, torch.Tensor] | None = None   # (engine, trainer)
@@ -142,13 +151,16 @@ class VLLMBackend:
 
     def _load_adapter(self) -> None:
         """A new adapter id per load: vLLM caches adapters by id, so reusing one would keep
-        serving the first adapter it loaded under it. The previous adapter is removed."""
+        serving the first adapter it loaded under it. The previous adapter is removed, from the
+        engine and from the disk (one folder per update would pile up over a run)."""
         path = self.work_dir / f"adapter-{self.loads}"
         save_pretrained_quietly(self.learner.model, path)   # a peft model saves the adapter only
-        previous = self.lora
+        previous, previous_dir = self.lora, self.adapter_dir
         self.lora = self.api.LoRARequest(f"{self.view.name}-{self.loads}", self.loads, str(path))
+        self.adapter_dir = path
         if previous is not None:
             self.llm.llm_engine.remove_lora(previous.lora_int_id)
+            shutil.rmtree(previous_dir, ignore_errors=True)
 
     def overlap_sampler(self) -> VLLMBackend:
         """The engine itself: it serves the weights it holds until ``load_weights`` pushes new
@@ -206,6 +218,13 @@ class VLLMBackend:
         learner.model.train(was_training)
         return logp[0].float().cpu()
 
+    def close(self) -> None:
+        """Remove the scratch folder (the base model of a randomly initialised policy, the
+        weights of the last push, the current adapter): a run that ended leaves nothing in
+        ``TMPDIR``. A folder passed in as ``work_dir`` is the caller's and stays."""
+        if self.scratch is not None:
+            self.scratch.cleanup()
+
     # ---- memory ---------------------------------------------------------------------------
     def _wake(self) -> None:
         if self.asleep:
@@ -240,14 +259,19 @@ def write_state(model: torch.nn.Module, folder: Path) -> Path:
 def build_vllm_backend(view, learner, generator) -> VLLMBackend:
     """A colocated engine for the policy in this process; vLLM imported only here."""
     from mutualrl.policies.generation.vllm_engine import VLLMStartError, start_engine
-    llm, api, work = start_engine(view, learner)
-    try:   # the first load and probe run the model: what the platform cannot run fails here
-        return VLLMBackend(view, learner, generator, llm, api, work)
-    except WeightSyncError:
+    scratch = tempfile.TemporaryDirectory(prefix=f"mutualrl-{view.name}-")
+    try:
+        llm, api = start_engine(view, learner, Path(scratch.name))
+        try:   # the first load and probe run the model: what the platform cannot run fails here
+            return VLLMBackend(view, learner, generator, llm, api, scratch=scratch)
+        except WeightSyncError:
+            raise
+        except Exception as exc:
+            raise VLLMStartError(f"policy {view.name!r}: the vLLM engine could not start: its "
+                                 f"first forward failed ({type(exc).__name__}: {exc})") from exc
+    except BaseException:
+        scratch.cleanup()
         raise
-    except Exception as exc:
-        raise VLLMStartError(f"policy {view.name!r}: the vLLM engine could not start: its first "
-                             f"forward failed ({type(exc).__name__}: {exc})") from exc
 
 
 GENERATION_BACKENDS.register("vllm", build_vllm_backend)

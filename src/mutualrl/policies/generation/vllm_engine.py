@@ -21,7 +21,6 @@ Each check fails before the engine starts, naming the policy and the field to ch
 from __future__ import annotations
 
 import os
-import tempfile
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -141,15 +140,15 @@ def engine_kwargs(view, platform_cpu: bool, device: str) -> dict:
     return kw
 
 
-def start_engine(view, learner):
-    """``(llm, api, work_dir)``: the engine over the policy's current weights, in this process or,
-    on a sharded learner's rank 0, in a process of its own (``api.in_process`` says which)."""
+def start_engine(view, learner, work: Path):
+    """``(llm, api)``: the engine over the policy's current weights, in this process or, on a
+    sharded learner's rank 0, in a process of its own (``api.in_process`` says which). A
+    randomly initialised policy's base model is saved under ``work`` for the engine to load."""
     in_process = engine_in_process()
     vllm = import_vllm(view.name, in_process)
     from vllm.lora.request import LoRARequest          # not exported by ``vllm`` itself
     from vllm.platforms import current_platform
     kw = engine_kwargs(view, current_platform.is_cpu(), str(learner.device))
-    work = Path(tempfile.mkdtemp(prefix=f"mutualrl-{view.name}-"))
     model_dir = view.cfg.checkpoint or save_base(view, learner, work / "base")
     try:
         llm = vllm.LLM(model=str(model_dir), tokenizer=str(model_dir), seed=0, **kw)
@@ -157,7 +156,7 @@ def start_engine(view, learner):
         raise VLLMStartError(f"policy {view.name!r}: the vLLM engine could not start "
                              f"({type(exc).__name__}: {exc}){_memory_hint(view, exc)}") from exc
     return llm, SimpleNamespace(SamplingParams=vllm.SamplingParams, LoRARequest=LoRARequest,
-                                in_process=in_process), work
+                                in_process=in_process)
 
 
 def _memory_hint(view, exc: Exception) -> str:

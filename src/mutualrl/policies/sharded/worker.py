@@ -28,7 +28,7 @@ from mutualrl.policies.checkpoints import save_pretrained_quietly
 from mutualrl.policies.dcp import (full_state, is_sharded_checkpoint, load_full_state,
                                    load_sharded, save_sharded)
 from mutualrl.policies.device_memory import peak_memory_stats
-from mutualrl.policies.generation import build_backend
+from mutualrl.policies.generation import build_backend, close_backend
 from mutualrl.policies.learner import Learner
 from mutualrl.policies.models import TokenizerFacts
 from mutualrl.policies.policy import PolicyView, sample, step_stats
@@ -61,6 +61,11 @@ class ShardedPolicy:
         exact = [self.backend.exact_logprobs if self.backend is not None else None]
         dist.broadcast_object_list(exact, src=0)
         self.inexact_sampler = not exact[0]
+
+    def close(self) -> None:
+        """As ``Policy.close``: rank 0's backend releases what it keeps outside the process."""
+        if self.backend is not None:
+            close_backend(self.backend)
 
     @property
     def version(self) -> int:
