@@ -12,6 +12,7 @@ import errno
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import uuid
@@ -21,7 +22,7 @@ import pytest
 
 from mutualrl.exchange import ExperienceLog
 from mutualrl.run.metrics import MetricsWriter, read_metrics
-from mutualrl.storage import StorageError, atomic_folder
+from mutualrl.storage import ScratchFolder, StorageError, atomic_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "configs" / "tiny.toml")
@@ -130,3 +131,47 @@ def test_a_run_on_a_full_disk_stops_with_one_message_and_resumes_after_space_is_
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     steps = [r["step"] for r in read_metrics(out / "metrics.jsonl") if r["phase"] == "train"]
     assert steps == [0, 1, 2, 3] and len(rows) >= 1
+
+
+# ---- scratch folders ---------------------------------------------------------------------------
+OWNER = """
+import sys, time
+from mutualrl.storage import ScratchFolder
+s = ScratchFolder("mutualrl-p-", sys.argv[1])
+(s.path / "weights").write_bytes(b"x" * 1000)
+print(s.path, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_scratch_folder_is_removed_when_closed_or_collected(tmp_path):
+    s = ScratchFolder("mutualrl-p-", tmp_path)
+    assert s.path.parent == tmp_path and s.path.name.startswith("mutualrl-p-")
+    s.cleanup()
+    s.cleanup()
+    assert list(tmp_path.iterdir()) == []
+    path = ScratchFolder("mutualrl-p-", tmp_path).path     # collected at once
+    assert not path.exists()
+
+
+def test_a_killed_owners_scratch_folder_goes_with_the_next_one_and_a_live_owners_stays(tmp_path):
+    """SIGKILL runs no clean-up: the folder stays until the next scratch folder made beside it
+    finds its lock free. Another process's folder in use is left alone."""
+    def owner():
+        p = subprocess.Popen([sys.executable, "-c", OWNER, str(tmp_path)], stdout=subprocess.PIPE,
+                             text=True)
+        return p, Path(p.stdout.readline().strip())
+
+    (killed, gone), (alive, kept) = owner(), owner()
+    (tmp_path / "mutualrl-other").mkdir()                  # not a scratch folder: never touched
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    assert (gone / "weights").is_file()
+    try:
+        s = ScratchFolder("mutualrl-p-", tmp_path)
+        assert s.swept == [gone] and not gone.exists()
+        assert (kept / "weights").is_file() and (tmp_path / "mutualrl-other").is_dir()
+        s.cleanup()
+    finally:
+        alive.kill()
+        alive.wait()

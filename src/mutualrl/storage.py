@@ -6,15 +6,21 @@ disk), cuts the file back to where the record began, so no torn line or frame is
 Folders that must be complete (a checkpoint, a saved policy) are written under a temporary
 name and renamed into place (``atomic_folder``). A failure becomes one ``StorageError`` naming
 the file, the OS's reason ("no space left on device") and what is kept.
+
+Scratch folders in ``TMPDIR`` (what a vLLM engine reloads from: a whole copy of a model) are
+``ScratchFolder``s: removed when closed, and, when their process was killed before it could
+close them, by the next one made beside them (``sweep_scratch``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import shutil
 import tempfile
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -92,3 +98,59 @@ def atomic_folder(final: str | Path, what: str) -> Iterator[Path]:
             raise
         raise storage_error(exc, final, f"{what} was not written (nothing of it is kept)",
                             full=True) from exc
+
+
+# The lock file of a ScratchFolder: held (flock) by the owning process for as long as it lives.
+SCRATCH_LOCK = ".mutualrl-scratch.lock"
+
+
+class ScratchFolder:
+    """A temporary folder ``<parent>/<prefix>XXXXXXXX``, its process's for as long as the process
+    lives. ``cleanup()`` (or the object's collection, or the interpreter's exit) removes it. A
+    process killed first (SIGKILL, the OOM killer) cannot, so the folder holds a lock file its
+    owner keeps an ``flock`` on; the kernel drops the lock with the process, however it ends, and
+    the next ``ScratchFolder`` made in the same parent removes every folder whose lock is free
+    (``sweep_scratch``). A folder still in use is never touched: its lock is held."""
+
+    def __init__(self, prefix: str, parent: str | Path | None = None) -> None:
+        parent = Path(parent or tempfile.gettempdir())
+        self.swept = sweep_scratch(parent)
+        self.path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+        # Locked under another name, then renamed: a sweep never sees the lock unheld.
+        fd = os.open(self.path / f"{SCRATCH_LOCK}.new", os.O_CREAT | os.O_RDWR, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.rename(self.path / f"{SCRATCH_LOCK}.new", self.path / SCRATCH_LOCK)
+        self._finalizer = weakref.finalize(self, _remove_scratch, self.path, fd)
+
+    def cleanup(self) -> None:
+        """Remove the folder and give up its lock (again: nothing)."""
+        self._finalizer()
+
+
+def _remove_scratch(path: Path, fd: int) -> None:
+    try:
+        shutil.rmtree(path, ignore_errors=True)
+    finally:
+        os.close(fd)
+
+
+def sweep_scratch(parent: str | Path) -> list[Path]:
+    """Remove the ``ScratchFolder``s in ``parent`` whose owner is gone (their lock is free); the
+    folders removed."""
+    removed = []
+    for lock in Path(parent).glob(f"*/{SCRATCH_LOCK}"):
+        try:
+            fd = os.open(lock, os.O_RDWR)
+        except OSError:          # removed meanwhile, or not ours to open
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:          # held: its owner lives
+            os.close(fd)
+            continue
+        try:
+            shutil.rmtree(lock.parent, ignore_errors=True)
+            removed.append(lock.parent)
+        finally:
+            os.close(fd)
+    return removed

@@ -111,9 +111,12 @@ def test_ray_actors_serve_the_engines_as_the_process_executor_does(reference, tm
 
 
 def test_a_killed_driver_leaves_no_engine_and_resume_gives_the_same_run(reference, tmp_path):
-    out = tmp_path / "killed"
+    """Nothing of a SIGKILLed run survives it but its scratch folders (a kill runs no clean-up),
+    and the resumed run's engines remove those when they start."""
+    out, tmp = tmp_path / "killed", tmp_path / "tmp"
+    tmp.mkdir()
     proc = subprocess.Popen(command(out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            cwd=ROOT, start_new_session=True)
+                            cwd=ROOT, start_new_session=True, env={**os.environ, "TMPDIR": str(tmp)})
     deadline = time.monotonic() + 300
     while len(rows(out)) < 2:
         assert proc.poll() is None, "the run ended before it could be interrupted"
@@ -125,7 +128,8 @@ def test_a_killed_driver_leaves_no_engine_and_resume_gives_the_same_run(referenc
     proc.wait()
     gone, alive = psutil.wait_procs(workers, timeout=15)
     assert not alive, f"worker processes outlived their driver: {alive}"
-    run([sys.executable, "-m", "mutualrl.cli", "train", "--resume", str(out), "--no-progress"])
+    assert len(list(tmp.glob("mutualrl-*"))) == 2          # one per engine, left by the kill
+    run([sys.executable, "-m", "mutualrl.cli", "train", "--resume", str(out), "--no-progress"], tmp)
     assert rows(out) == rows(reference)
     assert rows(out, "eval") == rows(reference, "eval")
 

@@ -27,7 +27,6 @@ while the trainer's did is reported as serving stale weights.
 from __future__ import annotations
 
 import shutil
-import tempfile
 import time
 from pathlib import Path
 
@@ -39,6 +38,7 @@ from mutualrl.policies.checkpoints import save_pretrained_quietly
 from mutualrl.policies.generation import GENERATION_BACKENDS, SamplingSettings, sync_tolerance
 from mutualrl.policies.generation.vllm_engine import engine_dtype
 from mutualrl.policies.samples import Sample
+from mutualrl.storage import ScratchFolder
 
 # A trainer probe move (max |delta log p|) above which an engine probe that stayed bitwise equal
 # means the engine kept its old weights.
@@ -56,7 +56,7 @@ class VLLMBackend:
 
     def __init__(self, view, learner, generator: torch.Generator, llm, api,
                  work_dir: str | Path | None = None,
-                 scratch: tempfile.TemporaryDirectory | None = None) -> None:
+                 scratch: ScratchFolder | None = None) -> None:
         """``view``: the policy's tokenizer side; ``learner``: whose weights the engine serves;
         ``llm``: a ``vllm.LLM`` (or a fake with its interface); ``api``: the module that
         provides ``SamplingParams`` and ``LoRARequest`` (``vllm`` itself, or the fake's).
@@ -68,9 +68,9 @@ class VLLMBackend:
         self.cfg = view.cfg.generation
         self.tolerance = sync_tolerance(self.cfg, engine_dtype(view.cfg) == "float32")
         if work_dir is None and scratch is None:
-            scratch = tempfile.TemporaryDirectory(prefix=f"mutualrl-{view.name}-")
+            scratch = ScratchFolder(f"mutualrl-{view.name}-")
         self.scratch = scratch
-        self.work_dir = Path(work_dir) if work_dir is not None else Path(scratch.name)
+        self.work_dir = Path(work_dir) if work_dir is not None else scratch.path
         self.lora, self.loads, self.version = None, 0, learner.version
         self.adapter_dir: Path | None = None
         self.asleep = False
@@ -221,7 +221,8 @@ class VLLMBackend:
     def close(self) -> None:
         """Remove the scratch folder (the base model of a randomly initialised policy, the
         weights of the last push, the current adapter): a run that ended leaves nothing in
-        ``TMPDIR``. A folder passed in as ``work_dir`` is the caller's and stays."""
+        ``TMPDIR``; one killed first leaves it to the next engine's start (``ScratchFolder``).
+        A folder passed in as ``work_dir`` is the caller's and stays."""
         if self.scratch is not None:
             self.scratch.cleanup()
 
@@ -259,9 +260,9 @@ def write_state(model: torch.nn.Module, folder: Path) -> Path:
 def build_vllm_backend(view, learner, generator) -> VLLMBackend:
     """A colocated engine for the policy in this process; vLLM imported only here."""
     from mutualrl.policies.generation.vllm_engine import VLLMStartError, start_engine
-    scratch = tempfile.TemporaryDirectory(prefix=f"mutualrl-{view.name}-")
+    scratch = ScratchFolder(f"mutualrl-{view.name}-")
     try:
-        llm, api = start_engine(view, learner, Path(scratch.name))
+        llm, api = start_engine(view, learner, scratch.path)
         try:   # the first load and probe run the model: what the platform cannot run fails here
             return VLLMBackend(view, learner, generator, llm, api, scratch=scratch)
         except WeightSyncError:
