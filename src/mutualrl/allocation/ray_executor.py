@@ -349,8 +349,8 @@ class RayExecutor:
                     grace = min(RANK_FAILURE_GRACE_S, max(0.0, deadline - time.monotonic()))
                     late = ray.wait(rest, num_returns=len(rest), timeout=grace)[0] if rest else []
                     for k in late:
-                        ranks[n][pending[k][1]] = self._result(n, method, refs[n][pending[k][1]],
-                                                               False, False)
+                        rank = pending[k][1]
+                        ranks[n][rank] = self._result(n, method, refs[n][rank], False, False)
                     failed[n] = merge_ranks(n, method, [x or CallResult(n) for x in ranks[n]])
                     self._kill(n)
                     pending = {k: v for k, v in pending.items() if v[0] != n}
