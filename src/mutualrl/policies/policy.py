@@ -88,7 +88,9 @@ class Policy(PolicyView):
 
     def close(self) -> None:
         """The run is done with this policy: its backend releases what it keeps outside the
-        process (``close_backend``). Executors call it once, also after a failure."""
+        process (``close_backend``). Executors call it once when they are done with the
+        worker; a worker process killed after a failure cannot, and ``ScratchFolder`` covers
+        that."""
         close_backend(self.backend)
 
     @property

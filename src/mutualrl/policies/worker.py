@@ -51,8 +51,9 @@ class PolicyWorker(Protocol):
     def load_state(self, path: str | Path) -> None: ...
 
     def close(self) -> None:
-        """The run is done with the worker (called once by its executor, also after a failure):
-        release what it keeps outside its process. Optional for other worker kinds."""
+        """The run is done with the worker (called once by its executor; not in a worker
+        process killed after a failure): release what it keeps outside its process. Optional
+        for other worker kinds."""
 
 
 @dataclass(frozen=True)

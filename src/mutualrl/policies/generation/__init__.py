@@ -58,9 +58,9 @@ class GenerationBackend(Protocol):
         """A sampler that may draw while the learner updates (``allocation.async_generation``):
         it samples the weights as they are now, and the caller loads the new ones after."""
 
-    # Optional: ``close()``, called once when the run is done with the policy (also after a
-    # failure), releases what the backend keeps outside its process (the vLLM backend's scratch
-    # folder of weights and adapters). ``close_backend`` calls it where a backend has it.
+    # Optional: ``close()``, called once when the run is done with the policy, releases what
+    # the backend keeps outside its process (the vLLM backend's scratch folder of weights and
+    # adapters). ``close_backend`` calls it where a backend has it.
 
 
 def close_backend(backend) -> None:
