@@ -39,7 +39,10 @@ def train_rows(out: Path) -> list[int]:
 def wait_for(cond, proc: subprocess.Popen | None = None, timeout: float = 300.0) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
-        assert proc is None or proc.poll() is None, "the process ended first"
+        if proc is not None and proc.poll() is not None:   # say why: CI shows only this
+            _, err = proc.communicate()
+            raise AssertionError(f"the process ended first, with exit code {proc.returncode}:\n"
+                                 f"{(err or '')[-3000:]}")
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.05)
 
