@@ -84,15 +84,10 @@ def _invoke(obj: object, call: type, fields: dict) -> tuple[tuple, Any]:
         return ("raised", type(exc).__name__, str(exc), tb, time.perf_counter() - t0), None
 
 
-class _Host:
-    """The actor around one worker object; statuses and values travel as separate objects."""
+class _Hosting:
+    """What every actor around a worker object answers: its calls, and its close at the end."""
 
-    def __init__(self, factory: Callable[[], object], threads: int, restarted: bool) -> None:
-        self.obj = build_worker(factory, restarted)
-        _set_threads(threads)
-
-    def ready(self) -> tuple:
-        return ("ok", 0.0)
+    obj: object = None
 
     def invoke(self, _mutualrl_call: type, **fields: Any) -> tuple[tuple, Any]:
         return _invoke(self.obj, _mutualrl_call, fields)
@@ -102,11 +97,19 @@ class _Host:
             close_worker(name, self.obj)
 
 
-class _RankHost:
-    """The actor around one rank of a rank group: placed empty, then joined and built."""
+class _Host(_Hosting):
+    """The actor around one worker object; statuses and values travel as separate objects."""
 
-    def __init__(self) -> None:
-        self.obj: object = None
+    def __init__(self, factory: Callable[[], object], threads: int, restarted: bool) -> None:
+        self.obj = build_worker(factory, restarted)
+        _set_threads(threads)
+
+    def ready(self) -> tuple:
+        return ("ok", 0.0)
+
+
+class _RankHost(_Hosting):
+    """The actor around one rank of a rank group: placed empty, then joined and built."""
 
     def rendezvous(self) -> tuple[str, int]:
         """This node's address and a port free on it (asked of rank 0's actor)."""
@@ -125,13 +128,6 @@ class _RankHost:
             return ("raised", type(exc).__name__, str(exc), tb, 0.0)
         _set_threads(threads)
         return ("ok", 0.0)
-
-    def invoke(self, _mutualrl_call: type, **fields: Any) -> tuple[tuple, Any]:
-        return _invoke(self.obj, _mutualrl_call, fields)
-
-    def close(self, name: str) -> None:
-        if self.obj is not None:
-            close_worker(name, self.obj)
 
 
 def _gang_bundles(members: list[Assignment], gpu_resource: str) -> list[dict[str, float]]:
