@@ -72,7 +72,6 @@ class VLLMBackend:
         self.scratch = scratch
         self.work_dir = Path(work_dir) if work_dir is not None else scratch.path
         self.lora, self.loads, self.version = None, 0, learner.version
-        self.adapter_dir: Path | None = None
         self.asleep = False
         self.probe_ids = view.encode_prompt(PROBE_TEXT)
         self.last_probe: tuple[torch.Tensor, torch.Tensor] | None = None   # (engine, trainer)
@@ -155,12 +154,11 @@ class VLLMBackend:
         engine and from the disk (one folder per update would pile up over a run)."""
         path = self.work_dir / f"adapter-{self.loads}"
         save_pretrained_quietly(self.learner.model, path)   # a peft model saves the adapter only
-        previous, previous_dir = self.lora, self.adapter_dir
+        previous = self.lora
         self.lora = self.api.LoRARequest(f"{self.view.name}-{self.loads}", self.loads, str(path))
-        self.adapter_dir = path
         if previous is not None:
             self.llm.llm_engine.remove_lora(previous.lora_int_id)
-            shutil.rmtree(previous_dir, ignore_errors=True)
+            shutil.rmtree(previous.lora_path, ignore_errors=True)
 
     def overlap_sampler(self) -> VLLMBackend:
         """The engine itself: it serves the weights it holds until ``load_weights`` pushes new
