@@ -16,6 +16,7 @@ from mutualrl.config import GRPOConfig, LoraConfig, PolicyConfig
 from mutualrl.policies.generation import SamplingSettings
 from mutualrl.policies.generation.torch import TorchBackend
 from mutualrl.policies.policy import Policy
+from tests.policies.draws import assert_same_up_to_a_rounding_flip
 from tests.policies.test_generation import PROMPTS, trainer_logprobs
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -75,16 +76,11 @@ def test_under_bf16_autocast_the_static_cache_holds_keys_and_values_in_bf16_and_
                           for layer in caches[-1].layers)
     assert max(len(s.completion_ids) for s in static) > 1
     # bf16's rounding: the padded cache sums in another order (log-probs 9.8e-4 apart with fp32
-    # keys too), so a draw can fall on the other side of a token boundary of the inverse CDF:
-    # the two then part at neighbouring ids (4 of the 8 draws, at tokens 2-8 of 12, on a CPU
-    # with AMX; none on others). Up to there they agree.
+    # keys too), so a draw can fall on the other side of a token boundary (tests/policies/draws.py:
+    # 4 of the 8 draws, at tokens 2-8 of 12, on a CPU with AMX; none on others).
     for a, b in zip(static, grown):
-        x, y = list(a.completion_ids), list(b.completion_ids)
-        n = next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
-        torch.testing.assert_close(torch.tensor(a.logprobs[:n]), torch.tensor(b.logprobs[:n]),
-                                   atol=2e-3, rtol=0)
-        if n < min(len(x), len(y)):
-            assert abs(x[n] - y[n]) == 1, (n, x[n], y[n])   # a boundary, not another draw
+        assert_same_up_to_a_rounding_flip(a.completion_ids, a.logprobs, b.completion_ids,
+                                          b.logprobs, atol=2e-3)
 
 
 def test_the_setting_reaches_the_sampler_from_the_grpo_section(tokenizer_handles):
