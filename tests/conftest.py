@@ -96,3 +96,20 @@ def fast_run_builds_module(tokenizer_handles, _profile_cache):
         install_fast_run_builds(mp, tokenizer_handles, _profile_cache)
         yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def uninterrupted_default(tmp_path_factory):
+    """The shortened CPU default (``test_resume.shortened``) run once, uninterrupted, in a
+    subprocess as a user runs it: (its folder, its warm-start cache, its wall seconds). The
+    kill-and-resume tests (test_resume.py, test_chaos.py) compare their runs with it; its cache is
+    theirs too, filled by this first run."""
+    import time
+
+    from test_resume import run, shortened
+
+    base = tmp_path_factory.mktemp("uninterrupted")
+    out, cache = base / "run", base / "warmstart"
+    t0 = time.monotonic()
+    run(shortened(out, cache))
+    return out, cache, time.monotonic() - t0

@@ -33,15 +33,12 @@ def attempt(out: Path, cache: Path) -> list[str]:
     return shortened(out, cache) + (["--overwrite"] if out.exists() else [])
 
 
-def test_repeated_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path):
+def test_repeated_sigkill_then_resume_equals_an_uninterrupted_run(uninterrupted_default, tmp_path):
     psutil = pytest.importorskip("psutil")
-    reference = tmp_path / "reference"
-    t0 = time.monotonic()
-    run(shortened(reference, tmp_path / "warmstart"))
-    wall = time.monotonic() - t0
+    reference, cache, wall = uninterrupted_default   # conftest.py: the same command, not killed
     out, rng, killed = tmp_path / "chaos", random.Random(SEED), 0
     for _ in range(KILLS):
-        cmd = attempt(out, tmp_path / "warmstart")
+        cmd = attempt(out, cache)
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
                                 start_new_session=True)
         time.sleep(rng.uniform(0.15, 0.6) * wall)   # a resumed attempt pays start-up again
@@ -54,7 +51,7 @@ def test_repeated_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path):
         assert not [p for p in members if psutil.pid_exists(p) and
                     psutil.Process(p).status() != psutil.STATUS_ZOMBIE], "a process survived"
     assert killed == KILLS            # every attempt was cut short, none ran to its end
-    run(attempt(out, tmp_path / "warmstart"))
+    run(attempt(out, cache))
     assert per_step(out, 0) == per_step(reference, 0)
     assert replay(out) == replay(reference)
 

@@ -68,19 +68,12 @@ def replay(out: Path) -> list[tuple]:
     return records
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory) -> tuple[Path, Path]:
-    base = tmp_path_factory.mktemp("resume")
-    out = base / "uninterrupted"
-    run(shortened(out, base / "warmstart"))
-    return base, out
-
-
 @pytest.mark.parametrize("local_mode", ["threads", "sequential"])
-def test_sigkill_mid_step_then_resume_equals_uninterrupted(uninterrupted, local_mode):
-    base, reference = uninterrupted
-    out = base / f"killed-{local_mode}"
-    cmd = shortened(out, base / "warmstart", f'allocation.local_mode="{local_mode}"')
+def test_sigkill_mid_step_then_resume_equals_uninterrupted(uninterrupted_default, tmp_path,
+                                                           local_mode):
+    reference, cache, _ = uninterrupted_default   # conftest.py: the same command, not killed
+    out = tmp_path / f"killed-{local_mode}"
+    cmd = shortened(out, cache, f'allocation.local_mode="{local_mode}"')
     kill_mid_step(cmd, out, after_rows=3)        # checkpoint at step 2; step 4 was running
     assert train_rows(out) == 3
     run([sys.executable, "-m", "mutualrl.cli", "train", "--resume", str(out), "--no-progress"])
