@@ -33,6 +33,9 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import msgspec
 
 from mutualrl.registry import Registry
 
@@ -270,9 +273,31 @@ def _load_path(path: Path):
         f"tokenizer file {path}: expected a folder, a tokenizer.json or a SentencePiece .model")
 
 
-def _family(backend) -> str:
-    model = json.loads(backend.to_str()).get("model", {})
-    kind = model.get("type", "")
+class _ModelHead(msgspec.Struct):
+    type: Any = None
+    byte_fallback: Any = None
+    unk_token: Any = None
+    continuing_subword_prefix: Any = None
+
+
+class _ConfigHead(msgspec.Struct):
+    version: Any = "1.0"
+    normalizer: Any = None
+    pre_tokenizer: Any = None
+    model: _ModelHead = msgspec.field(default_factory=_ModelHead)
+
+
+def config_head(text: str) -> dict:
+    """What THL reads of a serialized Rust tokenizer (``Tokenizer.to_str()``): its format version,
+    normaliser, pre-tokeniser and the model's type, ``byte_fallback``, ``unk_token`` and
+    ``continuing_subword_prefix``, as plain dicts. The vocabulary and merges are skipped, not
+    parsed: 0.02 s for Qwen2.5's 6.9 MB where ``json.loads`` of the whole takes 0.4 s."""
+    return msgspec.to_builtins(msgspec.json.decode(text, type=_ConfigHead))
+
+
+def _family(config: dict) -> str:
+    model = config["model"]
+    kind = model.get("type") or ""
     if kind == "WordPiece":
         return "wordpiece"
     if kind == "BPE":
@@ -284,7 +309,11 @@ def _family(backend) -> str:
 
 def fingerprint(tokenizer) -> str:
     """sha256 of the serialized Rust tokenizer (vocab, merges, normaliser, special tokens)."""
-    return hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest()
+    return _fingerprint(tokenizer.backend_tokenizer.to_str())
+
+
+def _fingerprint(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def load_tokenizer(spec: str) -> TokenizerHandle:
@@ -306,5 +335,6 @@ def load_tokenizer(spec: str) -> TokenizerHandle:
     if tok.pad_token is None:
         # Padding is always masked out, so any id works; EOS is the usual choice for causal LMs.
         tok.pad_token = tok.eos_token if tok.eos_token is not None else tok.unk_token
-    return TokenizerHandle(name=spec, family=_family(tok.backend_tokenizer), tokenizer=tok,
-                           fingerprint=fingerprint(tok))
+    text = tok.backend_tokenizer.to_str()   # 0.1-0.3 s for a large vocabulary: once
+    return TokenizerHandle(name=spec, family=_family(config_head(text)), tokenizer=tok,
+                           fingerprint=_fingerprint(text))

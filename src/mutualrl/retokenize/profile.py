@@ -12,7 +12,8 @@ and holds:
   normaliser). WordPiece is never lossless: its normaliser may lower-case, strip accents and drop
   control characters, and whitespace has no token at all. For such tokenizers byte spans come from
   the fast tokenizer's character offsets instead (see ``Retokenizer``).
-* two Rust backends: ``standard`` (the tokenizer as shipped, minus padding/truncation) for prompts,
+* two Rust backends: ``standard`` (the tokenizer as shipped, minus padding/truncation; built on
+  first use) for prompts,
   and ``continuation`` which also never prepends a prefix space (SentencePiece ``Metaspace``
   ``prepend_scheme``, ``ByteLevel`` ``add_prefix_space``, a ``Prepend`` normaliser). A completion
   continues a prompt, so a receiver generating it would never have emitted that dummy space.
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from tokenizers import Tokenizer
 
-from mutualrl.retokenize.loaders import TokenizerHandle
+from mutualrl.retokenize.loaders import TokenizerHandle, config_head
 
 SP_SPACE = "\u2581"  # SentencePiece's visible space '▁'
 
@@ -45,6 +46,10 @@ def bytes_to_unicode() -> dict[int, str]:
 
 
 _BYTE_DECODER = {ch: b for b, ch in bytes_to_unicode().items()}
+_BYTE_ALPHABET = frozenset(_BYTE_DECODER)
+# For str.translate: each alphabet character to the character whose code is its byte, so that
+# ``token.translate(_BYTE_TRANSLATION).encode("latin-1")`` is the token's bytes (in C, per token).
+_BYTE_TRANSLATION = {ord(ch): b for ch, b in _BYTE_DECODER.items()}
 
 
 def _walk_types(node, kind: str):
@@ -71,20 +76,16 @@ def _drop_prepend(normalizer):
     return normalizer
 
 
-def build_backends(handle: TokenizerHandle) -> tuple[Tokenizer, Tokenizer, dict]:
-    """Return (standard, continuation) Rust tokenizers and the serialized config they came from.
+def build_backends(handle: TokenizerHandle) -> tuple[Tokenizer, dict]:
+    """Return the continuation Rust tokenizer and the serialized config it came from.
 
-    The vocabulary is parsed by Rust from the shipped JSON once per backend; only the small
+    The vocabulary is parsed by Rust from the shipped JSON once; only the small
     normaliser/pre-tokeniser components are rewritten in Python (through a vocabulary-free
-    tokenizer), so a 129k vocabulary is never re-serialised.
+    tokenizer), so a 129k vocabulary is never re-serialised. The standard copy (prompts with
+    their special tokens) is built on first use: ``TokenizerProfile.standard``.
     """
     text = handle.backend.to_str()
-    config = json.loads(text)
-    # A shared tokenizer may carry padding/truncation settings (the packaged BERT pads to 128);
-    # either would corrupt byte spans, so our private copies never pad or truncate.
-    config["padding"] = None
-    config["truncation"] = None
-    standard = _without_padding(Tokenizer.from_str(text))
+    config = config_head(text)
     pre = json.loads(json.dumps(config.get("pre_tokenizer")))
     norm = json.loads(json.dumps(config.get("normalizer")))
     changed = False
@@ -109,10 +110,17 @@ def build_backends(handle: TokenizerHandle) -> tuple[Tokenizer, Tokenizer, dict]
         continuation.pre_tokenizer = parts.pre_tokenizer
     # Completion text is literal: a "</s>" typed by another model is text, not this model's EOS.
     continuation.encode_special_tokens = True
-    return standard, continuation, config
+    return continuation, config
+
+
+def standard_backend(handle: TokenizerHandle) -> Tokenizer:
+    """A private copy of the tokenizer as shipped (specials, prefix space), never padding."""
+    return _without_padding(Tokenizer.from_str(handle.backend.to_str()))
 
 
 def _without_padding(tok: Tokenizer) -> Tokenizer:
+    # A shared tokenizer may carry padding/truncation settings (the packaged BERT pads to 128);
+    # either would corrupt byte spans, so our private copies never pad or truncate.
     if tok.padding is not None:
         tok.no_padding()
     if tok.truncation is not None:
@@ -156,8 +164,8 @@ def _normalizer_changes_text(config: dict) -> bool:
 def _piece_bytes(token: str, byte_level: bool, byte_fallback: bool, wordpiece_prefix: str | None):
     """The bytes one vocabulary entry contributes to the text (None: not representable)."""
     if byte_level:
-        if all(ch in _BYTE_DECODER for ch in token):
-            return bytes(_BYTE_DECODER[ch] for ch in token)
+        if _BYTE_ALPHABET.issuperset(token):
+            return token.translate(_BYTE_TRANSLATION).encode("latin-1")
         return None
     if byte_fallback and len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
         try:
@@ -174,7 +182,6 @@ class TokenizerProfile:
     """Byte tables and private backends for one tokenizer; build with ``TokenizerProfile.build``."""
 
     handle: TokenizerHandle
-    standard: Tokenizer
     continuation: Tokenizer
     pieces: list[bytes]
     piece_len: np.ndarray       # int64 [vocab]: bytes each id contributes (0 for specials)
@@ -190,21 +197,31 @@ class TokenizerProfile:
     def fingerprint(self) -> str:
         return self.handle.fingerprint
 
+    @property
+    def standard(self) -> Tokenizer:
+        """The tokenizer as shipped, for prompts with their special tokens: built on first use (a
+        run's policies encode their prompts with their own tokenizers, so most profiles never
+        need it; a 150k vocabulary takes about 0.6 s to parse)."""
+        tok = self.__dict__.get("_standard")
+        if tok is None:
+            tok = self.__dict__["_standard"] = standard_backend(self.handle)
+        return tok
+
     @classmethod
     def build(cls, handle: TokenizerHandle) -> TokenizerProfile:
-        standard, cont, config = build_backends(handle)
+        cont, config = build_backends(handle)
         cont_norm = _drop_prepend(json.loads(json.dumps(config.get("normalizer"))))
         model = config.get("model", {})
         byte_level = _is_byte_level(config)
         byte_fallback = bool(model.get("byte_fallback"))
         wp_prefix = model.get("continuing_subword_prefix") if model.get("type") == "WordPiece" else None
-        vocab = standard.get_vocab(with_added_tokens=True)
+        vocab = cont.get_vocab(with_added_tokens=True)   # the same vocabulary and added tokens
         size = max(vocab.values()) + 1
         pieces: list[bytes] = [b""] * size
         special = np.zeros(size, dtype=bool)
         fallback = np.zeros(size, dtype=bool)
         representable = True
-        added = standard.get_added_tokens_decoder()
+        added = cont.get_added_tokens_decoder()
         for token, idx in vocab.items():
             if idx in added:
                 # Added tokens are matched before the model runs: literal text unless special.
@@ -225,7 +242,7 @@ class TokenizerProfile:
                     and (byte_level or byte_fallback) and not _normalizer_changes_text(config))
         tok = handle.tokenizer
         eos = tok.eos_token_id if tok.eos_token_id is not None else getattr(tok, "sep_token_id", None)
-        return cls(handle=handle, standard=standard, continuation=cont, pieces=pieces,
+        return cls(handle=handle, continuation=cont, pieces=pieces,
                    piece_len=piece_len, special=special, byte_fallback=fallback,
                    unk_id=unk_id, eos_id=eos, lossless=lossless,
                    family=handle.family, normalizer_types=_normalizer_types(cont_norm))
