@@ -77,7 +77,8 @@ def _drop_prepend(normalizer):
 
 
 def build_backends(handle: TokenizerHandle) -> tuple[Tokenizer, dict]:
-    """Return the continuation Rust tokenizer and the serialized config it came from.
+    """Return the continuation Rust tokenizer and the head of the serialized config it came from
+    (``loaders.config_head``: normaliser, pre-tokeniser, the model's kind and flags).
 
     The vocabulary is parsed by Rust from the shipped JSON once; only the small
     normaliser/pre-tokeniser components are rewritten in Python (through a vocabulary-free
