@@ -54,6 +54,15 @@ class Sleep:
 
 
 @dataclass(frozen=True)
+class Snooze:
+    """Any worker, asleep for ``s`` seconds."""
+    s: float
+
+    def __call__(self, worker):
+        time.sleep(self.s)
+
+
+@dataclass(frozen=True)
 class Die:
     def __call__(self, worker):
         return worker.die()
@@ -175,14 +184,27 @@ def test_shutdown_ends_every_worker_process():
 
 def test_a_worker_process_closes_its_worker_before_it_ends(tmp_path):
     """What a worker keeps outside its process (a vLLM engine's scratch folder) is released in
-    the worker's process when the run is done with it; a rebuilt worker's process was killed,
-    so only the live ones are closed."""
+    the worker's process when the run is done with it, and when a restart replaces a worker
+    that raised (it still answers), as on the local executor. A hung worker is killed: it
+    never gets to close, and ``continue`` drops it without waiting for it."""
     ex = _ex(on_failure="restart", max_restarts=1)
     ex.start({n: functools.partial(Closes, n, str(tmp_path)) for n in ("a", "b")})
     assert ex.call({"a": Boom()})["a"].failure.kind == "raised"     # a new process
+    assert closes(tmp_path) == {"a": 1}
     ex.call({"a": Work(1), "b": Work(2)})
     ex.shutdown()
-    assert closes(tmp_path) == {"a": 1, "b": 1}
+    assert closes(tmp_path) == {"a": 2, "b": 1}
+    marks = tmp_path / "continue"
+    marks.mkdir()
+    ex = _ex(on_failure="continue")
+    ex.start({n: functools.partial(Closes, n, str(marks)) for n in ("a", "b", "c")})
+    t0 = time.monotonic()
+    out = ex.call({"a": Boom(), "b": Snooze(60.0), "c": Work(1)}, timeout_s=2.0)
+    assert [out[n].failure.kind for n in "ab"] == ["raised", "timeout"] and out["c"].ok
+    assert time.monotonic() - t0 < 15.0
+    assert closes(marks) == {"a": 1}
+    ex.shutdown()
+    assert closes(marks) == {"a": 1, "c": 1}
 
 
 def test_the_registry_builds_it_and_the_environment_is_planned():

@@ -23,6 +23,9 @@ Failure policy (``[allocation] on_failure``), applied after all results of a cal
   is called once, before any other call; the worker itself knows where its last checkpoint is
   (its factory closes over the run directory) and returns with the state of that checkpoint. If
   it raises, the restart counts as a failure.
+
+Under ``continue`` and ``restart`` a worker that raised still answers, so every executor closes
+it (``close_worker``) before it goes; a hung or dead one is killed without a close.
 """
 
 from __future__ import annotations

@@ -421,17 +421,23 @@ class ProcessExecutor:
         for proc in self._procs.get(name, ()):
             proc.kill()
 
+    def _retire(self, name: str) -> None:
+        """A failed worker's processes, before a restart replaces them or ``continue`` drops
+        them. One that raised still answers: asked to stop, it closes its worker (a vLLM
+        engine's scratch folder) and ends what it started, as at the end of a run. One that
+        hung or died, or a failed rank group, was killed already: nothing is waited for."""
+        for proc in self._procs.pop(name, ()):
+            proc.stop()
+
     def _restart(self, name: str) -> None:
-        for proc in self._procs.pop(name):
-            proc.kill()
+        self._retire(name)
         self._spawn(name, restarted=True)
         res = self._collect([name], "restart", self.alloc.call_timeout_s)
         if not res[name].ok:
             raise RuntimeError(f"restart of worker {name!r} failed: {res[name].failure}")
 
     def _remove(self, name: str) -> None:
-        for proc in self._procs.pop(name, ()):
-            proc.kill()
+        self._retire(name)
 
     def shutdown(self) -> None:
         """Every worker asked at once, so their own shutdowns (an engine's: about 4 s) overlap."""

@@ -356,8 +356,7 @@ class RayExecutor:
                 failed[n] = CallResult(n, failure=WorkerFailure(
                     worker=n, method=method, exc_type="TimeoutError", kind="timeout", traceback="",
                     message=f"no result within {timeout_s:g} s{where} from its actor"))
-                if len(refs[n]) > 1:
-                    self._kill(n)
+                self._kill(n)   # hung: it would never get to a close() (``_retire``)
         return {n: failed.get(n) or merge_ranks(n, method, ranks[n]) for n in refs}
 
     def _result(self, name: str, method: str, refs: Any, fetch: bool, timed: bool) -> CallResult:
@@ -383,24 +382,29 @@ class RayExecutor:
         for actor in self._actors.get(name, ()):
             ray.kill(actor)
 
+    def _retire(self, names: list[str]) -> None:
+        """Close the workers' objects (a vLLM engine's scratch folder is on its actor's node), all
+        at once, then kill their actors. One that raised still answers and closes; a hung one
+        was killed already, and a busy one is killed when ``CLOSE_TIMEOUT_S`` is up."""
+        actors = {n: self._actors.pop(n, []) for n in names}
+        refs = [a.close.remote(n) for n, per in actors.items() for a in per]
+        if refs:
+            with contextlib.suppress(Exception):
+                ray.wait(refs, num_returns=len(refs), timeout=CLOSE_TIMEOUT_S)
+        for per in actors.values():
+            for actor in per:
+                ray.kill(actor)
+
     def _restart(self, name: str) -> None:
-        self._kill(name)  # frees their share of the bundle for the new actors
-        self._actors.pop(name, None)
+        self._retire([name])  # frees their share of the bundle for the new actors
         ready = self._spawn(name, restarted=True)
         res = self._wait({name: ready}, "restart", self.alloc.call_timeout_s)
         if not res[name].ok:
             raise RuntimeError(f"restart of worker {name!r} failed: {res[name].failure}")
 
     def _remove(self, name: str) -> None:
-        self._kill(name)
-        self._actors.pop(name, None)
+        self._retire([name])
 
     def shutdown(self) -> None:
-        # the live workers close first (a vLLM engine's scratch folder is on its actor's node),
-        # all at once; a busy or hung one is killed when its time is up
-        refs = [a.close.remote(n) for n in self.live_workers() for a in self._actors.get(n, ())]
-        with contextlib.suppress(Exception):
-            ray.wait(refs, num_returns=len(refs), timeout=CLOSE_TIMEOUT_S)
-        for name in list(self._actors):
-            self._remove(name)
+        self._retire(list(self._actors))   # the live workers: a removed one has no actors left
         self._release()
