@@ -21,6 +21,7 @@ and holds:
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 
@@ -198,15 +199,12 @@ class TokenizerProfile:
     def fingerprint(self) -> str:
         return self.handle.fingerprint
 
-    @property
+    @functools.cached_property
     def standard(self) -> Tokenizer:
         """The tokenizer as shipped, for prompts with their special tokens: built on first use (a
         run's policies encode their prompts with their own tokenizers, so most profiles never
         need it; a 150k vocabulary takes about 0.6 s to parse)."""
-        tok = self.__dict__.get("_standard")
-        if tok is None:
-            tok = self.__dict__["_standard"] = standard_backend(self.handle)
-        return tok
+        return standard_backend(self.handle)
 
     @classmethod
     def build(cls, handle: TokenizerHandle) -> TokenizerProfile:
