@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -132,6 +133,43 @@ def test_a_killed_driver_leaves_no_engine_and_resume_gives_the_same_run(referenc
     run([sys.executable, "-m", "mutualrl.cli", "train", "--resume", str(out), "--no-progress"], tmp)
     assert rows(out) == rows(reference)
     assert rows(out, "eval") == rows(reference, "eval")
+
+
+def test_a_worker_killed_mid_run_restarts_the_run_on_new_engines_to_the_same_numbers(reference,
+                                                                                    tmp_path):
+    """``allocation.on_failure = "restart"`` (``run.restarts``): one policy's worker process,
+    engine inside, SIGKILLed once two steps are logged (in the checkpoint of step 2 or the third
+    step), as the OOM killer would. The run goes back to its last complete checkpoint on new
+    engines and ends with the uninterrupted run's records; the
+    killed engine's scratch folder is removed by the new engines, and no process is left."""
+    out, tmp, log = tmp_path / "restarted", tmp_path / "tmp", tmp_path / "run.log"
+    tmp.mkdir()
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(command(out, 'allocation.on_failure="restart"'), stdout=fh,
+                                stderr=fh, cwd=ROOT, start_new_session=True,
+                                env={**os.environ, "TMPDIR": str(tmp)})
+        try:
+            deadline = time.monotonic() + 300
+            while len(rows(out)) < 2:
+                assert proc.poll() is None, log.read_text()[-3000:]
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            seen = psutil.Process(proc.pid).children(recursive=True)
+            workers = [p for p in psutil.Process(proc.pid).children()
+                       if any("spawn" in part for part in p.cmdline())]
+            assert len(workers) == 2, [p.cmdline() for p in workers]   # one per policy
+            os.kill(workers[0].pid, signal.SIGKILL)
+            assert proc.wait(timeout=400) == 0, log.read_text()[-3000:]
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    assert re.search(r"policy '[a-z-]+' failed: \w+\(\): raised: WorkerDied: .* restarting the "
+                     r"run from its checkpoint after step [12] ", log.read_text())
+    assert rows(out) == rows(reference)
+    assert rows(out, "eval") == rows(reference, "eval")
+    _, alive = psutil.wait_procs(seen, timeout=15)
+    assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], alive
+    assert_no_scratch(tmp)
 
 
 def _descendants(pid: int, seen: dict[int, tuple[psutil.Process, str, int]]) -> None:

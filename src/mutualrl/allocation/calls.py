@@ -22,7 +22,8 @@ Failure policy (``[allocation] on_failure``), applied after all results of a cal
   decides. Checkpoint contract: if the rebuilt object has ``load_checkpoint()`` (no arguments), it
   is called once, before any other call; the worker itself knows where its last checkpoint is
   (its factory closes over the run directory) and returns with the state of that checkpoint. If
-  it raises, the restart counts as a failure.
+  it raises, the restart counts as a failure. (``mutualrl train`` gives its executor ``stop``
+  and restarts the whole run from its last checkpoint instead: ``run.restarts``.)
 
 Under ``continue`` and ``restart`` a worker that raised still answers, so every executor closes
 it (``close_worker``) before it goes; a hung or dead one is killed without a close.

@@ -119,8 +119,10 @@ class AllocationConfig(ConfigStruct):
 
     executor: str = "local"           # local (threads here) | process (one per worker) | ray (allocation.EXECUTORS)
     local_mode: Literal["threads", "sequential"] = "threads"  # local executor: a thread per worker, or one after another
-    on_failure: Literal["stop", "continue", "restart"] = "stop"  # a failed worker: stop the run, drop it, or rebuild it
-    max_restarts: int = 1             # per worker, when on_failure = "restart"
+    # A failed worker: stop the run, drop the worker, or restart. `mutualrl train` restarts the
+    # whole run from its last checkpoint, every worker rebuilt (run.restarts; needs save_steps).
+    on_failure: Literal["stop", "continue", "restart"] = "stop"  # a failed worker: stop, drop it, or restart
+    max_restarts: int = 1             # per worker (policy), when on_failure = "restart"
     call_timeout_s: float = 600.0     # every executor call and every paced step is bounded
     placement_timeout_s: float = 60.0 # Ray: how long all placement groups may take to be ready
     process_group_timeout_s: float = 120.0  # a sharded learner's ranks must form their process group within it

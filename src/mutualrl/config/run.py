@@ -70,6 +70,10 @@ class RunConfig(ConfigStruct):
               f"allocation.max_staleness = {self.allocation.max_staleness}: a paced run cannot "
               "rebuild a policy mid-loop; allocation.on_failure = \"restart\" needs "
               "max_staleness = 0 (or use \"continue\" or \"stop\")")
+        check(self.allocation.on_failure != "restart" or self.save_steps >= 1,
+              "allocation.on_failure = \"restart\" takes the run back to its last checkpoint "
+              "(run.restarts); save_steps = 0 writes none: set save_steps >= 1, or use "
+              "\"stop\" or \"continue\"")
         check(not self.allocation.async_generation or not any(
                   p.generation.enable_sleep_mode for p in self.policies),
               "allocation.async_generation samples while the learner updates, but "

@@ -31,6 +31,7 @@ from mutualrl.run.experience import PeerLogPool, open_bus
 from mutualrl.run.guards import Guards
 from mutualrl.run.paced import Pace, check_paced
 from mutualrl.run.progress import RunProgress
+from mutualrl.run.restarts import executor_allocation
 from mutualrl.run.scenarios import check_scenario
 from mutualrl.run.state import Run
 from mutualrl.run.tracking import check_trackers, make_writer
@@ -98,7 +99,7 @@ def build_run(cfg: RunConfig, progress: RunProgress | None = None,
     (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
     (out / "plan.json").write_bytes(msgspec.json.format(msgspec.json.encode(prep.plan), indent=2))
     bus, sub = open_bus(out, cfg.exchange)
-    executor = make_executor(prep.alloc)
+    executor = make_executor(executor_allocation(prep.alloc))   # restarts: run.restarts
     executor.start(policy_factories(cfg, prep.alloc, prep.handles, prep.plan), policy_plan(prep.plan, cfg))
     policies = driver_policies(cfg, executor, prep.handles)
     profiles: dict = {}

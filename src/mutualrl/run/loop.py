@@ -18,6 +18,7 @@ import msgspec
 import numpy as np
 
 from mutualrl.allocation import call_live
+from mutualrl.allocation.calls import WorkerFailedError
 from mutualrl.config import ConfigError, RunConfig
 from mutualrl.policies.worker import SavePretrained
 from mutualrl.run import checkpoint
@@ -30,6 +31,7 @@ from mutualrl.run.phases import (build_batches, check_guards, generate, log_pace
 from mutualrl.run.metrics import read_metrics
 from mutualrl.run.paced import pace_summary, paced_train_loop
 from mutualrl.run.progress import RunProgress
+from mutualrl.run.restarts import Restarts, checkpoint_at_start
 from mutualrl.run.signals import RunInterrupted, StopRequests
 from mutualrl.run.state import Run
 from mutualrl.run.warmup import warm_start
@@ -117,6 +119,8 @@ class RunSummary:
     # Policies that left under on_failure = "continue": step, phase, call, error
     # (``run.departures``; tracebacks in failures.jsonl).
     failed: dict[str, dict] = field(default_factory=dict)
+    # Restarts per policy under on_failure = "restart" (``run.restarts``; failures.jsonl).
+    restarts: dict[str, int] = field(default_factory=dict)
 
 
 def summarize(run: Run, final_eval: dict, wall: float) -> RunSummary:
@@ -129,7 +133,7 @@ def summarize(run: Run, final_eval: dict, wall: float) -> RunSummary:
                          dict(run.phase_times),
                          pace_summary(read_metrics(run.out / "metrics.jsonl"), list(run.policies)),
                          run.pace.books() if run.pace is not None else {},
-                         run.departures.summary())
+                         run.departures.summary(), dict(run.restarts))
     (run.out / "summary.json").write_bytes(msgspec.json.format(msgspec.json.encode(summary), indent=2))
     return summary
 
@@ -172,15 +176,26 @@ def train(cfg: RunConfig, progress: RunProgress | None = None, resume: bool = Fa
     start; the config may differ only in harmless fields, see ``run.checkpoint``). A fresh run
     into a folder holding a run is refused unless ``overwrite`` (``run.folder``). The process
     holds the folder's lock from before its first write to the end; SIGINT and SIGTERM stop the
-    run at a step boundary (``run.signals``)."""
+    run at a step boundary (``run.signals``). Under ``allocation.on_failure = "restart"`` a
+    failed worker takes the run back to its last checkpoint, every worker rebuilt
+    (``run.restarts``)."""
     t0 = time.perf_counter()
     prepared = prepare(cfg)
     with claim(cfg.output_dir, resume=resume, overwrite=overwrite), StopRequests() as stop:
         opened = open_checkpoint(cfg) if resume else None
-        run = build_run(cfg, progress, prepared)
-        run.stop = stop
-        run.phase_times["build"] = time.perf_counter() - t0
-        return _train_built(run, opened, t0)
+        restarts, built = Restarts(cfg), t0
+        while True:
+            run = build_run(cfg, progress, prepared)
+            run.stop, run.restarts = stop, restarts.counts
+            run.phase_times["build"] += time.perf_counter() - built
+            try:
+                return _train_built(run, opened, t0)
+            except WorkerFailedError as exc:   # the attempt is closed; under "restart", go back
+                restarts.take(exc)             # to the last checkpoint (run.restarts), else raise
+            built = time.perf_counter()
+            prepared = prepare(cfg)
+            ckpt, record = open_checkpoint(cfg)
+            opened = ckpt, restarts.record(record)
 
 
 def _train_built(run: Run, opened, t0: float) -> RunSummary:
@@ -192,6 +207,9 @@ def _train_built(run: Run, opened, t0: float) -> RunSummary:
             evaluate(run, 0)   # the starting point every later evaluation is compared with
             run.departures.check(run, 0, "warm start")
             start = 0
+            if checkpoint_at_start(cfg):   # something for a restart to go back to
+                with run.timed("save"):
+                    checkpoint.save(run, 0)
         else:
             start = resume_from(run, *opened)
         try:

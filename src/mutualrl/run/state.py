@@ -78,6 +78,7 @@ class Run:
     prefetched: dict[str, Prefetched] = field(default_factory=dict)
     pace: Any = None   # a paced run's own state (run.paced.Pace); None: lock-step
     departures: Any = None   # policies that left under on_failure = "continue" (run.departures)
+    restarts: dict[str, int] = field(default_factory=dict)  # per policy, under "restart" (run.restarts)
 
     def timed(self, phase: str):
         """Add the block's wall time to ``phase_times[phase]`` (the run's totals)."""
