@@ -211,9 +211,11 @@ def test_restart_rebuilds_a_failed_worker_which_resumes_after_its_last_step():
         return w
 
     workers = {"a": Sleeper("a", 0.002, gate, seen), "flaky": Raises("flaky", 0.002, gate, seen, at=4)}
+    workers["flaky"].close = lambda: built.append("closed")
     report = run_paced(workers, 8, gate, step_timeout_s=1.0, on_failure="restart",
                        factories={"flaky": factory}, max_restarts=1)
-    assert report.restarts == {"a": 0, "flaky": 1} and built == ["loaded"]
+    # the worker that raised is closed before its replacement is built and loads its checkpoint
+    assert report.restarts == {"a": 0, "flaky": 1} and built == ["closed", "loaded"]
     assert report.steps_completed == {"a": 8, "flaky": 8} and not report.stopped
     assert [k for n, k, _, _ in seen if n == "flaky"] == [0, 1, 2, 3, 4, 5, 6, 7]
     _assert_accounted(report)

@@ -9,7 +9,8 @@ the stack where it hangs, and abandoned
 (its thread is daemonic; a late result is discarded). The failed worker leaves the gate so the
 others go on without its experience. Then ``on_failure``: ``stop`` ends the run cleanly (steps
 in flight finish and publish; everything so far is in the report), ``continue`` goes on without
-it, ``restart`` rebuilds it from its factory (``load_checkpoint()`` contract as in
+it, ``restart`` closes a worker that raised (``close_worker``; a hung one is abandoned, not
+waited for), rebuilds it from its factory (``load_checkpoint()`` contract as in
 ``allocation.calls``) and it resumes at the step after its last completed one.
 
 Accounting invariant (checked by ``PacedReport.balanced``): every delivery of a record to a
@@ -28,7 +29,8 @@ from typing import Any, Literal, Protocol
 
 import msgspec
 
-from mutualrl.allocation.calls import WorkerFailure, build_worker, failure_from_exception
+from mutualrl.allocation.calls import (WorkerFailure, build_worker, close_worker,
+                                       failure_from_exception)
 from mutualrl.allocation.pacing import Channel, PacedRecord, QueueChannel, VersionGate, is_fresh
 
 
@@ -81,6 +83,7 @@ class _Run:
         self.stop = threading.Event()
         self.tokens = {n: 0 for n in names}            # bumped to disown an abandoned thread
         self.threads: dict[str, threading.Thread] = {}
+        self.workers: dict[str, StepWorker] = {}       # the object each thread steps
         self.in_step: dict[str, float | None] = {n: None for n in names}  # step start time
         self.set_aside: Callable[[int], float] | None = None
         self.aside_at_start: dict[str, float] = {n: 0.0 for n in names}
@@ -188,6 +191,7 @@ def _launch(run: _Run, name: str, worker: StepWorker) -> None:
         run.tokens[name] += 1
         token = run.tokens[name]
         run.in_step[name] = None
+    run.workers[name] = worker
     t = threading.Thread(target=_loop, args=(run, name, token, worker), daemon=True,
                          name=f"mutualrl-paced-{name}")
     run.threads[name] = t
@@ -281,6 +285,8 @@ def run_paced(
                 run.recipients.discard(f.worker)
             if on_failure == "restart" and restarts[f.worker] < max_restarts:
                 restarts[f.worker] += 1
+                if f.kind == "raised":   # it still answers: closed before it goes
+                    close_worker(f.worker, run.workers[f.worker])
                 if _restart(run, f.worker, factories[f.worker], failures):
                     continue
             active.discard(f.worker)
