@@ -143,11 +143,13 @@ def save_policies(run: Run) -> None:
         call_live(run.executor, SavePretrained(str(run.out / "policies")))
 
 
-def open_checkpoint(cfg: RunConfig) -> tuple[checkpoint.Checkpoint, dict]:
-    """The checkpoint a resumed run continues from, checked against ``cfg`` before anything is
-    written; then the run's files are cut back to it (what follows is moved aside, not lost)."""
+def open_checkpoint(cfg: RunConfig, found: checkpoint.Checkpoint | None = None
+                    ) -> tuple[checkpoint.Checkpoint, dict]:
+    """The checkpoint a resumed run continues from (``found``: already found and verified),
+    checked against ``cfg`` before anything is written; then the run's files are cut back to it
+    (what follows is moved aside, not lost)."""
     notes: list[str] = []
-    ckpt = checkpoint.latest(Path(cfg.output_dir), report=notes.append)
+    ckpt = found or checkpoint.latest(Path(cfg.output_dir), report=notes.append)
     for line in notes:
         print(f"mutualrl: {line}", file=sys.stderr)
     if ckpt is None:
@@ -191,10 +193,10 @@ def train(cfg: RunConfig, progress: RunProgress | None = None, resume: bool = Fa
             try:
                 return _train_built(run, opened, t0)
             except WorkerFailedError as exc:   # the attempt is closed; under "restart", go back
-                restarts.take(exc)             # to the last checkpoint (run.restarts), else raise
+                found = restarts.take(exc)     # to the last checkpoint (run.restarts), else raise
             built = time.perf_counter()
             prepared = prepare(cfg)
-            ckpt, record = open_checkpoint(cfg)
+            ckpt, record = open_checkpoint(cfg, found)
             opened = ckpt, restarts.record(record)
 
 

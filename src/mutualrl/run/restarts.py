@@ -76,10 +76,11 @@ class Restarts:
         self.out = Path(cfg.output_dir)
         self.counts: dict[str, int] = {}
 
-    def take(self, exc: WorkerFailedError) -> None:
-        """Record a restart for the failure ``exc``, or raise ``exc`` when the run may not
-        restart: ``on_failure`` is not ``restart``, a failed policy has used its
-        ``max_restarts``, or there is no complete checkpoint to go back to."""
+    def take(self, exc: WorkerFailedError) -> checkpoint.Checkpoint:
+        """Record a restart for the failure ``exc`` and return the checkpoint to go back to (found
+        and verified); or raise ``exc`` when the run may not restart: ``on_failure`` is not
+        ``restart``, a failed policy has used its ``max_restarts``, or there is no complete
+        checkpoint."""
         alloc = self.cfg.allocation
         if alloc.on_failure != "restart" or not exc.failures:
             raise exc
@@ -104,6 +105,7 @@ class Restarts:
             with (self.out / FILE).open("ab") as fh:
                 fh.write(msgspec.json.encode(record) + b"\n")
             print(record.line(self.out), file=sys.stderr, flush=True)
+        return ckpt
 
     @staticmethod
     def _say(line: str) -> None:
