@@ -10,11 +10,7 @@ as the OOM killer would; the in-process tests make a policy's update raise.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import msgspec
@@ -25,6 +21,7 @@ from mutualrl.config import ConfigError, load_config
 from mutualrl.policies.policy import Policy
 from mutualrl.run import train
 from mutualrl.run.metrics import read_metrics
+from tests.workers import kill_one_worker_mid_run
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.toml"
@@ -167,26 +164,12 @@ def test_a_worker_process_killed_mid_run_restarts_the_run_to_the_same_records(re
     cmd = [sys.executable, "-m", "mutualrl.cli", "train", "--config", str(TINY), "--no-progress",
            *(a for s in sets for a in ("--set", s))]
     log = tmp_path / "run.log"
-    with open(log, "w") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=fh, cwd=ROOT, start_new_session=True)
-        try:
-            deadline = time.monotonic() + 300
-            while len([r for r in records(out) if r["phase"] == "train"]) < 3:
-                assert proc.poll() is None, log.read_text()[-3000:]
-                assert time.monotonic() < deadline, log.read_text()[-3000:]
-                time.sleep(0.05)
-            workers = [p for p in psutil.Process(proc.pid).children()
-                       if any("spawn" in part for part in p.cmdline())]
-            assert len(workers) == 2, [p.cmdline() for p in workers]   # one per policy
-            os.kill(workers[0].pid, signal.SIGKILL)
-            assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+    started = kill_one_worker_mid_run(
+        cmd, log, lambda: len([r for r in records(out) if r["phase"] == "train"]) >= 3)
     assert records(out) == records(reference)
     [restart] = failures(out)
     assert restart["checkpoint_step"] in (2, 4)
     assert restart["failure"]["exc_type"] == "WorkerDied"
     assert "restarting the run from its checkpoint after step" in log.read_text()
-    _, alive = psutil.wait_procs(workers, timeout=15)
-    assert not alive
+    _, alive = psutil.wait_procs(started, timeout=15)
+    assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], alive

