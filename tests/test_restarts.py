@@ -170,6 +170,8 @@ def test_a_worker_process_killed_mid_run_restarts_the_run_to_the_same_records(re
     [restart] = failures(out)
     assert restart["checkpoint_step"] in (2, 4)
     assert restart["failure"]["exc_type"] == "WorkerDied"
-    assert "restarting the run from its checkpoint after step" in log.read_text()
+    said = log.read_text()
+    assert "restarting the run from its checkpoint after step" in said
+    assert f"{restart['policy']}: failed 1 time(s); the run restarted from its last" in said
     _, alive = psutil.wait_procs(started, timeout=15)
     assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], alive

@@ -93,6 +93,12 @@ def _run_train(args) -> int:
         console.print(f"  {name}: train reward {summary.reward_first[name]:.3f} -> "
                       f"{summary.reward_last[name]:.3f}; held-out pass@1 "
                       f"{summary.final_eval.get(f'policy/{name}/heldout/pass@1', float('nan')):.3f}")
+    for name, n in summary.restarts.items():
+        console.print(f"  {name}: failed {n} time(s); the run restarted from its last checkpoint "
+                      f"(failures.jsonl)")
+    for name, why in summary.failed.items():
+        console.print(f"  {name}: left the run at step {why['step']} ({why['error']}; "
+                      f"failures.jsonl)")
     return 0
 
 
