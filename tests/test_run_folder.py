@@ -127,3 +127,16 @@ def test_a_peer_log_of_a_newer_protocol_is_a_named_error(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"exchange.peer_logs (--peer-log): {peer} cannot be replayed" in err and "MAJOR 9" in err
     assert "Traceback" not in err
+
+
+def test_overwrite_deletes_the_failures_of_the_run_it_replaces(tmp_path):
+    """``failures.jsonl`` is a run file: a fresh run refuses a folder that holds one, and
+    ``--overwrite`` deletes it (the new run would append to the old run's failures)."""
+    from mutualrl.run.folder import holds_a_run
+
+    (tmp_path / "failures.jsonl").write_text('{"policy": "a"}\n')
+    assert holds_a_run(tmp_path) == ["failures.jsonl"]
+    with pytest.raises(ConfigError, match="already holds a run"):
+        claim(tmp_path)
+    claim(tmp_path, overwrite=True).release()
+    assert not (tmp_path / "failures.jsonl").exists()

@@ -137,13 +137,16 @@ class AllocationConfig(ConfigStruct):
     max_staleness: int = 0            # steps a policy may run ahead of the slowest live one; 0: lock-step
     # Draw each policy's next samples while it updates (from the weights before the update), so
     # they are one version behind when trained on: the lag is corrected as an inexact sampler's
-    # (grpo.vllm_importance_sampling_*: truncated importance weights against the behaviour
-    # log-probs by default; token_mask is AReaL's decoupled objective) and logged (pace/*).
+    # (grpo.vllm_importance_sampling_*: by default one weight per sequence against the behaviour
+    # log-probs, masked outside its bounds, as TRL's; token_mask is AReaL's decoupled objective)
+    # and logged (pace/*).
     async_generation: bool = False    # overlap the next step's generation with this step's update
     colocate: bool = True             # a policy's learner and generator share devices
     prompt_length_estimate: int = 32  # tokens; prompts are not known before the run starts
-    # Tokens resident in a generator's KV cache at once. None: every token of a step (what the
-    # HF generate backend does with one batch); paged engines (vLLM) batch, which this caps.
+    # Tokens resident in a generator's KV cache at once, as the planner estimates its memory.
+    # None: every token of a step (what the HF generate backend does with one batch). A planning
+    # figure only: a vLLM engine's KV cache is sized by generation.kv_cache_memory_bytes or
+    # gpu_memory_utilization, not capped by this.
     generation_batch_tokens: int | None = None
     # Threads that verify a step's samples at once (each call keeps task.verifier_timeout_s);
     # they help verifiers that wait (a sandbox, a remote judge) or release the GIL. 0: one

@@ -24,7 +24,7 @@ from mutualrl.config import ConfigError
 LOCK_FILE = ".lock"
 # What a run writes into its folder; any of them present means the folder holds a run.
 RUN_FILES = ("config.json", "plan.json", "metrics.jsonl", "heldout.jsonl", "summary.json",
-             "metrics.discarded.jsonl", "heldout.discarded.jsonl")
+             "metrics.discarded.jsonl", "heldout.discarded.jsonl", "failures.jsonl")
 RUN_DIRS = ("experience", "checkpoints", "policies", "tensorboard", "wandb")
 
 
