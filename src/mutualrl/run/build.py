@@ -90,17 +90,23 @@ def prepare(cfg: RunConfig) -> Prepared:
 
 
 def build_run(cfg: RunConfig, progress: RunProgress | None = None,
-              prepared: Prepared | None = None) -> Run:
+              prepared: Prepared | None = None, departed: dict | None = None) -> Run:
     """Validate (``prepare``) and build everything before any training work: the run folder
-    gets ``config.json`` and ``plan.json``, the workers start, the exchange opens."""
+    gets ``config.json`` and ``plan.json``, the workers start, the exchange opens.
+
+    ``departed``: the policies a resumed run's checkpoint says left it under ``on_failure =
+    "continue"`` (``Departures.state_dict``); their workers are not started again."""
     prep = prepared or prepare(cfg)
+    departed = departed or {}
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
     (out / "plan.json").write_bytes(msgspec.json.format(msgspec.json.encode(prep.plan), indent=2))
     bus, sub = open_bus(out, cfg.exchange)
     executor = make_executor(executor_allocation(prep.alloc))   # restarts: run.restarts
-    executor.start(policy_factories(cfg, prep.alloc, prep.handles, prep.plan), policy_plan(prep.plan, cfg))
+    factories = policy_factories(cfg, prep.alloc, prep.handles, prep.plan)
+    executor.start({n: f for n, f in factories.items() if n not in departed},
+                   policy_plan(prep.plan, cfg, exclude=departed))
     policies = driver_policies(cfg, executor, prep.handles)
     profiles: dict = {}
     run = Run(cfg=cfg, out=out, task=prep.task,
@@ -114,6 +120,7 @@ def build_run(cfg: RunConfig, progress: RunProgress | None = None,
                peer_logs=prep.peer_logs, executor=executor, rewards=prep.rewards,
                guards=Guards(cfg.guards), versions={n: 0 for n in policies})
     run.departures = Departures(out)
+    run.departures.load_state_dict(departed)
     if cfg.allocation.max_staleness >= 1:
         run.pace = Pace(run)   # built before a resume loads its state into it
     return run
@@ -168,11 +175,12 @@ def policy_factories(cfg: RunConfig, alloc: AllocationConfig, handles: dict,
     return out
 
 
-def policy_plan(the_plan: Plan, cfg: RunConfig) -> Plan:
+def policy_plan(the_plan: Plan, cfg: RunConfig, exclude=()) -> Plan:
     """The plan as the executor sees the loop's workers: a policy's learner and generator are one
     object, named after the policy, on its learner's devices. Its CPU threads are capped at
-    ``torch_threads`` when that is set, so every executor kind computes with the same count."""
-    names = {p.name for p in cfg.policies}
+    ``torch_threads`` when that is set, so every executor kind computes with the same count.
+    Policies in ``exclude`` (left the run before a resume) get no worker."""
+    names = {p.name for p in cfg.policies} - set(exclude)
     cap = cfg.torch_threads or None
     merged = tuple(msgspec.structs.replace(a, worker=a.policy, threads=min(a.threads, cap or a.threads))
                    for a in the_plan.assignments if a.role == "learner" and a.policy in names)
@@ -182,6 +190,6 @@ def policy_plan(the_plan: Plan, cfg: RunConfig) -> Plan:
 def driver_policies(cfg: RunConfig, executor, handles: dict) -> dict[str, PolicyView]:
     """The run's view of each policy. An in-process executor's worker is a Policy, which is its
     own view (tests may reach its model); otherwise a tokenizer-only ``PolicyView``."""
-    worker = getattr(executor, "worker", None)
-    return {p.name: worker(p.name) if worker else PolicyView(p, handles[p.tokenizer])
+    worker, live = getattr(executor, "worker", None), set(executor.live_workers())
+    return {p.name: worker(p.name) if worker and p.name in live else PolicyView(p, handles[p.tokenizer])
             for p in cfg.policies}

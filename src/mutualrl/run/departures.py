@@ -71,6 +71,14 @@ class Departures:
         if not live:
             raise WorkerFailedError([d.failure for d in self.seen.values()] or list(given.values()), {})
 
+    def state_dict(self) -> dict[str, dict]:
+        """The policies that have left, for a checkpoint: a resumed run does not start them again
+        (``build_run``) and still names them in its summary."""
+        return {n: msgspec.to_builtins(d) for n, d in self.seen.items()}
+
+    def load_state_dict(self, state: dict[str, dict]) -> None:
+        self.seen.update({n: msgspec.convert(d, Departure) for n, d in state.items()})
+
     def summary(self) -> dict[str, dict]:
         """Per policy that left: its step, phase, call and error (``summary.json``'s ``failed``)."""
         return {n: {"step": d.step, "phase": d.phase, "call": d.failure.method,

@@ -187,7 +187,8 @@ def train(cfg: RunConfig, progress: RunProgress | None = None, resume: bool = Fa
         opened = open_checkpoint(cfg) if resume else None
         restarts, built = Restarts(cfg), t0
         while True:
-            run = build_run(cfg, progress, prepared)
+            run = build_run(cfg, progress, prepared,   # policies that left stay gone
+                            departed=opened[0].state.get("departures") if opened else None)
             run.stop, run.restarts = stop, restarts.counts
             run.phase_times["build"] += time.perf_counter() - built
             try:

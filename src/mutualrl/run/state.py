@@ -102,6 +102,7 @@ class Run:
             "verifier": vars(self.verifier.counters).copy(),
             "bus": self.bus.state_dict(),
             "guards": self.guards.state_dict() if self.guards is not None else None,
+            "departures": self.departures.state_dict() if self.departures is not None else {},
             "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
                     "python": random.getstate()},
         }
