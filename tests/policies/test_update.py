@@ -210,3 +210,29 @@ def test_lora_policy_micro_batched_and_chunked_equals_the_single_pass(tokenizer_
     s_whole, _ = run_step(whole, batch_for(whole))
     s_split, _ = run_step(split, batch_for(split))
     assert s_whole["kl"] > 0 and s_split["kl"] == pytest.approx(s_whole["kl"], rel=1e-3)
+
+
+def test_peer_rows_keep_the_first_passs_log_probs_and_are_clipped_on_later_iterations(
+        tokenizer_handles):
+    """A row without behaviour log-probs (a peer's sample) takes the policy's own before the
+    update as its old log-probs, once: its update equals that of the row given those log-probs.
+    Before, they were taken again at every pass, so its ratio stayed 1 on every iteration and the
+    clip never acted on it."""
+    from dataclasses import replace
+
+    from mutualrl.policies.batch import collate_sequences
+
+    common = dict(num_iterations=3, epsilon=0.05, learning_rate=3e-2)
+    given, missing = make_policy(tokenizer_handles, **common), make_policy(tokenizer_handles, **common)
+    batch = batch_for(missing, sft_coef=0.0)
+    assert any(s.old_logprobs is None for s in batch.sequences)
+    given.model.train()
+    logp = given.learner.batch_logprobs(collate_sequences(batch.sequences, given.pad_id))
+    filled = tuple(s if s.old_logprobs is not None else
+                   replace(s, old_logprobs=tuple(logp[i, :len(s.completion_ids)].tolist()))
+                   for i, s in enumerate(batch.sequences))
+    s_given = given.train_step(replace(batch, sequences=filled))
+    s_missing = missing.train_step(batch)
+    for a, b in zip(given.model.parameters(), missing.model.parameters()):
+        torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-5)
+    assert s_missing["clip_ratio_low"] + s_missing["clip_ratio_high"] > 0

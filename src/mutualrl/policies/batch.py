@@ -20,8 +20,9 @@ class TrainSequence:
     completion_ids: tuple[int, ...]        # includes EOS when the completion stopped
     advantage: float
     # Behaviour log-probs per completion token in *this* policy's tokenization; None when the
-    # sample came from elsewhere (a peer): then the current policy's own log-probs stand in, and
-    # any off-policy correction travels in ``weight``.
+    # sample came from elsewhere (a peer): then the policy's own before the update stand in (taken
+    # at its first pass and kept for its later iterations), and any off-policy correction travels
+    # in ``weight``.
     old_logprobs: tuple[float, ...] | None = None
     weight: float = 1.0
     # Per-token weights (one per completion token) of a token-level off-policy correction,

@@ -271,7 +271,8 @@ class UpdateEngine:
         ref = [self._reference_logp(c if one else take_rows(c, slices[i])) for i, _ in passes]
         scales = None if one else row_scales(mask, g.loss_type, g.max_completion_length,
                                              batch.skipped_rows, batch.skipped_tokens).to(dev)
-        return GRPOParts(c, mask, c.seq.old_logprobs.to(dev), ref, scales, slices, mismatch,
+        # a copy: grpo_loss fills the peer rows' missing log-probs into it
+        return GRPOParts(c, mask, c.seq.old_logprobs.to(dev, copy=True), ref, scales, slices, mismatch,
                          batch.skipped_rows, batch.skipped_tokens, passes)
 
     def _sft_parts(self, examples: tuple[SFTExample, ...]) -> SFTParts:
@@ -288,10 +289,13 @@ class UpdateEngine:
         g, s = self.grpo, parts.slices[parts.micro_batch(i)]
         c = parts.c if parts.scales is None else take_rows(parts.c, s)
         logp, ent = self.token_logprobs(c)
-        old = parts.old[s]
-        # Rows without behaviour log-probs (peer samples) use the current policy's, detached:
-        # ratio 1 on the first pass; their off-policy correction travels in ``weights``.
-        old_i = torch.where(torch.isnan(old), logp.detach(), old)
+        old_i = parts.old[s]   # a view: what is filled in here stays for the later iterations
+        # Rows without behaviour log-probs (peer samples) take the policy's own before this
+        # update, at the first pass, and keep them: ratio 1 on the first iteration and clipped
+        # on the later ones, as own rows are; their off-policy correction travels in ``weights``.
+        missing = torch.isnan(old_i)
+        if missing.any():
+            old_i[missing] = logp.detach()[missing]
         sampler = c.seq.sampler_weights     # (B_mb, T) mismatch weights of the policy term, or None
         out = clipped_surrogate(
             logp, old_i, c.seq.advantages.to(self.p.device), parts.mask[s],
