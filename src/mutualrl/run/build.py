@@ -104,7 +104,8 @@ def build_run(cfg: RunConfig, progress: RunProgress | None = None,
     (out / "plan.json").write_bytes(msgspec.json.format(msgspec.json.encode(prep.plan), indent=2))
     bus, sub = open_bus(out, cfg.exchange)
     executor = make_executor(executor_allocation(prep.alloc))   # restarts: run.restarts
-    factories = policy_factories(cfg, prep.alloc, prep.handles, prep.plan)
+    factories = policy_factories(cfg, prep.alloc, prep.handles, prep.plan,
+                                 optimizer_steps(cfg, prep.strategy))
     executor.start({n: f for n, f in factories.items() if n not in departed},
                    policy_plan(prep.plan, cfg, exclude=departed))
     policies = driver_policies(cfg, executor, prep.handles)
@@ -148,18 +149,28 @@ def check_rank_groups(cfg: RunConfig) -> None:
                 "of this one: set allocation.executor = \"process\" (this machine) or \"ray\"")
 
 
+def optimizer_steps(cfg: RunConfig, strategy: Strategy | None = None) -> int:
+    """The optimizer steps each policy takes over the run, its learning-rate schedule's horizon:
+    GRPO steps x the strategy's updates per step (``updates_per_step``, e.g. HACPO's; 1 when it
+    has none) x ``num_iterations``."""
+    per_step = int(getattr(strategy, "updates_per_step", 1))
+    return cfg.steps * per_step * cfg.grpo.num_iterations
+
+
 def policy_factories(cfg: RunConfig, alloc: AllocationConfig, handles: dict,
-                     the_plan: Plan | None = None) -> dict:
+                     the_plan: Plan | None = None, total_steps: int | None = None) -> dict:
     """Picklable factories, one per policy. In process they reuse the driver's tokenizers;
     elsewhere each worker loads its own. Each is placed by ``policy_device``; its learning-rate
-    schedule spans the run's optimizer steps (steps x num_iterations GRPO updates). A policy of
+    schedule spans ``total_steps`` optimizer steps (default: ``optimizer_steps`` of a strategy
+    with one update a step). A policy of
     ``learner_ranks`` > 1 is a ``RankGroup``: one ``ShardedPolicy`` per rank, gloo on CPU,
     NCCL on GPUs."""
     in_process = alloc.executor == "local"
     out: dict = {}
     for i, p in enumerate(cfg.policies):
         device = policy_device(p.name, cfg.device, the_plan, alloc.executor)
-        seed, total = cfg.seed * 1000 + i, cfg.steps * cfg.grpo.num_iterations
+        seed = cfg.seed * 1000 + i
+        total = optimizer_steps(cfg) if total_steps is None else total_steps
         if p.learner_ranks > 1:
             # FSDP and its checkpoint support load only for a run that shards a policy
             from mutualrl.policies.sharded.worker import build_rank

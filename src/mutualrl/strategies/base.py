@@ -62,6 +62,10 @@ class StrategyContext:
 
 
 class Strategy(Protocol):
+    """What the loop calls. Each ``TrainBatch`` of ``build_batches`` is one update; a strategy
+    that makes several a step also has ``updates_per_step`` (an int), the number the run sizes its
+    learning-rate schedules by (``run.build.optimizer_steps``); without it, one."""
+
     name: str
 
     def observe(self, ctx: StrategyContext, samples: dict[str, list[Sample]]) -> None: ...

@@ -130,6 +130,11 @@ class HACPO:
         self.p = params
         self.history: dict[str, list[float]] = {}   # policy -> capability estimates, newest last
 
+    @property
+    def updates_per_step(self) -> int:
+        """Optimizer updates per step and policy (the run sizes learning-rate schedules by it)."""
+        return self.p.updates_per_step
+
     # ---- capability ----------------------------------------------------------------------
     def capability(self, name: str) -> float:
         h = self.history.get(name)
