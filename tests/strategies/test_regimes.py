@@ -289,3 +289,13 @@ def test_diversity_wraps_any_strategy_only_when_on(handles):
     np.testing.assert_allclose([q.advantage for q in batch.sequences],
                                [.375 / (.375 + EPS), -.375 / (.375 + EPS)], rtol=1e-6)
     assert ctx.metrics[RECV]["diversity/reward_shift_mean"] == pytest.approx(-0.125)
+
+
+def test_diversity_is_refused_for_xgrpo_naming_why():
+    # xgrpo's baselines pool verified peer rewards: a shaped own reward raised IndexError under
+    # the rank estimator and could fall below the baseline under the z-score
+    for estimator in ("zscore", "rank"):
+        with pytest.raises(ConfigError, match=r"diversity.coef = 0.5: strategy 'xgrpo' cannot "
+                                              r"take the regulariser: its baselines pool"):
+            build_strategy(load_config(TINY, ['strategy="xgrpo"', "diversity.coef=0.5",
+                                              f'strategies.xgrpo.estimator="{estimator}"']))

@@ -65,7 +65,13 @@ class DiversityRegularised:
 
 
 def with_diversity(strategy, cfg):
-    """The strategy itself when the regulariser is off (``cfg`` None or ``coef == 0``)."""
+    """The strategy itself when the regulariser is off (``cfg`` None or ``coef == 0``). A strategy
+    whose ``no_diversity`` says why it cannot take shaped own rewards is refused."""
     if cfg is None or cfg.coef == 0:
         return strategy
+    why = getattr(strategy, "no_diversity", None)
+    if why:
+        from mutualrl.config import ConfigError
+        raise ConfigError(f"diversity.coef = {cfg.coef}: strategy {strategy.name!r} cannot take "
+                          f"the regulariser: {why}; set diversity.coef = 0 or use another strategy")
     return DiversityRegularised(strategy, cfg.coef)

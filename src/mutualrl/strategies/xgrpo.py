@@ -43,6 +43,11 @@ def pooled_std(stats, advantage_std: str) -> float:
 
 class CrossPolicyAdvantages:
     name = "xgrpo"
+    # The diversity regulariser shapes the receiver's own rewards, and this strategy's baselines
+    # pool them with the peers' verified rewards: refused (``strategies.diversity``).
+    no_diversity = ("its baselines pool the receiver's rewards with the peers' verified ones, so "
+                    "a shaped reward would be centred on verified ones (a success could fall below "
+                    "the baseline) or, under estimator = \"rank\", not be found among them")
 
     def __init__(self, params: XGRPOParams) -> None:
         self.p = params
