@@ -29,7 +29,7 @@ def _add_train(sub) -> None:
     p.add_argument("--output-dir", help="run directory (overrides output_dir)")
     p.add_argument("--steps", type=int, help="number of GRPO steps (overrides steps)")
     p.add_argument("--peer-log", action="append", default=[], metavar="RUN_DIR",
-                   help="replay a recorded experience log as a frozen peer (strategies that read peer rollouts: prp, sgt, hacpo, codistill, hint)")
+                   help="replay a recorded experience log as a frozen peer: its rollouts and group statistics (every sharing strategy reads one or the other)")
     p.add_argument("--overwrite", action="store_true",
                    help="start afresh in an output directory that holds a run, deleting its run "
                         "files (without it such a directory is refused)")

@@ -56,7 +56,9 @@ def publish_step(bus: ExperienceBus, policies: dict, versions: dict[str, int], s
 
 
 class PeerLogPool:
-    """Rollouts of recorded runs, indexed by prompt id, replayed as peers named ``log:<producer>``."""
+    """Rollouts and group statistics of recorded runs, indexed by prompt id, replayed as peers
+    named ``log:<producer>``: strategies that read rollouts (PRP, SGT, xgrpo's rank estimator,
+    ...) and those that read group statistics (xgrpo's z-score) both see the frozen peer."""
 
     def __init__(self, run_dirs: Iterable[str]) -> None:
         self.by_prompt: dict[str, list[Delivery]] = defaultdict(list)
@@ -66,7 +68,7 @@ class PeerLogPool:
                 raise FileNotFoundError(f"exchange.peer_logs: no experience log in {path} "
                                         f"(expected {path / 'experience'}/)")
             try:
-                for d in read_log(path, kinds={"rollout"}):
+                for d in read_log(path, kinds={"rollout", "group_stats"}):
                     renamed = Delivery(kind=d.kind, producer=f"log:{d.producer}",
                                        producer_version=d.producer_version, seq=d.seq, record=d.record)
                     self.by_prompt[d.record.prompt_id].append(renamed)
