@@ -112,3 +112,21 @@ def test_scenario_and_all_on_the_command_line():
     sets = scenario_overrides("overlap")
     assert sets[0] == 'scenario="overlap"' and "steps=30" in sets
     assert parse_strategies("all") == parse_strategies(None)
+
+
+def test_the_is_weight_column_reads_the_weights_applied_before_a_raw_ratio():
+    """HACPO logs both the variance of its raw ratio (before the clamp) and of the weights it
+    applies; the column is the latter, as it is for PRP and CoDistill."""
+    from mutualrl.report.data import is_weight_var
+
+    class Run:
+        strategy = "hacpo"
+        logged = {"hacpo/ratio_var": 0.120, "hacpo/weight_var": 0.153, "hacpo/ratio_mean": 1.0}
+
+        def policy_keys(self, policy, prefix):
+            return [k for k in self.logged if k.startswith(prefix)]
+
+        def series(self, key, phase):
+            return np.arange(2), np.full(2, self.logged[key.split("/", 2)[2]])
+
+    assert abs(is_weight_var(Run(), "p") - 0.153) < 1e-12

@@ -118,6 +118,7 @@ def test_three_policies_log_their_strategy_metrics(three_policy_runs):
             if name == "hacpo":
                 assert r[p + "hacpo/peer_samples"] == 2 * 2 * 4
                 assert 0 <= r[p + "hacpo/clamped_frac"] <= 1 and r[p + "hacpo/ratio_var"] >= 0
+                assert r[p + "hacpo/weight_var"] >= 0
             if name == "codistill":
                 # the largest policy (the 129k-vocabulary one) trains on the two others' rollouts
                 larger = r[p + "codistill/is_larger"] == 1

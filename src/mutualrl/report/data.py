@@ -101,11 +101,13 @@ def tokens_generated(run: RunData, policy: str) -> float:
 
 def is_weight_var(run: RunData, policy: str) -> float | None:
     """Mean over steps of the variance of the importance weights the run's strategy put on peer
-    samples: its own ``<strategy>/...ratio_var`` or ``...weight_var`` metric (PRP's
-    ``prp/density_ratio_var``, HACPO's ``hacpo/ratio_var``, CoDistill's ``codistill/is_weight_var``);
-    None when it logs none."""
-    keys = sorted(k for k in run.policy_keys(policy, f"{run.strategy}/")
-                  if k.endswith(("ratio_var", "weight_var")))
+    samples: its own ``<strategy>/...weight_var`` metric, else its ``...ratio_var`` (PRP's
+    ``prp/density_ratio_var``, HACPO's ``hacpo/weight_var``, CoDistill's
+    ``codistill/is_weight_var``: each the variance of the weights applied); None when it logs
+    none. (HACPO's ``hacpo/ratio_var`` is of its raw ratio, before the clamp.)"""
+    keys = sorted((k for k in run.policy_keys(policy, f"{run.strategy}/")
+                   if k.endswith(("ratio_var", "weight_var"))),
+                  key=lambda k: (not k.endswith("weight_var"), k))
     if not keys:
         return None
     _, v = run.series(f"policy/{policy}/{keys[0]}", "train")

@@ -198,6 +198,8 @@ class HACPO:
         ctx.log(receiver, "hacpo/ratio_var", float(ratio.var(unbiased=False)))
         ctx.log(receiver, "hacpo/clamped_frac", float(clamped_all.double().mean()))
         ctx.log(receiver, "hacpo/weight_mean", float(weights_all.mean()))
+        # the weights applied (0 where clamped out), as the report's IS-weight column reads them
+        ctx.log(receiver, "hacpo/weight_var", float(weights_all.var(unbiased=False)))
         ctx.log(receiver, "hacpo/coef_mean", float(coef.mean()))
         return parts
 
