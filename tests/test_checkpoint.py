@@ -86,6 +86,18 @@ def test_resume_continues_and_lists_harmless_changes(tiny_run, tmp_path, fast_ru
     # the copy lives elsewhere, so output_dir differs too
     assert set(resumed[0]["changed_harmless"]) == {"steps", "eval.num_prompts", "output_dir"}
     assert [r["step"] for r in records if r["phase"] == "train"] == [0, 1, 2]
+    # evaluations sample from the policies' generators: said; a constant schedule: nothing to say
+    [note] = resumed[0]["changes_what_follows"]
+    assert note.startswith("eval.num_prompts changed: evaluations sample from each policy's own")
+
+
+def test_resume_says_a_schedule_takes_the_new_number_of_steps(tmp_path):
+    from mutualrl.run.checkpoint import resume_notes
+
+    cfg = tiny(tmp_path / "run", "steps=8", 'training.lr_scheduler_type="linear"')
+    [note] = resume_notes(["steps"], cfg)
+    assert "'linear') now spans the run's 8 steps" in note
+    assert resume_notes(["steps", "save_steps"], tiny(tmp_path / "run", "steps=8")) == []
 
 
 def test_resume_without_a_checkpoint_says_how_to_get_one(tmp_path):

@@ -55,8 +55,12 @@ PREFIX = "step-"
 # The run's append-only record files; a resumed run cuts each back to its size at the checkpoint.
 APPEND_ONLY = ("metrics.jsonl", "heldout.jsonl")
 
-# Config paths a resumed run may change: they decide how long and how visibly a run goes on, not
-# what it computes. Anything else that differs is refused.
+# Config paths a resumed run may change: they decide how long and how visibly a run goes on.
+# Anything else that differs is refused. Two of them also change what follows, and a resume says
+# so (``resume_notes``): evaluations draw from each policy's sampler, so ``eval`` moves the
+# training samples after the next evaluation; and a learning-rate schedule spans the run's
+# ``steps``, so a schedule other than constant takes the new horizon (as transformers' Trainer
+# does when a resumed run's max_steps changes).
 HARMLESS = ("steps", "output_dir", "eval", "save_steps", "save_total_limit", "report_to", "guards",
             "warmup.cache_dir", "allocation.call_timeout_s", "allocation.placement_timeout_s",
             "exchange.block_timeout_s", "allocation.process_group_timeout_s",
@@ -201,6 +205,21 @@ def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     for k, v in items:
         out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
     return out
+
+
+def resume_notes(harmless: list[str], cfg) -> list[str]:
+    """What the accepted changes ``harmless`` change in the continued run (see ``HARMLESS``)."""
+    notes = []
+    evals = [k for k in harmless if k == "eval" or k.startswith("eval.")]
+    if evals:
+        notes.append(f"{', '.join(evals)} changed: evaluations sample from each policy's own "
+                     "generator, so the training samples after the next evaluation differ from "
+                     "those of a run continued with the checkpoint's settings")
+    if "steps" in harmless and cfg.training.lr_scheduler_type != "constant":
+        notes.append(f"steps changed: the learning-rate schedule "
+                     f"(training.lr_scheduler_type = {cfg.training.lr_scheduler_type!r}) now spans "
+                     f"the run's {cfg.steps} steps, from the checkpoint's position in it")
+    return notes
 
 
 def check_config(ckpt: Checkpoint, cfg) -> list[str]:

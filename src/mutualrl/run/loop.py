@@ -158,9 +158,13 @@ def open_checkpoint(cfg: RunConfig, found: checkpoint.Checkpoint | None = None
     harmless = checkpoint.check_config(ckpt, cfg)
     checkpoint.check_lengths(Path(cfg.output_dir), ckpt)
     print(f"mutualrl: resuming from {ckpt.path} (after step {ckpt.step})", file=sys.stderr)
+    changes = checkpoint.resume_notes(harmless, cfg)
+    for line in changes:
+        print(f"mutualrl: note: {line}", file=sys.stderr)
     moved = checkpoint.cut_back(Path(cfg.output_dir), ckpt)
     return ckpt, {"phase": "resume", "step": ckpt.step, "checkpoint": str(ckpt.path),
-                  "skipped_checkpoints": notes, "changed_harmless": harmless, "moved_aside": moved}
+                  "skipped_checkpoints": notes, "changed_harmless": harmless,
+                  "changes_what_follows": changes, "moved_aside": moved}
 
 
 def resume_from(run: Run, ckpt: checkpoint.Checkpoint, record: dict) -> int:
