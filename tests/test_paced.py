@@ -349,3 +349,33 @@ def test_under_stop_a_failed_policy_stops_the_run_with_its_traceback(tmp_path, f
         run_tiny(tmp_path / "stop", "steps=6", 'strategy="sgt"', "allocation.max_staleness=1")
     rows = [r for r in read_metrics(tmp_path / "stop" / "metrics.jsonl") if r["phase"] == "train"]
     assert rows and len(rows) < 6     # what was finished is written
+
+
+def test_a_stop_asked_for_in_the_segment_before_an_evaluation_keeps_that_evaluation(
+        tmp_path, monkeypatch, fast_run_builds):
+    """A signal during the last step before an evaluation step: the paced run evaluates there,
+    then checkpoints and stops, as lock-step does; before, it stopped first, and the resumed run
+    (which starts after that step) never evaluated it."""
+    import json
+    import signal
+
+    from mutualrl.run import paced
+    from mutualrl.run.signals import RunInterrupted
+    from tests.test_restarts import config
+
+    segment, asked = paced._segment, []
+
+    def stopped_in(run, steppers, end):
+        segment(run, steppers, end)
+        if end == 2 and not asked:      # as if Ctrl-C came during the segment's last step
+            asked.append(end)
+            run.stop.signum = signal.SIGINT
+
+    monkeypatch.setattr(paced, "_segment", stopped_in)
+    out = tmp_path / "run"
+    sets = ("eval.every=2", "save_steps=4", "allocation.max_staleness=1")
+    with pytest.raises(RunInterrupted):
+        train(config(out, *sets))
+    train(config(out, *sets), resume=True)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["phase"] == "eval"] == [0, 2, 4]

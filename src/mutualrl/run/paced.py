@@ -322,12 +322,14 @@ def paced_train_loop(run: Run, save_checkpoint, stop_here) -> None:
         if pace.tripped is not None:   # its record is written; the run checkpoints and stops
             raise pace.tripped
         reached = all(pace.gate.version(n) >= end for n in pace.live(run))
+        # every policy is at end: its evaluation, then its checkpoint (a stop asked for during
+        # the segment comes after both, as in lock-step: the resumed run starts after end)
+        if reached and cfg.eval.every and end % cfg.eval.every == 0 and end < cfg.steps:
+            evaluate(run, end)
         if run.stop.requested or not reached:
-            if reached:   # every policy is at end: its checkpoint first, which stop_here names
+            if reached:   # its checkpoint first, which stop_here names
                 save_checkpoint(run, end)
             stop_here(run, pace.rows.next)
-        if cfg.eval.every and end % cfg.eval.every == 0 and end < cfg.steps:
-            evaluate(run, end)
         save_checkpoint(run, end)
     run.progress.finish_phase(f"{cfg.steps} steps done")
 
