@@ -140,3 +140,12 @@ def test_overwrite_deletes_the_failures_of_the_run_it_replaces(tmp_path):
         claim(tmp_path)
     claim(tmp_path, overwrite=True).release()
     assert not (tmp_path / "failures.jsonl").exists()
+
+
+def test_a_plan_with_generators_apart_is_refused_by_train_before_anything_is_written(tmp_path,
+                                                                                     capsys):
+    out = tmp_path / "run"
+    assert train(out, "--set", "allocation.colocate=false") == 2
+    err = capsys.readouterr().err
+    assert "allocation.colocate = false: mutualrl train runs each policy's generator" in err
+    assert not out.exists() or not any(out.iterdir())

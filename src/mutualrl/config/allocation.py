@@ -141,7 +141,7 @@ class AllocationConfig(ConfigStruct):
     # log-probs, masked outside its bounds, as TRL's; token_mask is AReaL's decoupled objective)
     # and logged (pace/*).
     async_generation: bool = False    # overlap the next step's generation with this step's update
-    colocate: bool = True             # a policy's learner and generator share devices
+    colocate: bool = True             # a policy's learner and generator share devices (train: must)
     prompt_length_estimate: int = 32  # tokens; prompts are not known before the run starts
     # Tokens resident in a generator's KV cache at once, as the planner estimates its memory.
     # None: every token of a step (what the HF generate backend does with one batch). A planning

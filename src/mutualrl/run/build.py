@@ -85,6 +85,7 @@ def prepare(cfg: RunConfig) -> Prepared:
     check_engine_processes(cfg.policies, cfg.allocation.executor)  # one vLLM engine a process
     check_paced(cfg)                          # the strategy can run at its own pace, if asked
     check_rank_groups(cfg)                   # sharded learners need one process per rank
+    check_colocated(cfg)                     # generators run with their learners
     alloc, the_plan = plan_workers(cfg, handles)        # an infeasible plan fails here
     return Prepared(strategy, task, rewards, peer_logs, handles, alloc, the_plan)
 
@@ -135,6 +136,17 @@ def plan_workers(cfg: RunConfig, handles: dict) -> tuple[AllocationConfig, Plan]
     vocab = {spec: h.vocab_size for spec, h in handles.items()}
     specs = worker_specs_from_config(cfg, alloc, vocab_size=vocab.__getitem__)
     return alloc, plan(specs, resolve_inventory(alloc), alloc.memory.usable_memory_fraction)
+
+
+def check_colocated(cfg: RunConfig) -> None:
+    """``mutualrl train`` runs each policy's generator in its learner's worker, on the learner's
+    devices (``policy_plan``). A plan with the generators elsewhere (``colocate = false``) would
+    leave their devices idle and put memory the plan never counted on the learners': refused."""
+    if not cfg.allocation.colocate:
+        raise ConfigError("allocation.colocate = false: mutualrl train runs each policy's "
+                          "generator in its learner's worker, on the learner's devices, so a plan "
+                          "that puts the generators on devices of their own cannot be run (`mutualrl "
+                          "plan` still plans it); set allocation.colocate = true to train")
 
 
 def check_rank_groups(cfg: RunConfig) -> None:
