@@ -85,3 +85,42 @@ def test_builtin_registries_hold_the_builtins():
     assert {"llama", "qwen2", "mistral"} <= set(ARCHITECTURES.names())
     assert {"pointer", "jsonl"} <= set(TASKS.names())
     assert "none" in STRATEGIES
+
+
+class _EntryPoint:
+    """What ``importlib.metadata.entry_points`` yields, for a fake installed plug-in."""
+
+    def __init__(self, name: str, obj: object) -> None:
+        self.name, self.value, self._obj = name, f"plugin:{name}", obj
+
+    def load(self) -> object:
+        return self._obj
+
+
+def test_entry_points_go_through_the_registrys_check_and_duplicates_are_refused(monkeypatch):
+    """An experience type from an entry point is checked as the decorator checks it (it was
+    taken as it came), and one whose name is taken is an error naming it (it was skipped)."""
+    import msgspec
+
+    import mutualrl.registry as registry
+    from mutualrl.exchange.kinds import check_record_type
+
+    class Loose(msgspec.Struct):          # not frozen
+        text: str
+
+    class Frozen(msgspec.Struct, frozen=True):
+        text: str
+
+    def fresh(*points):
+        monkeypatch.setattr(registry, "entry_points", lambda group: list(points))
+        reg = Registry("experience type", entry_point_group="g", check=check_record_type)
+        reg.register("critique", Frozen)
+        return reg
+
+    with pytest.raises(RegistryError, match=r"entry point 'loose' .*must be declared frozen=True"):
+        fresh(_EntryPoint("loose", Loose)).get("critique")
+    with pytest.raises(RegistryError, match=r"entry point 'bad' .*must be a msgspec.Struct"):
+        fresh(_EntryPoint("bad", dict)).names()
+    with pytest.raises(RegistryError, match=r"entry point 'critique' .*already registered"):
+        fresh(_EntryPoint("critique", Loose)).names()
+    assert fresh(_EntryPoint("critique", Frozen)).get("critique") is Frozen   # the same: fine

@@ -26,11 +26,15 @@ class Registry(Generic[T]):
 
     ``kind`` names what is registered (used in error messages); ``entry_point_group`` is the
     ``importlib.metadata`` group third-party packages use, loaded lazily on first lookup.
+    ``check(name, obj)`` raises for an object that cannot be registered under that name; it
+    applies to every registration, entry points included.
     """
 
-    def __init__(self, kind: str, entry_point_group: str | None = None) -> None:
+    def __init__(self, kind: str, entry_point_group: str | None = None,
+                 check: Callable[[str, T], None] | None = None) -> None:
         self.kind = kind
         self.entry_point_group = entry_point_group
+        self.check = check
         self._items: dict[str, T] = {}
         self._entry_points_loaded = entry_point_group is None
 
@@ -49,6 +53,8 @@ class Registry(Generic[T]):
             raise RegistryError(f"{self.kind} name must be a non-empty string, got {name!r}")
         if name in self._items and self._items[name] is not obj:
             raise RegistryError(f"{self.kind} {name!r} is already registered ({self._items[name]!r})")
+        if self.check is not None:
+            self.check(name, obj)
         self._items[name] = obj
 
     def _load_entry_points(self) -> None:
@@ -56,8 +62,11 @@ class Registry(Generic[T]):
             return
         self._entry_points_loaded = True
         for ep in entry_points(group=self.entry_point_group):
-            if ep.name not in self._items:
+            try:   # the same object twice (two installs of one package) is not a duplicate
                 self._add(ep.name, ep.load())
+            except RegistryError as exc:
+                raise RegistryError(f"entry point {ep.name!r} = {ep.value!r} of group "
+                                    f"{self.entry_point_group!r}: {exc}") from None
 
     def get(self, name: str) -> T:
         self._load_entry_points()

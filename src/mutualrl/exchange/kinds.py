@@ -24,11 +24,6 @@ from mutualrl.registry import Registry, RegistryError
 
 S = TypeVar("S", bound=type[msgspec.Struct])
 
-#: kind name -> record Struct type. The only module-level mutable state (a registry, rule 5).
-EXPERIENCE_TYPES: Registry[type[msgspec.Struct]] = Registry(
-    "experience type", entry_point_group="mutualrl.experience_types"
-)
-
 # Lower-case, dots allowed so third parties can namespace their kinds ("thl.residuals").
 _KIND_RE = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*$")
 
@@ -47,6 +42,13 @@ def check_record_type(kind: str, cls: object) -> None:
             f"experience type {kind!r} ({cls.__qualname__}) must be declared frozen=True: "
             "records are shared between threads without copying"
         )
+
+
+#: kind name -> record Struct type. The only module-level mutable state (a registry, rule 5).
+#: Every registration is checked, entry points included.
+EXPERIENCE_TYPES: Registry[type[msgspec.Struct]] = Registry(
+    "experience type", entry_point_group="mutualrl.experience_types", check=check_record_type
+)
 
 
 def experience_type(kind: str, *, registry: Registry[type[msgspec.Struct]] = EXPERIENCE_TYPES
