@@ -457,8 +457,10 @@ def test_root_level_parameter_errors_name_the_json_path(override, name):
 def test_sgt_parameter_messages_say_what_is_wrong():
     with pytest.raises(ConfigError, match="alpha must be >= 0"):
         build_strategy(load_config(TINY, ['strategy="sgt"', "strategies.sgt.alpha=-1"]))
-    with pytest.raises(ConfigError, match="tau must be in"):
-        build_strategy(load_config(TINY, ['strategy="sgt"', "strategies.sgt.tau=1.5"]))
+    with pytest.raises(ConfigError, match=r"tau must be > 0"):
+        build_strategy(load_config(TINY, ['strategy="sgt"', "strategies.sgt.tau=0"]))
+    # a combined reward (task.reward_weights) may exceed 1: a threshold above 1 is accepted
+    assert build_strategy(load_config(TINY, ['strategy="sgt"', "strategies.sgt.tau=1.1"])).p.tau == 1.1
     with pytest.raises(ConfigError, match="bogus"):
         build_strategy(load_config(TINY, ['strategy="sgt"', "strategies.sgt.bogus=1"]))
     with pytest.raises(ConfigError, match="Expected `int`"):

@@ -40,7 +40,7 @@ from mutualrl.tasks.base import Prompt
 class HintParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     tiers: tuple[float, ...] = (0.25, 0.5)   # shares of the peer solution given, tried in order
     patience: int = 1                # failed sampled steps before a prompt is hinted
-    tau: float = 1.0                 # success threshold (built-in verifiers reward in [0, 1])
+    tau: float = 1.0                 # success threshold (reward >= tau; combined reward with weights)
     max_hinted_prompts: int | None = None   # per receiver and step; None: every candidate
 
     def __post_init__(self) -> None:
@@ -50,8 +50,8 @@ class HintParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             raise ValueError("tiers must be strictly increasing shares in (0, 1)")
         if self.patience < 1:
             raise ValueError("patience must be >= 1")
-        if not 0 < self.tau <= 1:
-            raise ValueError("tau must be in (0, 1]")
+        if not self.tau > 0:
+            raise ValueError("tau must be > 0 (a success is a reward >= tau)")
         if self.max_hinted_prompts is not None and self.max_hinted_prompts < 1:
             raise ValueError("max_hinted_prompts must be >= 1 (or absent: every candidate)")
 

@@ -28,7 +28,9 @@ from mutualrl.strategies.common import own_sequences, receive_peers
 
 
 class SGTParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    tau: float = 1.0                  # success threshold; built-in verifiers reward in [0, 1]
+    # success threshold on the step's reward: built-in verifiers reward in [0, 1]; with
+    # task.reward_weights, the combined reward a success must reach (it may exceed 1)
+    tau: float = 1.0                  # success threshold (reward >= tau)
     gate: Literal["receiver_failed", "always"] = "receiver_failed"  # use peers' successes where it failed, or always
     interval: int = 1                 # s: 1 adds the SFT term to every step; > 1 SFT-only steps every s
     alpha: float = 0.5                # SFT weight when interval == 1
@@ -42,8 +44,8 @@ class SGTParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     sft_learning_rate: float | None = None
 
     def __post_init__(self) -> None:
-        if not 0 < self.tau <= 1:
-            raise ValueError("tau must be in (0, 1], the reward range of the built-in verifiers")
+        if not self.tau > 0:
+            raise ValueError("tau must be > 0 (a success is a reward >= tau)")
         if self.alpha < 0:
             raise ValueError("alpha must be >= 0")
         for name in ("interval", "sft_batch_size", "sft_steps", "max_per_prompt", "max_age"):
