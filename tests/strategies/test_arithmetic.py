@@ -420,7 +420,7 @@ def test_sgt_draws_are_deterministic_per_step_seed(handles):
 # ---- parameter validation -------------------------------------------------------------------
 @pytest.mark.parametrize("override, name", [
     ("strategies.sgt.alpha=-1", "sgt"),
-    ("strategies.sgt.tau=1.5", "sgt"),
+    ("strategies.sgt.tau=-0.5", "sgt"),
     ("strategies.sgt.interval=0", "sgt"),
     ("strategies.sgt.bogus=1", "sgt"),
     ('strategies.sgt.sft_steps="four"', "sgt"),
@@ -444,7 +444,7 @@ def test_a_bad_field_type_names_its_full_json_path():
 
 @pytest.mark.parametrize("override, name", [
     ("strategies.sgt.alpha=-1", "sgt"),
-    ("strategies.sgt.tau=1.5", "sgt"),
+    ("strategies.sgt.tau=-0.5", "sgt"),
     ("strategies.sgt.bogus=1", "sgt"),
     ("strategies.prp.ratio_cap=0", "prp"),
 ])
