@@ -299,3 +299,20 @@ def test_diversity_is_refused_for_xgrpo_naming_why():
                                               r"take the regulariser: its baselines pool"):
             build_strategy(load_config(TINY, ['strategy="xgrpo"', "diversity.coef=0.5",
                                               f'strategies.xgrpo.estimator="{estimator}"']))
+
+
+def test_residual_metrics_cover_every_move_of_the_step(handles):
+    """Two moves into one receiver in one step (SGT's SFT-only steps make several): the thl/
+    metrics are over both (each used to overwrite the last), and each record is published."""
+    from mutualrl.strategies.common import adapt_to_receiver
+
+    published = []
+    ctx = make_ctx(handles, [])
+    ctx.publish = lambda record, receiver: published.append(receiver)
+    first = [rollout(PEER, handles[PEER], PA, " cat", 1.0)]
+    second = [rollout(PEER, handles[PEER], PA, " dog", 1.0, seq=1),
+              rollout(PEER, handles[PEER], PA, " sun", 0.0, seq=2)]
+    adapt_to_receiver(ctx, RECV, first)
+    assert ctx.metrics[RECV]["thl/count"] == 1
+    adapt_to_receiver(ctx, RECV, second)
+    assert ctx.metrics[RECV]["thl/count"] == 3 and published == [RECV] * 3

@@ -56,6 +56,9 @@ class StrategyContext:
     # task's verifier, (Prompt, completion text) -> reward. Empty / None: not offered.
     generate: dict[str, Callable[[list, int], list]] = field(default_factory=dict)
     verify: Callable[[Any, str], float] | None = None
+    # THL residuals of what was moved this step, per (receiver, metric prefix): the logged
+    # residual metrics cover all of it (``common.log_residuals``).
+    moved: dict[tuple[str, str], list] = field(default_factory=dict)
 
     def log(self, receiver: str, key: str, value: float) -> None:
         self.metrics.setdefault(receiver, {})[key] = float(value)

@@ -36,8 +36,9 @@ import torch
 from mutualrl.config import ConfigError
 from mutualrl.policies.batch import TrainBatch, TrainSequence
 from mutualrl.strategies.base import StrategyContext, register_strategy
-from mutualrl.strategies.common import (batch_of, group_count, grpo_advantages, own_sequences,
-                                        peer_rollouts, receive_peers, sequences_from_samples)
+from mutualrl.strategies.common import (batch_of, group_count, grpo_advantages, log_residuals,
+                                        own_sequences, peer_rollouts, receive_peers,
+                                        sequences_from_samples)
 from mutualrl.strategies.prp import truncated_ratio
 
 
@@ -112,6 +113,8 @@ class CoDistill:
                                     source_ids=[list(s.completion_ids) for s in own],
                                     source_logprobs=[list(s.logprobs) for s in own],
                                     ends_with_eos=[s.finish_reason == "stop" for s in own])
+        # what moving the completions cost, which the distillation reward rests on
+        log_residuals(ctx, receiver, [res.residuals for res in moved], prefix="codistill/thl/")
         completions = [tuple(int(t) for t in res.target_ids) for res in moved]
         prompts = [ctx.encode_prompt[larger](s.prompt.text) for s in own]
         total = ctx.sequence_logprobs[larger](prompts, completions).to(torch.float64)

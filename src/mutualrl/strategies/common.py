@@ -115,8 +115,6 @@ def adapt_to_receiver(ctx, receiver: str, deliveries: list) -> list[tuple[object
     what was moved under ``thl/<residual>``. Rollouts from a tokenizer this run does not know
     (a replayed log of other tokenizers) are re-encoded from their text alone.
     """
-    from mutualrl.retokenize import aggregate_residuals
-
     if not deliveries:
         return []
     rt = ctx.retokenizers[receiver]
@@ -134,12 +132,23 @@ def adapt_to_receiver(ctx, receiver: str, deliveries: list) -> list[tuple[object
             ends_with_eos=[r.finish_reason == "stop" for r in recs])
         for i, res in zip(idx, results):
             out[i] = (deliveries[i], res)
-    for k, v in aggregate_residuals([res.residuals for _, res in out]).items():
-        ctx.log(receiver, f"thl/{k}", v)
-    if ctx.publish is not None:  # the residual record is an experience type of its own
-        for _, res in out:
-            ctx.publish(res.residuals, receiver)
+    log_residuals(ctx, receiver, [res.residuals for _, res in out])
     return out
+
+
+def log_residuals(ctx, receiver: str, residuals: list, prefix: str = "thl/") -> None:
+    """Log ``prefix<residual>`` over every trajectory moved for ``receiver`` under that prefix
+    this step, these included (a strategy may move several batches a step: SGT's SFT-only
+    steps), and publish each residual record (an experience type of its own)."""
+    from mutualrl.retokenize import aggregate_residuals
+
+    moved = ctx.moved.setdefault((receiver, prefix), [])
+    moved.extend(residuals)
+    for k, v in aggregate_residuals(moved).items():
+        ctx.log(receiver, f"{prefix}{k}", v)
+    if ctx.publish is not None:
+        for r in residuals:
+            ctx.publish(r, receiver)
 
 
 def peer_logprob_totals(adapted: list) -> tuple[torch.Tensor, torch.Tensor]:
