@@ -149,3 +149,8 @@ def test_a_plan_with_generators_apart_is_refused_by_train_before_anything_is_wri
     err = capsys.readouterr().err
     assert "allocation.colocate = false: mutualrl train runs each policy's generator" in err
     assert not out.exists() or not any(out.iterdir())
+
+
+def test_resume_and_overwrite_together_are_refused(tmp_path, capsys):
+    assert main(["train", "--resume", str(tmp_path), "--overwrite", "--no-progress"]) == 2
+    assert "--resume continues RUN_DIR and --overwrite deletes a run first" in capsys.readouterr().err

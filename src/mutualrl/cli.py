@@ -56,6 +56,9 @@ def _train_config(args):
     from mutualrl.config import apply_override, config_from_dict, load_config
 
     if args.resume:
+        if getattr(args, "overwrite", False):
+            raise ConfigError("--resume continues RUN_DIR and --overwrite deletes a run first: "
+                              "give one of them")
         if args.output_dir and args.output_dir != args.resume:
             raise ConfigError("--resume RUN_DIR continues RUN_DIR; --output-dir must be absent or the same")
         args.output_dir = args.resume
