@@ -238,7 +238,7 @@ def test_hint_escalates_tiers_until_a_hinted_group_succeeds(handles):
     s.observe(ctx, {RECV: own})
     assert s.fail_streak[RECV] == {PA.id: 1}                  # PB had a success
     [batch] = s.build_batches(ctx, RECV, own)
-    assert [p.text for p in sampler.prompts] == [PA.text + " ", PA.text + " c"]
+    assert [(p.text, p.prefill) for p in sampler.prompts] == [(PA.text, " "), (PA.text, " c")]
     assert len(batch.sequences) == 6
     hinted = batch.sequences[4:]
     assert [q.prompt_ids for q in hinted] == [(1, 7)] * 2 and hinted[0].old_logprobs == (-0.3, -0.1)
@@ -316,3 +316,32 @@ def test_residual_metrics_cover_every_move_of_the_step(handles):
     assert ctx.metrics[RECV]["thl/count"] == 1
     adapt_to_receiver(ctx, RECV, second)
     assert ctx.metrics[RECV]["thl/count"] == 3 and published == [RECV] * 3
+
+
+def test_a_hint_opens_the_answer_under_a_chat_template_and_follows_the_question_in_raw_text(
+        handles):
+    """``Prompt.prefill`` (the hint strategy's partial solution): raw text encodes question +
+    hint as one text, as before; under a chat template the hint follows the assistant turn's
+    opening. It was appended to the question, inside the user's message."""
+    from dataclasses import replace as with_field
+    from pathlib import Path
+
+    import msgspec
+
+    from mutualrl.config import PolicyConfig
+    from mutualrl.policies.policy import PolicyView
+    from mutualrl.tasks.base import Prompt
+
+    cfg = PolicyConfig(name="q", architecture="qwen2", tokenizer="qwen2.5", hidden_size=32,
+                       num_layers=1, num_heads=4)
+    from mutualrl.retokenize import load_tokenizer
+    handle = load_tokenizer("qwen2.5")
+    raw = PolicyView(cfg, handle)
+    template = Path(__file__).resolve().parents[1] / "data" / "chat_templates" / "qwen2.5-instruct.jinja"
+    chat = PolicyView(msgspec.structs.replace(cfg, chat_template=str(template)), handle)
+    q = Prompt(text="What is 2+3?", answer="5", family="sum")
+    hinted = with_field(q, prefill="The answ")
+    assert raw.encode_prompt(q.text, hinted.prefill) == raw.encode_prompt("What is 2+3?The answ")
+    text = handle.tokenizer.decode(chat.encode_prompt(q.text, hinted.prefill))
+    assert text.endswith("What is 2+3?<|im_end|>\n<|im_start|>assistant\nThe answ")
+    assert hinted.id == q.id

@@ -44,10 +44,13 @@ class PolicyView:
     def pad_id(self) -> int:
         return self.tokenizer.pad_token_id
 
-    def encode_prompt(self, text: str) -> tuple[int, ...]:
+    def encode_prompt(self, text: str, prefill: str = "") -> tuple[int, ...]:
+        """The policy's prompt for a question, and the start of its answer (``prefill``) when
+        one is given: after the question in raw text, after the assistant turn's opening under
+        a chat template."""
         if self.chat is not None:
-            return self.chat.encode(text)
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            return self.chat.encode(text, prefill)
+        ids = self.tokenizer(text + prefill, add_special_tokens=False)["input_ids"]
         bos = self.tokenizer.bos_token_id
         return tuple(([bos] if bos is not None else []) + ids)
 
@@ -242,7 +245,8 @@ def sample(view: PolicyView, backend, grpo: GRPOConfig, prompts: list[Prompt], n
            max_new_tokens: int, temperature: float) -> list[Sample]:
     """``num_generations`` completions per prompt from ``backend``, prompts encoded by ``view``."""
     settings = sampling_settings(grpo, num_generations, max_new_tokens, temperature)
-    return backend.generate(prompts, [view.encode_prompt(p.text) for p in prompts], settings)
+    return backend.generate(prompts, [view.encode_prompt(p.text, p.prefill) for p in prompts],
+                            settings)
 
 
 def sampling_settings(grpo: GRPOConfig, num_generations: int, max_new_tokens: int,

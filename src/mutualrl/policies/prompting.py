@@ -60,7 +60,12 @@ class ChatPrompt:
             messages, chat_template=self.template, tokenize=False, add_generation_prompt=True,
             date_string=FIXED_DATE)
 
-    def encode(self, question: str) -> tuple[int, ...]:
+    def encode(self, question: str, prefill: str = "") -> tuple[int, ...]:
+        """The rendered question, and ``prefill`` as the start of the assistant's answer
+        (tokenized with the rendering, as the policy would read its own partial answer)."""
+        if prefill:
+            return tuple(self.tokenizer(self.render(question) + prefill,
+                                        add_special_tokens=False)["input_ids"])
         ids = self._cache.get(question)
         if ids is None:
             ids = tuple(self.tokenizer(self.render(question), add_special_tokens=False)["input_ids"])

@@ -10,8 +10,10 @@ and trains on the first hinted group that succeeds. Here the hints are *peer* so
 * if a peer's verified success for that prompt is among this step's deliveries, its completion
   text ``y`` gives the hints: tier ``f`` in ``tiers`` is the prefix of ``y`` of
   ``min(ceil(f * |y|), |y| - 1)`` characters (a hint never gives the whole solution);
-* tier by tier, the receiver samples ``G`` completions ``c`` on the hinted prompt
-  ``x + h`` (its own tokenization of the concatenated text, its sampler and temperature) and
+* tier by tier, the receiver samples ``G`` completions ``c`` with ``h`` as the start of its
+  answer (``Prompt.prefill``: raw text ``x + h``, its own tokenization of the concatenated
+  text; under a chat template ``h`` opens the assistant's turn, not the question), with its
+  sampler and temperature, and
   each is scored by the task's verifier on the *original* prompt and the hinted solution,
   ``r = verify(x, h + c)``; the first tier with a success stops the search;
 * that hinted group joins the receiver's batch as one more GRPO group: group-relative
@@ -105,7 +107,9 @@ class PeerHints:
             hint = hint_prefix(solution, share)
             if not hint:
                 continue
-            hinted = Prompt(text=prompt.text + hint, answer=prompt.answer, family=prompt.family)
+            # the hint opens the receiver's answer, which its completion continues (under a
+            # chat template too: after the assistant turn's opening, not inside the question)
+            hinted = replace(prompt, prefill=hint)
             samples = ctx.generate[receiver]([hinted], G)
             counts["generated"] += len(samples)
             scored = [replace(s, group=group, reward=float(ctx.verify(prompt, hint + s.text)))

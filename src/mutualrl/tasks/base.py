@@ -33,6 +33,10 @@ class Prompt:
     text: str
     answer: str
     family: str
+    # The start of the answer, given to the policy: generation continues it. Raw text follows
+    # the question; under a chat template it opens the assistant's turn (the hint strategy's
+    # partial solutions). It is not part of the prompt's id.
+    prefill: str = ""
 
     @cached_property
     def id(self) -> str:
