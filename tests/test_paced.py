@@ -379,3 +379,35 @@ def test_a_stop_asked_for_in_the_segment_before_an_evaluation_keeps_that_evaluat
     train(config(out, *sets), resume=True)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if r["phase"] == "eval"] == [0, 2, 4]
+
+
+def test_a_policy_whose_paced_loop_failed_is_not_evaluated_or_saved_after_it_left(
+        tmp_path, monkeypatch, fast_run_builds):
+    """A paced policy whose step fails on the driver's side (here its strategy raises) leaves the
+    run under ``continue`` with its worker still live; the run's later evaluations and its saved
+    policies are of the policies still in it, as when a worker fails (before, the final
+    evaluation scored the departed policy and saved it)."""
+    import json
+
+    from mutualrl.strategies.none import Independent
+    from tests.test_restarts import config
+
+    original = Independent.build_batches
+
+    def failing(self, ctx, receiver, own):
+        if receiver == "llama-mistral" and ctx.step == 1:
+            raise RuntimeError("injected strategy failure")
+        return original(self, ctx, receiver, own)
+
+    monkeypatch.setattr(Independent, "build_batches", failing)
+    out = tmp_path / "run"
+    train(config(out, "allocation.max_staleness=1", 'allocation.on_failure="continue"',
+                 "save_steps=0"))
+    summary = json.loads((out / "summary.json").read_text())
+    assert list(summary["failed"]) == ["llama-mistral"]
+    final = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()
+             if json.loads(line)["phase"] == "eval"][-1]
+    assert not any(k.startswith("policy/llama-mistral/") for k in final)
+    assert any(k.startswith("policy/qwen-deepseek/heldout") for k in final)
+    assert not (out / "policies" / "llama-mistral").exists()
+    assert (out / "policies" / "qwen-deepseek").is_dir()

@@ -89,8 +89,11 @@ class Run:
         return _clocked(self.step_phases, phase)
 
     def live(self) -> list[str]:
-        """The policies whose workers are live (``on_failure`` may have removed some)."""
-        return list(self.executor.live_workers())
+        """The policies still in the run: their workers are live (``on_failure`` may have
+        removed some), and none has left it (``departures``: a paced policy whose loop failed on
+        the driver's side keeps a live worker, and is evaluated, saved and checkpointed no more)."""
+        gone = self.departures.seen if self.departures is not None else {}
+        return [n for n in self.executor.live_workers() if n not in gone]
 
     # ---- state ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
