@@ -293,9 +293,8 @@ class UpdateEngine:
         # Rows without behaviour log-probs (peer samples) take the policy's own before this
         # update, at the first pass, and keep them: ratio 1 on the first iteration and clipped
         # on the later ones, as own rows are; their off-policy correction travels in ``weights``.
-        missing = torch.isnan(old_i)
-        if missing.any():
-            old_i[missing] = logp.detach()[missing]
+        # (in place, without asking the device whether any is missing: no sync a pass)
+        old_i.copy_(torch.where(torch.isnan(old_i), logp.detach(), old_i))
         sampler = c.seq.sampler_weights     # (B_mb, T) mismatch weights of the policy term, or None
         out = clipped_surrogate(
             logp, old_i, c.seq.advantages.to(self.p.device), parts.mask[s],
