@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from mutualrl.allocation import call_each
 from mutualrl.policies.samples import Sample
 from mutualrl.policies.worker import Generate
 from mutualrl.run.metrics import namespaced
@@ -119,11 +118,8 @@ def _evaluate(run: Run, step: int) -> dict[str, float]:
     prompts = []
     for fam in run.task.families:
         prompts += run.task.sample(np.random.default_rng([run.cfg.seed, 5]), e.num_prompts, "heldout", [fam])
-    live = run.live()
-    greedy = call_each(run.executor, {n: Generate(prompts, 1, g.max_completion_length, 0.0)
-                                      for n in live})
-    sampled = (call_each(run.executor, {n: Generate(prompts, e.k, g.max_completion_length,
-                                                    g.temperature) for n in live})
+    greedy = run.call_live(Generate(prompts, 1, g.max_completion_length, 0.0))
+    sampled = (run.call_live(Generate(prompts, e.k, g.max_completion_length, g.temperature))
                if e.k > 1 else greedy)
     record: dict = {"phase": "eval", "step": step}
     per_prompt = []

@@ -17,7 +17,6 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
-from mutualrl.allocation import call_each
 from mutualrl.allocation.calls import WorkerFailedError
 from mutualrl.config import ConfigError, RunConfig
 from mutualrl.policies.worker import SavePretrained
@@ -140,7 +139,7 @@ def summarize(run: Run, final_eval: dict, wall: float) -> RunSummary:
 
 def save_policies(run: Run) -> None:
     with run.timed("save"):
-        call_each(run.executor, {n: SavePretrained(str(run.out / "policies")) for n in run.live()})
+        run.call_live(SavePretrained(str(run.out / "policies")))
 
 
 def open_checkpoint(cfg: RunConfig, found: checkpoint.Checkpoint | None = None

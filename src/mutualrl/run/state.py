@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mutualrl.allocation import call_each
 from mutualrl.config import RunConfig
 from mutualrl.exchange import ExperienceBus
 from mutualrl.policies.policy import PolicyView
@@ -94,6 +95,11 @@ class Run:
         the driver's side keeps a live worker, and is evaluated, saved and checkpointed no more)."""
         gone = self.departures.seen if self.departures is not None else {}
         return [n for n in self.executor.live_workers() if n not in gone]
+
+    def call_live(self, call) -> dict[str, Any]:
+        """The same call on every policy still in the run (``live``) at once; the values of
+        those that succeeded."""
+        return call_each(self.executor, {n: call for n in self.live()})
 
     # ---- state ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

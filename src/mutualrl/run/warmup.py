@@ -40,7 +40,7 @@ from mutualrl.policies.batch import SFTExample
 from mutualrl.provenance import source_digest
 from mutualrl.run.scenarios import (WarmPlan, own_prompts, peer_count, peer_prompts, shared_answers,
                                 warm_plans)
-from mutualrl.allocation import call_each, call_live
+from mutualrl.allocation import call_each
 from mutualrl.policies.worker import FreezeReference, Generate, LoadState, SaveState, SFTStep
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ def warm_start(run: Run) -> None:
             records, complete = supervised_warm_start(run, names, plans)
             if cache is not None and complete:
                 cache.store(run, names, records)
-    call_live(run.executor, FreezeReference())
+    run.call_live(FreezeReference())
 
 
 @dataclass
