@@ -338,8 +338,14 @@ class ProcessExecutor:
                         proc.conn.send(calls[n])
                     sent.append(n)
                 except (OSError, ValueError, pickle.PicklingError) as exc:
+                    # a process that died between calls breaks its pipe: it is the death, as
+                    # when it dies during a call (``_receive``), not the pipe, that failed
+                    dead = [p.process.exitcode for p in self._procs[n] if not p.process.is_alive()]
                     self._kill(n)
-                    results[n] = self._failure(n, method, type(exc).__name__, f"cannot send: {exc}")
+                    results[n] = (self._failure(n, method, "WorkerDied",
+                                                f"its process exited with code {dead[0]}")
+                                  if isinstance(exc, OSError) and dead else
+                                  self._failure(n, method, type(exc).__name__, f"cannot send: {exc}"))
             results.update(self._collect(sent, method, timeout_s or self.alloc.call_timeout_s))
             with self._lock:
                 for n in calls:
