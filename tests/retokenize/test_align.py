@@ -38,7 +38,7 @@ def test_strictly_increasing_ends_group_as_the_two_pointer_walk(seed):
     g = align_ends(src, tgt, total)
     assert [r[:4] for r in _rows(g)] == two_pointer_walk(src.tolist(), tgt.tolist())
     assert _rows(g) == _by_binary_search(src, tgt)       # byte ranges too
-    assert all(a.dtype == np.int64 for a in vars(g).values())
+    assert all(a.dtype == np.int64 for a in g.columns())
 
 
 @pytest.mark.parametrize(("src", "tgt"), [([0, 3, 5], [0, 5]), ([0, 5], [2, 5]),

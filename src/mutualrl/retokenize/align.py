@@ -27,7 +27,10 @@ import numpy as np
 _EMPTY = np.zeros(0, dtype=np.int64)
 
 
-@dataclass(frozen=True)
+def _column(i: int, doc: str) -> property:
+    return property(lambda self: self._cols[i], doc=doc)
+
+
 class AlignmentGroups:
     """Aligned groups; all arrays are int64 of length ``len(self)``, ranges half-open.
 
@@ -35,17 +38,45 @@ class AlignmentGroups:
     ``tgt_start:tgt_end`` indices into the target ids, ``byte_start:byte_end`` offsets into the
     UTF-8 bytes of the text. A trailing end-of-sequence group, when present, has an empty byte
     range at the end of the text.
+
+    Read-only: the six fields are properties over one column block, either the six arrays given
+    to the constructor or, for the texts of a batch, one (6, G) view of the batch's alignment
+    (``BatchAlignment.groups``), so a batch makes one view per text, not six; a field is sliced
+    from it when read.
     """
 
-    src_start: np.ndarray
-    src_end: np.ndarray
-    tgt_start: np.ndarray
-    tgt_end: np.ndarray
-    byte_start: np.ndarray
-    byte_end: np.ndarray
+    __slots__ = ("_cols",)
+
+    def __init__(self, src_start: np.ndarray, src_end: np.ndarray, tgt_start: np.ndarray,
+                 tgt_end: np.ndarray, byte_start: np.ndarray, byte_end: np.ndarray) -> None:
+        self._cols = (src_start, src_end, tgt_start, tgt_end, byte_start, byte_end)
+
+    @classmethod
+    def _of_block(cls, block: np.ndarray) -> AlignmentGroups:
+        """Groups over the rows of a (6, G) int64 array (a view; not copied)."""
+        obj = object.__new__(cls)
+        obj._cols = block
+        return obj
+
+    src_start = _column(0, "first source token of each group")
+    src_end = _column(1, "one past the last source token of each group")
+    tgt_start = _column(2, "first target token of each group")
+    tgt_end = _column(3, "one past the last target token of each group")
+    byte_start = _column(4, "first byte of each group")
+    byte_end = _column(5, "one past the last byte of each group")
+
+    def columns(self) -> tuple[np.ndarray, ...]:
+        """The six fields, in the constructor's order."""
+        return tuple(self._cols[i] for i in range(6))
 
     def __len__(self) -> int:
-        return int(self.src_start.shape[0])
+        return int(self._cols[0].shape[0])
+
+    def __repr__(self) -> str:
+        return f"AlignmentGroups({len(self)} groups)"
+
+    def __reduce__(self):
+        return AlignmentGroups, self.columns()
 
     @classmethod
     def empty(cls) -> AlignmentGroups:
@@ -75,9 +106,7 @@ class AlignmentGroups:
 
     def slice(self, stop: int) -> AlignmentGroups:
         """The first ``stop`` groups."""
-        return AlignmentGroups(self.src_start[:stop], self.src_end[:stop], self.tgt_start[:stop],
-                               self.tgt_end[:stop], self.byte_start[:stop], self.byte_end[:stop])
-
+        return AlignmentGroups(*(a[:stop] for a in self.columns()))
 
 
 def _ranks(sizes: np.ndarray) -> np.ndarray:
@@ -223,21 +252,11 @@ class BatchAlignment:
     tgt_all: np.ndarray
 
     def groups(self) -> list[AlignmentGroups]:
-        """Each text's groups, in the order of ``full``: column slices of ``local`` (views).
-
-        Built without the frozen dataclass's per-field ``__setattr__`` (a batch builds one per
-        text); equal to ``AlignmentGroups(*local[:, lo:hi])``."""
-        r0, r1, r2, r3, r4, r5 = self.local
-        new = object.__new__
-        out = []
-        lo = 0
-        for hi in self.split.tolist():
-            g = new(AlignmentGroups)
-            g.__dict__.update(src_start=r0[lo:hi], src_end=r1[lo:hi], tgt_start=r2[lo:hi],
-                              tgt_end=r3[lo:hi], byte_start=r4[lo:hi], byte_end=r5[lo:hi])
-            out.append(g)
-            lo = hi
-        return out
+        """Each text's groups, in the order of ``full``: one (6, g) column view of ``local`` per
+        text; equal to ``AlignmentGroups(*local[:, lo:hi])``."""
+        local, of_block = self.local, AlignmentGroups._of_block
+        bounds = self.split.tolist()
+        return [of_block(local[:, lo:hi]) for lo, hi in zip([0, *bounds[:-1]], bounds)]
 
 
 def align_batch(src_ends: list[np.ndarray], tgt_ends: list[np.ndarray],
