@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def kill_one_worker_mid_run(cmd: list[str], log: Path, ready: Callable[[], bool],
-                            env: dict | None = None, wait_s: float = 400) -> list:
+                            env: dict | None = None, wait_s: float = 1200) -> list:
     """Start ``cmd`` (a run of the process executor, two policies), SIGKILL the first of its
     worker processes once ``ready()``, and require the run to end with exit 0 (its output is in
     ``log``). Returns every process the run had started by then, to check none is left."""
@@ -24,7 +24,7 @@ def kill_one_worker_mid_run(cmd: list[str], log: Path, ready: Callable[[], bool]
         proc = subprocess.Popen(cmd, stdout=fh, stderr=fh, cwd=ROOT, start_new_session=True,
                                 env=env)
         try:
-            deadline = time.monotonic() + 300
+            deadline = time.monotonic() + 900
             while not ready():
                 assert proc.poll() is None, log.read_text()[-3000:]
                 assert time.monotonic() < deadline, log.read_text()[-3000:]

@@ -41,7 +41,7 @@ def run(cmd: list[str], tmp: Path | None = None) -> None:
     engines' scratch folders afterwards (each a copy of the model: every run used to leave its
     own)."""
     env = None if tmp is None else {**os.environ, "TMPDIR": str(tmp)}
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, cwd=ROOT, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     if tmp is not None:
         assert_no_scratch(tmp)
@@ -120,7 +120,7 @@ def test_a_killed_driver_leaves_no_engine_and_resume_gives_the_same_run(referenc
     tmp.mkdir()
     proc = subprocess.Popen(command(out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             cwd=ROOT, start_new_session=True, env={**os.environ, "TMPDIR": str(tmp)})
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + 900
     while len(rows(out)) < 2:
         assert proc.poll() is None, "the run ended before it could be interrupted"
         assert time.monotonic() < deadline
@@ -129,7 +129,7 @@ def test_a_killed_driver_leaves_no_engine_and_resume_gives_the_same_run(referenc
     assert len(workers) >= 2                     # one process per policy, engine inside
     os.kill(proc.pid, signal.SIGKILL)            # the driver only: its workers must notice
     proc.wait()
-    gone, alive = psutil.wait_procs(workers, timeout=15)
+    gone, alive = psutil.wait_procs(workers, timeout=60)
     assert not alive, f"worker processes outlived their driver: {alive}"
     assert len(list(tmp.glob("mutualrl-*"))) == 2          # one per engine, left by the kill
     run([sys.executable, "-m", "mutualrl.cli", "train", "--resume", str(out), "--no-progress"], tmp)
@@ -153,7 +153,7 @@ def test_a_worker_killed_mid_run_restarts_the_run_on_new_engines_to_the_same_num
                      r"run from its checkpoint after step [12] ", log.read_text())
     assert rows(out) == rows(reference)
     assert rows(out, "eval") == rows(reference, "eval")
-    _, alive = psutil.wait_procs(seen, timeout=15)
+    _, alive = psutil.wait_procs(seen, timeout=60)
     assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], alive
     assert_no_scratch(tmp)
 
@@ -184,9 +184,10 @@ def _engine_apart(seen: dict, driver: int) -> bool:
                for _, cmd, parent in seen.values())
 
 
-def _alive(seen: dict[int, tuple[psutil.Process, str, int]], timeout: float = 15.0) -> list[str]:
+def _alive(seen: dict[int, tuple[psutil.Process, str, int]], timeout: float = 60.0) -> list[str]:
     """What of ``seen`` still runs after ``timeout`` (a zombie does not: this container's init
-    does not reap the orphans it inherits)."""
+    does not reap the orphans it inherits). The bound is generous: CI runs these tests at the
+    lowest CPU priority beside the main suite, where a process winding down may wait for a core."""
     deadline = time.monotonic() + timeout
     while True:
         left = []
@@ -230,7 +231,7 @@ def test_a_sharded_learner_samples_from_an_engine_in_a_process_of_its_own(tmp_pa
     killed, seen = tmp_path / "killed", {}
     proc = subprocess.Popen(command(killed, sharded), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, cwd=ROOT, start_new_session=True)
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + 900
     while not any("EngineCore" in cmd for _, cmd, _ in seen.values()):   # the engine is up
         assert proc.poll() is None and time.monotonic() < deadline
         _descendants(proc.pid, seen)
