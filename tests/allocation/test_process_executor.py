@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import functools
 import os
+import tempfile
 import time
 import types
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -208,6 +210,53 @@ def test_a_worker_process_closes_its_worker_before_it_ends(tmp_path):
     finally:
         ex.shutdown()
     assert closes(marks) == {"a": 1, "c": 1}
+
+
+class HoldsScratch(Echo):
+    """A worker with a ``ScratchFolder`` in its process's TMPDIR, as a vLLM engine has, whose
+    ``close()`` takes ``close_s`` seconds before it removes the folder."""
+
+    def __init__(self, name: str, close_s: float) -> None:
+        from mutualrl.storage import ScratchFolder
+        super().__init__(name)
+        self.scratch, self.close_s = ScratchFolder(f"mutualrl-{name}-"), close_s
+
+    def close(self) -> None:
+        time.sleep(self.close_s)
+        self.scratch.cleanup()
+
+
+@dataclass(frozen=True)
+class ScratchPath:
+    def __call__(self, worker):
+        return str(worker.scratch.path)
+
+
+def test_a_worker_killed_before_it_could_close_leaves_no_scratch_folder(tmp_path, monkeypatch):
+    """A worker slower to close than the executor waits for (an engine's shutdown on a loaded
+    machine), and one killed at its call's timeout, cannot remove their scratch folders: the
+    executor removes them once their processes are gone. The folder of a worker still running
+    is kept, and one that closed in time removed its own."""
+    from mutualrl.allocation import processes
+    monkeypatch.setenv("TMPDIR", str(tmp_path))          # the worker processes' TMPDIR
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(processes, "_EXIT_GRACE_S", 0.5)
+    ex = _ex(on_failure="continue")
+    ex.start({"slow": functools.partial(HoldsScratch, "slow", 60.0),
+              "hung": functools.partial(HoldsScratch, "hung", 0.0),
+              "quick": functools.partial(HoldsScratch, "quick", 0.0)})
+    try:
+        paths = {n: Path(r.value) for n, r in ex.call({n: ScratchPath() for n in
+                                                        ("slow", "hung", "quick")}).items()}
+        assert all(p.is_dir() and p.parent == tmp_path for p in paths.values())
+        out = ex.call({"hung": Snooze(60.0)}, timeout_s=1.0)
+        assert out["hung"].failure.kind == "timeout"
+        assert not paths["hung"].exists()               # killed at its timeout: removed
+        assert paths["slow"].is_dir() and paths["quick"].is_dir()   # still running: kept
+    finally:
+        ex.shutdown()
+    assert not paths["slow"].exists() and not paths["quick"].exists()
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_the_registry_builds_it_and_the_environment_is_planned():

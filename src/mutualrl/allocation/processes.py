@@ -46,6 +46,7 @@ import multiprocessing as mp
 import os
 import pickle
 import signal
+import tempfile
 import threading
 import time
 import traceback
@@ -60,6 +61,7 @@ from mutualrl.allocation.malloc import reuse_large_buffers
 from mutualrl.allocation.ranks import (RankFactory, RankGroup, free_port, group_size, merge_ranks,
                                        rank_env)
 from mutualrl.config import AllocationConfig
+from mutualrl.storage import sweep_scratch
 
 if TYPE_CHECKING:
     from mutualrl.allocation.planner import Plan
@@ -230,13 +232,19 @@ class _Proc:
         self.asked = False
 
     def kill(self) -> None:
-        """The worker and everything in its process group, at once."""
+        """The worker and everything in its process group, at once; then the scratch folders
+        it left (``storage.ScratchFolder``: a vLLM engine's copy of its model) are removed."""
         end_group(self.process.pid, 0.0)
         if self.process.is_alive():      # not yet in a group of its own
             self.process.kill()
         self.process.join(_EXIT_GRACE_S)
         self.conn.close()
         self.lifeline.close()
+        # A worker that closed in time removed its own; one killed first (hung, or slower to
+        # close than the grace allows, as an engine is on a loaded machine) could not, and its
+        # folder would wait for the next engine made in this TMPDIR. Only folders whose owner
+        # is gone are touched (their lock is free), whoever's they are.
+        sweep_scratch(tempfile.gettempdir())
 
     def ask_to_stop(self) -> None:
         if self.asked:
