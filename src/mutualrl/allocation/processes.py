@@ -217,6 +217,16 @@ def worker_env(threads: int, gpus: tuple[int, ...] | None) -> dict[str, str]:
     return env
 
 
+def _sweep_left_scratch() -> None:
+    """Once worker processes have ended: the scratch folders (``storage.ScratchFolder``, a vLLM
+    engine's copy of its model) of those killed before they could close, hung or slower to close
+    than the grace allows (an engine's shutdown on a loaded machine), which would otherwise wait
+    for the next engine made in this TMPDIR. Only folders whose owner is gone are touched (their
+    lock is free), whoever's they are. Every failed worker is retired (restart, continue) or
+    shut down, so both call this once."""
+    sweep_scratch(tempfile.gettempdir())
+
+
 class _Proc:
     def __init__(self, name: str, factory: Callable[[], object], env: dict[str, str],
                  threads: int, restarted: bool) -> None:
@@ -232,19 +242,13 @@ class _Proc:
         self.asked = False
 
     def kill(self) -> None:
-        """The worker and everything in its process group, at once; then the scratch folders
-        it left (``storage.ScratchFolder``: a vLLM engine's copy of its model) are removed."""
+        """The worker and everything in its process group, at once."""
         end_group(self.process.pid, 0.0)
         if self.process.is_alive():      # not yet in a group of its own
             self.process.kill()
         self.process.join(_EXIT_GRACE_S)
         self.conn.close()
         self.lifeline.close()
-        # A worker that closed in time removed its own; one killed first (hung, or slower to
-        # close than the grace allows, as an engine is on a loaded machine) could not, and its
-        # folder would wait for the next engine made in this TMPDIR. Only folders whose owner
-        # is gone are touched (their lock is free), whoever's they are.
-        sweep_scratch(tempfile.gettempdir())
 
     def ask_to_stop(self) -> None:
         if self.asked:
@@ -442,6 +446,7 @@ class ProcessExecutor:
         hung or died, or a failed rank group, was killed already: nothing is waited for."""
         for proc in self._procs.pop(name, ()):
             proc.stop()
+        _sweep_left_scratch()
 
     def _restart(self, name: str) -> None:
         self._retire(name)
@@ -460,3 +465,4 @@ class ProcessExecutor:
             proc.ask_to_stop()
         for proc in procs:
             proc.stop()
+        _sweep_left_scratch()
