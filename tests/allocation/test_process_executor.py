@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import tempfile
 import time
 import types
@@ -269,17 +270,15 @@ def test_the_registry_builds_it_and_the_environment_is_planned():
 def test_a_worker_process_killed_between_calls_is_reported_as_its_death():
     """SIGKILLed while idle (the OOM killer), its pipe breaks at the next call: the failure is
     ``WorkerDied`` with the exit code, as when it dies during a call (it was BrokenPipeError)."""
-    import signal
-    import time
-
     ex = _ex()
     ex.start({"a": functools.partial(Facts, "a")})
-    pid = ex.call({"a": Ask()})["a"].value["pid"]
-    os.kill(pid, signal.SIGKILL)
-    time.sleep(0.5)
-    from mutualrl.allocation.calls import WorkerFailedError
-    with pytest.raises(WorkerFailedError) as info:
-        ex.call({"a": Ask()})
-    [failure] = info.value.failures
-    assert failure.exc_type == "WorkerDied" and "code -9" in failure.message
-    ex.shutdown()
+    try:
+        pid = ex.call({"a": Ask()})["a"].value["pid"]
+        os.kill(pid, signal.SIGKILL)
+        time.sleep(0.5)
+        with pytest.raises(WorkerFailedError) as info:
+            ex.call({"a": Ask()})
+        [failure] = info.value.failures
+        assert failure.exc_type == "WorkerDied" and "code -9" in failure.message
+    finally:
+        ex.shutdown()
