@@ -92,3 +92,15 @@ def test_normaliser_check_by_character_matches_the_normaliser(retokenizers):
                              for _ in range(int(rng.integers(0, 12)))))
     assert normalizer_changes(prof, texts) == [norm.normalize_str(t) != t for t in texts]
 
+
+
+def test_batched_steps_beside_the_rust_pool_use_its_thread_count(monkeypatch):
+    from mutualrl.retokenize.encoding import rust_threads
+
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    monkeypatch.setenv("RAYON_NUM_THREADS", "3")
+    assert rust_threads() == 3
+    monkeypatch.setenv("RAYON_NUM_THREADS", "0")       # rayon's own default: one per core
+    assert rust_threads() >= 1
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
+    assert rust_threads() == 1

@@ -74,3 +74,24 @@ def test_numpy_edit_distance_matches_reference(a, b):
             cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (x != y)))
         prev = cur
     assert _levenshtein_numpy(a, b) == prev[-1]
+
+
+@SETTINGS
+@given(pairs=st.lists(st.tuples(st.binary(max_size=60), st.binary(max_size=60)), max_size=8),
+       workers=st.sampled_from([1, 2]))
+def test_batched_edit_distances_equal_the_per_pair_ones(pairs, workers):
+    from mutualrl.retokenize.residuals import byte_edit_distance, byte_edit_distances
+
+    a, b = [p[0] for p in pairs], [p[1] for p in pairs]
+    assert byte_edit_distances(a, b, workers) == [byte_edit_distance(x, y) for x, y in pairs]
+
+
+@SETTINGS
+@given(rows=st.lists(st.tuples(st.lists(st.integers(0, 3), max_size=5),
+                               st.lists(st.integers(0, 3), max_size=5)), min_size=1, max_size=8))
+def test_row_by_row_id_equality_in_whole_batch_passes(rows):
+    from mutualrl.retokenize.retokenizer import _equal_rows
+
+    a = [np.array(x, dtype=np.int64) for x, _ in rows]
+    b = [np.array(y, dtype=np.int64) for _, y in rows]
+    assert _equal_rows(a, b) == [np.array_equal(x, y) for x, y in zip(a, b)]

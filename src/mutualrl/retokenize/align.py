@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mutualrl.retokenize import kernels
+
 _EMPTY = np.zeros(0, dtype=np.int64)
 
 
@@ -241,6 +243,8 @@ class BatchAlignment:
     ``local`` is int64 of shape (6, G): the ``AlignmentGroups`` fields in that order, in per-text
     coordinates; text ``full[j]`` owns columns ``split[j-1]:split[j]`` (``split[-1] == G``).
     ``src_offset`` / ``tgt_offset`` give where each text starts in the concatenated ends.
+    ``src_all`` / ``tgt_all`` are those ends shifted to batch coordinates (numpy pass), or None
+    when the compiled kernel aligned the batch and gave ``stats`` with it (``statistics``).
     """
 
     full: list[int]
@@ -248,8 +252,9 @@ class BatchAlignment:
     split: np.ndarray
     src_offset: np.ndarray
     tgt_offset: np.ndarray
-    src_all: np.ndarray
-    tgt_all: np.ndarray
+    src_all: np.ndarray | None
+    tgt_all: np.ndarray | None
+    stats: np.ndarray | None = None
 
     def groups(self) -> list[AlignmentGroups]:
         """Each text's groups, in the order of ``full``: one (6, g) column view of ``local`` per
@@ -258,11 +263,41 @@ class BatchAlignment:
         bounds = self.split.tolist()
         return [of_block(local[:, lo:hi]) for lo, hi in zip([0, *bounds[:-1]], bounds)]
 
+    def statistics(self) -> np.ndarray:
+        """int64 (9, len(full)), per text: its groups; groups 1:1, 1:n and n:1 (source:target
+        tokens); the largest group's source tokens, target tokens and bytes; the distinct token
+        ends of the source and of the target. Every text must have at least one group (as the
+        retokenizer's ends, whose last end is the text's length on both sides, always do)."""
+        if self.stats is not None:
+            return self.stats
+        local, split = self.local, self.split
+        n_groups = np.diff(split, prepend=0)
+        gstart = split - n_groups
+        ns, nt = local[1] - local[0], local[3] - local[2]
+        one_s, one_t = ns == 1, nt == 1
+        card = np.add.reduceat(np.stack([one_s & one_t, one_s & (nt > 1), (ns > 1) & one_t]
+                                        ).astype(np.int64), gstart, axis=1)
+        largest = np.maximum.reduceat(np.stack([ns, nt, local[5] - local[4]]), gstart, axis=1)
+        uniq = [np.add.reduceat(_new_value(a, off), off)
+                for a, off in ((self.src_all, self.src_offset), (self.tgt_all, self.tgt_offset))]
+        return np.vstack([n_groups, card, largest, *uniq])
+
+
+def _new_value(ends: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """1 where an end differs from the previous one or starts a text, else 0 (int64)."""
+    out = np.ones(ends.size, dtype=np.int64)
+    out[1:] = ends[1:] != ends[:-1]
+    out[starts] = 1
+    return out
+
 
 def align_batch(src_ends: list[np.ndarray], tgt_ends: list[np.ndarray],
                 totals: list[int]) -> BatchAlignment | None:
     """One alignment over the concatenated ends of the texts with both sides non-empty (None:
-    no such text); see ``align_many``. ``src_all`` / ``tgt_all`` are the shifted ends."""
+    no such text); see ``align_many``. With the compiled kernels (``kernels.available``) each
+    text is walked once, two pointers over its two sides' ends, and its statistics are counted on
+    the way; otherwise (or for ends that are not non-decreasing within the text) in numpy passes
+    over the whole batch. Both give the same groups."""
     n = len(totals)
     s_sizes = np.fromiter(map(len, src_ends), dtype=np.int64, count=n)
     t_sizes = np.fromiter(map(len, tgt_ends), dtype=np.int64, count=n)
@@ -276,15 +311,18 @@ def align_batch(src_ends: list[np.ndarray], tgt_ends: list[np.ndarray],
         s_sizes, t_sizes, tot = s_sizes[keep], t_sizes[keep], tot[keep]
     if not full:
         return None
+    s_all, t_all = np.concatenate(srcs), np.concatenate(tgts)
+    s_start, t_start = np.cumsum(s_sizes) - s_sizes, np.cumsum(t_sizes) - t_sizes
+    walked = kernels.align(s_all, s_sizes, t_all, t_sizes, tot)
+    if walked is not None:
+        local, split, stats = walked
+        return BatchAlignment(full, local, split, s_start, t_start, None, None, stats)
     byte_off = np.cumsum(tot + 1) - (tot + 1)
-    s_all = np.concatenate(srcs)
     s_all += np.repeat(byte_off, s_sizes)
-    t_all = np.concatenate(tgts)
     t_all += np.repeat(byte_off, t_sizes)
     src_end, tgt_end, bounds = _common_ends(s_all, t_all, int(byte_off[-1] + tot[-1]))
     split = np.searchsorted(bounds, byte_off + tot, side="right")
     counts = np.diff(split, prepend=0)                   # groups per text
-    s_start, t_start = np.cumsum(s_sizes) - s_sizes, np.cumsum(t_sizes) - t_sizes
     local = np.empty((6, bounds.size), dtype=np.int64)
     # Ends in per-text coordinates; each group starts where the previous one ended, and the first
     # group of each text at 0 on every axis (the byte axis skips the one-byte gap).

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import os
 from collections import OrderedDict
 
 import numpy as np
 
+from mutualrl.retokenize import kernels
 from mutualrl.retokenize.normalize import char_table, decided_by_char
 from mutualrl.retokenize.profile import TokenizerProfile
-from mutualrl.retokenize.residuals import byte_edit_distance
+from mutualrl.retokenize.residuals import byte_edit_distance, byte_edit_distances
 
 
 class Encoded:
@@ -74,16 +76,19 @@ class Encoded:
             self._resolve()
         return self._changed
 
-    def with_rendering(self, rendered: bytes, changed: bool | None = None) -> None:
+    def with_rendering(self, rendered: bytes, changed: bool | None = None,
+                       distance: int | None = None) -> None:
         """Supply the rendering (from a batched decode) and, if known, whether the normaliser
-        changed the text (from a batched normalisation), before the residuals are read."""
+        changed the text (from a batched normalisation) and the rendering's edit distance to the
+        text (from a batched distance), before the residuals are read."""
         if self._lazy is None:
             return
         if changed is None:
             self._lazy = (*self._lazy[:3], rendered)
             return
         self._changed = changed
-        self._distance = byte_edit_distance(rendered, self._lazy[2])
+        self._distance = (byte_edit_distance(rendered, self._lazy[2]) if distance is None
+                          else distance)
         self._mismatch = self._distance > 0
         self._lazy = None
 
@@ -189,8 +194,16 @@ def spelled_ends(profile: TokenizerProfile, flat: np.ndarray, sizes: np.ndarray,
 
     Returns ``spells`` (N,) bool: ``profile.text_bytes(ids_i) == datas[i]``; and ``ends``, aligned
     with ``flat``: each token's byte end within its own text (``cumsum(piece_len[ids_i])``), read-only.
+    With the compiled kernels (``kernels.available``) this is one loop over the tokens and their
+    bytes, stopping at a text's first wrong byte.
     """
     n = sizes.size
+    if flat.size == 0 or (flat.min() >= 0 and flat.max() < profile.piece_len.size):
+        walked = kernels.spelled_ends(flat, sizes, profile.piece_len, *profile.piece_table(),
+                                      datas)
+        if walked is not None:
+            walked[1].flags.writeable = False
+            return walked
     lens = profile.piece_len[flat]
     ends, text_bytes = batch_ends(lens, sizes)
     ends.flags.writeable = False
@@ -383,8 +396,24 @@ def add_renderings(profile: TokenizerProfile, encoded: list[Encoded]) -> None:
         texts = profile.continuation.decode_batch([e.ids.tolist() for e in lazy],
                                                   skip_special_tokens=False)
         changed = normalizer_changes(profile, [e._lazy[1] for e in lazy])
-        for e, text, ch in zip(lazy, texts, changed):
-            e.with_rendering(text.encode(), ch)
+        rendered = [t.encode() for t in texts]
+        distances = byte_edit_distances(rendered, [e._lazy[2] for e in lazy], rust_threads())
+        for e, r, ch, dist in zip(lazy, rendered, changed, distances):
+            e.with_rendering(r, ch, dist)
+
+
+def rust_threads() -> int:
+    """The threads of the Rust tokenizers' pool, which a batched step beside it may use alike:
+    ``RAYON_NUM_THREADS``, else one per core; 1 with ``TOKENIZERS_PARALLELISM`` off."""
+    if os.environ.get("TOKENIZERS_PARALLELISM", "").strip().lower() in ("0", "false", "off", "no"):
+        return 1
+    try:
+        n = int(os.environ.get("RAYON_NUM_THREADS", ""))
+    except ValueError:
+        n = 0
+    if n > 0:
+        return n
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 # Normalisers that act on each character independently (up to canonical reordering, which a

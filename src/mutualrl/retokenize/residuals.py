@@ -52,8 +52,9 @@ import msgspec
 
 try:  # rapidfuzz's Levenshtein is C++ and bit-parallel; the numpy DP below is the fallback.
     from rapidfuzz.distance import Levenshtein as _Levenshtein
+    from rapidfuzz.process import cpdist as _cpdist
 except ImportError:  # pragma: no cover - depends on the environment
-    _Levenshtein = None
+    _Levenshtein = _cpdist = None
 
 import numpy as np
 
@@ -105,6 +106,17 @@ def byte_edit_distance(a: bytes, b: bytes) -> int:
     if _Levenshtein is not None:
         return int(_Levenshtein.distance(a, b))
     return _levenshtein_numpy(a, b)
+
+
+def byte_edit_distances(a: Sequence[bytes], b: Sequence[bytes], workers: int = 1) -> list[int]:
+    """``byte_edit_distance`` of each pair ``(a[i], b[i])``: with rapidfuzz one call for all of
+    them (``process.cpdist``), on ``workers`` threads."""
+    if _cpdist is None or len(a) < 2:
+        return [byte_edit_distance(x, y) for x, y in zip(a, b, strict=True)]
+    if len(a) != len(b):
+        raise ValueError(f"byte_edit_distances: {len(a)} and {len(b)} byte strings; expected "
+                         "as many of each")
+    return _cpdist(a, b, scorer=_Levenshtein.distance, workers=workers).tolist()
 
 
 def _levenshtein_numpy(a: bytes, b: bytes) -> int:

@@ -237,16 +237,9 @@ class Retokenizer:
         Every per-text total is a segment of one ``np.add.reduceat``, which sums a segment exactly
         as ``_total`` sums it alone, so the values equal ``_assemble``'s."""
         prof, full, local = self.profile, batch.full, batch.local
-        split = batch.split
-        n_groups = np.diff(split, prepend=0)
-        gstart = split - n_groups                      # every batch text has >= 1 group
-        ns, nt = local[1] - local[0], local[3] - local[2]
-        one_s, one_t = ns == 1, nt == 1
-        card = np.add.reduceat(np.stack([one_s & one_t, one_s & (nt > 1), (ns > 1) & one_t]
-                                        ).astype(np.int64), gstart, axis=1)
-        largest = np.maximum.reduceat(np.stack([ns, nt, local[5] - local[4]]), gstart, axis=1)
-        uniq = [np.add.reduceat(_new_value(a, off), off)
-                for a, off in ((batch.src_all, batch.src_offset), (batch.tgt_all, batch.tgt_offset))]
+        stats = batch.statistics()
+        n_groups = stats[0]
+        gstart = batch.split - n_groups                # every batch text has >= 1 group
         tgt_ids = np.concatenate([targets[k].ids for k in full])
         unk = (np.add.reduceat((tgt_ids == prof.unk_id).astype(np.int64), batch.tgt_offset)
                if prof.unk_id is not None else None)
@@ -259,10 +252,8 @@ class Retokenizer:
             gsums = np.add.reduceat(lp_all, local[0] + np.repeat(batch.src_offset, n_groups))
             mass_errors = np.abs(np.add.reduceat(lp_all, batch.src_offset)
                                  - np.add.reduceat(gsums, gstart)).tolist()
-        cols = (n_groups.tolist(), card[0].tolist(), card[1].tolist(), card[2].tolist(),
-                largest[0].tolist(), largest[1].tolist(), largest[2].tolist(),
-                uniq[0].tolist(), uniq[1].tolist(),
-                unk.tolist() if unk is not None else [0] * len(full), fallback.tolist())
+        cols = (*stats.tolist(), unk.tolist() if unk is not None else [0] * len(full),
+                fallback.tolist())
         return cols, tgt_ids, gsums, mass_errors
 
     def _sources(self, prof, texts, datas, source_ids, source_logprobs, flags) -> list[_Source]:
@@ -311,8 +302,13 @@ class Retokenizer:
         if todo:
             encs = encode_texts(prof, [texts[i] for i, _ in todo], [datas[i] for i, _ in todo],
                                 self.cache, residuals=False)
-            for (i, rendered), enc in zip(todo, encs):
-                ends[i] = self._source_ends(prof, parts[i][1], texts[i], datas[i], enc, rendered)
+            same = _equal_rows([e.ids for e in encs], [parts[i][1] for i, _ in todo])
+            for (i, rendered), enc, ok in zip(todo, encs, same):
+                if ok and rendered is None:   # a WordPiece sender's own encoding of its text
+                    ends[i] = (enc.ends, False, 0)
+                else:
+                    ends[i] = self._source_ends(prof, parts[i][1], texts[i], datas[i], enc,
+                                                rendered)
         return [_Source(ids, kept_index, e[0], eos_index, n_special, lp, e[1], e[2])
                 for (ids, _, kept_index, eos_index, n_special, lp), e in zip(parts, ends)]
 
@@ -379,17 +375,24 @@ def _trajectory(text, target_ids, groups, sums, residuals) -> RetokenizedTraject
     return obj
 
 
+def _equal_rows(a: list[np.ndarray], b: list[np.ndarray]) -> list[bool]:
+    """``np.array_equal(a[i], b[i])`` for every ``i``, in whole-batch passes."""
+    n = len(a)
+    size_a = np.fromiter(map(len, a), dtype=np.int64, count=n)
+    same = size_a == np.fromiter(map(len, b), dtype=np.int64, count=n)
+    rows = np.flatnonzero(same)
+    if rows.size:
+        rows_l = rows.tolist()
+        diff = np.concatenate([a[k] for k in rows_l]) != np.concatenate([b[k] for k in rows_l])
+        bad = np.concatenate(([0], np.cumsum(diff)))
+        stop = np.cumsum(size_a[rows])
+        same[rows] = bad[stop] == bad[stop - size_a[rows]]
+    return same.tolist()
+
+
 def _clip_ends(ends: np.ndarray, total: int) -> np.ndarray:
     # Whatever the source ids did not spell joins the last token.
     return pin_last(np.minimum(ends, total), total)
-
-
-def _new_value(ends: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """1 where an end differs from the previous one or starts a text, else 0 (int64)."""
-    out = np.ones(ends.size, dtype=np.int64)
-    out[1:] = ends[1:] != ends[:-1]
-    out[starts] = 1
-    return out
 
 
 def _remap_source(groups: AlignmentGroups, kept_index: np.ndarray) -> AlignmentGroups:
