@@ -20,11 +20,17 @@ from mutualrl.retokenize.encoding import spelled_ends
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="numba not installed")
 
 
+@pytest.fixture(autouse=True)
+def every_batch(monkeypatch):
+    """The kernels for batches of any size (``auto`` keeps small ones on the numpy passes)."""
+    monkeypatch.setenv("MUTUALRL_KERNELS", "numba")
+
+
 @pytest.fixture
 def numpy_only(monkeypatch):
     """Run the callers' numpy passes, as without numba."""
     def off():
-        monkeypatch.setattr(kernels, "_compiled", lambda: None)
+        monkeypatch.setenv("MUTUALRL_KERNELS", "numpy")
     return off
 
 
@@ -55,7 +61,7 @@ def test_walked_alignment_and_statistics_equal_the_numpy_passes(batch):
     src, tgt, totals = batch
     walked = align_batch(src, tgt, totals)
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(kernels, "_compiled", lambda: None)
+        m.setenv("MUTUALRL_KERNELS", "numpy")
         passes = align_batch(src, tgt, totals)
     if passes is None:
         assert walked is None
@@ -138,6 +144,20 @@ def test_an_id_out_of_range_is_refused_as_by_the_numpy_pass():
     for bad in (prof.piece_len.size, -prof.piece_len.size - 1):
         with pytest.raises(IndexError):
             spelled_ends(prof, np.array([5, bad], dtype=np.int64), np.array([2]), [b"ab"])
+
+
+def test_auto_uses_the_kernels_from_a_batch_size_on(monkeypatch):
+    monkeypatch.setenv("MUTUALRL_KERNELS", "auto")
+    half = kernels.MIN_TOKENS // 2
+    small = [np.arange(1, half // 2 + 1, dtype=np.int64)]
+    assert align_batch(small, small, [half // 2]).stats is None             # numpy passes
+    big = [np.arange(1, half + 1, dtype=np.int64)]
+    assert align_batch(big, big, [half]).stats is not None                  # the kernel
+    monkeypatch.setenv("MUTUALRL_KERNELS", "numpy")
+    assert align_batch(big, big, [half]).stats is None
+    monkeypatch.setenv("MUTUALRL_KERNELS", "fast")
+    with pytest.raises(ValueError, match="MUTUALRL_KERNELS: expected one of auto, numba, numpy"):
+        align_batch(big, big, [half])
 
 
 def test_the_environment_turns_the_kernels_off():

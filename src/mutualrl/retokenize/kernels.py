@@ -3,14 +3,19 @@
 The batch path's numpy passes each cost a call and a pass over the batch: fine for one large
 array, but the spelling check of a batch is about ten of them over every byte, and the alignment
 and its per-text statistics as many again. Here each is one loop over the batch's tokens, compiled
-by numba on first use and cached on disk (``cache=True``), run without the GIL.
+by numba and cached on disk (``cache=True``), run without the GIL.
 
-``available()`` says whether they are used: numba is installed and ``MUTUALRL_KERNELS`` is not
-``numpy``. Without numba (or with ``MUTUALRL_KERNELS=numpy``) the callers take their numpy passes,
-which stay the reference: the tests check that both give the same arrays.
+When they are used (``MUTUALRL_KERNELS``):
 
-numba is imported on first use, not with this module: a process that never retokenizes a batch
-does not pay for its import (about half a second).
+* ``auto`` (the default): for a batch of at least ``MIN_TOKENS`` tokens. A process pays once for
+  the first use: numba's import and loading the cached machine code, about 0.8 s on a 2-core VM
+  (about 3 s more the first time after an install, when it is compiled). A short CPU run that
+  moves a few completions a step would lose more there than the kernels save it, and its small
+  batches are quick in numpy; large batches are where the numpy passes' cost is.
+* ``numba``: for every batch. ``numpy``: never.
+
+Without numba installed the callers always take their numpy passes, which stay the reference:
+the tests check that both give the same arrays.
 """
 
 from __future__ import annotations
@@ -20,12 +25,21 @@ import os
 
 import numpy as np
 
+MIN_TOKENS = 8192      # tokens of a batch (both sides) from which ``auto`` uses the kernels
+_MODES = ("auto", "numba", "numpy")
+
+
+def mode() -> str:
+    """``MUTUALRL_KERNELS``: auto (default), numba or numpy."""
+    value = os.environ.get("MUTUALRL_KERNELS", "").strip().lower() or "auto"
+    if value not in _MODES:
+        raise ValueError(f"MUTUALRL_KERNELS: expected one of {', '.join(_MODES)}, got {value!r}")
+    return value
+
 
 @functools.cache
 def _compiled():
-    """The compiled kernels, or None when numba is missing or turned off."""
-    if os.environ.get("MUTUALRL_KERNELS", "").strip().lower() == "numpy":
-        return None
+    """The compiled kernels, or None when numba is missing."""
     try:
         import numba
     except ImportError:
@@ -35,16 +49,24 @@ def _compiled():
 
 
 def available() -> bool:
-    """Whether the compiled kernels are used (numba installed, ``MUTUALRL_KERNELS`` != numpy)."""
-    return _compiled() is not None
+    """Whether the kernels can be used: numba is installed and ``MUTUALRL_KERNELS`` is not
+    ``numpy`` (imports numba)."""
+    return mode() != "numpy" and _compiled() is not None
+
+
+def _for(tokens: int):
+    """The kernels for a batch of ``tokens`` tokens, or None (see the module docstring)."""
+    m = mode()
+    if m == "numpy" or (m == "auto" and tokens < MIN_TOKENS):
+        return None
+    return _compiled()
 
 
 def spelled_ends(flat: np.ndarray, sizes: np.ndarray, piece_len: np.ndarray, buf: np.ndarray,
                  start: np.ndarray, datas: list[bytes]):
-    """``encoding.spelled_ends`` in one pass: (spells, ends), or None without the kernels.
-
-    ``buf`` / ``start`` are the profile's piece table (``TokenizerProfile.piece_table``)."""
-    k = _compiled()
+    """``encoding.spelled_ends`` in one pass: (spells, ends), or None where the kernels are not
+    used. ``buf`` / ``start`` are the profile's piece table (``TokenizerProfile.piece_table``)."""
+    k = _for(flat.size)
     if k is None:
         return None
     n = len(datas)
@@ -59,13 +81,13 @@ def align(s_all: np.ndarray, s_sizes: np.ndarray, t_all: np.ndarray, t_sizes: np
     """The groups of texts laid end to end in per-text coordinates, and their statistics, from
     each side's ends concatenated (``s_all`` / ``t_all``, per-text coordinates, ``*_sizes`` ends
     per text, every text with at least one on each side). Returns (local (6, G), split (n,),
-    stats (9, n)), or None without the kernels or when some text's ends break the aligner's
-    contract (non-decreasing from 0, the last one the text's length; ``align``): the numpy pass
-    then handles them as it always did.
+    stats (9, n)), or None where the kernels are not used or some text's ends break the
+    aligner's contract (non-decreasing from 0, the last one the text's length; ``align``): the
+    numpy pass then handles them as it always did.
 
     ``stats`` rows per text: groups, groups 1:1, 1:n, n:1, the largest group's source tokens,
     target tokens and bytes, and the distinct ends of each side."""
-    k = _compiled()
+    k = _for(s_all.size + t_all.size)
     if k is None:
         return None
     ok, local, split, stats = k["align"](s_all, s_sizes, t_all, t_sizes, totals)
