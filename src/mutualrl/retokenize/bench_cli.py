@@ -53,10 +53,19 @@ def _parse_pairs(text: str | None) -> tuple[tuple[str, str], ...]:
 
 def _machine() -> dict:
     """Where the numbers were taken (no torch import: the benchmark does not need it)."""
+    import importlib.metadata
+
     import numpy
     import tokenizers
 
-    return machine_info(numpy=numpy.__version__, tokenizers=tokenizers.__version__)
+    from mutualrl.retokenize import kernels
+
+    try:
+        numba = importlib.metadata.version("numba")
+    except importlib.metadata.PackageNotFoundError:
+        numba = None
+    return machine_info(numpy=numpy.__version__, tokenizers=tokenizers.__version__, numba=numba,
+                        kernels=kernels.mode())
 
 
 def _print_table(results: dict) -> None:
