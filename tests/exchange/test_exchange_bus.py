@@ -175,3 +175,38 @@ def test_a_record_readers_would_refuse_is_refused_at_publish(tmp_path) -> None:
         bus.publish(Watermark(producer="a", version=-1), producer="a", version=0)
     assert bus.publish(Watermark(producer="a", version=1), producer="a", version=1) == 0
     assert bus.stats()["published"] == 1
+
+
+def test_queued_deliveries_survive_the_state_and_come_back_first() -> None:
+    import pickle
+
+    bus = ExperienceBus()
+    sub = bus.subscribe(name="strategy")
+    for i in range(3):
+        bus.publish(rollout(prompt=f"p{i}"), producer="a", version=i)
+    sub.drain_deliveries(1)                          # the first was read before the checkpoint
+    state = pickle.loads(pickle.dumps(bus.state_dict()))   # as a checkpoint keeps it
+    assert [d.seq for d in state["queued"]["strategy"]] == [1, 2]
+    assert len(sub) == 2                             # taking the state leaves them queued
+
+    resumed = ExperienceBus()
+    again = resumed.subscribe(name="strategy")
+    other = resumed.subscribe(name="other")
+    resumed.load_state_dict(state)
+    assert len(other) == 0
+    assert again.delivered == 3 and again.dropped == 0    # counted once, when first delivered
+    resumed.publish(rollout(prompt="p3"), producer="a", version=3)
+    got = again.drain_deliveries()
+    assert [d.seq for d in got] == [1, 2, 3]         # the restored ones first, then the new one
+    assert [d.record.prompt for d in got] == ["p1", "p2", "p3"]
+
+
+def test_queued_deliveries_for_a_subscription_the_bus_lacks_are_refused() -> None:
+    bus = ExperienceBus()
+    bus.subscribe(name="paced:a")
+    bus.publish(rollout(), producer="a", version=0)
+    fresh = ExperienceBus()
+    fresh.subscribe(name="strategy")
+    with pytest.raises(ValueError, match=r"queued for subscriptions \['paced:a'\].*"
+                                         r"it has \['strategy'\]"):
+        fresh.load_state_dict(bus.state_dict())

@@ -112,6 +112,18 @@ class Subscription:
         with self._cond:
             return len(self._queue)
 
+    def queued(self) -> list[Delivery]:
+        """The deliveries waiting, oldest first, left in the queue (a checkpoint keeps them)."""
+        with self._cond:
+            return list(self._queue)
+
+    def restore(self, deliveries: list[Delivery]) -> None:
+        """Queue ``deliveries`` again, ahead of anything that arrived since, as a checkpoint left
+        them: they were delivered and counted before, so neither filter nor counter sees them."""
+        with self._cond:
+            self._queue.extendleft(reversed(deliveries))
+            self._cond.notify_all()
+
     def close(self) -> None:
         """Stop receiving (queued items stay drainable); unblocks a waiting publisher."""
         with self._cond:
@@ -255,8 +267,10 @@ class ExperienceBus:
 
     def state_dict(self) -> dict[str, Any]:
         """What a resumed run needs to continue this bus: the next seq and the seqs seen per
-        producer, the counters, and each subscriber's counters. Queued deliveries are not kept:
-        the loop checkpoints between steps, when its subscription has been drained."""
+        producer, the counters, each subscriber's counters and the deliveries still queued for it
+        (records published after a step's drain, such as a strategy's own, wait there for the
+        next step). The records are kept as they are (a checkpoint pickles them), so a resumed
+        run needs every kind among them registered, as the run that wrote it had."""
         with self._lock:
             out: dict[str, Any] = {
                 "next_seq": dict(self._next_seq),
@@ -266,6 +280,7 @@ class ExperienceBus:
             subs = {**self._retired, **self._subs}
         out["subscribers"] = {n: {"delivered": s.delivered, "dropped": s.dropped, "queued": len(s)}
                               for n, s in subs.items()}
+        out["queued"] = {n: q for n, q in ((n, s.queued()) for n, s in subs.items()) if q}
         return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -284,6 +299,13 @@ class ExperienceBus:
         for name, counts in state["subscribers"].items():
             if name in subs:
                 subs[name].delivered, subs[name].dropped = counts["delivered"], counts["dropped"]
+        missing = sorted(set(state.get("queued", {})) - set(subs))
+        if missing:
+            raise ValueError(f"bus state: deliveries are queued for subscriptions {missing}, which "
+                             f"this bus does not have (it has {sorted(subs)}); subscribe them "
+                             "before loading the state")
+        for name, deliveries in state.get("queued", {}).items():
+            subs[name].restore(deliveries)
 
     def stats(self) -> dict[str, Any]:
         """Counters: published (and by kind), duplicates, delivered, dropped, log bytes, and

@@ -8,9 +8,9 @@ A checkpoint is taken between steps (the loop's ``save`` phase, every ``save_ste
   the worker that holds the policy, wherever it lives (the path must be visible to it);
 * ``strategy.pkl``      the strategy's ``state_dict()`` (e.g. SGT's success buffer), if it has one;
 * ``run.pkl``           the next step, reward history, phase times, verifier counters, policy
-  versions, the exchange bus's numbering and counters, the byte length of the append-only record
-  files (``metrics.jsonl``, ``heldout.jsonl``) and of every experience-log segment at that moment,
-  global RNG states, and the resolved config;
+  versions, the exchange bus's numbering, counters and still-queued deliveries, the byte length
+  of the append-only record files (``metrics.jsonl``, ``heldout.jsonl``) and of every
+  experience-log segment at that moment, global RNG states, and the resolved config;
 * ``manifest.json``     written last: format, step and the sha256 of every file above.
 
 Atomic: everything is written into a temporary directory, fsynced, the manifest last, then the

@@ -2,7 +2,8 @@
 
 Every rollout, every group's reward statistics, every verified success and each producer's
 version watermark go through the ``ExperienceBus`` (and so into the run's experience log);
-strategies read peer experience back from a subscription, never from another policy's memory.
+strategies read peer experience back from a subscription, never from another policy's memory,
+and what they publish there themselves (every kind, a user's own included) the next step.
 A recorded log can stand in for a live peer (a frozen, reproducible "teacher pool").
 """
 
@@ -18,9 +19,11 @@ from mutualrl.exchange import (Delivery, ExchangeError, ExperienceBus, Experienc
 
 
 def open_bus(run_dir: Path, cfg) -> tuple[ExperienceBus, object]:
-    """A bus with the run's log attached (if enabled) and the loop's subscription to it."""
+    """A bus with the run's log attached (if enabled) and the loop's subscription to it: every
+    kind, the built-in ones and any a user registered, so what a strategy publishes
+    (``ctx.publish``) reaches the strategies of the next step."""
     bus = ExperienceBus(log=ExperienceLog(run_dir) if cfg.log else None)
-    sub = bus.subscribe(kinds={"rollout", "group_stats", "verified_success"}, name="strategy",
+    sub = bus.subscribe(kinds=None, name="strategy",
                         maxsize=cfg.queue_size, overflow=cfg.overflow, timeout=cfg.block_timeout_s)
     return bus, sub
 

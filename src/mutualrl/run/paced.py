@@ -82,8 +82,8 @@ class Pace:
         self.channel = QueueChannel(names)
         self.strategies = {n: build_strategy(run.cfg) for n in names}
         ex = run.cfg.exchange
-        self.own = {n: run.bus.subscribe(kinds={"rollout", "group_stats", "verified_success"},
-                                         producers=[n], name=f"paced:{n}", maxsize=ex.queue_size,
+        self.own = {n: run.bus.subscribe(kinds=None, producers=[n], name=f"paced:{n}",
+                                         maxsize=ex.queue_size,
                                          overflow=ex.overflow, timeout=ex.block_timeout_s)
                     for n in names}
         self.failed: set[str] = set()
