@@ -229,3 +229,60 @@ def test_a_rank_group_is_one_actor_per_rank_in_one_process_group(cluster):
     finally:
         ex.shutdown()
     assert all(t["state"] == "REMOVED" for t in ray.util.placement_group_table().values())
+
+
+def _scratch_classes():
+    # shipped by value, as _classes
+    import time
+    from dataclasses import dataclass
+
+    class HoldsScratch:
+        """A ``ScratchFolder`` in its actor's TMPDIR, as a vLLM engine has; ``close()`` takes
+        ``close_s`` seconds before it removes the folder."""
+
+        def __init__(self, name: str, close_s: float) -> None:
+            from mutualrl.storage import ScratchFolder
+            self.scratch, self.close_s = ScratchFolder(f"mutualrl-raytest-{name}-"), close_s
+
+        def close(self) -> None:
+            time.sleep(self.close_s)
+            self.scratch.cleanup()
+
+    @dataclass(frozen=True)
+    class ScratchPath:
+        def __call__(self, worker):
+            return str(worker.scratch.path)
+
+    @dataclass(frozen=True)
+    class Snooze:
+        s: float
+
+        def __call__(self, worker):
+            time.sleep(self.s)
+
+    return HoldsScratch, ScratchPath, Snooze
+
+
+def test_an_actor_killed_before_it_could_close_leaves_no_scratch_folder(cluster, monkeypatch):
+    """As on the process executor: an actor killed at its call's timeout, and one slower to
+    close than the executor waits for, cannot remove their scratch folders; the executor has
+    them removed on their node once their processes are gone. One still running keeps its
+    folder. (Two actors: the test cluster has two CPUs.)"""
+    from pathlib import Path
+
+    from mutualrl.allocation import ray_executor
+    monkeypatch.setattr(ray_executor, "CLOSE_TIMEOUT_S", 1.0)
+    HoldsScratch, ScratchPath, Snooze = _scratch_classes()
+    ex = _executor(on_failure="continue")
+    ex.start({"slow": lambda: HoldsScratch("slow", 60.0), "hung": lambda: HoldsScratch("hung", 0.0)})
+    try:
+        paths = {n: Path(r.value) for n, r in ex.call({n: ScratchPath() for n in
+                                                        ("slow", "hung")}).items()}
+        assert all(p.is_dir() for p in paths.values())
+        out = ex.call({"hung": Snooze(60.0)}, timeout_s=2.0)
+        assert out["hung"].failure.kind == "timeout"
+        assert not paths["hung"].exists()               # killed at its timeout: removed
+        assert paths["slow"].is_dir()                   # still running: kept
+    finally:
+        ex.shutdown()                                   # slow to close: killed, then removed
+    assert not paths["slow"].exists()

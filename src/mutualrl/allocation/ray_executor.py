@@ -42,7 +42,8 @@ from ray.util.placement_group import (
     placement_group_table,
     remove_placement_group,
 )
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.scheduling_strategies import (NodeAffinitySchedulingStrategy,
+                                            PlacementGroupSchedulingStrategy)
 
 from mutualrl.config import AllocationConfig
 from mutualrl.allocation.calls import (CallResult, FailurePolicy, WorkerCall, WorkerFailedError,
@@ -58,6 +59,9 @@ from mutualrl.allocation.ranks import RankFactory, RankGroup, free_port, merge_r
 RANK_FAILURE_GRACE_S = 2.0
 # How long a shutdown waits for its workers to close before it kills them.
 CLOSE_TIMEOUT_S = 10.0
+# How long a node's sweep waits for the processes of killed actors to end (``ray.kill`` returns
+# before they have; on a loaded node it can take seconds).
+KILLED_EXIT_WAIT_S = 10.0
 
 
 class PlacementError(RuntimeError):
@@ -95,6 +99,53 @@ class _Hosting:
     def close(self, name: str) -> None:
         if self.obj is not None:
             close_worker(name, self.obj)
+
+    def where(self) -> tuple[str, int]:
+        """This actor's node and process id: where its scratch folders are, and whose end a
+        sweep of that node waits for once the actor is killed (``RayExecutor._retire``)."""
+        import os
+        return ray.get_runtime_context().get_node_id(), os.getpid()
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process may still hold its files. A killed process's first thread turns zombie
+    while its other threads (an actor has many) still exit, and its files, and so its locks, are
+    closed only with the last of them: alive while any thread is not a zombie."""
+    import os
+    try:
+        states = []
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/stat") as f:
+                states.append(f.read().rsplit(")", 1)[1].split()[0])
+        return any(state not in ("Z", "X") for state in states)
+    except FileNotFoundError:        # gone (reaped), or a thread gone while listing: look again
+        return os.path.exists(f"/proc/{pid}") and _alive_by_signal(pid)
+    except OSError:                  # no /proc: whether it can be signalled
+        return _alive_by_signal(pid)
+
+
+def _alive_by_signal(pid: int) -> bool:
+    import os
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _sweep_node(pids: list[int], wait_s: float) -> list[str]:
+    """A task on one node: once the killed actors' processes ``pids`` are gone (at most
+    ``wait_s``), remove the scratch folders in its TMPDIR whose owner is gone
+    (``storage.sweep_scratch``, as the process executor does on its own machine)."""
+    import tempfile
+
+    from mutualrl.storage import sweep_scratch
+    deadline = time.monotonic() + wait_s
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [str(p) for p in sweep_scratch(tempfile.gettempdir())]
 
 
 class _Host(_Hosting):
@@ -161,6 +212,7 @@ class RayExecutor:
         self._options: dict[str, dict] = {}
         self._threads: dict[str, int] = {}
         self._actors: dict[str, Any] = {}
+        self._where: dict[str, list[tuple[str, int]]] = {}   # worker -> its actors' node, pid
         self._pgs: dict[str, PlacementGroup] = {}
         self._busy: dict[str, float] = {}
         self._lock = threading.Lock()   # paced runs call from several driver threads
@@ -275,6 +327,13 @@ class RayExecutor:
         if failures:
             self.shutdown()
             raise WorkerFailedError(failures, results)
+        self._locate(list(factories))
+
+    def _locate(self, names: list[str]) -> None:
+        """Each actor's node and pid, asked once it is built (a hung actor could not answer)."""
+        refs = {n: [a.where.remote() for a in self._actors[n]] for n in names}
+        for n, per in refs.items():
+            self._where[n] = ray.get(per, timeout=self.alloc.call_timeout_s)
 
     def _spawn(self, name: str, restarted: bool) -> list:
         """Start the worker's actor(s); the refs that say each is built."""
@@ -394,6 +453,23 @@ class RayExecutor:
         for per in actors.values():
             for actor in per:
                 ray.kill(actor)
+        self._sweep([w for n in names for w in self._where.pop(n, [])])
+
+    def _sweep(self, where: list[tuple[str, int]]) -> None:
+        """On each node that held one of these (killed) actors, once their processes are gone,
+        remove the scratch folders of actors killed before they could close (a hung one, or one
+        slower to close than ``CLOSE_TIMEOUT_S``: a vLLM engine's copy of its model), which
+        would otherwise stay until the next engine made on that node. Only folders whose owner
+        is gone are touched."""
+        nodes: dict[str, list[int]] = {}
+        for node, pid in where:
+            nodes.setdefault(node, []).append(pid)
+        refs = [ray.remote(num_cpus=0)(_sweep_node).options(
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
+                ).remote(pids, KILLED_EXIT_WAIT_S) for node, pids in nodes.items()]
+        if refs:
+            with contextlib.suppress(Exception):   # a node gone with its actors: nothing to do
+                ray.wait(refs, num_returns=len(refs), timeout=KILLED_EXIT_WAIT_S + 10.0)
 
     def _restart(self, name: str) -> None:
         self._retire([name])  # frees their share of the bundle for the new actors
@@ -401,6 +477,7 @@ class RayExecutor:
         res = self._wait({name: ready}, "restart", self.alloc.call_timeout_s)
         if not res[name].ok:
             raise RuntimeError(f"restart of worker {name!r} failed: {res[name].failure}")
+        self._locate([name])
 
     def _remove(self, name: str) -> None:
         self._retire([name])
