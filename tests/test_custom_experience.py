@@ -106,3 +106,27 @@ def test_a_registered_kind_reaches_the_peers_of_a_paced_run(tmp_path, fast_run_b
         assert sum(received) >= 1, (name, received)
         # what arrives was published at an earlier step: never the step's own, never the future
         assert all(f < s for s, f in zip(sorted(rows), latest)), (name, latest)
+
+
+def test_a_checkpoint_holding_a_class_this_process_cannot_import_says_so(tmp_path, monkeypatch):
+    """A kind defined in a script's ``__main__``: its records are in the checkpoint, but another
+    process cannot import their class. The resume says which file and what to do."""
+    import pickle
+    import sys
+    import types
+
+    from mutualrl.config import ConfigError
+    from mutualrl.run.checkpoint import _unpickle
+
+    script = types.ModuleType("a_training_script")
+    exec("import msgspec\nclass Note(msgspec.Struct, frozen=True):\n    text: str\n",
+         script.__dict__)
+    script.Note.__module__ = "a_training_script"
+    monkeypatch.setitem(sys.modules, "a_training_script", script)
+    path = tmp_path / "run.pkl"
+    path.write_bytes(pickle.dumps({"bus": {"queued": {"strategy": [script.Note(text="hi")]}}}))
+    assert _unpickle(path)["bus"]["queued"]["strategy"][0].text == "hi"
+    monkeypatch.delitem(sys.modules, "a_training_script")      # the next process: not there
+    with pytest.raises(ConfigError, match=r"--resume: .*run\.pkl holds an object whose class "
+                                          r"this process cannot import .*a_training_script"):
+        _unpickle(path)

@@ -176,8 +176,7 @@ def latest(run_dir: Path, report=print) -> Checkpoint | None:
     for path in reversed(_candidates(Path(run_dir) / CHECKPOINT_DIR)):
         problem = verify(path)
         if problem is None:
-            return Checkpoint(path, int(path.name[len(PREFIX):]),
-                              pickle.loads((path / "run.pkl").read_bytes()))
+            return Checkpoint(path, int(path.name[len(PREFIX):]), _unpickle(path / "run.pkl"))
         report(f"checkpoint {path} skipped: {problem}; trying the previous one")
     return None
 
@@ -316,12 +315,26 @@ def restore(run: Run, ckpt: Checkpoint) -> int:
         raise RuntimeError(f"--resume: restoring {sorted(set(names) - set(loaded))} failed")
     state = dict(ckpt.state)
     if (ckpt.path / "strategy.pkl").is_file():
-        state["strategy"] = pickle.loads((ckpt.path / "strategy.pkl").read_bytes())
+        state["strategy"] = _unpickle(ckpt.path / "strategy.pkl")
     run.load_state_dict(state)
     return int(state["step"])
 
 
 # ---- small file helpers -------------------------------------------------------------------------
+def _unpickle(path: Path) -> Any:
+    """A checkpoint's pickled state. Records a strategy published or kept (a registered
+    experience kind, a strategy's buffer) come back as their classes, so a class this process
+    cannot import (one defined in a script's ``__main__``, or in a module no longer installed)
+    is an error that says so, not pickle's own."""
+    try:
+        return pickle.loads(path.read_bytes())
+    except (AttributeError, ImportError) as exc:
+        raise ConfigError(f"--resume: {path} holds an object whose class this process cannot "
+                          f"import ({exc}); expected every experience kind and strategy the run "
+                          "used to be importable, as when it wrote the checkpoint: define them "
+                          "in an installed module (an entry point), not in a script") from exc
+
+
 def _write(path: Path, data: bytes) -> None:
     with open(path, "wb") as f:
         f.write(data)
