@@ -294,10 +294,11 @@ def _new_value(ends: np.ndarray, starts: np.ndarray) -> np.ndarray:
 def align_batch(src_ends: list[np.ndarray], tgt_ends: list[np.ndarray],
                 totals: list[int]) -> BatchAlignment | None:
     """One alignment over the concatenated ends of the texts with both sides non-empty (None:
-    no such text); see ``align_many``. With the compiled kernels (``kernels.available``) each
-    text is walked once, two pointers over its two sides' ends, and its statistics are counted on
-    the way; otherwise (or for ends that are not non-decreasing within the text) in numpy passes
-    over the whole batch. Both give the same groups."""
+    no such text); see ``align_many``. Where the compiled loops run (``kernels``: by default a
+    batch of at least ``kernels.MIN_TOKENS`` tokens) each text is walked once, two pointers over
+    its two sides' ends, and its statistics are counted on the way; otherwise, and for ends
+    outside the contract (non-decreasing, the last end the text's length), in numpy passes over
+    the whole batch. Both give the same groups and statistics."""
     n = len(totals)
     s_sizes = np.fromiter(map(len, src_ends), dtype=np.int64, count=n)
     t_sizes = np.fromiter(map(len, tgt_ends), dtype=np.int64, count=n)
