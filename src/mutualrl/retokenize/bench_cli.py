@@ -13,6 +13,7 @@ from pathlib import Path
 
 from mutualrl.provenance import git_commit, machine_info
 from mutualrl.retokenize.benchmark import DEFAULT_PAIRS, run_benchmark
+from mutualrl.retokenize.encoding import rust_threads
 
 _ROWS = ("encode", "encode_batch", "encode_batch_fast", "align", "align_per_text", "end_to_end",
          "end_to_end_batch", "e2e_target", "e2e_source", "align_trl", "align_spacy", "align_naive")
@@ -106,22 +107,9 @@ def set_threads(threads: int | None) -> dict:
     # Both sides of every ratio use that pool for their Rust calls and one Python thread besides
     # (a helper thread for the receiver's encode beside the sender's side was tried: slower, as
     # the pool already keeps every core busy).
-    return {"requested": threads, "cpu_count": os.cpu_count(), "tokenizers_pool": _pool(),
+    return {"requested": threads, "cpu_count": os.cpu_count(), "tokenizers_pool": rust_threads(),
             **{k: os.environ.get(k) for k in ("RAYON_NUM_THREADS", "TOKENIZERS_PARALLELISM")},
             "python_threads": 1}
-
-
-def _pool() -> int:
-    """Threads of the Rust tokenizers' pool as the environment sets it (``TOKENIZERS_PARALLELISM``
-    off: 1; ``RAYON_NUM_THREADS``; else one per core)."""
-    if os.environ.get("TOKENIZERS_PARALLELISM", "true").lower() in ("", "off", "false", "f",
-                                                                     "no", "n", "0"):
-        return 1
-    try:
-        n = int(os.environ.get("RAYON_NUM_THREADS", "0"))
-    except ValueError:
-        n = 0
-    return n if n > 0 else (os.cpu_count() or 1)
 
 
 def run(args: argparse.Namespace) -> int:

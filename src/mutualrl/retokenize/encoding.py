@@ -198,12 +198,10 @@ def spelled_ends(profile: TokenizerProfile, flat: np.ndarray, sizes: np.ndarray,
     bytes, stopping at a text's first wrong byte.
     """
     n = sizes.size
-    if flat.size == 0 or (flat.min() >= 0 and flat.max() < profile.piece_len.size):
-        walked = kernels.spelled_ends(flat, sizes, profile.piece_len, *profile.piece_table(),
-                                      datas)
-        if walked is not None:
-            walked[1].flags.writeable = False
-            return walked
+    walked = kernels.spelled_ends(flat, sizes, profile.piece_len, *profile.piece_table(), datas)
+    if walked is not None:
+        walked[1].flags.writeable = False
+        return walked
     lens = profile.piece_len[flat]
     ends, text_bytes = batch_ends(lens, sizes)
     ends.flags.writeable = False
@@ -405,7 +403,8 @@ def add_renderings(profile: TokenizerProfile, encoded: list[Encoded]) -> None:
 def rust_threads() -> int:
     """The threads of the Rust tokenizers' pool, which a batched step beside it may use alike:
     ``RAYON_NUM_THREADS``, else one per core; 1 with ``TOKENIZERS_PARALLELISM`` off."""
-    if os.environ.get("TOKENIZERS_PARALLELISM", "").strip().lower() in ("0", "false", "off", "no"):
+    if os.environ.get("TOKENIZERS_PARALLELISM", "true").strip().lower() in ("", "off", "false",
+                                                                            "f", "no", "n", "0"):
         return 1
     try:
         n = int(os.environ.get("RAYON_NUM_THREADS", ""))

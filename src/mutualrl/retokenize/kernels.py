@@ -64,10 +64,10 @@ def _for(tokens: int):
 def spelled_ends(flat: np.ndarray, sizes: np.ndarray, piece_len: np.ndarray, buf: np.ndarray,
                  start: np.ndarray, datas: list[bytes]):
     """``encoding.spelled_ends`` in one pass: (spells, ends), or None where the kernels are not
-    used. ``buf`` / ``start`` are the profile's piece table (``TokenizerProfile.piece_table``)."""
+    used or an id is out of the vocabulary. ``buf`` / ``start`` are the profile's piece table (``TokenizerProfile.piece_table``)."""
     k = _for(flat.size)
-    if k is None:
-        return None
+    if k is None or (flat.size and (flat.min() < 0 or flat.max() >= piece_len.size)):
+        return None   # an id out of range: the numpy pass raises for it, as it always did
     n = len(datas)
     off = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.fromiter(map(len, datas), dtype=np.int64, count=n), out=off[1:])
