@@ -33,7 +33,7 @@ python3 -c "import torch, transformers; print('torch', torch.__version__, '| tra
 echo "== gpu-marked tests"
 timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -m gpu -rA -s -q -o junit_family=xunit1 \
     --junitxml="$out/gpu-tests.xml" ${TESTS:-tests/policies/test_sharded_gpu.py \
-    tests/policies/test_update_gpu.py tests/policies/test_generation.py} 2>&1 | tee "$out/gpu-tests.log"
+    tests/policies/test_update_gpu.py tests/policies/test_generation.py tests/allocation/test_memory_cap.py} 2>&1 | tee "$out/gpu-tests.log"
 echo "tests exit: ${PIPESTATUS[0]}"
 
 train() {   # label, then --set overrides

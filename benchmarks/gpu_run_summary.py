@@ -24,8 +24,10 @@ from mutualrl.run.metrics import read_metrics
 
 PER_POLICY = ("step_time_s", "tokens_per_s", "completion_length", "phase/generate_time_s",
               "phase/update_time_s", "pace/step_wall_time_s", "pace/gate_wait_time_s")
-# torch.cuda's own peaks, reported with each update (policies.device_memory)
-PEAKS = ("cuda/peak_allocated_gib", "cuda/peak_reserved_gib", "cuda/alloc_retries")
+# torch.cuda's own peaks, reported with each update (policies.device_memory), and the cap of a
+# process that shares its GPU (allocation.memory.cap_shared_gpus)
+PEAKS = ("cuda/peak_allocated_gib", "cuda/peak_reserved_gib", "cuda/alloc_retries",
+         "cuda/memory_cap_gib")
 
 
 def median_after_first(values: list[float]) -> float | None:

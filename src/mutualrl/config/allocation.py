@@ -73,6 +73,10 @@ class MemoryModel(ConfigStruct):
     micro_batch_rows: int | None = None  # sequences per learner forward/backward (see above)
     # None: training.gradient_checkpointing.
     gradient_checkpointing: bool | None = None  # whether activations are recomputed (see above)
+    # A worker process that shares its GPU with other processes (executor "process" or "ray")
+    # caps torch's caching allocator at its planned memory over usable_memory_fraction
+    # (torch.cuda.set_per_process_memory_fraction), so its cache cannot crowd the others' out.
+    cap_shared_gpus: bool = True
 
     def __post_init__(self) -> None:
         check(self.weight_bytes >= 1, "weight_bytes must be >= 1")

@@ -6,6 +6,7 @@ but the run's folder, ``config.json`` and ``plan.json`` is written.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from dataclasses import dataclass
@@ -16,11 +17,12 @@ import numpy as np
 import torch
 
 from mutualrl.allocation import make_executor, plan, resolve_inventory, worker_specs_from_config
-from mutualrl.allocation.placement import policy_device
+from mutualrl.allocation.placement import policy_device, policy_memory_cap
 from mutualrl.allocation.planner import Plan
 from mutualrl.allocation.ranks import RankGroup
 from mutualrl.config import AllocationConfig, ConfigError, RunConfig, to_dict
 from mutualrl.policies.checkpoints import check_checkpoints, check_policies
+from mutualrl.policies.device_memory import Capped
 from mutualrl.policies.generation import check_engine_processes
 from mutualrl.policies.models import TokenizerFacts
 from mutualrl.policies.policy import Policy, PolicyView, load_handles
@@ -176,7 +178,8 @@ def policy_factories(cfg: RunConfig, alloc: AllocationConfig, handles: dict,
     schedule spans ``total_steps`` optimizer steps (default: ``optimizer_steps`` of a strategy
     with one update a step). A policy of
     ``learner_ranks`` > 1 is a ``RankGroup``: one ``ShardedPolicy`` per rank, gloo on CPU,
-    NCCL on GPUs."""
+    NCCL on GPUs. A policy whose process shares its GPU with others builds under the cap of
+    ``policy_memory_cap`` (``allocation.memory.cap_shared_gpus``)."""
     in_process = alloc.executor == "local"
     out: dict = {}
     for i, p in enumerate(cfg.policies):
@@ -190,11 +193,17 @@ def policy_factories(cfg: RunConfig, alloc: AllocationConfig, handles: dict,
             out[p.name] = RankGroup(p.learner_ranks, functools.partial(
                 build_rank, p, cfg.grpo, seed, facts, device, total, cfg.training),
                 backend="nccl" if device.startswith("cuda") else "gloo")
-            continue
-        out[p.name] = functools.partial(
-            Policy, p, cfg.grpo, seed=seed, device=device,
-            handle=handles[p.tokenizer] if in_process else None, total_steps=total,
-            training=cfg.training)
+        else:
+            out[p.name] = functools.partial(
+                Policy, p, cfg.grpo, seed=seed, device=device,
+                handle=handles[p.tokenizer] if in_process else None, total_steps=total,
+                training=cfg.training)
+        cap = (policy_memory_cap(p.name, the_plan, alloc.executor, alloc.memory.usable_memory_fraction)
+               if alloc.memory.cap_shared_gpus and device.startswith("cuda") else None)
+        if cap is not None:
+            f = out[p.name]
+            out[p.name] = (dataclasses.replace(f, build=Capped(cap, f.build))
+                           if isinstance(f, RankGroup) else Capped(cap, f))
     return out
 
 
