@@ -14,8 +14,10 @@
 # TESTS="..." replaces the test selection (pytest arguments). On one H200, STEPS=3 took about
 # 6.5 minutes in all: the tests 74 s, the paced run 124 s, the lock-step run 142 s (each run about
 # 45 s of building and 40-50 s of evaluation before its first step); the summary reports torch's
-# own peak memory per update (cuda/peak_*_gib) beside nvidia-smi's. On one H100, the tests took
-# 108 s, the paced run 135 s and the lock-step run 148 s (STEPS=3).
+# own peak memory per update (cuda/peak_*_gib, and cuda/memory_cap_gib where a process is capped)
+# beside nvidia-smi's. On one H100, the tests took
+# 108 s, the paced run 135 s and the lock-step run 148 s (STEPS=3). On one H200 with the static
+# cache (8f8dcde): the tests 151 s, the paced run 130 s, the lock-step run 169 s.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-bench-results/gpu}
