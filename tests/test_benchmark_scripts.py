@@ -29,6 +29,16 @@ def test_bench_floor_steps_both_sides_to_the_same_loss(tmp_path):
     assert got["max_abs_diff"]["loss"] < 1e-5 and got["max_abs_diff"]["grad_norm"] < 1e-5
 
 
+def test_bench_kv_cache_times_both_caches_on_the_same_policy(tmp_path):
+    out = tmp_path / "kv.json"
+    got = _run("bench_kv_cache.py", "--models", "tiny", "--device", "cpu", "--tokens", "4",
+               "--rounds", "2", "--prompts", "2", "--generations", "2", "--json", str(out), out=out)
+    tiny = got["models"]["tiny"]
+    for cache in ("static", "dynamic"):
+        assert len(tiny[cache]["seconds"]) == 2 and tiny[cache]["tokens"] == 16
+    assert tiny["static_over_dynamic_time"] > 0
+
+
 def test_sim_paced_drives_run_paced_with_simulated_steps(tmp_path):
     out = tmp_path / "sim.json"
     got = _run("sim_paced.py", "--workers", "2", "--k", "0", "1", "--steps", "4",
