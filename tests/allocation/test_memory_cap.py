@@ -168,3 +168,16 @@ def test_on_a_gpu_a_capped_process_cannot_take_more_than_its_cap_and_an_uncapped
         assert ex.call({"free": Take(1.5)})["free"].value >= 2.5   # the card had the room
     finally:
         ex.shutdown()
+
+
+def test_the_plan_command_says_what_each_shared_gpu_process_is_capped_at(gpu_config, capsys):
+    from mutualrl.cli import main
+
+    cfg, _, plan = gpu_config
+    assert main(["plan", "--config", "configs/gpu1-random-1b.toml"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    for p in cfg.policies:
+        assert f"{p.name} {policy_memory_cap(p.name, plan, 'process', 0.9) / GIB:.2f} GiB" in out
+    assert main(["plan", "--config", "configs/gpu1-random-1b.toml",
+                 "--set", "allocation.executor=local"]) == 0
+    assert "capped" not in capsys.readouterr().out

@@ -89,4 +89,22 @@ def run(args) -> int:
     console.print(plan_table(p))
     for note in p.notes:
         console.print(f"note: {note}")
+    caps = memory_caps(cfg, p)
+    if caps:
+        console.print("note: processes that share a GPU are capped at their planned memory over "
+                      "usable_memory_fraction (allocation.memory.cap_shared_gpus): " + ", ".join(
+                          f"{name} {cap / GIB:.2f} GiB" for name, cap in caps.items()))
     return 0
+
+
+def memory_caps(cfg, p: Plan) -> dict[str, int]:
+    """The GPU memory cap of each policy's process that the run would set (``policy_memory_cap``),
+    where the run config asks for a GPU and caps (``allocation.memory.cap_shared_gpus``)."""
+    from mutualrl.allocation.placement import policy_memory_cap
+
+    alloc = cfg.allocation
+    if not alloc.memory.cap_shared_gpus or not cfg.device.startswith("cuda"):
+        return {}
+    caps = {q.name: policy_memory_cap(q.name, p, alloc.executor, alloc.memory.usable_memory_fraction)
+            for q in cfg.policies}
+    return {name: cap for name, cap in caps.items() if cap is not None}
