@@ -90,7 +90,9 @@ def test_normaliser_check_by_character_matches_the_normaliser(retokenizers):
         chosen = [pools[k] for k in rng.choice(len(pools), size=rng.integers(1, 3), replace=False)]
         texts.append("".join(chr(int(rng.choice(chosen[int(rng.integers(len(chosen)))])))
                              for _ in range(int(rng.integers(0, 12)))))
+    texts += ["", ""]                  # empty texts last: no character of theirs to reduce
     assert normalizer_changes(prof, texts) == [norm.normalize_str(t) != t for t in texts]
+    assert normalizer_changes(prof, ["", ""]) == [False, False]
 
 
 

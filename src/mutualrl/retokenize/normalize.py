@@ -22,24 +22,28 @@ _SURROGATES = range(0xD800, 0xE000)  # not text: never in a valid str we are giv
 # The table covers the BMP and the next two planes (CJK extensions included); a character past
 # it leaves its text to the normaliser. Its last entry stands for every such character.
 TABLE_SIZE = 0x30000
+WITNESS, FIXED, UNKNOWN = 1, 2, 4     # a code point's flags in the table (``char_table``)
 
 
-def char_table(normalizer, sep: str) -> tuple[np.ndarray, np.ndarray]:
-    """(``witness``, ``fixed``): bool per code point; see the module docstring."""
+def char_table(normalizer, sep: str) -> np.ndarray:
+    """One uint8 per code point: ``WITNESS`` (changed, and in no character's output), ``FIXED``
+    (maps to itself and cannot be reordered), ``UNKNOWN`` (``sep``, and the last entry, which
+    stands for every character past the table); see the module docstring."""
     cps = [c for c in range(TABLE_SIZE - 1) if c not in _SURROGATES and chr(c) != sep]
     chars = list(map(chr, cps))
     outs = normalizer.normalize_str(sep.join(chars)).split(sep)
     witness = np.zeros(TABLE_SIZE, dtype=bool)
     fixed = np.zeros(TABLE_SIZE, dtype=bool)
-    if len(outs) != len(chars):  # the separator did not survive: decide nothing
-        return witness, fixed
-    seen = set("".join(outs))   # a character past the table maps into the table or past it
-    for cp, c, o in zip(cps, chars, outs):
-        if o != c:
-            witness[cp] = c not in seen
-        elif not _may_reorder(c):
-            fixed[cp] = True
-    return witness, fixed
+    unknown = np.zeros(TABLE_SIZE, dtype=bool)
+    unknown[[TABLE_SIZE - 1, min(ord(sep), TABLE_SIZE - 1)]] = True
+    if len(outs) == len(chars):  # else the separator did not survive: decide nothing
+        seen = set("".join(outs))   # a character past the table maps into the table or past it
+        for cp, c, o in zip(cps, chars, outs):
+            if o != c:
+                witness[cp] = c not in seen
+            elif not _may_reorder(c):
+                fixed[cp] = True
+    return (witness * WITNESS | fixed * FIXED | unknown * UNKNOWN).astype(np.uint8)
 
 
 def _may_reorder(c: str) -> bool:
@@ -48,25 +52,26 @@ def _may_reorder(c: str) -> bool:
     return any(unicodedata.combining(x) for x in unicodedata.normalize("NFD", c))
 
 
-def decided_by_char(table: tuple[np.ndarray, np.ndarray], sep: str,
-                    texts: list[str]) -> list[bool | None]:
+def decided_by_char(table: np.ndarray, sep: str, texts: list[str]) -> list[bool | None]:
     """Per text: True (changed), False (unchanged) or None (ask the normaliser). A text holding a
     character the table does not cover (past it, or ``sep``) is always None: that character's
-    output is unknown, so no other character's absence from outputs says anything."""
-    witness, fixed = table
+    output is unknown, so no other character's absence from outputs says anything.
+
+    One lookup of every character's flags, then one OR and one AND over each text's flags
+    (``reduceat``): unknown or witness anywhere, fixed everywhere."""
     n = len(texts)
     raw = np.frombuffer("".join(texts).encode("utf-32-le"), dtype=np.uint32)
-    cps = np.minimum(raw, TABLE_SIZE - 1)
+    flags = table[np.minimum(raw, TABLE_SIZE - 1)]
     lens = np.fromiter(map(len, texts), dtype=np.int64, count=n)
-    stops = np.cumsum(lens)
-    starts = stops - lens
-
-    def count(flags: np.ndarray) -> np.ndarray:
-        c = np.concatenate(([0], np.cumsum(flags, dtype=np.int64)))
-        return c[stops] - c[starts]
-
-    unknown = count((raw >= TABLE_SIZE - 1) | (raw == ord(sep))) > 0
-    changed = count(witness[cps]) > 0
-    unchanged = count(fixed[cps]) == lens
+    any_ = np.zeros(n, dtype=np.uint8)             # an empty text: nothing changed,
+    all_ = np.full(n, FIXED, dtype=np.uint8)       # every (no) character fixed: unchanged
+    has = lens > 0
+    if has.any():
+        starts = (np.cumsum(lens) - lens)[has]
+        any_[has] = np.bitwise_or.reduceat(flags, starts)
+        all_[has] = np.bitwise_and.reduceat(flags, starts)
+    unknown = (any_ & UNKNOWN).astype(bool).tolist()
+    changed = (any_ & WITNESS).astype(bool).tolist()
+    unchanged = (all_ & FIXED).astype(bool).tolist()
     return [None if x else (True if c else (False if u else None))
-            for x, c, u in zip(unknown.tolist(), changed.tolist(), unchanged.tolist())]
+            for x, c, u in zip(unknown, changed, unchanged)]

