@@ -114,8 +114,11 @@ def test_ray_actors_serve_the_engines_as_the_process_executor_does(reference, tm
 
 
 def test_a_killed_driver_leaves_no_engine_and_resume_gives_the_same_run(reference, tmp_path):
-    """Nothing of a SIGKILLed run survives it but its scratch folders (a kill runs no clean-up),
-    and the resumed run's engines remove those when they start."""
+    """Nothing of a SIGKILLed run survives it but its engines' scratch folders, and the resumed
+    run's engines remove those when they start. A worker whose pipe to the driver closes returns
+    and closes its engine, which removes its folder, while its guard kills its group: which of
+    the two comes first is a race, so the kill leaves one folder per engine at most (one of two
+    in one CI run, two in the others)."""
     out, tmp = tmp_path / "killed", tmp_path / "tmp"
     tmp.mkdir()
     proc = subprocess.Popen(command(out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -131,7 +134,8 @@ def test_a_killed_driver_leaves_no_engine_and_resume_gives_the_same_run(referenc
     proc.wait()
     gone, alive = psutil.wait_procs(workers, timeout=60)
     assert not alive, f"worker processes outlived their driver: {alive}"
-    assert len(list(tmp.glob("mutualrl-*"))) == 2          # one per engine, left by the kill
+    assert len(list(tmp.glob("mutualrl-*"))) <= 2          # one per engine at most
+    # run() checks that the resumed run leaves none: its engines removed what the kill left
     run([sys.executable, "-m", "mutualrl.cli", "train", "--resume", str(out), "--no-progress"], tmp)
     assert rows(out) == rows(reference)
     assert rows(out, "eval") == rows(reference, "eval")
