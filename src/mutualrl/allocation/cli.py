@@ -98,13 +98,11 @@ def run(args) -> int:
 
 
 def memory_caps(cfg, p: Plan) -> dict[str, int]:
-    """The GPU memory cap of each policy's process that the run would set (``policy_memory_cap``),
-    where the run config asks for a GPU and caps (``allocation.memory.cap_shared_gpus``)."""
-    from mutualrl.allocation.placement import policy_memory_cap
+    """The GPU memory cap of each policy's process that the run would set (``process_memory_cap``
+    on the device ``policy_device`` gives it, as the run's build asks)."""
+    from mutualrl.allocation.placement import policy_device, process_memory_cap
 
     alloc = cfg.allocation
-    if not alloc.memory.cap_shared_gpus or not cfg.device.startswith("cuda"):
-        return {}
-    caps = {q.name: policy_memory_cap(q.name, p, alloc.executor, alloc.memory.usable_memory_fraction)
-            for q in cfg.policies}
+    caps = {q.name: process_memory_cap(q.name, policy_device(q.name, cfg.device, p, alloc.executor),
+                                       p, alloc) for q in cfg.policies}
     return {name: cap for name, cap in caps.items() if cap is not None}

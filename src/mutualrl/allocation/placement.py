@@ -6,12 +6,15 @@ built in the driver's process (local executor), ``cuda:0`` in a Ray actor or a w
 the ``process`` executor, where the actor's or process's planned GPUs are the only visible ones. Any other value (``"cuda:1"``, ``"mps"``) is used as
 given; so is ``"cuda"`` for a policy the plan gave no GPU.
 
-``policy_memory_cap``: what a policy's process may take of a GPU it shares with other processes.
+``policy_memory_cap``: what a policy's process may take of a GPU it shares with other processes;
+``process_memory_cap``: that cap where a run sets it (the run's build and ``mutualrl plan`` both
+ask it).
 """
 
 from __future__ import annotations
 
 from mutualrl.allocation.planner import Plan
+from mutualrl.config import AllocationConfig
 
 
 def policy_device(name: str, device: str, plan: Plan | None, executor: str) -> str:
@@ -41,3 +44,12 @@ def policy_memory_cap(name: str, plan: Plan | None, executor: str,
     ranks = learner.ranks or 1
     rest = sum(a.memory_bytes for a in mine if a is not learner)   # spread over the ranks
     return int((learner.memory_bytes + -(-rest // ranks)) / usable_memory_fraction)
+
+
+def process_memory_cap(name: str, device: str, plan: Plan | None,
+                       alloc: AllocationConfig) -> int | None:
+    """``policy_memory_cap`` where the run sets it: ``allocation.memory.cap_shared_gpus`` on and
+    the policy on CUDA (``device`` as ``policy_device`` places it); else None."""
+    if not alloc.memory.cap_shared_gpus or not device.startswith("cuda"):
+        return None
+    return policy_memory_cap(name, plan, alloc.executor, alloc.memory.usable_memory_fraction)

@@ -14,14 +14,12 @@ GPU it shares with other processes (``allocation.memory.cap_shared_gpus``).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-log = logging.getLogger(__name__)
 _cap_bytes: int | None = None     # this process's cap (cap_process_memory), reported with its peaks
 
 GIB = 2 ** 30
@@ -54,9 +52,7 @@ def cap_process_memory(cap_bytes: int, device: int = 0) -> float | None:
     total = torch.cuda.get_device_properties(device).total_memory
     fraction = min(1.0, cap_bytes / total)
     torch.cuda.set_per_process_memory_fraction(fraction, device)
-    _cap_bytes = min(cap_bytes, total)
-    log.info("GPU memory of this process capped at %.2f GiB (%.1f%% of the card; "
-             "allocation.memory.cap_shared_gpus)", cap_bytes / GIB, 100 * fraction)
+    _cap_bytes = min(cap_bytes, total)       # the updates report it (peak_memory_stats)
     return fraction
 
 

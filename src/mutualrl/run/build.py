@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from mutualrl.allocation import make_executor, plan, resolve_inventory, worker_specs_from_config
-from mutualrl.allocation.placement import policy_device, policy_memory_cap
+from mutualrl.allocation.placement import policy_device, process_memory_cap
 from mutualrl.allocation.planner import Plan
 from mutualrl.allocation.ranks import RankGroup
 from mutualrl.config import AllocationConfig, ConfigError, RunConfig, to_dict
@@ -178,8 +178,8 @@ def policy_factories(cfg: RunConfig, alloc: AllocationConfig, handles: dict,
     schedule spans ``total_steps`` optimizer steps (default: ``optimizer_steps`` of a strategy
     with one update a step). A policy of
     ``learner_ranks`` > 1 is a ``RankGroup``: one ``ShardedPolicy`` per rank, gloo on CPU,
-    NCCL on GPUs. A policy whose process shares its GPU with others builds under the cap of
-    ``policy_memory_cap`` (``allocation.memory.cap_shared_gpus``)."""
+    NCCL on GPUs. A policy whose process shares its GPU with others builds under its cap
+    (``process_memory_cap``)."""
     in_process = alloc.executor == "local"
     out: dict = {}
     for i, p in enumerate(cfg.policies):
@@ -198,8 +198,7 @@ def policy_factories(cfg: RunConfig, alloc: AllocationConfig, handles: dict,
                 Policy, p, cfg.grpo, seed=seed, device=device,
                 handle=handles[p.tokenizer] if in_process else None, total_steps=total,
                 training=cfg.training)
-        cap = (policy_memory_cap(p.name, the_plan, alloc.executor, alloc.memory.usable_memory_fraction)
-               if alloc.memory.cap_shared_gpus and device.startswith("cuda") else None)
+        cap = process_memory_cap(p.name, device, the_plan, alloc)
         if cap is not None:
             f = out[p.name]
             out[p.name] = (dataclasses.replace(f, build=Capped(cap, f.build))
