@@ -104,9 +104,10 @@ def test_a_sharded_policy_s_group_stays_a_group_with_each_rank_s_build_capped(gp
     f = policy_factories(sharded, sharded.allocation, handles, plan, total_steps=1)[cfg.policies[0].name]
     assert isinstance(f, RankGroup) and f.ranks == 2 and f.backend == "nccl"
     assert isinstance(f.build, Capped)
+    assert f.build.cap_bytes == policy_memory_cap(cfg.policies[0].name, plan, "process", 0.9)
 
 
-def test_the_cap_is_the_planned_bytes_as_a_fraction_of_the_card_and_is_reported(monkeypatch):
+def test_the_cap_is_the_planned_bytes_as_a_fraction_of_the_card_and_kept_for_the_report(monkeypatch):
     seen = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_properties",
