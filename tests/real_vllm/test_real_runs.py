@@ -118,7 +118,8 @@ def test_a_killed_driver_leaves_no_engine_and_resume_gives_the_same_run(referenc
     run's engines remove those when they start. A worker whose pipe to the driver closes returns
     and closes its engine, which removes its folder, while its guard kills its group: which of
     the two comes first is a race, so the kill leaves one folder per engine at most (one of two
-    in one CI run, two in the others)."""
+    in one CI run, two in the others). That new engines remove a killed engine's folder, always
+    left, is also shown by the restart test below."""
     out, tmp = tmp_path / "killed", tmp_path / "tmp"
     tmp.mkdir()
     proc = subprocess.Popen(command(out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -134,7 +135,10 @@ def test_a_killed_driver_leaves_no_engine_and_resume_gives_the_same_run(referenc
     proc.wait()
     gone, alive = psutil.wait_procs(workers, timeout=60)
     assert not alive, f"worker processes outlived their driver: {alive}"
-    assert len(list(tmp.glob("mutualrl-*"))) <= 2          # one per engine at most
+    names = [p["name"] for p in json.loads((out / "config.json").read_text())["policies"]]
+    left = [p.name for p in tmp.glob("mutualrl-*")]         # the engines' folders, one at most each
+    owners = [n for f in left for n in names if f.startswith(f"mutualrl-{n}-")]
+    assert len(owners) == len(left) and len(set(owners)) == len(owners), (left, names)
     # run() checks that the resumed run leaves none: its engines removed what the kill left
     run([sys.executable, "-m", "mutualrl.cli", "train", "--resume", str(out), "--no-progress"], tmp)
     assert rows(out) == rows(reference)
