@@ -175,3 +175,51 @@ def test_a_killed_owners_scratch_folder_goes_with_the_next_one_and_a_live_owners
     finally:
         alive.kill()
         alive.wait()
+
+
+def _killed_at_op(k: int, parent: Path) -> int:
+    """A forked process makes a scratch folder (files, a sub-folder) and is killed (``_exit``)
+    as it starts its ``k``-th unlink, rmdir or rename of the clean-up; its exit status: 9 when
+    killed, 0 when the clean-up ended first."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            s = ScratchFolder("mutualrl-p-", parent)
+            for name in ("config.json", "model.safetensors", "sub/tokenizer.json"):
+                (s.path / name).parent.mkdir(exist_ok=True)
+                (s.path / name).write_bytes(b"x" * 100)
+            ops = [0]
+
+            def dying(real):
+                def op(*args, **kwargs):
+                    if ops[0] == k:
+                        os._exit(9)
+                    ops[0] += 1
+                    return real(*args, **kwargs)
+                return op
+
+            os.unlink, os.rmdir, os.rename = map(dying, (os.unlink, os.rmdir, os.rename))
+            s.cleanup()
+            os._exit(0)
+        finally:
+            os._exit(1)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def test_a_scratch_folder_killed_at_any_point_of_its_removal_goes_with_the_next_sweep(tmp_path):
+    """The clean-up killed before each of its file operations in turn: what it leaves, a
+    renamed folder with its lock file or an empty one, is removed by the next scratch folder
+    made beside it (a folder whose lock file went first would never be)."""
+    killed = 0
+    for k in range(20):
+        code = _killed_at_op(k, tmp_path)
+        assert code in (0, 9), code
+        if code == 0:
+            break
+        killed += 1
+        s = ScratchFolder("mutualrl-p-", tmp_path)
+        assert [p.name for p in tmp_path.iterdir()] == [s.path.name], (k, list(tmp_path.iterdir()))
+        s.cleanup()
+        assert list(tmp_path.iterdir()) == []
+    assert killed >= 6 and list(tmp_path.iterdir()) == []
+

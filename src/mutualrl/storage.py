@@ -129,9 +129,40 @@ class ScratchFolder:
 
 def _remove_scratch(path: Path, fd: int) -> None:
     try:
-        shutil.rmtree(path, ignore_errors=True)
+        _remove_folder(path)
     finally:
         os.close(fd)
+
+
+# A scratch folder being removed is first renamed to this prefix plus its name.
+REMOVING = ".mutualrl-removing-"
+
+
+def _remove_folder(path: Path) -> None:
+    """Remove a scratch folder so that a process killed at any point of it leaves what the next
+    sweep removes. ``shutil.rmtree`` would not: it may unlink the lock file first, and the rest,
+    with no lock file, would never be recognised. So the folder is renamed to ``REMOVING`` plus
+    its name (atomic, lock file inside), emptied with its lock file last, then removed; a
+    ``REMOVING`` folder left without its lock file is empty, and any sweep removes it."""
+    if not path.name.startswith(REMOVING):
+        gone = path.with_name(REMOVING + path.name)
+        try:
+            os.rename(path, gone)
+        except FileNotFoundError:
+            return
+        path = gone
+    try:
+        entries = list(os.scandir(path))
+    except FileNotFoundError:
+        return
+    for entry in sorted(entries, key=lambda e: e.name == SCRATCH_LOCK):   # the lock file last
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry.path)
+    with contextlib.suppress(OSError):
+        os.rmdir(path)
 
 
 def sweep_scratch(parent: str | Path) -> list[Path]:
@@ -149,8 +180,11 @@ def sweep_scratch(parent: str | Path) -> list[Path]:
             os.close(fd)
             continue
         try:
-            shutil.rmtree(lock.parent, ignore_errors=True)
+            _remove_folder(lock.parent)
             removed.append(lock.parent)
         finally:
             os.close(fd)
+    for left in Path(parent).glob(f"{REMOVING}*"):   # emptied by an owner killed at its end
+        with contextlib.suppress(OSError):
+            os.rmdir(left)
     return removed
