@@ -87,8 +87,9 @@ def test_the_floor_aligns_as_the_retokenizer_does_with_wordpiece(handles):
         src = Retokenizer(handles[src_name], cache_size=0)
         tgt = Retokenizer(handles[tgt_name], cache_size=0)
         d = PairData.build(src, tgt, texts)
-        got, want = _floor(d)(), align_batch(d.src_ends, d.tgt_ends, d.totals)
-        assert got.full == want.full and (got.local == want.local).all()
+        want = align_batch(d.src_ends, d.tgt_ends, d.totals)
+        for got in (_floor(d)(), _floor(d, residuals=True)()):
+            assert got.full == want.full and (got.local == want.local).all()
 
 
 def test_a_wordpiece_receiver_also_gets_the_floor_with_its_rendering(handles, tmp_path):
@@ -99,6 +100,8 @@ def test_a_wordpiece_receiver_also_gets_the_floor_with_its_rendering(handles, tm
     wordpiece, lossless = (p["paired"] for p in out["pairs"])
     assert wordpiece["floor_rendered_over_encode_batch"]["pairs"] == 2
     assert wordpiece["end_to_end_batch_over_floor_rendered"]["min"] > 0
+    assert wordpiece["end_to_end_batch_over_floor_residuals"]["pairs"] == 2
+    assert "floor_residuals_over_encode_batch" not in lossless
     assert "floor_rendered_over_encode_batch" not in lossless    # a lossless receiver: no decode
     # ... but its encode as the retokenizer calls it (no offsets), timed and paired
     assert lossless["end_to_end_batch_over_encode_batch_fast"]["pairs"] == 2

@@ -33,7 +33,8 @@ itself (``benchmarks/cold_call.py``); ``align_speedup_vs_trl_turns`` alternates 
 ``ALIGN_TURN_S`` each (a few calls of TRL's, a few tens of ours; ``provenance.time_turns``). ``floor`` is the least any byte-offset retokenizer of the batch
 does (see ``_floor``): end_to_end_batch over it is what the checks, log-prob sums, residuals and
 per-text results cost. For a receiver that is not lossless (WordPiece) a fourth contender,
-``floor_rendered``, adds the decode of its ids that the round-trip residuals need; for a lossless
+``floor_rendered``, adds the decode of its ids that the round-trip residuals need, and a fifth,
+``floor_residuals``, those residuals from it (edit distances, normaliser check); for a lossless
 one, ``encode_batch_fast`` joins the round and end_to_end_batch is also given over it.
 """
 
@@ -51,9 +52,10 @@ from mutualrl.provenance import time_alternating, time_calls, time_turns
 from mutualrl.retokenize import baselines
 from mutualrl.retokenize.align import align_batch, align_ends, align_many
 from mutualrl.retokenize.encoding import (batch_ends, encode_texts, encodes_without_offsets,
-                                          offset_ends_batch, rust_encode, utf8)
+                                          normalizer_changes, offset_ends_batch, rust_encode,
+                                          rust_threads, utf8)
 from mutualrl.retokenize.loaders import TokenizerHandle, load_tokenizer
-from mutualrl.retokenize.residuals import aggregate_residuals
+from mutualrl.retokenize.residuals import aggregate_residuals, byte_edit_distances
 from mutualrl.retokenize.retokenizer import Retokenizer
 
 DEFAULT_PAIRS = (("deepseek-v3", "mistral-v1"), ("mistral-v1", "deepseek-v3"),
@@ -223,7 +225,7 @@ def _ratio_summary(num: list[float], den: list[float]) -> dict:
     return {"median": statistics.median(r), "min": min(r), "max": max(r), "pairs": len(r)}
 
 
-def _floor(d: PairData, rendered: bool = False):
+def _floor(d: PairData, rendered: bool = False, residuals: bool = False):
     """What any byte-offset retokenizer of the batch must do at least: the receiver's Rust encode
     (without offsets where its byte ends come from its table: ``encode_batch_fast``) with its ids
     read into one array, byte ends of both sides, and one alignment over the batch.
@@ -233,7 +235,10 @@ def _floor(d: PairData, rendered: bool = False):
     encoding's offsets: the receiver's from the encode above, a sender's from encoding the texts
     with the sender's tokenizer (``offset_ends_batch`` for both). With ``rendered`` it also
     decodes the receiver's ids when the receiver is not lossless: the rendering its round-trip
-    residuals compare with the text, which only its decoder gives (``floor_rendered``)."""
+    residuals compare with the text, which only its decoder gives (``floor_rendered``); with
+    ``residuals`` as well, the two round-trip residuals the result holds for each text: the
+    rendering's byte edit distance to the text (rapidfuzz, one call for the batch) and whether
+    the normaliser rewrote the text (``floor_residuals``)."""
     prof, sprof = d.tgt.profile, d.tgt.profile_for(d.src.target)
     backend = prof.continuation
     src_flat = np.concatenate(d.src_ids)
@@ -256,8 +261,11 @@ def _floor(d: PairData, rendered: bool = False):
     def run():
         encs = rust_encode(prof, d.texts)
         _, t_ends, t_sizes = side(prof, encs)
-        if rendered and not prof.lossless:
-            backend.decode_batch([e.ids for e in encs], skip_special_tokens=False)
+        if (rendered or residuals) and not prof.lossless:
+            texts = backend.decode_batch([e.ids for e in encs], skip_special_tokens=False)
+            if residuals:
+                byte_edit_distances([t.encode() for t in texts], datas, rust_threads())
+                normalizer_changes(prof, d.texts)
         if sprof.lossless:
             s_ends, s_sizes = batch_ends(sprof.piece_len[src_flat], src_sizes)[0], src_sizes
         else:
@@ -275,8 +283,8 @@ def _bench_paired(d: PairData, repeats: int, peers: bool) -> dict:
         lambda: d.tgt.retokenize_batch(d.texts, source=source, source_ids=d.src_ids,
                                        source_logprobs=d.src_lps)]
     fast = _fast_encode(d)
-    if not d.tgt.profile.lossless:  # the floor plus the rendering the residuals need
-        contenders.append(_floor(d, rendered=True))
+    if not d.tgt.profile.lossless:  # the floor plus the rendering, plus the residuals from it
+        contenders += [_floor(d, rendered=True), _floor(d, residuals=True)]
     elif fast is not None:          # the receiver's encode as the retokenizer calls it
         contenders.append(fast)
     enc, floor, e2e, *rest = time_alternating(contenders, repeats)
@@ -284,8 +292,9 @@ def _bench_paired(d: PairData, repeats: int, peers: bool) -> dict:
            "floor_over_encode_batch": _ratio_summary(floor, enc),
            "end_to_end_batch_over_floor": _ratio_summary(e2e, floor)}
     if rest and not d.tgt.profile.lossless:
-        out["floor_rendered_over_encode_batch"] = _ratio_summary(rest[0], enc)
-        out["end_to_end_batch_over_floor_rendered"] = _ratio_summary(e2e, rest[0])
+        for name, times in zip(("floor_rendered", "floor_residuals"), rest):
+            out[f"{name}_over_encode_batch"] = _ratio_summary(times, enc)
+            out[f"end_to_end_batch_over_{name}"] = _ratio_summary(e2e, times)
     elif rest:
         out["encode_batch_fast_over_encode_batch"] = _ratio_summary(rest[0], enc)
         out["end_to_end_batch_over_encode_batch_fast"] = _ratio_summary(e2e, rest[0])
