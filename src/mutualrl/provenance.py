@@ -83,9 +83,11 @@ def time_calls(fn: Callable[[], object], repeats: int) -> list[float]:
 
 
 def time_alternating(fns: Sequence[Callable[[], object]], repeats: int) -> list[list[float]]:
-    """Wall seconds of ``repeats`` calls of each contender, in turn (A B C A B C ...) after one
-    warm-up call of each, so that drift in the machine's speed falls on all alike (collector
-    paused)."""
+    """Wall seconds of ``repeats`` calls of each contender, in turn after one warm-up call of
+    each, so that drift in the machine's speed falls on all alike (collector paused). Each round
+    starts one contender later (A B C, B C A, C A B, ...): what runs just before a call changes
+    how long it takes (a Rust call right after another, a numpy pass after a Python loop), and
+    in a fixed order each contender would always follow the same one."""
     return time_turns(fns, repeats)[0]
 
 
@@ -109,11 +111,13 @@ def time_turns(fns: Sequence[Callable[[], object]], repeats: int, min_turn_s: fl
                 calls.append(max(1, math.ceil(min_turn_s / max(took, 1e-9))))
             else:
                 calls.append(1)
-        for _ in range(repeats):
-            for fn, k, times in zip(fns, calls, out):
+        n = len(fns)
+        for r in range(repeats):
+            for i in (*range(r % n, n), *range(r % n)):
+                fn, k = fns[i], calls[i]
                 start = time.perf_counter()
                 for _ in range(k):
                     fn()
-                times.append((time.perf_counter() - start) / k)
+                out[i].append((time.perf_counter() - start) / k)
     return out, calls
 

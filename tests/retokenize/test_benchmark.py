@@ -23,14 +23,19 @@ def write_corpus(tmp_path, texts: list[str]):
     return corpus
 
 
-def test_time_alternating_takes_the_contenders_in_turn():
+def test_time_alternating_takes_the_contenders_in_turn_each_round_starting_one_later():
     calls = []
     a, b = time_alternating((lambda: calls.append("a"), lambda: calls.append("b")), 3)
-    assert calls == ["a", "b"] * 4          # one warm-up of each, then A B A B A B
+    assert calls == list("ab" "ab" "ba" "ab")   # one warm-up of each, then A B, B A, A B
     assert len(a) == len(b) == 3 and all(t >= 0 for t in a + b)
     calls.clear()
-    times = time_alternating([lambda c=c: calls.append(c) for c in "xyz"], 2)
-    assert calls == list("xyz") * 3 and [len(t) for t in times] == [2, 2, 2]
+    times = time_alternating([lambda c=c: calls.append(c) for c in "xyz"], 4)
+    assert calls == list("xyz" "xyz" "yzx" "zxy" "xyz") and [len(t) for t in times] == [4] * 3
+
+
+def test_each_contenders_times_are_its_own_whatever_the_round_order():
+    (slow, fast), _ = time_turns((lambda: time.sleep(0.003), lambda: None), 4)
+    assert min(slow) >= 0.003 > max(fast)
 
 
 def test_time_turns_fills_each_turn_with_calls_and_reports_time_per_call():
@@ -39,7 +44,8 @@ def test_time_turns_fills_each_turn_with_calls_and_reports_time_per_call():
                                          lambda: calls.append("f")), 3, min_turn_s=0.004)
     k = per_turn[1]
     assert per_turn[0] == 1 and k > 1          # one call fills the slow side's turn
-    assert calls == ["s", "s", "f", "f"] + (["s"] + ["f"] * k) * 3   # two warm-ups each
+    turn_s, turn_f = ["s"], ["f"] * k
+    assert calls == ["s", "s", "f", "f"] + turn_s + turn_f + turn_f + turn_s + turn_s + turn_f
     assert len(slow) == len(fast) == 3 and min(slow) >= 0.004 > max(fast)
     assert time_turns((lambda: None,), 2)[1] == [1]   # no minimum: one call a turn
 
