@@ -221,17 +221,19 @@ def spelled_ends(profile: TokenizerProfile, flat: np.ndarray, sizes: np.ndarray,
     return spells, ends
 
 
-def offset_ends_batch(profile: TokenizerProfile, encs, texts: list[str], datas: list[bytes]
-                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def offset_ends_batch(profile: TokenizerProfile, encs, texts: list[str], datas: list[bytes],
+                      id_lists: list | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``ends_from_offsets`` for a whole batch of Rust encodings in numpy passes: (ids end to end,
     each token's byte end within its own text aligned with them, tokens per text).
 
     The texts are laid end to end with a one-byte gap (as in ``align.align_batch``), so no run of
     tokens sharing a span, no running maximum and no pinned last end crosses from one text into
-    the next; each value equals the per-text ``ends_from_offsets``'s.
+    the next; each value equals the per-text ``ends_from_offsets``'s. ``id_lists``: the
+    encodings' ``ids``, when the caller has read them already.
     """
     n = len(encs)
-    id_lists = [e.ids for e in encs]
+    if id_lists is None:
+        id_lists = [e.ids for e in encs]
     sizes = np.fromiter(map(len, id_lists), dtype=np.int64, count=n)
     total = int(sizes.sum())
     flat = np.fromiter(itertools.chain.from_iterable(id_lists), dtype=np.int64, count=total)
@@ -262,20 +264,25 @@ def offset_ends_batch(profile: TokenizerProfile, encs, texts: list[str], datas: 
 
 
 def encode_from_batch(profile: TokenizerProfile, encs, texts: list[str],
-                      datas: list[bytes]) -> list[Encoded]:
+                      datas: list[bytes], render: bool = False) -> list[Encoded]:
     """``encode_from`` for many Rust encodings at once. For a lossless tokenizer the ids, byte ends
     and spelling checks of the whole batch are numpy passes, and each text's ``Encoded`` holds
     views of them; a text whose ids do not spell it takes ``encode_from``, on an encoding made
     again with offsets where the batch's have none (``encodes_without_offsets``). For any other
-    tokenizer the byte ends of the whole batch come from its offsets (``offset_ends_batch``)."""
+    tokenizer the byte ends of the whole batch come from its offsets (``offset_ends_batch``);
+    with ``render`` its ids are also decoded, in one ``decode_batch`` of the id lists that pass
+    read, for the round-trip residuals (``add_renderings``)."""
     if len(encs) < 2:
         return [encode_from(profile, e, t, d) for e, t, d in zip(encs, texts, datas)]
     if not profile.lossless:
-        flat, ends, sizes = offset_ends_batch(profile, encs, texts, datas)
+        id_lists = [e.ids for e in encs]
+        flat, ends, sizes = offset_ends_batch(profile, encs, texts, datas, id_lists)
         flat.flags.writeable = ends.flags.writeable = False
         bounds = np.cumsum(sizes).tolist()
-        return [Encoded(flat[lo:hi], ends[lo:hi], None, None, None, lazy=(profile, t, d, None))
-                for lo, hi, t, d in zip([0, *bounds[:-1]], bounds, texts, datas)]
+        rendered = ([r.encode() for r in profile.continuation.decode_batch(
+            id_lists, skip_special_tokens=False)] if render else [None] * len(encs))
+        return [Encoded(flat[lo:hi], ends[lo:hi], None, None, None, lazy=(profile, t, d, r))
+                for lo, hi, t, d, r in zip([0, *bounds[:-1]], bounds, texts, datas, rendered)]
     id_lists = [e.ids for e in encs]
     sizes = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
     flat = np.fromiter(itertools.chain.from_iterable(id_lists), dtype=np.int64,
@@ -344,7 +351,7 @@ def encode_texts(profile: TokenizerProfile, texts: list[str], datas: list[bytes]
     out: list[Encoded | None] = [cache.get(k) if k else None for k in keys]
     todo = [i for i, item in enumerate(out) if item is None]
     finish_encodings(profile, rust_encode(profile, [texts[i] for i in todo]), todo, texts, datas,
-                     keys, cache, out)
+                     keys, cache, out, render=residuals)
     if residuals:
         add_renderings(profile, out)
     return out  # type: ignore[return-value]
@@ -374,10 +381,11 @@ def encodes_without_offsets(profile: TokenizerProfile) -> bool:
 
 
 def finish_encodings(profile: TokenizerProfile, encs, todo: list[int], texts, datas, keys,
-                     cache: EncodingCache, out: list) -> None:
-    """``out[i]`` for each ``i`` of ``todo`` from its Rust encoding, cached under ``keys[i]``."""
+                     cache: EncodingCache, out: list, render: bool = False) -> None:
+    """``out[i]`` for each ``i`` of ``todo`` from its Rust encoding, cached under ``keys[i]``
+    (``render``: see ``encode_from_batch``)."""
     for i, item in zip(todo, encode_from_batch(profile, encs, [texts[i] for i in todo],
-                                               [datas[i] for i in todo])):
+                                               [datas[i] for i in todo], render)):
         out[i] = item
         if keys[i] is not None:
             cache.put(keys[i], item)
@@ -385,16 +393,21 @@ def finish_encodings(profile: TokenizerProfile, encs, todo: list[int], texts, da
 
 def add_renderings(profile: TokenizerProfile, encoded: list[Encoded]) -> None:
     """The renderings and normaliser checks the round-trip residuals of a non-lossless tokenizer
-    need, for every encoding in ``encoded`` still without them: one ``decode_batch`` and one
-    batched normaliser check."""
+    need, for every encoding in ``encoded`` still without them: one ``decode_batch`` of those
+    not decoded as they were encoded (``encode_from_batch``'s ``render``), one batched
+    normaliser check and one batched edit distance."""
     if profile.lossless:
         return
-    lazy = [e for e in encoded if e._lazy is not None and e._lazy[3] is None]
+    lazy = [e for e in encoded if e._lazy is not None]
     if len(lazy) > 1:
-        texts = profile.continuation.decode_batch([e.ids.tolist() for e in lazy],
-                                                  skip_special_tokens=False)
+        todo = [e for e in lazy if e._lazy[3] is None]
+        if todo:
+            texts = profile.continuation.decode_batch([e.ids.tolist() for e in todo],
+                                                      skip_special_tokens=False)
+            for e, t in zip(todo, texts):
+                e.with_rendering(t.encode())
         changed = normalizer_changes(profile, [e._lazy[1] for e in lazy])
-        rendered = [t.encode() for t in texts]
+        rendered = [e._lazy[3] for e in lazy]
         distances = byte_edit_distances(rendered, [e._lazy[2] for e in lazy], rust_threads())
         for e, r, ch, dist in zip(lazy, rendered, changed, distances):
             e.with_rendering(r, ch, dist)
