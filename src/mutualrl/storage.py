@@ -148,18 +148,20 @@ def _remove_folder(path: Path) -> None:
         gone = path.with_name(REMOVING + path.name)
         try:
             os.rename(path, gone)
-        except FileNotFoundError:
+            path = gone
+        except FileNotFoundError:    # removed already (by a sweep)
             return
-        path = gone
+        except OSError:              # not renamed: removed where it is, its lock file still last
+            pass
     try:
         entries = list(os.scandir(path))
-    except FileNotFoundError:
+    except OSError:
         return
     for entry in sorted(entries, key=lambda e: e.name == SCRATCH_LOCK):   # the lock file last
         if entry.is_dir(follow_symlinks=False):
             shutil.rmtree(entry.path, ignore_errors=True)
         else:
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(OSError):
                 os.unlink(entry.path)
     with contextlib.suppress(OSError):
         os.rmdir(path)
