@@ -17,7 +17,8 @@
 # own peak memory per update (cuda/peak_*_gib, and cuda/memory_cap_gib where a process is capped)
 # beside nvidia-smi's. On one H100, the tests took
 # 108 s, the paced run 135 s and the lock-step run 148 s (STEPS=3). On one H200 with the static
-# cache (8f8dcde): the tests 151 s, the paced run 130 s, the lock-step run 169 s.
+# cache (8f8dcde): the tests 151 s, the paced run 130 s, the lock-step run 169 s; on 873c65b: the
+# tests 134 s, the paced run 122 s, the lock-step run 152 s.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-bench-results/gpu}

@@ -103,3 +103,20 @@ def test_cold_call_times_the_aligner_back_to_back_and_after_other_work(tmp_path)
     assert {"back to back", "after a 1 ms sleep", "after a 1 ms Python loop"} <= conditions
     assert all(r["median_ms"] > 0 for r in got["rows"])
     assert {r["over_back_to_back"] for r in got["rows"] if r["condition"] == "back to back"} == {1.0}
+
+
+def test_gpu_build_threads_profiles_the_build_and_times_generation_alone_and_in_threads(tmp_path):
+    # the GPU probe's own code path, on the CPU and the tiny default config
+    out = tmp_path / "probe.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_build_threads.py"), "--config",
+           "configs/default.toml", "--device", "cpu", "--tokens", "4", "--repeats", "1",
+           "--json", str(out)]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "==== build llama-mistral" in done.stdout and "by cumulative" in done.stdout
+    probe = json.loads(out.read_text())
+    assert done.stdout.splitlines()[-1] == "PROBE " + json.dumps(probe)
+    assert set(probe["gen_alone_s"]) == {"llama-mistral", "qwen-deepseek"}
+    assert len(probe["gen_threads_default_stream_s"]) == 1
+    assert "gen_threads_own_streams_s" not in probe   # no streams on the CPU
+    assert probe["build_llama-mistral_s"] > 0 and probe["device"] == "cpu"
