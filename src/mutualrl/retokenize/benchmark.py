@@ -36,6 +36,9 @@ per-text results cost. For a receiver that is not lossless (WordPiece) a fourth 
 ``floor_rendered``, adds the decode of its ids that the round-trip residuals need, and a fifth,
 ``floor_residuals``, those residuals from it (edit distances, normaliser check); for a lossless
 one, ``encode_batch_fast`` joins the round and end_to_end_batch is also given over it.
+``cache_all_miss_over_cache_off`` and ``cache_all_hit_over_cache_off`` (``_bench_cache``) are
+end_to_end_batch with the default encoding cache over it with the cache off, every text a miss
+and every text a hit.
 """
 
 from __future__ import annotations
@@ -298,6 +301,7 @@ def _bench_paired(d: PairData, repeats: int, peers: bool) -> dict:
     elif rest:
         out["encode_batch_fast_over_encode_batch"] = _ratio_summary(rest[0], enc)
         out["end_to_end_batch_over_encode_batch_fast"] = _ratio_summary(e2e, rest[0])
+    out.update(_bench_cache(d, repeats))
     trl = baselines.trl_align_fn() if peers else None
     if trl is not None:
         s_off = [_offsets(e) for e in d.src_ends]
@@ -310,6 +314,34 @@ def _bench_paired(d: PairData, repeats: int, peers: bool) -> dict:
         out["align_speedup_vs_trl_turns"] = {**_ratio_summary(theirs, ours),
                                              "calls_per_turn": calls}
     return out
+
+
+def _bench_cache(d: PairData, repeats: int) -> dict:
+    """What the encoding cache costs and saves: ``end_to_end_batch`` with the default cache
+    (``Retokenizer``'s ``cache_size``) over the same call with the cache off, alternating call by
+    call, once with every text a miss (the cache emptied before the call, as a run whose
+    completions are all new pays for the hashing, the stores and the evictions) and once with
+    every text a hit (the call repeated). Timed apart from the goal ratios' rounds, so their
+    contenders stay as they were."""
+    source = d.src.target
+    profiles = {d.tgt.target.fingerprint: d.tgt.profile, source.fingerprint: d.tgt.profile_for(source)}
+    cached = Retokenizer(d.tgt.target, max_length=d.tgt.max_length, profiles=profiles)
+
+    def call(rt):
+        return rt.retokenize_batch(d.texts, source=source, source_ids=d.src_ids,
+                                   source_logprobs=d.src_lps)
+
+    def miss():
+        cached.cache.clear()
+        return call(cached)
+
+    off, all_miss, all_hit = time_alternating(
+        [lambda: call(d.tgt), miss, lambda: call(cached)], repeats)
+    # what was timed: every lookup of the miss calls missed, every one of the hit calls hit
+    return {"cache_all_miss_over_cache_off": {**_ratio_summary(all_miss, off),
+                                              "lookups_missed": cached.cache.misses},
+            "cache_all_hit_over_cache_off": {**_ratio_summary(all_hit, off),
+                                             "lookups_hit": cached.cache.hits}}
 
 
 def bench_pair(src: Retokenizer, tgt: Retokenizer, texts: list[str], *, repeats: int = 5,

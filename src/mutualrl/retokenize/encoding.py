@@ -336,6 +336,10 @@ class EncodingCache:
         while len(self._items) > self.size:
             self._items.popitem(last=False)
 
+    def clear(self) -> None:
+        """Drop every entry (the hit and miss counts stay)."""
+        self._items.clear()
+
     def __len__(self) -> int:
         return len(self._items)
 
