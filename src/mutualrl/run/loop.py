@@ -120,6 +120,9 @@ class RunSummary:
     failed: dict[str, dict] = field(default_factory=dict)
     # Restarts per policy under on_failure = "restart" (``run.restarts``; failures.jsonl).
     restarts: dict[str, int] = field(default_factory=dict)
+    # Per receiver, its retokenizer's encoding-cache lookups and hits in this process (since the
+    # run started, or since it resumed: the cache is not checkpointed). Whether the cache pays.
+    retokenize_cache: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 def summarize(run: Run, final_eval: dict, wall: float) -> RunSummary:
@@ -132,7 +135,9 @@ def summarize(run: Run, final_eval: dict, wall: float) -> RunSummary:
                          dict(run.phase_times),
                          pace_summary(read_metrics(run.out / "metrics.jsonl"), list(run.policies)),
                          run.pace.books() if run.pace is not None else {},
-                         run.departures.summary(), dict(run.restarts))
+                         run.departures.summary(), dict(run.restarts),
+                         {n: {"lookups": rt.cache.hits + rt.cache.misses, "hits": rt.cache.hits}
+                          for n, rt in run.retokenizers.items()})
     (run.out / "summary.json").write_bytes(msgspec.json.format(msgspec.json.encode(summary), indent=2))
     return summary
 
