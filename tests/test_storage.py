@@ -22,7 +22,7 @@ import pytest
 
 from mutualrl.exchange import ExperienceLog
 from mutualrl.run.metrics import MetricsWriter, read_metrics
-from mutualrl.storage import ScratchFolder, StorageError, atomic_folder
+from mutualrl.storage import SCRATCH_LOCK, ScratchFolder, StorageError, atomic_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "configs" / "tiny.toml")
@@ -223,3 +223,25 @@ def test_a_scratch_folder_killed_at_any_point_of_its_removal_goes_with_the_next_
         assert list(tmp_path.iterdir()) == []
     assert killed >= 6 and list(tmp_path.iterdir()) == []
 
+
+
+def test_a_scratch_folder_that_cannot_be_renamed_is_removed_where_it_is_lock_file_last(
+        tmp_path, monkeypatch):
+    s = ScratchFolder("mutualrl-p-", tmp_path)
+    (s.path / "sub").mkdir()
+    for name in ("config.json", "sub/tokenizer.json", "weights"):
+        (s.path / name).write_bytes(b"x")
+    unlinked, unlink = [], os.unlink
+
+    def refuse(src, dst):
+        raise PermissionError(13, "Permission denied", str(src))
+
+    def record(path, *args, **kwargs):
+        unlinked.append(Path(path).name)
+        return unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "rename", refuse)
+    monkeypatch.setattr(os, "unlink", record)
+    s.cleanup()
+    assert list(tmp_path.iterdir()) == []
+    assert unlinked[-1] == SCRATCH_LOCK and set(unlinked) >= {"config.json", "weights", SCRATCH_LOCK}
