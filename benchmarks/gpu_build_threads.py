@@ -72,7 +72,8 @@ def time_generation(pols: dict, tokens: int, repeats: int, cuda: bool, sync, out
         sync()
 
     def both(streams) -> float:
-        ths = [threading.Thread(target=gen, args=(pol, s)) for pol, s in zip(pols.values(), streams)]
+        ths = [threading.Thread(target=gen, args=(pol, s))
+               for pol, s in zip(pols.values(), streams)]
         t = time.perf_counter()
         for th in ths:
             th.start()

@@ -115,7 +115,7 @@ def test_tiny_run_on_the_lookup_task_evaluates_each_family(tmp_path, fast_run_bu
 
 def test_a_run_that_retokenizes_reports_each_receivers_encoding_cache(tmp_path, fast_run_builds):
     out = tmp_path / "prp"
-    summary = run_tiny(out, 'strategy="prp"')   # every peer rollout is retokenized for each receiver
+    summary = run_tiny(out, 'strategy="prp"')   # each peer rollout retokenized for each receiver
     cache = json.loads((out / "summary.json").read_text())["retokenize_cache"]
     assert cache == summary.retokenize_cache and set(cache) == set(POLICIES)
     assert all(c["lookups"] > 0 and 0 <= c["hits"] <= c["lookups"] for c in cache.values())

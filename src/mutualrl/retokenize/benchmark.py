@@ -324,7 +324,8 @@ def _bench_cache(d: PairData, repeats: int) -> dict:
     every text a hit (the call repeated). Timed apart from the goal ratios' rounds, so their
     contenders stay as they were."""
     source = d.src.target
-    profiles = {d.tgt.target.fingerprint: d.tgt.profile, source.fingerprint: d.tgt.profile_for(source)}
+    profiles = {d.tgt.target.fingerprint: d.tgt.profile,
+                source.fingerprint: d.tgt.profile_for(source)}
     cached = Retokenizer(d.tgt.target, max_length=d.tgt.max_length, profiles=profiles)
 
     def call(rt):
