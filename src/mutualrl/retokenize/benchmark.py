@@ -60,6 +60,7 @@ from mutualrl.retokenize.encoding import (batch_ends, encode_texts, encodes_with
 from mutualrl.retokenize.loaders import TokenizerHandle, load_tokenizer
 from mutualrl.retokenize.residuals import aggregate_residuals, byte_edit_distances
 from mutualrl.retokenize.retokenizer import Retokenizer
+from mutualrl.retokenize.wordpiece import folded_ends
 
 DEFAULT_PAIRS = (("deepseek-v3", "mistral-v1"), ("mistral-v1", "deepseek-v3"),
                  ("deepseek-v3", "bert-wordpiece"), ("bert-wordpiece", "deepseek-v3"),
@@ -233,11 +234,12 @@ def _floor(d: PairData, rendered: bool = False, residuals: bool = False):
     (without offsets where its byte ends come from its table: ``encode_batch_fast``) with its ids
     read into one array, byte ends of both sides, and one alignment over the batch.
     No checks (ids in range, finite log-probs, ids that spell the text), no log-prob sums, no
-    residuals, no per-text results. A lossless side's byte ends come from its byte-length table;
-    the ids of any other side (WordPiece) do not spell the text, so its byte ends need its own
-    encoding's offsets: the receiver's from the encode above, a sender's from encoding the texts
-    with the sender's tokenizer (``offset_ends_batch`` for both). With ``rendered`` it also
-    decodes the receiver's ids when the receiver is not lossless: the rendering its round-trip
+    residuals, no per-text results. A lossless side's byte ends come from its byte-length table.
+    A WordPiece receiver's come from its encode's offsets (``offset_ends_batch``). A WordPiece
+    sender's come from walking its ids along the folded text (``wordpiece.folded_ends``), and,
+    for the texts whose ids do not walk (a Hangul syllable, say), from encoding those texts with
+    the sender's tokenizer and reading the offsets, as the retokenizer does. With ``rendered`` it
+    also decodes the receiver's ids when the receiver is not lossless: the rendering its round-trip
     residuals compare with the text, which only its decoder gives (``floor_rendered``); with
     ``residuals`` as well, the two round-trip residuals the result holds for each text: the
     rendering's byte edit distance to the text (rapidfuzz, one call for the batch) and whether
@@ -270,10 +272,25 @@ def _floor(d: PairData, rendered: bool = False, residuals: bool = False):
                 byte_edit_distances([t.encode() for t in texts], datas, rust_threads())
                 normalizer_changes(prof, d.texts)
         if sprof.lossless:
-            s_ends, s_sizes = batch_ends(sprof.piece_len[src_flat], src_sizes)[0], src_sizes
+            s_ends = split(batch_ends(sprof.piece_len[src_flat], src_sizes)[0], src_sizes)
         else:
-            _, s_ends, s_sizes = side(sprof, rust_encode(sprof, d.texts))
-        return align_batch(split(s_ends, s_sizes), split(t_ends, t_sizes), d.totals)
+            s_ends = sender_ends()
+        return align_batch(s_ends, split(t_ends, t_sizes), d.totals)
+
+    def sender_ends():
+        """A WordPiece sender's byte ends: the folded walk of its ids (``folded_ends``), and its
+        encoding's offsets for the texts that do not walk (all of them where it does not apply)."""
+        walked = folded_ends(sprof, src_flat, src_sizes, d.texts, datas)
+        spells, ends = walked if walked is not None else (np.zeros(len(d.texts), bool), None)
+        out = split(ends, src_sizes) if ends is not None else [None] * len(d.texts)
+        todo = np.flatnonzero(~spells).tolist()
+        if todo:
+            texts = [d.texts[i] for i in todo]
+            encs = rust_encode(sprof, texts)
+            _, e_ends, e_sizes = offset_ends_batch(sprof, encs, texts, [datas[i] for i in todo])
+            for i, e in zip(todo, split(e_ends, e_sizes)):
+                out[i] = e
+        return out
     return run
 
 

@@ -130,3 +130,113 @@ def _walk(s_all, s_lo, s_hi, t_all, t_lo, t_hi, local, g, stats):
             g += 1
     stats[0] = g - g0
     return g
+
+
+@_jit
+def folded_walk(flat, sizes, folded, f_off, word_start, byte_end, n_bytes, complex_, piece_len,
+                buf, piece_start, continuing, unk):
+    """(spells per text, byte end of each token in its text): ``wordpiece._walk``."""
+    n = sizes.size
+    ends = np.zeros(flat.size, np.int64)
+    spells = np.zeros(n, np.bool_)
+    lo = 0
+    for i in range(n):
+        pos, stop = f_off[i], f_off[i + 1]
+        ok = not complex_[i]
+        for k in range(lo, lo + sizes[i]):
+            if not ok:
+                break
+            t = flat[k]
+            if t == unk:   # a whole word, from a word start to the next
+                ok = pos < stop and word_start[pos] == 1
+                pos += 1
+                while pos < stop and word_start[pos] == 0:
+                    pos += 1
+            else:
+                length = piece_len[t]
+                ok = (length > 0 and pos + length <= stop
+                      and (word_start[pos] == 1) != continuing[t]
+                      and _no_mark(word_start, pos + 1, pos + length)
+                      and _same(buf, piece_start[t], folded, pos, length))
+                pos += length
+            if ok:
+                ends[k] = byte_end[pos - 1]
+        spells[i] = ok and pos == stop
+        if not spells[i]:
+            ends[lo:lo + sizes[i]] = 0
+        elif sizes[i] > 0:
+            ends[lo + sizes[i] - 1] = n_bytes[i]
+        lo += sizes[i]
+    return spells, ends
+
+
+@_jit
+def _no_mark(marks, lo, hi):
+    for j in range(lo, hi):
+        if marks[j] != 0:
+            return False
+    return True
+
+
+@_jit
+def fold_texts(cps, n_chars, cls_table, fold_table, keep_cls, alone_cls, space_cls, complex_cls):
+    """``wordpiece._fold`` in one pass over the code points: (unseen, folded bytes, where each
+    text's start in them, word starts (one more than the bytes), each folded byte's character
+    end in its text's bytes, texts holding a COMPLEX character). ``unseen``: a code point not in
+    the table yet (the other arrays are then empty)."""
+    n = n_chars.size
+    last = cls_table.size - 1
+    cap = 4 * cps.size
+    out = np.empty(cap, np.uint8)
+    marks = np.zeros(cap + 1, np.uint8)
+    byte_end = np.empty(cap, np.int64)
+    f_off = np.zeros(n + 1, np.int64)
+    complex_ = np.zeros(n, np.bool_)
+    c, j = 0, 0
+    for i in range(n):
+        f_off[i] = j
+        b = 0
+        new_word = True
+        for _ in range(n_chars[i]):
+            cp = cps[c]
+            c += 1
+            b += 1 + (cp >= 0x80) + (cp >= 0x800) + (cp >= 0x10000)
+            idx = min(cp, last)
+            kind = cls_table[idx]
+            if kind == keep_cls or kind == alone_cls:
+                j0 = j
+                j = _put_utf8(out, j, fold_table[idx])
+                marks[j0] = 1 if (new_word or kind == alone_cls) else 0
+                byte_end[j0:j] = b
+                new_word = kind == alone_cls
+            elif kind == space_cls:
+                new_word = True
+            elif kind == complex_cls:
+                complex_[i] = True
+            elif kind == 0:
+                return (True, out[:0], f_off, marks[:1], byte_end[:0], complex_)
+    f_off[n] = j
+    marks[j] = 1
+    return False, out[:j], f_off, marks[:j + 1], byte_end[:j], complex_
+
+
+@_jit
+def _put_utf8(out, j, cp):
+    """Write code point ``cp`` as UTF-8 at ``out[j]``; return the next free index."""
+    if cp < 0x80:
+        out[j] = cp
+        return j + 1
+    if cp < 0x800:
+        out[j] = 0xC0 | (cp >> 6)
+        out[j + 1] = 0x80 | (cp & 0x3F)
+        return j + 2
+    if cp < 0x10000:
+        out[j] = 0xE0 | (cp >> 12)
+        out[j + 1] = 0x80 | ((cp >> 6) & 0x3F)
+        out[j + 2] = 0x80 | (cp & 0x3F)
+        return j + 3
+    out[j] = 0xF0 | (cp >> 18)
+    out[j + 1] = 0x80 | ((cp >> 12) & 0x3F)
+    out[j + 2] = 0x80 | ((cp >> 6) & 0x3F)
+    out[j + 3] = 0x80 | (cp & 0x3F)
+    return j + 4

@@ -194,6 +194,7 @@ class TokenizerProfile:
     lossless: bool
     family: str = field(default="unknown")
     normalizer_types: frozenset = field(default=frozenset())  # ``type``s in the normaliser tree
+    continuing: np.ndarray | None = None  # bool [vocab]: WordPiece '##' pieces (else None)
 
     @property
     def fingerprint(self) -> str:
@@ -219,6 +220,7 @@ class TokenizerProfile:
         pieces: list[bytes] = [b""] * size
         special = np.zeros(size, dtype=bool)
         fallback = np.zeros(size, dtype=bool)
+        continuing = np.zeros(size, dtype=bool) if wp_prefix else None
         representable = True
         added = cont.get_added_tokens_decoder()
         for token, idx in vocab.items():
@@ -228,6 +230,8 @@ class TokenizerProfile:
                 pieces[idx] = b"" if added[idx].special else token.encode("utf-8")
                 continue
             piece = _piece_bytes(token, byte_level, byte_fallback, wp_prefix)
+            if continuing is not None:
+                continuing[idx] = token.startswith(wp_prefix)
             if piece is None:
                 representable, piece = False, token.encode("utf-8")
             pieces[idx] = piece
@@ -244,7 +248,8 @@ class TokenizerProfile:
         return cls(handle=handle, continuation=cont, pieces=pieces,
                    piece_len=piece_len, special=special, byte_fallback=fallback,
                    unk_id=unk_id, eos_id=eos, lossless=lossless,
-                   family=handle.family, normalizer_types=_normalizer_types(cont_norm))
+                   family=handle.family, normalizer_types=_normalizer_types(cont_norm),
+                   continuing=continuing)
 
     def text_bytes(self, ids) -> bytes:
         """The bytes a sequence of ids spells (specials contribute nothing)."""

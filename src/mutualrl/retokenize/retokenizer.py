@@ -36,6 +36,7 @@ from mutualrl.retokenize.inputs import as_id_array, check_id_range, check_len, l
 from mutualrl.retokenize.loaders import TokenizerHandle
 from mutualrl.retokenize.profile import TokenizerProfile
 from mutualrl.retokenize.residuals import AlignmentResiduals, byte_edit_distance
+from mutualrl.retokenize.wordpiece import folded_ends
 
 
 _NO_TOKENS = np.zeros(0, dtype=np.int64)
@@ -285,20 +286,22 @@ class Retokenizer:
                 if flags[i] and int(ids[-1]) == prof.eos_id:
                     eos_index = ids.size - 1
             parts.append((ids, kept, kept_index, eos_index, n_special, lp))
-        if prof.lossless and n:   # ids that spell their text give their byte ends directly
-            if any(n_specials):
-                sizes = np.fromiter((p[1].size for p in parts), dtype=np.int64, count=n)
-                flat = np.concatenate([p[1] for p in parts])
-            spells, rel = spelled_ends(prof, flat, sizes, datas)
+        if any(n_specials):
+            sizes = np.fromiter((p[1].size for p in parts), dtype=np.int64, count=n)
+            flat = np.concatenate([p[1] for p in parts])
+        walked = _walked_ends(prof, flat, sizes, texts, datas) if n else None
+        if walked is None:
+            todo = [(i, None) for i in range(n)]
+        else:   # ids that spell their text give their byte ends directly
+            spells, rel = walked
             lo = 0
             for i, (hi, ok) in enumerate(zip(np.cumsum(sizes).tolist(), spells.tolist())):
                 if ok:
                     ends[i] = (rel[lo:hi], False, 0)
                 else:
-                    todo.append((i, prof.text_bytes(parts[i][1].tolist())))
+                    todo.append((i, prof.text_bytes(parts[i][1].tolist()) if prof.lossless
+                                 else None))
                 lo = hi
-        else:
-            todo = [(i, None) for i in range(n)]
         if todo:
             encs = encode_texts(prof, [texts[i] for i, _ in todo], [datas[i] for i, _ in todo],
                                 self.cache, residuals=False)
@@ -373,6 +376,15 @@ def _trajectory(text, target_ids, groups, sums, residuals) -> RetokenizedTraject
     obj.__dict__.update(text=text, target_ids=target_ids, groups=groups,
                         group_logprob_sums=sums, residuals=residuals)
     return obj
+
+
+def _walked_ends(prof: TokenizerProfile, flat, sizes, texts, datas):
+    """(spells, ends) of id sequences laid end to end, from the ids themselves: a lossless
+    tokenizer's byte tables (``spelled_ends``), WordPiece's folded walk (``folded_ends``); None
+    where neither applies (every text then takes the source's encoding)."""
+    if prof.lossless:
+        return spelled_ends(prof, flat, sizes, datas)
+    return folded_ends(prof, flat, sizes, texts, datas)
 
 
 def _equal_rows(a: list[np.ndarray], b: list[np.ndarray]) -> list[bool]:

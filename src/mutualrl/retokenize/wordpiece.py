@@ -1,0 +1,211 @@
+"""Byte ends of WordPiece ids read from the text itself, without encoding the text again.
+
+WordPiece ids do not spell their text: whitespace has no token, the normaliser lower-cases,
+strips accents and drops control characters, and ``[UNK]`` stands for a whole word. So their
+byte ends came from the tokenizer's own encoding of the text, with offsets: a second Rust encode
+of every text and a Python read of every offset, which for a WordPiece *sender* was most of what
+moving a batch cost. But BERT's normaliser works character by character and its pre-tokeniser
+cuts words at whitespace and punctuation, so the text can be *folded*: each character replaced
+by what the normaliser makes of it, whitespace and removed characters left out, and the start of
+every word marked. WordPiece ids of the text then spell its folded words one after the other:
+a word is one ``[UNK]``, or pieces whose bytes (``##`` dropped) spell it, the first without
+``##`` and the others with it. Walking the ids along the folded text checks that, and a token
+ends where the character of its last folded byte ends in the text (an ``[UNK]``, where its
+word's last character ends).
+
+A character's class comes from the normaliser and the pre-tokeniser themselves, asked once for
+each character the first time a batch holds it (``FoldTable``, kept on the profile):
+
+* ``KEEP``     its output is one character, not a combining mark (which canonical reordering
+  could move), that joins the word around it: ``A`` -> ``a``, ``é`` -> ``e``;
+* ``ALONE``    its output is one such character that is a word of its own: punctuation, and
+  BERT's CJK characters;
+* ``SPACE``    its output is whitespace only: it ends a word;
+* ``REMOVED``  its output is empty (control characters; combining accents under accent stripping);
+* ``COMPLEX``  anything else (a Hangul syllable becomes three jamo; a character past the table).
+
+A text holding a ``COMPLEX`` character, or whose ids do not walk, takes the encoding path as
+before (``Retokenizer._sources``). For ids that are the tokenizer's own encoding of the text the
+walk gives the ends its offsets give (``encoding.ends_from_offsets``); the tests compare the two
+over the benchmark corpus and random texts of tricky characters. Ids that are not its own
+encoding but walk (another split of a word into pieces) get exact ends too, where the encoding
+path could only borrow the encoding's ends and report a source mismatch.
+
+The walk is a compiled loop where the kernels run (``kernels``), else the Python loop
+``_walk``; both give the same arrays.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+import numpy as np
+
+from mutualrl.retokenize import kernels
+from mutualrl.retokenize.normalize import TABLE_SIZE
+from mutualrl.retokenize.profile import TokenizerProfile
+
+UNSEEN, KEEP, ALONE, SPACE, REMOVED, COMPLEX = range(6)
+# Normalisers whose output for a text is each character's output in turn, up to the canonical
+# reordering of combining marks (which ``KEEP`` excludes); NFC and NFKC compose across characters.
+_PER_CHAR = frozenset({"BertNormalizer", "Lowercase", "StripAccents", "NFD", "NFKD"})
+# Pre-tokenisers whose words are what ``FoldTable`` learns: cut at whitespace and at each
+# character that splits off alone (``Whitespace`` keeps runs of punctuation together: not these).
+_PRE_TOKENIZERS = frozenset({"BertPreTokenizer", "WhitespaceSplit"})
+
+
+class FoldTable:
+    """Per code point: its class and the character it folds to, learnt as characters are met.
+    The last entry stands for every code point past the table and is ``COMPLEX``."""
+
+    def __init__(self, profile: TokenizerProfile) -> None:
+        self.normalizer = profile.continuation.normalizer
+        self.pre_tokenizer = profile.continuation.pre_tokenizer
+        self.cls = np.zeros(TABLE_SIZE, dtype=np.uint8)
+        self.fold = np.zeros(TABLE_SIZE, dtype=np.uint32)
+        self.cls[TABLE_SIZE - 1] = COMPLEX
+        self.cls[0xD800:0xE000] = COMPLEX
+
+    def learn(self, cps: np.ndarray) -> None:
+        """Learn the classes of the code points in ``cps`` not in the table yet."""
+        idx = np.minimum(cps, TABLE_SIZE - 1)
+        unseen = self.cls[idx] == UNSEEN
+        if unseen.any():
+            for cp in np.unique(idx[unseen]).tolist():
+                self.cls[cp], self.fold[cp] = self._learn(chr(cp))
+
+    def _learn(self, char: str) -> tuple[int, int]:
+        out = self.normalizer.normalize_str(char) if self.normalizer is not None else char
+        if not out:
+            return REMOVED, 0
+        if not self.pre_tokenizer.pre_tokenize_str(out):
+            return SPACE, 0
+        # Between two letters: one word with them (KEEP), or a word of its own (ALONE).
+        words = [w for w, _ in self.pre_tokenizer.pre_tokenize_str(f"a{out}a")]
+        if words == [f"a{out}a"] and len(out) == 1 and not unicodedata.combining(out):
+            return KEEP, ord(out)
+        if (len(words) == 3 and words[0] == words[2] == "a" and len(words[1]) == 1
+                and not unicodedata.combining(words[1])):
+            return ALONE, ord(words[1])
+        return COMPLEX, 0
+
+
+def fold_table(profile: TokenizerProfile) -> FoldTable | None:
+    """The profile's ``FoldTable`` (made on first use), or None where ``folded_ends`` does not
+    apply: not WordPiece, a normaliser not made of per-character steps, another pre-tokeniser."""
+    table = profile.__dict__.get("_fold_table", False)
+    if table is False:
+        pre = profile.continuation.pre_tokenizer
+        usable = (profile.continuing is not None and profile.unk_id is not None
+                  and type(pre).__name__ in _PRE_TOKENIZERS
+                  and profile.normalizer_types <= _PER_CHAR)
+        table = profile.__dict__["_fold_table"] = FoldTable(profile) if usable else None
+    return table
+
+
+def _utf8_len(cps: np.ndarray) -> np.ndarray:
+    return 1 + (cps >= 0x80).astype(np.int64) + (cps >= 0x800) + (cps >= 0x10000)
+
+
+def _segment_sums(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Sums of consecutive segments of ``values``, ``counts[i]`` values each (empty ones 0)."""
+    cum = np.concatenate(([0], np.cumsum(values)))
+    stops = np.cumsum(counts)
+    return cum[stops] - cum[stops - counts]
+
+
+def folded_ends(profile: TokenizerProfile, flat: np.ndarray, sizes: np.ndarray,
+                texts: list[str], datas: list[bytes]) -> tuple[np.ndarray, np.ndarray] | None:
+    """Id sequences laid end to end (``flat``; ``sizes`` ids per text) walked along their texts
+    folded (see the module docstring): (``spells`` (N,) bool, each token's byte end within its own
+    text, aligned with ``flat``, read-only and meaningful where ``spells``), or None where the
+    profile has no fold table (``fold_table``)."""
+    table = fold_table(profile)
+    if table is None:
+        return None
+    n = len(texts)
+    cps = np.frombuffer("".join(texts).encode("utf-32-le"), dtype=np.uint32)
+    n_chars = np.fromiter(map(len, texts), dtype=np.int64, count=n)
+    n_bytes = np.fromiter(map(len, datas), dtype=np.int64, count=n)
+    classes = (KEEP, ALONE, SPACE, COMPLEX)
+    done = kernels.fold_texts(cps, n_chars, table.cls, table.fold, classes, flat.size)
+    if done is not None and done[0]:   # a code point met for the first time: learn, fold again
+        table.learn(cps)
+        done = kernels.fold_texts(cps, n_chars, table.cls, table.fold, classes, flat.size)
+    folded, f_off, word_start, byte_end, complex_ = (
+        done[1:] if done is not None else _fold(table, cps, n_chars, n_bytes))
+    buf, piece_start = profile.piece_table()
+    args = (flat, sizes, folded, f_off, word_start, byte_end, n_bytes, complex_,
+            profile.piece_len, buf, piece_start, profile.continuing, profile.unk_id)
+    walked = kernels.folded_walk(*args)
+    spells, ends = walked if walked is not None else _walk(*args)
+    ends.flags.writeable = False
+    return spells, ends
+
+
+def _fold(table: FoldTable, cps: np.ndarray, n_chars: np.ndarray, n_bytes: np.ndarray):
+    """The texts folded, in numpy passes (the reference for ``numba_loops.fold_texts``): (the
+    folded bytes, where each text starts in them (N + 1), word starts (one per folded byte and
+    a last 1), each folded byte's character end in its own text's bytes, texts holding a
+    ``COMPLEX`` character)."""
+    table.learn(cps)
+    idx = np.minimum(cps, TABLE_SIZE - 1)
+    cls, fold = table.cls[idx], table.fold[idx]
+    keep = (cls == KEEP) | (cls == ALONE)
+    kept = fold[keep]
+    k_len = _utf8_len(kept)
+    folded = np.frombuffer(kept.astype("<u4").tobytes().decode("utf-32-le").encode("utf-8"),
+                           dtype=np.uint8)
+    kept_per_text = _segment_sums(keep.astype(np.int64), n_chars)
+    f_off = np.zeros(n_chars.size + 1, dtype=np.int64)
+    np.cumsum(_segment_sums(k_len, kept_per_text), out=f_off[1:])
+    c_end = np.cumsum(_utf8_len(cps)) - np.repeat(np.cumsum(n_bytes) - n_bytes, n_chars)
+    byte_end = np.repeat(c_end[keep], k_len)
+    # Word starts, at a kept character's first folded byte: its text's first kept character,
+    # one after whitespace, an ALONE character and the one after it.
+    spaces = np.cumsum(cls == SPACE)[keep]
+    alone = cls[keep] == ALONE
+    start = alone.copy()
+    start[(np.cumsum(kept_per_text) - kept_per_text)[kept_per_text > 0]] = True
+    start[1:] |= (spaces[1:] != spaces[:-1]) | alone[:-1]
+    word_start = np.zeros(folded.size + 1, dtype=np.uint8)
+    word_start[np.cumsum(k_len) - k_len] = start
+    word_start[-1] = 1
+    complex_ = _segment_sums((cls == COMPLEX).astype(np.int64), n_chars) > 0
+    return folded, f_off, word_start, byte_end, complex_
+
+
+def _walk(flat, sizes, folded, f_off, word_start, byte_end, n_bytes, complex_, piece_len, buf,
+          piece_start, continuing, unk):
+    """The walk of ``folded_ends`` in Python (the reference for ``numba_loops.folded_walk``)."""
+    data, marks = folded.tobytes(), word_start.tobytes()
+    table = buf.tobytes()
+    ids, lens, starts = flat.tolist(), piece_len[flat].tolist(), piece_start[flat].tolist()
+    cont = continuing[flat].tolist()
+    last = np.zeros(flat.size, dtype=np.int64)   # each token's last folded byte + 1
+    spells = np.zeros(len(sizes), dtype=bool)
+    lo = 0
+    for i, size in enumerate(sizes.tolist()):
+        pos, stop = int(f_off[i]), int(f_off[i + 1])
+        ok = not complex_[i]
+        for k in range(lo, lo + size):
+            if ids[k] == unk:   # a whole word, from a word start to the next
+                ok = ok and pos < stop and marks[pos] == 1
+                nxt = marks.find(1, pos + 1, stop)
+                pos = stop if nxt < 0 else nxt
+            else:
+                length = lens[k]
+                ok = (ok and length > 0 and pos + length <= stop and marks[pos] != cont[k]
+                      and marks.find(1, pos + 1, pos + length) < 0
+                      and data.startswith(table[starts[k]:starts[k] + length], pos))
+                pos += length
+            if not ok:
+                break
+            last[k] = pos
+        lo += size
+        spells[i] = ok and pos == stop
+    ends = byte_end[np.maximum(last, 1) - 1] if byte_end.size else np.zeros(flat.size, np.int64)
+    has = spells & (sizes > 0)
+    ends[np.cumsum(sizes)[has] - 1] = n_bytes[has]   # ``encoding.pin_last``
+    ends[~np.repeat(spells, sizes)] = 0
+    return spells, ends

@@ -1,0 +1,136 @@
+"""WordPiece ids walked along their folded text (``wordpiece.folded_ends``) against the sender's
+own encoding with offsets, which is what a WordPiece sender's byte ends came from before: the
+same ends wherever the walk accepts the tokenizer's own ids, the encoding path wherever it does
+not, and exact ends for ids that are not the tokenizer's own but are shaped as WordPiece shapes
+them."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from mutualrl.retokenize import kernels, wordpiece
+from mutualrl.retokenize.benchmark import load_corpus
+from mutualrl.retokenize.encoding import offset_ends_batch, rust_encode, utf8
+
+TRICKY = [*"aAbZ ,.-'\t\n\x00\x0bé É中国한ΣΑς\u0301\u0308İﬁ½—✓×−\u2028\u3000ا्ाท😀",
+          "##", "[UNK]", "  ", "don't", "Hello", "xylophone", "unaffable", "a" * 120]
+
+
+@pytest.fixture(scope="module")
+def bert(retokenizers):
+    return retokenizers["bert-wordpiece"].profile_for(retokenizers["bert-wordpiece"].target)
+
+
+def _texts() -> list[str]:
+    rng = random.Random(0)
+    texts = load_corpus()
+    texts += ["".join(rng.choice(TRICKY) for _ in range(rng.randint(0, 30))) for _ in range(1500)]
+    return texts + ["", " ", "abc ", " abc", "\x00", "中", "a\x00b", "e\u0301x", "✓✓ ✓"]
+
+
+def _walk(prof, texts, mode, monkeypatch):
+    monkeypatch.setenv("MUTUALRL_KERNELS", mode)
+    datas = [utf8(t) for t in texts]
+    flat, ends, sizes = offset_ends_batch(prof, rust_encode(prof, texts), texts, datas)
+    spells, walked = wordpiece.folded_ends(prof, flat, sizes, texts, datas)
+    return spells, walked, ends, sizes, flat
+
+
+@pytest.mark.parametrize("mode", ["numpy", "numba"])
+def test_the_tokenizers_own_ids_walk_to_its_offsets_ends(bert, mode, monkeypatch):
+    if mode == "numba" and not kernels.available():
+        pytest.skip("numba not installed")
+    texts = _texts()
+    spells, walked, ends, sizes, _ = _walk(bert, texts, mode, monkeypatch)
+    rows = np.repeat(spells, sizes)
+    assert np.array_equal(walked[rows], ends[rows])
+    # Every text walks but those holding a character the fold leaves to the encoding (Hangul).
+    table = wordpiece.fold_table(bert)
+    cls = [table.cls[np.minimum(np.frombuffer(t.encode("utf-32-le"), np.uint32),
+                                wordpiece.TABLE_SIZE - 1)] for t in texts]
+    assert spells.tolist() == [not (c == wordpiece.COMPLEX).any() for c in cls]
+    assert spells[:170].sum() == 168   # the benchmark corpus: two texts hold Korean
+
+
+def test_the_compiled_walk_equals_the_python_one(bert, monkeypatch):
+    if not kernels.available():
+        pytest.skip("numba not installed")
+    texts = _texts()
+    by_python = _walk(bert, texts, "numpy", monkeypatch)
+    by_numba = _walk(bert, texts, "numba", monkeypatch)
+    for a, b in zip(by_python[:2], by_numba[:2]):
+        assert np.array_equal(a, b)
+
+
+def test_characters_are_classed_by_the_normaliser_and_pre_tokeniser(bert, retokenizers):
+    table = wordpiece.fold_table(bert)
+    chars = "Aé,中\t\x00\u0301한"
+    table.learn(np.frombuffer(chars.encode("utf-32-le"), np.uint32))
+    got = {c: (int(table.cls[ord(c)]), chr(table.fold[ord(c)])) for c in chars}
+    w = wordpiece
+    assert {c: k for c, (k, _) in got.items()} == {
+        "A": w.KEEP, "é": w.KEEP, ",": w.ALONE, "中": w.ALONE, "\t": w.SPACE, "\x00": w.REMOVED,
+        "\u0301": w.REMOVED, "한": w.COMPLEX}
+    assert got["A"][1] == "a" and got["é"][1] == "e" and got["中"][1] == "中"
+    lossless = retokenizers["deepseek-v3"].profile
+    assert wordpiece.fold_table(lossless) is None   # only WordPiece walks
+    assert wordpiece.folded_ends(lossless, np.zeros(0, np.int64), np.zeros(1, np.int64),
+                                 [""], [b""]) is None
+
+
+def _ids(prof, *tokens: str) -> np.ndarray:
+    vocab = prof.continuation.get_vocab()
+    return np.array([vocab[t] for t in tokens], dtype=np.int64)
+
+
+@pytest.mark.parametrize("mode", ["numpy", "numba"])
+def test_other_splits_of_a_word_walk_and_misshapen_ids_do_not(bert, mode, monkeypatch):
+    if mode == "numba" and not kernels.available():
+        pytest.skip("numba not installed")
+    monkeypatch.setenv("MUTUALRL_KERNELS", mode)
+    cases = [  # (text, tokens, walks, byte ends where it walks)
+        ("Playing now", ["play", "##ing", "now"], True, [4, 7, 11]),
+        ("Playing now", ["playing", "now"], True, [7, 11]),
+        ("✓✓ ok.", ["[UNK]", "ok", "."], True, [6, 9, 10]),   # [UNK]: the whole word
+        ("Café au lait", ["cafe", "au", "lai", "##t"], True, [5, 8, 12, 13]),
+        ("play ing", ["play", "##ing"], False, None),         # '##' at a word start
+        ("playing", ["play", "ing"], False, None),             # a word start inside a word
+        ("a b", ["ab"], False, None),                          # a token across whitespace
+        ("ok ✓✓", ["ok", "[UNK]", "[UNK]"], False, None),     # [UNK] inside a word
+        ("playing", ["play", "##in"], False, None),            # the text not spelled
+        ("ok", ["ok", "[UNK]"], False, None),                  # a token past the text
+        ("한국", ["[UNK]"], False, None),                      # a COMPLEX character
+    ]
+    texts = [c[0] for c in cases]
+    id_rows = [_ids(bert, *c[1]) for c in cases]
+    sizes = np.array([r.size for r in id_rows])
+    spells, ends = wordpiece.folded_ends(bert, np.concatenate(id_rows), sizes, texts,
+                                         [utf8(t) for t in texts])
+    assert spells.tolist() == [c[2] for c in cases]
+    stops = np.cumsum(sizes)
+    for (_, _, walks, want), lo, hi in zip(cases, stops - sizes, stops):
+        assert ends[lo:hi].tolist() == (want if walks else [0] * (hi - lo))
+
+
+def test_a_wordpiece_sender_gets_exact_ends_for_another_split(retokenizers):
+    """Through the retokenizer: ids split otherwise than the sender's own encoding are moved with
+    their own ends and no source mismatch; the encoding path borrowed the encoding's ends."""
+    rt = retokenizers["deepseek-v3"]
+    source = retokenizers["bert-wordpiece"].target
+    prof = rt.profile_for(source)
+    out = rt.retokenize("Playing now", source=source,
+                        source_ids=_ids(prof, "play", "##ing", "now"),
+                        source_logprobs=[-0.5, -0.25, -1.0])
+    assert not out.residuals.source_mismatch
+    assert out.groups.byte_end.tolist()[-1] == 11
+    assert out.group_logprob_sums.sum() == pytest.approx(-1.75)
+    # A sender's ids that do not walk still take its encoding, as before.
+    odd = rt.retokenize("play ing", source=source, source_ids=_ids(prof, "play", "##ing"))
+    assert odd.residuals.source_mismatch
+    korean = rt.retokenize("한국어 ok", source=source,
+                           source_ids=prof.continuation.encode("한국어 ok",
+                                                               add_special_tokens=False).ids)
+    assert not korean.residuals.source_mismatch and korean.groups.byte_end[-1] == 12
