@@ -47,12 +47,12 @@ def test_the_tokenizers_own_ids_walk_to_its_offsets_ends(bert, mode, monkeypatch
     spells, walked, ends, sizes, _ = _walk(bert, texts, mode, monkeypatch)
     rows = np.repeat(spells, sizes)
     assert np.array_equal(walked[rows], ends[rows])
-    # Every text walks but those holding a character the fold leaves to the encoding (Hangul).
-    table = wordpiece.fold_table(bert)
-    cls = [table.cls[np.minimum(np.frombuffer(t.encode("utf-32-le"), np.uint32),
-                                wordpiece.TABLE_SIZE - 1)] for t in texts]
-    assert spells.tolist() == [not (c == wordpiece.COMPLEX).any() for c in cls]
-    assert spells[:170].sum() == 168   # the benchmark corpus: two texts hold Korean
+    # Every text walks (Hangul included: a syllable folds to its three jamo) but one holding a
+    # character the fold leaves to the encoding.
+    assert spells.all()
+    past = ["ok \U00030000 ok", "ok"]
+    spells, walked, ends, _, _ = _walk(bert, past, mode, monkeypatch)
+    assert spells.tolist() == [False, True] and np.array_equal(walked[-1:], ends[-1:])
 
 
 def test_the_compiled_walk_equals_the_python_one(bert, monkeypatch):
@@ -67,14 +67,17 @@ def test_the_compiled_walk_equals_the_python_one(bert, monkeypatch):
 
 def test_characters_are_classed_by_the_normaliser_and_pre_tokeniser(bert, retokenizers):
     table = wordpiece.fold_table(bert)
-    chars = "Aé,中\t\x00\u0301한"
+    chars = "Aé,中\t\x00\u0301한\U00030000"
     table.learn(np.frombuffer(chars.encode("utf-32-le"), np.uint32))
-    got = {c: (int(table.cls[ord(c)]), chr(table.fold[ord(c)])) for c in chars}
+    idx = np.minimum([ord(c) for c in chars], wordpiece.TABLE_SIZE - 1)
+    got = {c: (int(table.cls[i]), "".join(map(chr, table.chars[table.off[i]:table.off[i]
+                                                                + table.count[i]])))
+           for c, i in zip(chars, idx.tolist())}
     w = wordpiece
-    assert {c: k for c, (k, _) in got.items()} == {
-        "A": w.KEEP, "é": w.KEEP, ",": w.ALONE, "中": w.ALONE, "\t": w.SPACE, "\x00": w.REMOVED,
-        "\u0301": w.REMOVED, "한": w.COMPLEX}
-    assert got["A"][1] == "a" and got["é"][1] == "e" and got["中"][1] == "中"
+    assert got == {"A": (w.KEEP, "a"), "é": (w.KEEP, "e"), ",": (w.ALONE, ","),
+                   "中": (w.ALONE, "中"), "\t": (w.SPACE, ""), "\x00": (w.REMOVED, ""),
+                   "\u0301": (w.REMOVED, ""), "한": (w.KEEP, "\u1112\u1161\u11ab"),
+                   "\U00030000": (w.COMPLEX, "")}
     lossless = retokenizers["deepseek-v3"].profile
     assert wordpiece.fold_table(lossless) is None   # only WordPiece walks
     assert wordpiece.folded_ends(lossless, np.zeros(0, np.int64), np.zeros(1, np.int64),
@@ -102,7 +105,9 @@ def test_other_splits_of_a_word_walk_and_misshapen_ids_do_not(bert, mode, monkey
         ("ok ✓✓", ["ok", "[UNK]", "[UNK]"], False, None),     # [UNK] inside a word
         ("playing", ["play", "##in"], False, None),            # the text not spelled
         ("ok", ["ok", "[UNK]"], False, None),                  # a token past the text
-        ("한국", ["[UNK]"], False, None),                      # a COMPLEX character
+        ("한국 ok", ["[UNK]", "ok"], True, [6, 9]),            # jamo, in one word
+        ("한 ok", ["ᄒ", "##ᅡ", "##ᆫ", "ok"], True, [3, 3, 3, 6]),  # one syllable's bytes
+        ("ok \U00030000", ["ok", "[UNK]"], False, None),       # past the fold table
     ]
     texts = [c[0] for c in cases]
     id_rows = [_ids(bert, *c[1]) for c in cases]
@@ -130,7 +135,8 @@ def test_a_wordpiece_sender_gets_exact_ends_for_another_split(retokenizers):
     # A sender's ids that do not walk still take its encoding, as before.
     odd = rt.retokenize("play ing", source=source, source_ids=_ids(prof, "play", "##ing"))
     assert odd.residuals.source_mismatch
-    korean = rt.retokenize("한국어 ok", source=source,
-                           source_ids=prof.continuation.encode("한국어 ok",
-                                                               add_special_tokens=False).ids)
-    assert not korean.residuals.source_mismatch and korean.groups.byte_end[-1] == 12
+    for text in ("한국어 ok", "ok \U00030000 ok"):   # walked; the encoding path
+        ids = prof.continuation.encode(text, add_special_tokens=False).ids
+        out = rt.retokenize(text, source=source, source_ids=ids)
+        assert not out.residuals.source_mismatch
+        assert out.groups.byte_end[-1] == len(text.encode())

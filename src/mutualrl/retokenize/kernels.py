@@ -93,22 +93,22 @@ def align(s_all: np.ndarray, s_sizes: np.ndarray, t_all: np.ndarray, t_sizes: np
     return (local, split, stats) if ok else None
 
 
-def folded_walk(flat, sizes, folded, f_off, word_start, byte_end, n_bytes, complex_, piece_len,
-                buf, piece_start, continuing, unk: int):
+def folded_walk(flat, sizes, folded, f_off, word_start, byte_start, byte_end, n_bytes, complex_,
+                piece_len, buf, piece_start, continuing, unk: int):
     """``wordpiece._walk`` in one compiled pass: (spells, ends), or None where the kernels are
     not used or an id is out of the vocabulary."""
     k = _for(flat.size)
     if k is None or (flat.size and (flat.min() < 0 or flat.max() >= piece_len.size)):
         return None
-    return k.folded_walk(flat, sizes, folded, f_off, word_start, byte_end, n_bytes, complex_,
-                         piece_len, buf, piece_start, continuing, unk)
+    return k.folded_walk(flat, sizes, folded, f_off, word_start, byte_start, byte_end, n_bytes,
+                         complex_, piece_len, buf, piece_start, continuing, unk)
 
 
-def fold_texts(cps: np.ndarray, n_chars: np.ndarray, cls_table: np.ndarray,
-               fold_table: np.ndarray, classes: tuple[int, int, int, int], tokens: int):
-    """``wordpiece._fold`` in one compiled pass (see ``numba_loops.fold_texts``), or None where the
-    kernels are not used for a batch of ``tokens`` tokens."""
+def fold_texts(cps: np.ndarray, n_chars: np.ndarray, tables: tuple, tokens: int):
+    """``wordpiece._fold`` in one compiled pass (see ``numba_loops.fold_texts``; ``tables``: the
+    fold table's arrays and the class codes), or None where the kernels are not used for a batch
+    of ``tokens`` tokens."""
     k = _for(tokens)
     if k is None:
         return None
-    return k.fold_texts(cps, n_chars, cls_table, fold_table, *classes)
+    return k.fold_texts(cps, n_chars, *tables)

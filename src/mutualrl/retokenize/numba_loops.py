@@ -133,8 +133,8 @@ def _walk(s_all, s_lo, s_hi, t_all, t_lo, t_hi, local, g, stats):
 
 
 @_jit
-def folded_walk(flat, sizes, folded, f_off, word_start, byte_end, n_bytes, complex_, piece_len,
-                buf, piece_start, continuing, unk):
+def folded_walk(flat, sizes, folded, f_off, word_start, byte_start, byte_end, n_bytes, complex_,
+                piece_len, buf, piece_start, continuing, unk):
     """(spells per text, byte end of each token in its text): ``wordpiece._walk``."""
     n = sizes.size
     ends = np.zeros(flat.size, np.int64)
@@ -143,10 +143,12 @@ def folded_walk(flat, sizes, folded, f_off, word_start, byte_end, n_bytes, compl
     for i in range(n):
         pos, stop = f_off[i], f_off[i + 1]
         ok = not complex_[i]
+        s0, s1, run = -1, -1, 0
         for k in range(lo, lo + sizes[i]):
             if not ok:
                 break
             t = flat[k]
+            at = pos
             if t == unk:   # a whole word, from a word start to the next
                 ok = pos < stop and word_start[pos] == 1
                 pos += 1
@@ -160,13 +162,27 @@ def folded_walk(flat, sizes, folded, f_off, word_start, byte_end, n_bytes, compl
                       and _same(buf, piece_start[t], folded, pos, length))
                 pos += length
             if ok:
-                ends[k] = byte_end[pos - 1]
+                a, b = byte_start[at], byte_end[pos - 1]
+                if a == s0 and b == s1:
+                    run += piece_len[t]
+                else:
+                    if k > lo:
+                        ends[k - 1] = s1   # the last of a run ends where its span does
+                    s0, s1, run = a, b, piece_len[t]
+                ends[k] = min(s1, s0 + run)
         spells[i] = ok and pos == stop
+        hi = lo + sizes[i]
         if not spells[i]:
-            ends[lo:lo + sizes[i]] = 0
-        elif sizes[i] > 0:
-            ends[lo + sizes[i] - 1] = n_bytes[i]
-        lo += sizes[i]
+            ends[lo:hi] = 0
+        elif hi > lo:
+            ends[hi - 1] = s1
+            for k in range(lo + 1, hi):     # non-decreasing, as ``np.maximum.accumulate``
+                ends[k] = max(ends[k], ends[k - 1])
+            last = ends[hi - 1]
+            for k in range(lo, hi):          # ``encoding.pin_last``
+                if ends[k] == last:
+                    ends[k] = n_bytes[i]
+        lo = hi
     return spells, ends
 
 
@@ -179,16 +195,20 @@ def _no_mark(marks, lo, hi):
 
 
 @_jit
-def fold_texts(cps, n_chars, cls_table, fold_table, keep_cls, alone_cls, space_cls, complex_cls):
+def fold_texts(cps, n_chars, cls_table, off, count, chars, keep_cls, alone_cls, space_cls,
+               complex_cls):
     """``wordpiece._fold`` in one pass over the code points: (unseen, folded bytes, where each
-    text's start in them, word starts (one more than the bytes), each folded byte's character
-    end in its text's bytes, texts holding a COMPLEX character). ``unseen``: a code point not in
-    the table yet (the other arrays are then empty)."""
+    text starts in them, word starts (one more than the bytes), the start and the end in its
+    text's bytes of each folded byte's character, texts holding a COMPLEX character).
+    ``unseen``: a code point not in the table yet (the other arrays are then empty)."""
     n = n_chars.size
     last = cls_table.size - 1
     cap = 4 * cps.size
+    for c in range(cps.size):
+        cap += 4 * (count[min(cps[c], last)] - 1) if count[min(cps[c], last)] > 1 else 0
     out = np.empty(cap, np.uint8)
     marks = np.zeros(cap + 1, np.uint8)
+    byte_start = np.empty(cap, np.int64)
     byte_end = np.empty(cap, np.int64)
     f_off = np.zeros(n + 1, np.int64)
     complex_ = np.zeros(n, np.bool_)
@@ -200,13 +220,16 @@ def fold_texts(cps, n_chars, cls_table, fold_table, keep_cls, alone_cls, space_c
         for _ in range(n_chars[i]):
             cp = cps[c]
             c += 1
+            b0 = b
             b += 1 + (cp >= 0x80) + (cp >= 0x800) + (cp >= 0x10000)
             idx = min(cp, last)
             kind = cls_table[idx]
             if kind == keep_cls or kind == alone_cls:
                 j0 = j
-                j = _put_utf8(out, j, fold_table[idx])
+                for q in range(off[idx], off[idx] + count[idx]):
+                    j = _put_utf8(out, j, chars[q])
                 marks[j0] = 1 if (new_word or kind == alone_cls) else 0
+                byte_start[j0:j] = b0
                 byte_end[j0:j] = b
                 new_word = kind == alone_cls
             elif kind == space_cls:
@@ -214,10 +237,10 @@ def fold_texts(cps, n_chars, cls_table, fold_table, keep_cls, alone_cls, space_c
             elif kind == complex_cls:
                 complex_[i] = True
             elif kind == 0:
-                return (True, out[:0], f_off, marks[:1], byte_end[:0], complex_)
+                return (True, out[:0], f_off, marks[:1], byte_start[:0], byte_end[:0], complex_)
     f_off[n] = j
     marks[j] = 1
-    return False, out[:j], f_off, marks[:j + 1], byte_end[:j], complex_
+    return False, out[:j], f_off, marks[:j + 1], byte_start[:j], byte_end[:j], complex_
 
 
 @_jit

@@ -16,20 +16,21 @@ word's last character ends).
 A character's class comes from the normaliser and the pre-tokeniser themselves, asked once for
 each character the first time a batch holds it (``FoldTable``, kept on the profile):
 
-* ``KEEP``     its output is one character, not a combining mark (which canonical reordering
-  could move), that joins the word around it: ``A`` -> ``a``, ``é`` -> ``e``;
-* ``ALONE``    its output is one such character that is a word of its own: punctuation, and
-  BERT's CJK characters;
+* ``KEEP``     its output joins the word around it: ``A`` -> ``a``, ``é`` -> ``e``, a Hangul
+  syllable -> its three jamo;
+* ``ALONE``    its output is a word of its own: punctuation, and BERT's CJK characters;
 * ``SPACE``    its output is whitespace only: it ends a word;
 * ``REMOVED``  its output is empty (control characters; combining accents under accent stripping);
-* ``COMPLEX``  anything else (a Hangul syllable becomes three jamo; a character past the table).
+* ``COMPLEX``  anything else: an output holding a combining mark (canonical reordering could
+  move it) or a character Python's Unicode tables do not know, a character past the table.
 
 A text holding a ``COMPLEX`` character, or whose ids do not walk, takes the encoding path as
 before (``Retokenizer._sources``). For ids that are the tokenizer's own encoding of the text the
-walk gives the ends its offsets give (``encoding.ends_from_offsets``); the tests compare the two
-over the benchmark corpus and random texts of tricky characters. Ids that are not its own
-encoding but walk (another split of a word into pieces) get exact ends too, where the encoding
-path could only borrow the encoding's ends and report a source mismatch.
+walk gives the ends its offsets give (``encoding.ends_from_offsets``, tokens inside one
+character sharing out its bytes as there); the tests compare the two over the benchmark corpus
+and random texts of tricky characters. Ids that are not its own encoding but walk (another split
+of a word into pieces) get exact ends too, where the encoding path could only borrow the
+encoding's ends and report a source mismatch.
 
 The walk is a compiled loop where the kernels run (``kernels``), else the Python loop
 ``_walk``; both give the same arrays.
@@ -55,14 +56,17 @@ _PRE_TOKENIZERS = frozenset({"BertPreTokenizer", "WhitespaceSplit"})
 
 
 class FoldTable:
-    """Per code point: its class and the character it folds to, learnt as characters are met.
+    """Per code point: its class and the characters it folds to, learnt as characters are met.
+    ``off[cp]`` / ``count[cp]``: where its folded characters start in ``chars`` and how many.
     The last entry stands for every code point past the table and is ``COMPLEX``."""
 
     def __init__(self, profile: TokenizerProfile) -> None:
         self.normalizer = profile.continuation.normalizer
         self.pre_tokenizer = profile.continuation.pre_tokenizer
         self.cls = np.zeros(TABLE_SIZE, dtype=np.uint8)
-        self.fold = np.zeros(TABLE_SIZE, dtype=np.uint32)
+        self.off = np.zeros(TABLE_SIZE, dtype=np.int64)
+        self.count = np.zeros(TABLE_SIZE, dtype=np.int64)
+        self.chars = np.zeros(0, dtype=np.uint32)
         self.cls[TABLE_SIZE - 1] = COMPLEX
         self.cls[0xD800:0xE000] = COMPLEX
 
@@ -70,24 +74,32 @@ class FoldTable:
         """Learn the classes of the code points in ``cps`` not in the table yet."""
         idx = np.minimum(cps, TABLE_SIZE - 1)
         unseen = self.cls[idx] == UNSEEN
-        if unseen.any():
-            for cp in np.unique(idx[unseen]).tolist():
-                self.cls[cp], self.fold[cp] = self._learn(chr(cp))
+        if not unseen.any():
+            return
+        added = []
+        start = self.chars.size
+        for cp in np.unique(idx[unseen]).tolist():
+            kind, folded = self._learn(chr(cp))
+            self.cls[cp], self.off[cp], self.count[cp] = kind, start, len(folded)
+            added.extend(map(ord, folded))
+            start += len(folded)
+        self.chars = np.concatenate([self.chars, np.array(added, dtype=np.uint32)])
 
-    def _learn(self, char: str) -> tuple[int, int]:
+    def _learn(self, char: str) -> tuple[int, str]:
         out = self.normalizer.normalize_str(char) if self.normalizer is not None else char
         if not out:
-            return REMOVED, 0
+            return REMOVED, ""
         if not self.pre_tokenizer.pre_tokenize_str(out):
-            return SPACE, 0
+            return SPACE, ""
         # Between two letters: one word with them (KEEP), or a word of its own (ALONE).
         words = [w for w, _ in self.pre_tokenizer.pre_tokenize_str(f"a{out}a")]
-        if words == [f"a{out}a"] and len(out) == 1 and not unicodedata.combining(out):
-            return KEEP, ord(out)
-        if (len(words) == 3 and words[0] == words[2] == "a" and len(words[1]) == 1
-                and not unicodedata.combining(words[1])):
-            return ALONE, ord(words[1])
-        return COMPLEX, 0
+        if any(unicodedata.combining(c) or unicodedata.category(c) == "Cn" for c in out):
+            return COMPLEX, ""   # canonical reordering could move it (or Python cannot tell)
+        if words == [f"a{out}a"]:
+            return KEEP, out
+        if len(words) == 3 and words[0] == words[2] == "a" and words[1] == out.strip():
+            return ALONE, words[1]
+        return COMPLEX, ""
 
 
 def fold_table(profile: TokenizerProfile) -> FoldTable | None:
@@ -127,15 +139,16 @@ def folded_ends(profile: TokenizerProfile, flat: np.ndarray, sizes: np.ndarray,
     cps = np.frombuffer("".join(texts).encode("utf-32-le"), dtype=np.uint32)
     n_chars = np.fromiter(map(len, texts), dtype=np.int64, count=n)
     n_bytes = np.fromiter(map(len, datas), dtype=np.int64, count=n)
-    classes = (KEEP, ALONE, SPACE, COMPLEX)
-    done = kernels.fold_texts(cps, n_chars, table.cls, table.fold, classes, flat.size)
+    tables = (table.cls, table.off, table.count, table.chars, KEEP, ALONE, SPACE, COMPLEX)
+    done = kernels.fold_texts(cps, n_chars, tables, flat.size)
     if done is not None and done[0]:   # a code point met for the first time: learn, fold again
         table.learn(cps)
-        done = kernels.fold_texts(cps, n_chars, table.cls, table.fold, classes, flat.size)
-    folded, f_off, word_start, byte_end, complex_ = (
+        done = kernels.fold_texts(cps, n_chars, (table.cls, table.off, table.count, table.chars,
+                                                 *tables[4:]), flat.size)
+    folded, f_off, word_start, byte_start, byte_end, complex_ = (
         done[1:] if done is not None else _fold(table, cps, n_chars, n_bytes))
     buf, piece_start = profile.piece_table()
-    args = (flat, sizes, folded, f_off, word_start, byte_end, n_bytes, complex_,
+    args = (flat, sizes, folded, f_off, word_start, byte_start, byte_end, n_bytes, complex_,
             profile.piece_len, buf, piece_start, profile.continuing, profile.unk_id)
     walked = kernels.folded_walk(*args)
     spells, ends = walked if walked is not None else _walk(*args)
@@ -146,21 +159,26 @@ def folded_ends(profile: TokenizerProfile, flat: np.ndarray, sizes: np.ndarray,
 def _fold(table: FoldTable, cps: np.ndarray, n_chars: np.ndarray, n_bytes: np.ndarray):
     """The texts folded, in numpy passes (the reference for ``numba_loops.fold_texts``): (the
     folded bytes, where each text starts in them (N + 1), word starts (one per folded byte and
-    a last 1), each folded byte's character end in its own text's bytes, texts holding a
-    ``COMPLEX`` character)."""
+    a last 1), the start and the end in its own text's bytes of each folded byte's character,
+    texts holding a ``COMPLEX`` character)."""
     table.learn(cps)
     idx = np.minimum(cps, TABLE_SIZE - 1)
-    cls, fold = table.cls[idx], table.fold[idx]
+    cls = table.cls[idx]
     keep = (cls == KEEP) | (cls == ALONE)
-    kept = fold[keep]
-    k_len = _utf8_len(kept)
-    folded = np.frombuffer(kept.astype("<u4").tobytes().decode("utf-32-le").encode("utf-8"),
+    kidx = idx[keep]
+    count = table.count[kidx]                       # folded characters per kept character
+    first = np.cumsum(count) - count
+    chars = table.chars[np.repeat(table.off[kidx] - first, count) + np.arange(int(count.sum()))]
+    folded = np.frombuffer(chars.astype("<u4").tobytes().decode("utf-32-le").encode("utf-8"),
                            dtype=np.uint8)
+    k_bytes = _segment_sums(_utf8_len(chars), count)   # folded bytes per kept character
     kept_per_text = _segment_sums(keep.astype(np.int64), n_chars)
     f_off = np.zeros(n_chars.size + 1, dtype=np.int64)
-    np.cumsum(_segment_sums(k_len, kept_per_text), out=f_off[1:])
-    c_end = np.cumsum(_utf8_len(cps)) - np.repeat(np.cumsum(n_bytes) - n_bytes, n_chars)
-    byte_end = np.repeat(c_end[keep], k_len)
+    np.cumsum(_segment_sums(k_bytes, kept_per_text), out=f_off[1:])
+    c_len = _utf8_len(cps)
+    c_end = np.cumsum(c_len) - np.repeat(np.cumsum(n_bytes) - n_bytes, n_chars)
+    byte_start = np.repeat((c_end - c_len)[keep], k_bytes)
+    byte_end = np.repeat(c_end[keep], k_bytes)
     # Word starts, at a kept character's first folded byte: its text's first kept character,
     # one after whitespace, an ALONE character and the one after it.
     spaces = np.cumsum(cls == SPACE)[keep]
@@ -169,26 +187,34 @@ def _fold(table: FoldTable, cps: np.ndarray, n_chars: np.ndarray, n_bytes: np.nd
     start[(np.cumsum(kept_per_text) - kept_per_text)[kept_per_text > 0]] = True
     start[1:] |= (spaces[1:] != spaces[:-1]) | alone[:-1]
     word_start = np.zeros(folded.size + 1, dtype=np.uint8)
-    word_start[np.cumsum(k_len) - k_len] = start
+    word_start[np.cumsum(k_bytes) - k_bytes] = start
     word_start[-1] = 1
     complex_ = _segment_sums((cls == COMPLEX).astype(np.int64), n_chars) > 0
-    return folded, f_off, word_start, byte_end, complex_
+    return folded, f_off, word_start, byte_start, byte_end, complex_
 
 
-def _walk(flat, sizes, folded, f_off, word_start, byte_end, n_bytes, complex_, piece_len, buf,
-          piece_start, continuing, unk):
-    """The walk of ``folded_ends`` in Python (the reference for ``numba_loops.folded_walk``)."""
-    data, marks = folded.tobytes(), word_start.tobytes()
-    table = buf.tobytes()
+def _walk(flat, sizes, folded, f_off, word_start, byte_start, byte_end, n_bytes, complex_,
+          piece_len, buf, piece_start, continuing, unk):
+    """The walk of ``folded_ends`` in Python (the reference for ``numba_loops.folded_walk``).
+
+    A token's end is the end of its span, the characters its folded bytes came from, except
+    inside a run of tokens with the same span (the jamo of one Hangul syllable): there each but
+    the last ends its piece's bytes after the span's start, at most at its end, as
+    ``encoding.ends_from_offsets`` shares out one character's bytes. Then the ends are made
+    non-decreasing and the last ones pinned to the text's end, as there."""
+    data, marks, table = folded.tobytes(), word_start.tobytes(), buf.tobytes()
     ids, lens, starts = flat.tolist(), piece_len[flat].tolist(), piece_start[flat].tolist()
     cont = continuing[flat].tolist()
-    last = np.zeros(flat.size, dtype=np.int64)   # each token's last folded byte + 1
+    starts_b, ends_b = byte_start.tolist(), byte_end.tolist()
+    ends = [0] * flat.size
     spells = np.zeros(len(sizes), dtype=bool)
     lo = 0
     for i, size in enumerate(sizes.tolist()):
         pos, stop = int(f_off[i]), int(f_off[i + 1])
         ok = not complex_[i]
+        span, run = (-1, -1), 0
         for k in range(lo, lo + size):
+            at = pos
             if ids[k] == unk:   # a whole word, from a word start to the next
                 ok = ok and pos < stop and marks[pos] == 1
                 nxt = marks.find(1, pos + 1, stop)
@@ -201,11 +227,27 @@ def _walk(flat, sizes, folded, f_off, word_start, byte_end, n_bytes, complex_, p
                 pos += length
             if not ok:
                 break
-            last[k] = pos
-        lo += size
+            this = (starts_b[at], ends_b[pos - 1])
+            if this == span:
+                run += lens[k]
+            else:
+                if k > lo:
+                    ends[k - 1] = span[1]   # the last of a run ends where its span does
+                span, run = this, lens[k]
+            ends[k] = min(span[1], span[0] + run)
         spells[i] = ok and pos == stop
-    ends = byte_end[np.maximum(last, 1) - 1] if byte_end.size else np.zeros(flat.size, np.int64)
-    has = spells & (sizes > 0)
-    ends[np.cumsum(sizes)[has] - 1] = n_bytes[has]   # ``encoding.pin_last``
-    ends[~np.repeat(spells, sizes)] = 0
-    return spells, ends
+        hi = lo + size
+        if spells[i] and size:
+            ends[hi - 1] = span[1]
+            for k in range(lo + 1, hi):     # non-decreasing, as ``np.maximum.accumulate``
+                if ends[k] < ends[k - 1]:
+                    ends[k] = ends[k - 1]
+            last = ends[hi - 1]
+            for k in range(hi - 1, lo - 1, -1):   # ``encoding.pin_last``
+                if ends[k] != last:
+                    break
+                ends[k] = int(n_bytes[i])
+        elif size:
+            ends[lo:hi] = [0] * size
+        lo = hi
+    return spells, np.array(ends, dtype=np.int64)
