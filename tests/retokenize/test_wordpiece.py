@@ -34,7 +34,8 @@ def _texts() -> list[str]:
 def _walk(prof, texts, mode, monkeypatch):
     monkeypatch.setenv("MUTUALRL_KERNELS", mode)
     datas = [utf8(t) for t in texts]
-    flat, ends, sizes = offset_ends_batch(prof, rust_encode(prof, texts), texts, datas)
+    encs = prof.continuation.encode_batch(texts, add_special_tokens=False)   # with offsets
+    flat, ends, sizes = offset_ends_batch(prof, encs, texts, datas)
     spells, walked = wordpiece.folded_ends(prof, flat, sizes, texts, datas)
     return spells, walked, ends, sizes, flat
 
@@ -140,3 +141,39 @@ def test_a_wordpiece_sender_gets_exact_ends_for_another_split(retokenizers):
         out = rt.retokenize(text, source=source, source_ids=ids)
         assert not out.residuals.source_mismatch
         assert out.groups.byte_end[-1] == len(text.encode())
+
+
+def test_both_walks_agree_on_ids_out_of_shape(bert, monkeypatch):
+    """Seeded perturbations of the tokenizer's own ids (a token dropped, doubled, swapped with its
+    neighbour, replaced by [UNK] or by another id): the numpy and compiled walks give the same
+    verdicts and ends."""
+    if not kernels.available():
+        pytest.skip("numba not installed")
+    rng = np.random.default_rng(1)
+    texts = _texts()[:600]
+    datas = [utf8(t) for t in texts]
+    rows = []
+    for enc in rust_encode(bert, texts):
+        ids = list(enc.ids)
+        if ids:
+            k = int(rng.integers(len(ids)))
+            kind = int(rng.integers(5))
+            if kind == 0:
+                del ids[k]
+            elif kind == 1:
+                ids.insert(k, ids[k])
+            elif kind == 2 and k + 1 < len(ids):
+                ids[k], ids[k + 1] = ids[k + 1], ids[k]
+            elif kind == 3:
+                ids[k] = bert.unk_id
+            else:
+                ids[k] = int(rng.integers(bert.piece_len.size))
+        rows.append(np.array(ids, dtype=np.int64))
+    flat, sizes = np.concatenate(rows), np.array([r.size for r in rows])
+    got = {}
+    for mode in ("numpy", "numba"):
+        monkeypatch.setenv("MUTUALRL_KERNELS", mode)
+        got[mode] = wordpiece.folded_ends(bert, flat, sizes, texts, datas)
+    assert np.array_equal(got["numpy"][0], got["numba"][0])
+    assert np.array_equal(got["numpy"][1], got["numba"][1])
+    assert 0 < got["numpy"][0].sum() < len(texts)   # some still walk, some do not

@@ -235,10 +235,10 @@ def _floor(d: PairData, rendered: bool = False, residuals: bool = False):
     read into one array, byte ends of both sides, and one alignment over the batch.
     No checks (ids in range, finite log-probs, ids that spell the text), no log-prob sums, no
     residuals, no per-text results. A lossless side's byte ends come from its byte-length table.
-    A WordPiece receiver's come from its encode's offsets (``offset_ends_batch``). A WordPiece
-    sender's come from walking its ids along the folded text (``wordpiece.folded_ends``), and,
-    for the texts whose ids do not walk (a Hangul syllable, say), from encoding those texts with
-    the sender's tokenizer and reading the offsets, as the retokenizer does. With ``rendered`` it
+    A WordPiece side's come from walking its ids along the folded text
+    (``wordpiece.folded_ends``; the receiver's ids from ``encode_batch_fast``, as the
+    retokenizer's), and, for texts whose ids do not walk, from encoding those texts again with
+    offsets (``offset_ends_batch``), as the retokenizer does. With ``rendered`` it
     also decodes the receiver's ids when the receiver is not lossless: the rendering its round-trip
     residuals compare with the text, which only its decoder gives (``floor_rendered``); with
     ``residuals`` as well, the two round-trip residuals the result holds for each text: the
@@ -255,13 +255,31 @@ def _floor(d: PairData, rendered: bool = False, residuals: bool = False):
 
     def side(p, encs):
         """Byte ends of one side: (ids, ends, sizes) of its encodings of the texts."""
-        if not p.lossless:
-            return offset_ends_batch(p, encs, d.texts, datas)
         ids = [e.ids for e in encs]
         sizes = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
         flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64,
                            count=int(sizes.sum()))
-        return flat, batch_ends(p.piece_len[flat], sizes)[0], sizes
+        if p.lossless:
+            return flat, batch_ends(p.piece_len[flat], sizes)[0], sizes
+        if not encodes_without_offsets(p):
+            return offset_ends_batch(p, encs, d.texts, datas, ids)
+        return flat, np.concatenate(wordpiece_ends(p, flat, sizes)), sizes
+
+    def wordpiece_ends(p, flat, sizes):
+        """WordPiece byte ends per text: the folded walk of the ids (``folded_ends``), and the
+        texts' encoding's offsets where the ids do not walk (every text where it does not
+        apply)."""
+        walked = folded_ends(p, flat, sizes, d.texts, datas)
+        spells, ends = walked if walked is not None else (np.zeros(len(d.texts), bool), None)
+        out = split(ends, sizes) if ends is not None else [None] * len(d.texts)
+        todo = np.flatnonzero(~spells).tolist()
+        if todo:
+            texts = [d.texts[i] for i in todo]
+            encs = p.continuation.encode_batch(texts, add_special_tokens=False)
+            _, e_ends, e_sizes = offset_ends_batch(p, encs, texts, [datas[i] for i in todo])
+            for i, e in zip(todo, split(e_ends, e_sizes)):
+                out[i] = e
+        return out
 
     def run():
         encs = rust_encode(prof, d.texts)
@@ -274,23 +292,8 @@ def _floor(d: PairData, rendered: bool = False, residuals: bool = False):
         if sprof.lossless:
             s_ends = split(batch_ends(sprof.piece_len[src_flat], src_sizes)[0], src_sizes)
         else:
-            s_ends = sender_ends()
+            s_ends = wordpiece_ends(sprof, src_flat, src_sizes)
         return align_batch(s_ends, split(t_ends, t_sizes), d.totals)
-
-    def sender_ends():
-        """A WordPiece sender's byte ends: the folded walk of its ids (``folded_ends``), and its
-        encoding's offsets for the texts that do not walk (all of them where it does not apply)."""
-        walked = folded_ends(sprof, src_flat, src_sizes, d.texts, datas)
-        spells, ends = walked if walked is not None else (np.zeros(len(d.texts), bool), None)
-        out = split(ends, src_sizes) if ends is not None else [None] * len(d.texts)
-        todo = np.flatnonzero(~spells).tolist()
-        if todo:
-            texts = [d.texts[i] for i in todo]
-            encs = rust_encode(sprof, texts)
-            _, e_ends, e_sizes = offset_ends_batch(sprof, encs, texts, [datas[i] for i in todo])
-            for i, e in zip(todo, split(e_ends, e_sizes)):
-                out[i] = e
-        return out
     return run
 
 

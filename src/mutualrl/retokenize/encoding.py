@@ -20,6 +20,8 @@ from mutualrl.retokenize import kernels
 from mutualrl.retokenize.normalize import char_table, decided_by_char
 from mutualrl.retokenize.profile import TokenizerProfile
 from mutualrl.retokenize.residuals import byte_edit_distance, byte_edit_distances
+from mutualrl.retokenize.spans import settle_batch_ends, split_shared_spans
+from mutualrl.retokenize.wordpiece import fold_table, folded_ends
 
 
 class Encoded:
@@ -130,20 +132,9 @@ def ends_from_offsets(offsets, text: str, n_bytes: int,
     if piece_len is not None and ends.size > 1:
         same = (starts[1:] == starts[:-1]) & (ends[1:] == ends[:-1])
         if same.any():
-            ends = _split_shared_spans(starts, ends, same, piece_len)
+            ends = split_shared_spans(starts, ends, same, piece_len)
     ends = np.maximum.accumulate(ends)
     return pin_last(ends, n_bytes)
-
-
-def _split_shared_spans(starts, ends, same, piece_len) -> np.ndarray:
-    """Within each run of tokens reporting the same span, end token k at start + its run cumsum."""
-    new_run = np.concatenate(([True], ~same))
-    run_id = np.cumsum(new_run) - 1
-    cum = np.cumsum(piece_len)
-    before_run = (cum - piece_len)[new_run][run_id]  # bytes before each token's run
-    last_in_run = np.concatenate((~same, [True]))
-    split = np.minimum(ends, starts + (cum - before_run))
-    return np.where(last_in_run, ends, split)
 
 
 def pin_last(ends: np.ndarray, n_bytes: int) -> np.ndarray:
@@ -246,20 +237,7 @@ def offset_ends_batch(profile: TokenizerProfile, encs, texts: list[str], datas: 
         char_base = np.repeat(np.cumsum(n_chars) - n_chars, sizes)
         spans = char_to_byte("".join(texts))[spans + char_base[:, None]]
         spans -= np.repeat(np.cumsum(n_bytes) - n_bytes, sizes)[:, None]
-    text_base = np.cumsum(n_bytes + 1) - (n_bytes + 1)
-    base = np.repeat(text_base, sizes)
-    starts, ends = spans[:, 0] + base, spans[:, 1] + base
-    if total > 1:
-        same = (starts[1:] == starts[:-1]) & (ends[1:] == ends[:-1])
-        if same.any():
-            ends = _split_shared_spans(starts, ends, same, profile.piece_len[flat])
-    ends = np.maximum.accumulate(ends)
-    has = sizes > 0
-    if has.any():  # pin_last of every text with tokens
-        last = np.repeat(ends[np.cumsum(sizes)[has] - 1], sizes[has])
-        pin = ends == last
-        ends[pin] = np.repeat((text_base + n_bytes)[has], sizes[has])[pin]
-    ends -= base
+    ends = settle_batch_ends(spans[:, 0], spans[:, 1], profile.piece_len[flat], sizes, n_bytes)
     return flat, ends, sizes
 
 
@@ -268,21 +246,41 @@ def encode_from_batch(profile: TokenizerProfile, encs, texts: list[str],
     """``encode_from`` for many Rust encodings at once. For a lossless tokenizer the ids, byte ends
     and spelling checks of the whole batch are numpy passes, and each text's ``Encoded`` holds
     views of them; a text whose ids do not spell it takes ``encode_from``, on an encoding made
-    again with offsets where the batch's have none (``encodes_without_offsets``). For any other
-    tokenizer the byte ends of the whole batch come from its offsets (``offset_ends_batch``);
-    with ``render`` its ids are also decoded, in one ``decode_batch`` of the id lists that pass
-    read, for the round-trip residuals (``add_renderings``)."""
+    again with offsets where the batch's have none (``encodes_without_offsets``). For WordPiece
+    the byte ends of the whole batch come from walking its ids along the folded texts
+    (``wordpiece.folded_ends``; a text whose ids do not walk takes ``encode_from`` on an encoding
+    made again with offsets), or from its offsets (``offset_ends_batch``) where the fold does not
+    apply; with ``render`` its ids are also decoded, in one ``decode_batch`` of the id lists that
+    pass read, for the round-trip residuals (``add_renderings``)."""
     if len(encs) < 2:
         return [encode_from(profile, e, t, d) for e, t, d in zip(encs, texts, datas)]
     if not profile.lossless:
         id_lists = [e.ids for e in encs]
-        flat, ends, sizes = offset_ends_batch(profile, encs, texts, datas, id_lists)
-        flat.flags.writeable = ends.flags.writeable = False
-        bounds = np.cumsum(sizes).tolist()
         rendered = ([r.encode() for r in profile.continuation.decode_batch(
             id_lists, skip_special_tokens=False)] if render else [None] * len(encs))
-        return [Encoded(flat[lo:hi], ends[lo:hi], None, None, None, lazy=(profile, t, d, r))
-                for lo, hi, t, d, r in zip([0, *bounds[:-1]], bounds, texts, datas, rendered)]
+        spells = None
+        if encodes_without_offsets(profile):   # WordPiece without offsets: its ids walked
+            sizes = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
+            flat = np.fromiter(itertools.chain.from_iterable(id_lists), dtype=np.int64,
+                               count=int(sizes.sum()))
+            spells, ends = folded_ends(profile, flat, sizes, texts, datas)
+            spells = spells.tolist()
+        else:
+            flat, ends, sizes = offset_ends_batch(profile, encs, texts, datas, id_lists)
+        flat.flags.writeable = ends.flags.writeable = False
+        out, lo = [], 0
+        for i, (hi, t, d, r) in enumerate(zip(np.cumsum(sizes).tolist(), texts, datas, rendered)):
+            if spells is None or spells[i]:
+                out.append(Encoded(flat[lo:hi], ends[lo:hi], None, None, None,
+                                   lazy=(profile, t, d, r)))
+            else:   # ids that do not walk (``wordpiece.folded_ends``): encoded again, offsets on
+                enc = encode_from(profile, profile.continuation.encode(
+                    t, add_special_tokens=False), t, d)
+                if r is not None:
+                    enc.with_rendering(r)
+                out.append(enc)
+            lo = hi
+        return out
     id_lists = [e.ids for e in encs]
     sizes = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
     flat = np.fromiter(itertools.chain.from_iterable(id_lists), dtype=np.int64,
@@ -364,8 +362,9 @@ def encode_texts(profile: TokenizerProfile, texts: list[str], datas: list[bytes]
 def rust_encode(profile: TokenizerProfile, texts: list[str]) -> list:
     """The continuation backend's Rust encodings of ``texts`` (one call).
 
-    A lossless tokenizer's byte ends come from its byte-length table, not from offsets, so its
-    batch is encoded by ``encode_batch_fast`` (the same ids, no offsets tracked: 0.54-0.92 of
+    A lossless tokenizer's byte ends come from its byte-length table, and WordPiece's from walking
+    its ids along the text (``wordpiece``), not from offsets, so their batches are encoded by
+    ``encode_batch_fast`` (the same ids, no offsets tracked: 0.54-0.92 of
     ``encode_batch``'s time on the packaged tokenizers, docs/results/performance.md);
     ``encode_from_batch`` encodes again, with offsets, the rare text whose ids do not spell it."""
     backend = profile.continuation
@@ -379,9 +378,11 @@ def rust_encode(profile: TokenizerProfile, texts: list[str]) -> list:
 
 
 def encodes_without_offsets(profile: TokenizerProfile) -> bool:
-    """Whether ``rust_encode`` encodes a batch with ``encode_batch_fast``: a lossless tokenizer
-    whose backend has it (recent ``tokenizers`` releases)."""
-    return profile.lossless and hasattr(profile.continuation, "encode_batch_fast")
+    """Whether ``rust_encode`` encodes a batch with ``encode_batch_fast`` (recent ``tokenizers``
+    releases): a tokenizer whose byte ends come without offsets, a lossless one's from its
+    byte-length table and WordPiece's from walking its ids (``wordpiece.fold_table``)."""
+    return ((profile.lossless or fold_table(profile) is not None)
+            and hasattr(profile.continuation, "encode_batch_fast"))
 
 
 def finish_encodings(profile: TokenizerProfile, encs, todo: list[int], texts, datas, keys,

@@ -45,6 +45,7 @@ import numpy as np
 from mutualrl.retokenize import kernels
 from mutualrl.retokenize.normalize import TABLE_SIZE
 from mutualrl.retokenize.profile import TokenizerProfile
+from mutualrl.retokenize.spans import settle_batch_ends
 
 UNSEEN, KEEP, ALONE, SPACE, REMOVED, COMPLEX = range(6)
 # Normalisers whose output for a text is each character's output in turn, up to the canonical
@@ -195,59 +196,51 @@ def _fold(table: FoldTable, cps: np.ndarray, n_chars: np.ndarray, n_bytes: np.nd
 
 def _walk(flat, sizes, folded, f_off, word_start, byte_start, byte_end, n_bytes, complex_,
           piece_len, buf, piece_start, continuing, unk):
-    """The walk of ``folded_ends`` in Python (the reference for ``numba_loops.folded_walk``).
-
-    A token's end is the end of its span, the characters its folded bytes came from, except
-    inside a run of tokens with the same span (the jamo of one Hangul syllable): there each but
-    the last ends its piece's bytes after the span's start, at most at its end, as
-    ``encoding.ends_from_offsets`` shares out one character's bytes. Then the ends are made
-    non-decreasing and the last ones pinned to the text's end, as there."""
-    data, marks, table = folded.tobytes(), word_start.tobytes(), buf.tobytes()
-    ids, lens, starts = flat.tolist(), piece_len[flat].tolist(), piece_start[flat].tolist()
-    cont = continuing[flat].tolist()
-    starts_b, ends_b = byte_start.tolist(), byte_end.tolist()
-    ends = [0] * flat.size
-    spells = np.zeros(len(sizes), dtype=bool)
-    lo = 0
-    for i, size in enumerate(sizes.tolist()):
-        pos, stop = int(f_off[i]), int(f_off[i + 1])
-        ok = not complex_[i]
-        span, run = (-1, -1), 0
-        for k in range(lo, lo + size):
-            at = pos
-            if ids[k] == unk:   # a whole word, from a word start to the next
-                ok = ok and pos < stop and marks[pos] == 1
-                nxt = marks.find(1, pos + 1, stop)
-                pos = stop if nxt < 0 else nxt
-            else:
-                length = lens[k]
-                ok = (ok and length > 0 and pos + length <= stop and marks[pos] != cont[k]
-                      and marks.find(1, pos + 1, pos + length) < 0
-                      and data.startswith(table[starts[k]:starts[k] + length], pos))
-                pos += length
-            if not ok:
-                break
-            this = (starts_b[at], ends_b[pos - 1])
-            if this == span:
-                run += lens[k]
-            else:
-                if k > lo:
-                    ends[k - 1] = span[1]   # the last of a run ends where its span does
-                span, run = this, lens[k]
-            ends[k] = min(span[1], span[0] + run)
-        spells[i] = ok and pos == stop
-        hi = lo + size
-        if spells[i] and size:
-            ends[hi - 1] = span[1]
-            for k in range(lo + 1, hi):     # non-decreasing, as ``np.maximum.accumulate``
-                if ends[k] < ends[k - 1]:
-                    ends[k] = ends[k - 1]
-            last = ends[hi - 1]
-            for k in range(hi - 1, lo - 1, -1):   # ``encoding.pin_last``
-                if ends[k] != last:
-                    break
-                ends[k] = int(n_bytes[i])
-        elif size:
-            ends[lo:hi] = [0] * size
-        lo = hi
-    return spells, np.array(ends, dtype=np.int64)
+    """The walk of ``folded_ends`` in numpy passes (the reference for
+    ``numba_loops.folded_walk``). The ids' words (a token without ``##`` starts one) must be the
+    text's words in number and in bytes, an ``[UNK]`` a word alone, and every other piece equal
+    to the folded bytes under it; then each token's span (the characters its folded bytes came
+    from) gives its end (``spans.settle_batch_ends``)."""
+    n_tok = flat.size
+    ok = ~complex_
+    w_pos = np.flatnonzero(word_start[:-1])           # where each of the text's words starts
+    if not w_pos.size:   # no text has a word: only texts without ids walk
+        return ok & (sizes == 0), np.zeros(n_tok, dtype=np.int64)
+    w_len = np.diff(np.append(w_pos, folded.size))
+    w_first = np.searchsorted(w_pos, f_off)           # each text's first word
+    lens = piece_len[flat]
+    unk_tok = flat == unk
+    opens = ~continuing[flat] | unk_tok               # a token that starts a word
+    has = sizes > 0
+    ok[has] &= opens[(np.cumsum(sizes) - sizes)[has]]
+    ok &= _segment_sums((lens == 0) & ~unk_tok, sizes) == 0
+    per_text = _segment_sums(opens, sizes)
+    ok &= np.diff(w_first) == per_text
+    # Each token's word, and the first token of its word (garbage in a failed text, unused).
+    word = np.repeat(w_first[:-1] - (np.cumsum(per_text) - per_text), sizes) + np.cumsum(opens) - 1
+    live = np.repeat(ok, sizes)
+    word = np.where(live, word, 0)
+    opener = np.maximum.accumulate(np.where(opens, np.arange(n_tok), 0))
+    size = np.where(unk_tok, w_len[word], lens)      # an [UNK] takes its whole word
+    in_word = np.bincount(word[live], minlength=w_pos.size)
+    filled = np.bincount(word[live], weights=size[live], minlength=w_pos.size)
+    bad = (filled != w_len)[word] | (unk_tok & (in_word[word] != 1))
+    # Where each token starts: its word's start plus the tokens before it in the word.
+    before = np.cumsum(size) - size
+    pos = w_pos[word] + before - before[opener]
+    piece = live & ~unk_tok & ~bad & (pos >= 0) & (pos + lens <= folded.size)
+    k_lens = np.where(piece, lens, 0)
+    first = np.cumsum(k_lens) - k_lens
+    total = int(k_lens.sum())
+    got = buf[np.repeat(piece_start[flat] - first, k_lens) + np.arange(total)]
+    want = folded[np.repeat(pos - first, k_lens) + np.arange(total)]
+    wrong = np.concatenate(([0], np.cumsum(got != want)))
+    bad |= (wrong[first + k_lens] - wrong[first]) > 0
+    ok &= _segment_sums(bad, sizes) == 0
+    top, live = folded.size - 1, np.repeat(ok, sizes)
+    # A failed text's spans are 0: its garbage must not carry into the next text's running max.
+    span_start = np.where(live, byte_start[np.clip(pos, 0, top)], 0)
+    span_end = np.where(live, byte_end[np.clip(pos + size - 1, 0, top)], 0)
+    ends = settle_batch_ends(span_start, span_end, lens, sizes, n_bytes)
+    ends[~live] = 0
+    return ok, ends
