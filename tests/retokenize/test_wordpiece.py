@@ -177,3 +177,14 @@ def test_both_walks_agree_on_ids_out_of_shape(bert, monkeypatch):
     assert np.array_equal(got["numpy"][0], got["numba"][0])
     assert np.array_equal(got["numpy"][1], got["numba"][1])
     assert 0 < got["numpy"][0].sum() < len(texts)   # some still walk, some do not
+
+
+@pytest.mark.parametrize("mode", ["numpy", "numba"])
+def test_a_batch_of_hangul_folds_to_more_bytes_than_it_holds(bert, mode, monkeypatch):
+    """A Hangul syllable folds to three jamo (9 bytes for 3): the compiled fold's first guess of
+    4 bytes per character is too small for such a batch, and it folds again at the right size."""
+    if mode == "numba" and not kernels.available():
+        pytest.skip("numba not installed")
+    texts = ["배추 김치를 만들려면 먼저 배추를 반으로 갈라 소금물에 절입니다" * 3, "한국어"]
+    spells, walked, ends, _, _ = _walk(bert, texts, mode, monkeypatch)
+    assert spells.all() and np.array_equal(walked, ends)

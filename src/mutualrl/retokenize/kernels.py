@@ -104,11 +104,20 @@ def folded_walk(flat, sizes, folded, f_off, word_start, byte_start, byte_end, n_
                          complex_, piece_len, buf, piece_start, continuing, unk)
 
 
-def fold_texts(cps: np.ndarray, n_chars: np.ndarray, tables: tuple, tokens: int):
-    """``wordpiece._fold`` in one compiled pass (see ``numba_loops.fold_texts``; ``tables``: the
-    fold table's arrays and the class codes), or None where the kernels are not used for a batch
-    of ``tokens`` tokens."""
+def fold_texts(cps: np.ndarray, n_chars: np.ndarray, table, tokens: int):
+    """``wordpiece._fold`` in one compiled pass (``numba_loops.fold_texts``) over the code points
+    ``cps`` of texts of ``n_chars`` characters, with ``table`` (a ``wordpiece.FoldTable``, which
+    learns the characters met for the first time), or None where the kernels are not used for a
+    batch of ``tokens`` tokens. Returns the arrays after the status."""
     k = _for(tokens)
     if k is None:
         return None
-    return k.fold_texts(cps, n_chars, *tables)
+    cap = 4 * cps.size    # enough unless many characters fold to several (Hangul: 9 bytes)
+    while True:
+        status, *done = k.fold_texts(cps, n_chars, cap, *table.arrays())
+        if status == 0:
+            return done
+        if status == 1:
+            table.learn(cps)
+        else:
+            cap = int(table.n_folded[np.minimum(cps, table.n_folded.size - 1)].sum())

@@ -195,17 +195,16 @@ def _no_mark(marks, lo, hi):
 
 
 @_jit
-def fold_texts(cps, n_chars, cls_table, off, count, chars, keep_cls, alone_cls, space_cls,
-               complex_cls):
-    """``wordpiece._fold`` in one pass over the code points: (unseen, folded bytes, where each
+def fold_texts(cps, n_chars, cap, cls_table, off, count, chars, n_folded, keep_cls, alone_cls,
+               space_cls, complex_cls):
+    """``wordpiece._fold`` in one pass over the code points: (status, folded bytes, where each
     text starts in them, word starts (one more than the bytes), the start and the end in its
-    text's bytes of each folded byte's character, texts holding a COMPLEX character).
-    ``unseen``: a code point not in the table yet (the other arrays are then empty)."""
+    text's bytes of each folded byte's character, texts holding a COMPLEX character), the arrays
+    made for at most ``cap`` folded bytes. ``status``: 0 done, 1 a code point not in the table
+    yet, 2 more than ``cap`` folded bytes (the arrays are then empty). ``n_folded``: each code
+    point's folded UTF-8 bytes."""
     n = n_chars.size
     last = cls_table.size - 1
-    cap = 4 * cps.size
-    for c in range(cps.size):
-        cap += 4 * (count[min(cps[c], last)] - 1) if count[min(cps[c], last)] > 1 else 0
     out = np.empty(cap, np.uint8)
     marks = np.zeros(cap + 1, np.uint8)
     byte_start = np.empty(cap, np.int64)
@@ -225,6 +224,8 @@ def fold_texts(cps, n_chars, cls_table, off, count, chars, keep_cls, alone_cls, 
             idx = min(cp, last)
             kind = cls_table[idx]
             if kind == keep_cls or kind == alone_cls:
+                if j + n_folded[idx] > cap:
+                    return 2, out[:0], f_off, marks[:1], byte_start[:0], byte_end[:0], complex_
                 j0 = j
                 for q in range(off[idx], off[idx] + count[idx]):
                     j = _put_utf8(out, j, chars[q])
@@ -237,10 +238,10 @@ def fold_texts(cps, n_chars, cls_table, off, count, chars, keep_cls, alone_cls, 
             elif kind == complex_cls:
                 complex_[i] = True
             elif kind == 0:
-                return (True, out[:0], f_off, marks[:1], byte_start[:0], byte_end[:0], complex_)
+                return 1, out[:0], f_off, marks[:1], byte_start[:0], byte_end[:0], complex_
     f_off[n] = j
     marks[j] = 1
-    return False, out[:j], f_off, marks[:j + 1], byte_start[:j], byte_end[:j], complex_
+    return 0, out[:j], f_off, marks[:j + 1], byte_start[:j], byte_end[:j], complex_
 
 
 @_jit

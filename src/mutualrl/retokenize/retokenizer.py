@@ -275,21 +275,29 @@ class Retokenizer:
         stops = np.cumsum(sizes)
         counts = np.concatenate(([0], np.cumsum(special, dtype=np.int64)))
         n_specials = (counts[stops] - counts[stops - sizes]).tolist()
-        parts = []      # (ids, kept, kept_index, eos_index, n_special, logprobs) per text
         ends: list = [None] * n
         todo = []       # texts whose ids do not simply spell them: need the source's encoding
-        for i, (ids, n_special, lp) in enumerate(zip(id_arrs, n_specials, lps)):
-            kept, kept_index, eos_index = ids, None, None
-            if n_special:
-                kept_index = np.flatnonzero(~prof.special[ids])
-                kept = ids[kept_index]
-                if flags[i] and int(ids[-1]) == prof.eos_id:
-                    eos_index = ids.size - 1
-            parts.append((ids, kept, kept_index, eos_index, n_special, lp))
-        if any(n_specials):
+        specials = any(n_specials)
+        if specials:
+            parts = []  # (ids, kept, kept_index, eos_index, n_special, logprobs) per text
+            for i, (ids, n_special, lp) in enumerate(zip(id_arrs, n_specials, lps)):
+                kept, kept_index, eos_index = ids, None, None
+                if n_special:
+                    kept_index = np.flatnonzero(~prof.special[ids])
+                    kept = ids[kept_index]
+                    if flags[i] and int(ids[-1]) == prof.eos_id:
+                        eos_index = ids.size - 1
+                parts.append((ids, kept, kept_index, eos_index, n_special, lp))
             sizes = np.fromiter((p[1].size for p in parts), dtype=np.int64, count=n)
             flat = np.concatenate([p[1] for p in parts])
         walked = _walked_ends(prof, flat, sizes, texts, datas) if n else None
+        if walked is not None and not specials and walked[0].all():
+            # The usual batch: no specials, every text's ids spell it (folded for WordPiece).
+            bounds = stops.tolist()
+            return [_Source(ids, None, walked[1][lo:hi], None, 0, lp, False, 0)
+                    for ids, lp, lo, hi in zip(id_arrs, lps, [0, *bounds[:-1]], bounds)]
+        if not specials:
+            parts = [(ids, ids, None, None, 0, lp) for ids, lp in zip(id_arrs, lps)]
         if walked is None:
             todo = [(i, None) for i in range(n)]
         else:   # ids that spell their text give their byte ends directly

@@ -58,7 +58,8 @@ _PRE_TOKENIZERS = frozenset({"BertPreTokenizer", "WhitespaceSplit"})
 
 class FoldTable:
     """Per code point: its class and the characters it folds to, learnt as characters are met.
-    ``off[cp]`` / ``count[cp]``: where its folded characters start in ``chars`` and how many.
+    ``off[cp]`` / ``count[cp]``: where its folded characters start in ``chars`` and how many;
+    ``n_folded[cp]`` their UTF-8 bytes.
     The last entry stands for every code point past the table and is ``COMPLEX``."""
 
     def __init__(self, profile: TokenizerProfile) -> None:
@@ -67,9 +68,15 @@ class FoldTable:
         self.cls = np.zeros(TABLE_SIZE, dtype=np.uint8)
         self.off = np.zeros(TABLE_SIZE, dtype=np.int64)
         self.count = np.zeros(TABLE_SIZE, dtype=np.int64)
+        self.n_folded = np.zeros(TABLE_SIZE, dtype=np.int64)   # folded UTF-8 bytes
         self.chars = np.zeros(0, dtype=np.uint32)
         self.cls[TABLE_SIZE - 1] = COMPLEX
         self.cls[0xD800:0xE000] = COMPLEX
+
+    def arrays(self) -> tuple:
+        """The table as ``numba_loops.fold_texts`` takes it, the class codes included."""
+        return (self.cls, self.off, self.count, self.chars, self.n_folded,
+                KEEP, ALONE, SPACE, COMPLEX)
 
     def learn(self, cps: np.ndarray) -> None:
         """Learn the classes of the code points in ``cps`` not in the table yet."""
@@ -82,6 +89,7 @@ class FoldTable:
         for cp in np.unique(idx[unseen]).tolist():
             kind, folded = self._learn(chr(cp))
             self.cls[cp], self.off[cp], self.count[cp] = kind, start, len(folded)
+            self.n_folded[cp] = len(folded.encode())
             added.extend(map(ord, folded))
             start += len(folded)
         self.chars = np.concatenate([self.chars, np.array(added, dtype=np.uint32)])
@@ -140,14 +148,9 @@ def folded_ends(profile: TokenizerProfile, flat: np.ndarray, sizes: np.ndarray,
     cps = np.frombuffer("".join(texts).encode("utf-32-le"), dtype=np.uint32)
     n_chars = np.fromiter(map(len, texts), dtype=np.int64, count=n)
     n_bytes = np.fromiter(map(len, datas), dtype=np.int64, count=n)
-    tables = (table.cls, table.off, table.count, table.chars, KEEP, ALONE, SPACE, COMPLEX)
-    done = kernels.fold_texts(cps, n_chars, tables, flat.size)
-    if done is not None and done[0]:   # a code point met for the first time: learn, fold again
-        table.learn(cps)
-        done = kernels.fold_texts(cps, n_chars, (table.cls, table.off, table.count, table.chars,
-                                                 *tables[4:]), flat.size)
+    done = kernels.fold_texts(cps, n_chars, table, flat.size)
     folded, f_off, word_start, byte_start, byte_end, complex_ = (
-        done[1:] if done is not None else _fold(table, cps, n_chars, n_bytes))
+        done if done is not None else _fold(table, cps, n_chars, n_bytes))
     buf, piece_start = profile.piece_table()
     args = (flat, sizes, folded, f_off, word_start, byte_start, byte_end, n_bytes, complex_,
             profile.piece_len, buf, piece_start, profile.continuing, profile.unk_id)
