@@ -71,8 +71,8 @@ def test_characters_are_classed_by_the_normaliser_and_pre_tokeniser(bert, retoke
     chars = "Aé,中\t\x00\u0301한\U00030000"
     table.learn(np.frombuffer(chars.encode("utf-32-le"), np.uint32))
     idx = np.minimum([ord(c) for c in chars], wordpiece.TABLE_SIZE - 1)
-    got = {c: (int(table.cls[i]), "".join(map(chr, table.chars[table.off[i]:table.off[i]
-                                                                + table.count[i]])))
+    t = table.tables
+    got = {c: (int(t.cls[i]), "".join(map(chr, t.chars[t.off[i]:t.off[i] + t.count[i]])))
            for c, i in zip(chars, idx.tolist())}
     w = wordpiece
     assert got == {"A": (w.KEEP, "a"), "é": (w.KEEP, "e"), ",": (w.ALONE, ","),
@@ -188,3 +188,25 @@ def test_a_batch_of_hangul_folds_to_more_bytes_than_it_holds(bert, mode, monkeyp
     texts = ["배추 김치를 만들려면 먼저 배추를 반으로 갈라 소금물에 절입니다" * 3, "한국어"]
     spells, walked, ends, _, _ = _walk(bert, texts, mode, monkeypatch)
     assert spells.all() and np.array_equal(walked, ends)
+
+
+def test_threads_learning_at_once_leave_one_consistent_table(bert):
+    """A profile (and its fold table) may be shared across threads: learning swaps in new arrays
+    under a lock, so threads learning different characters at once lose none of them."""
+    import threading
+
+    texts = _texts()[:400]
+    parts = [np.frombuffer("".join(texts[k::4]).encode("utf-32-le"), np.uint32) for k in range(4)]
+    alone, shared = wordpiece.FoldTable(bert), wordpiece.FoldTable(bert)
+    for cps in parts:
+        alone.learn(cps)
+    threads = [threading.Thread(target=shared.learn, args=(cps,)) for cps in parts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    a, b = alone.tables, shared.tables
+    assert np.array_equal(a.cls, b.cls) and np.array_equal(a.n_folded, b.n_folded)
+    for cp in np.flatnonzero(a.count).tolist():   # the same folded characters, wherever stored
+        assert (a.chars[a.off[cp]:a.off[cp] + a.count[cp]].tolist()
+                == b.chars[b.off[cp]:b.off[cp] + b.count[cp]].tolist())

@@ -114,10 +114,12 @@ def fold_texts(cps: np.ndarray, n_chars: np.ndarray, table, tokens: int):
         return None
     cap = 4 * cps.size    # enough unless many characters fold to several (Hangul: 9 bytes)
     while True:
-        status, *done = k.fold_texts(cps, n_chars, cap, *table.arrays())
+        arrays = table.arrays()
+        status, *done = k.fold_texts(cps, n_chars, cap, *arrays)
         if status == 0:
             return done
         if status == 1:
             table.learn(cps)
         else:
-            cap = int(table.n_folded[np.minimum(cps, table.n_folded.size - 1)].sum())
+            n_folded = arrays[4]
+            cap = int(n_folded[np.minimum(cps, n_folded.size - 1)].sum())

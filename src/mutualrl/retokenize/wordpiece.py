@@ -38,7 +38,9 @@ The walk is a compiled loop where the kernels run (``kernels``), else the Python
 
 from __future__ import annotations
 
+import threading
 import unicodedata
+from typing import NamedTuple
 
 import numpy as np
 
@@ -56,43 +58,61 @@ _PER_CHAR = frozenset({"BertNormalizer", "Lowercase", "StripAccents", "NFD", "NF
 _PRE_TOKENIZERS = frozenset({"BertPreTokenizer", "WhitespaceSplit"})
 
 
+class _Tables(NamedTuple):
+    cls: np.ndarray        # uint8 per code point: its class
+    off: np.ndarray        # where its folded characters start in ``chars``
+    count: np.ndarray      # how many folded characters
+    n_folded: np.ndarray   # their UTF-8 bytes
+    chars: np.ndarray      # uint32: every learnt code point's folded characters, end to end
+
+
 class FoldTable:
-    """Per code point: its class and the characters it folds to, learnt as characters are met.
-    ``off[cp]`` / ``count[cp]``: where its folded characters start in ``chars`` and how many;
-    ``n_folded[cp]`` their UTF-8 bytes.
-    The last entry stands for every code point past the table and is ``COMPLEX``."""
+    """Per code point: its class and the characters it folds to, learnt as characters are met
+    (``_Tables``). The last entry stands for every code point past the table and is ``COMPLEX``.
+
+    Learning replaces the arrays with new ones under a lock, never writes into them: a profile
+    may be shared across threads, and a compiled fold running without the interpreter lock keeps
+    reading the arrays it was given, each consistent with the others."""
 
     def __init__(self, profile: TokenizerProfile) -> None:
         self.normalizer = profile.continuation.normalizer
         self.pre_tokenizer = profile.continuation.pre_tokenizer
-        self.cls = np.zeros(TABLE_SIZE, dtype=np.uint8)
-        self.off = np.zeros(TABLE_SIZE, dtype=np.int64)
-        self.count = np.zeros(TABLE_SIZE, dtype=np.int64)
-        self.n_folded = np.zeros(TABLE_SIZE, dtype=np.int64)   # folded UTF-8 bytes
-        self.chars = np.zeros(0, dtype=np.uint32)
-        self.cls[TABLE_SIZE - 1] = COMPLEX
-        self.cls[0xD800:0xE000] = COMPLEX
+        cls = np.zeros(TABLE_SIZE, dtype=np.uint8)
+        cls[TABLE_SIZE - 1] = COMPLEX
+        cls[0xD800:0xE000] = COMPLEX
+        none = np.zeros(TABLE_SIZE, dtype=np.int64)
+        self.tables = _Tables(cls, none, none, none, np.zeros(0, dtype=np.uint32))
+        self._lock = threading.Lock()
 
     def arrays(self) -> tuple:
-        """The table as ``numba_loops.fold_texts`` takes it, the class codes included."""
-        return (self.cls, self.off, self.count, self.chars, self.n_folded,
-                KEEP, ALONE, SPACE, COMPLEX)
+        """The current arrays as ``numba_loops.fold_texts`` takes them, with the class codes."""
+        t = self.tables
+        return (t.cls, t.off, t.count, t.chars, t.n_folded, KEEP, ALONE, SPACE, COMPLEX)
 
-    def learn(self, cps: np.ndarray) -> None:
-        """Learn the classes of the code points in ``cps`` not in the table yet."""
+    def learn(self, cps: np.ndarray) -> _Tables:
+        """Learn the classes of the code points in ``cps`` not in the table yet; the arrays that
+        hold them all."""
         idx = np.minimum(cps, TABLE_SIZE - 1)
-        unseen = self.cls[idx] == UNSEEN
-        if not unseen.any():
-            return
-        added = []
-        start = self.chars.size
-        for cp in np.unique(idx[unseen]).tolist():
-            kind, folded = self._learn(chr(cp))
-            self.cls[cp], self.off[cp], self.count[cp] = kind, start, len(folded)
-            self.n_folded[cp] = len(folded.encode())
-            added.extend(map(ord, folded))
-            start += len(folded)
-        self.chars = np.concatenate([self.chars, np.array(added, dtype=np.uint32)])
+        t = self.tables
+        if not (t.cls[idx] == UNSEEN).any():
+            return t
+        with self._lock:
+            t = self.tables
+            unseen = t.cls[idx] == UNSEEN
+            if not unseen.any():
+                return t
+            cls, off, count, n_folded = (a.copy() for a in t[:4])
+            added: list[int] = []
+            start = t.chars.size
+            for cp in np.unique(idx[unseen]).tolist():
+                kind, folded = self._learn(chr(cp))
+                cls[cp], off[cp], count[cp] = kind, start, len(folded)
+                n_folded[cp] = len(folded.encode())
+                added.extend(map(ord, folded))
+                start += len(folded)
+            chars = np.concatenate([t.chars, np.array(added, dtype=np.uint32)])
+            self.tables = t = _Tables(cls, off, count, n_folded, chars)
+        return t
 
     def _learn(self, char: str) -> tuple[int, str]:
         out = self.normalizer.normalize_str(char) if self.normalizer is not None else char
@@ -165,14 +185,14 @@ def _fold(table: FoldTable, cps: np.ndarray, n_chars: np.ndarray, n_bytes: np.nd
     folded bytes, where each text starts in them (N + 1), word starts (one per folded byte and
     a last 1), the start and the end in its own text's bytes of each folded byte's character,
     texts holding a ``COMPLEX`` character)."""
-    table.learn(cps)
+    t = table.learn(cps)
     idx = np.minimum(cps, TABLE_SIZE - 1)
-    cls = table.cls[idx]
+    cls = t.cls[idx]
     keep = (cls == KEEP) | (cls == ALONE)
     kidx = idx[keep]
-    count = table.count[kidx]                       # folded characters per kept character
+    count = t.count[kidx]                           # folded characters per kept character
     first = np.cumsum(count) - count
-    chars = table.chars[np.repeat(table.off[kidx] - first, count) + np.arange(int(count.sum()))]
+    chars = t.chars[np.repeat(t.off[kidx] - first, count) + np.arange(int(count.sum()))]
     folded = np.frombuffer(chars.astype("<u4").tobytes().decode("utf-32-le").encode("utf-8"),
                            dtype=np.uint8)
     k_bytes = _segment_sums(_utf8_len(chars), count)   # folded bytes per kept character
