@@ -90,7 +90,7 @@ def test_batched_edit_distances_equal_the_per_pair_ones(pairs, workers):
 @given(rows=st.lists(st.tuples(st.lists(st.integers(0, 3), max_size=5),
                                st.lists(st.integers(0, 3), max_size=5)), min_size=1, max_size=8))
 def test_row_by_row_id_equality_in_whole_batch_passes(rows):
-    from mutualrl.retokenize.retokenizer import _equal_rows
+    from mutualrl.retokenize.sources import _equal_rows
 
     a = [np.array(x, dtype=np.int64) for x, _ in rows]
     b = [np.array(y, dtype=np.int64) for _, y in rows]

@@ -60,6 +60,7 @@ from mutualrl.retokenize.encoding import (batch_ends, encode_texts, encodes_with
 from mutualrl.retokenize.loaders import TokenizerHandle, load_tokenizer
 from mutualrl.retokenize.residuals import aggregate_residuals, byte_edit_distances
 from mutualrl.retokenize.retokenizer import Retokenizer
+from mutualrl.retokenize.sources import read_sources
 from mutualrl.retokenize.wordpiece import folded_ends
 
 DEFAULT_PAIRS = (("deepseek-v3", "mistral-v1"), ("mistral-v1", "deepseek-v3"),
@@ -184,8 +185,9 @@ def _bench_ours(d: PairData, repeats: int) -> list[Timing]:
             repeats), n),
         Timing("e2e_target", time_calls(lambda: encode_texts(
             d.tgt.profile, d.texts, datas, d.tgt.cache), repeats), n),
-        Timing("e2e_source", time_calls(lambda: d.tgt._sources(
-            src_prof, d.texts, datas, d.src_ids, d.src_lps, [False] * len(d.texts)), repeats), n),
+        Timing("e2e_source", time_calls(lambda: read_sources(
+            src_prof, d.texts, datas, d.src_ids, d.src_lps, [False] * len(d.texts), d.tgt.cache),
+            repeats), n),
     ]
 
 
@@ -250,9 +252,6 @@ def _floor(d: PairData, rendered: bool = False, residuals: bool = False):
     src_sizes = np.fromiter(map(len, d.src_ids), dtype=np.int64, count=len(d.src_ids))
     datas = [utf8(t) for t in d.texts]
 
-    def split(ends, sizes):
-        return np.split(ends, np.cumsum(sizes)[:-1])
-
     def side(p, encs):
         """Byte ends of one side: (ids, ends, sizes) of its encodings of the texts."""
         ids = [e.ids for e in encs]
@@ -263,23 +262,7 @@ def _floor(d: PairData, rendered: bool = False, residuals: bool = False):
             return flat, batch_ends(p.piece_len[flat], sizes)[0], sizes
         if not encodes_without_offsets(p):
             return offset_ends_batch(p, encs, d.texts, datas, ids)
-        return flat, np.concatenate(wordpiece_ends(p, flat, sizes)), sizes
-
-    def wordpiece_ends(p, flat, sizes):
-        """WordPiece byte ends per text: the folded walk of the ids (``folded_ends``), and the
-        texts' encoding's offsets where the ids do not walk (every text where it does not
-        apply)."""
-        walked = folded_ends(p, flat, sizes, d.texts, datas)
-        spells, ends = walked if walked is not None else (np.zeros(len(d.texts), bool), None)
-        out = split(ends, sizes) if ends is not None else [None] * len(d.texts)
-        todo = np.flatnonzero(~spells).tolist()
-        if todo:
-            texts = [d.texts[i] for i in todo]
-            encs = p.continuation.encode_batch(texts, add_special_tokens=False)
-            _, e_ends, e_sizes = offset_ends_batch(p, encs, texts, [datas[i] for i in todo])
-            for i, e in zip(todo, split(e_ends, e_sizes)):
-                out[i] = e
-        return out
+        return flat, np.concatenate(_wordpiece_ends(p, flat, sizes, d.texts, datas)), sizes
 
     def run():
         encs = rust_encode(prof, d.texts)
@@ -290,11 +273,33 @@ def _floor(d: PairData, rendered: bool = False, residuals: bool = False):
                 byte_edit_distances([t.encode() for t in texts], datas, rust_threads())
                 normalizer_changes(prof, d.texts)
         if sprof.lossless:
-            s_ends = split(batch_ends(sprof.piece_len[src_flat], src_sizes)[0], src_sizes)
+            s_ends = _split(batch_ends(sprof.piece_len[src_flat], src_sizes)[0], src_sizes)
         else:
-            s_ends = wordpiece_ends(sprof, src_flat, src_sizes)
-        return align_batch(s_ends, split(t_ends, t_sizes), d.totals)
+            s_ends = _wordpiece_ends(sprof, src_flat, src_sizes, d.texts, datas)
+        return align_batch(s_ends, _split(t_ends, t_sizes), d.totals)
     return run
+
+
+def _split(ends: np.ndarray, sizes: np.ndarray) -> list[np.ndarray]:
+    return np.split(ends, np.cumsum(sizes)[:-1])
+
+
+def _wordpiece_ends(p, flat: np.ndarray, sizes: np.ndarray, texts: list[str],
+                    datas: list[bytes]) -> list[np.ndarray]:
+    """The floor's WordPiece byte ends per text: the folded walk of the ids (``folded_ends``),
+    and the texts' encoding's offsets where the ids do not walk (every text where it does not
+    apply)."""
+    walked = folded_ends(p, flat, sizes, texts, datas)
+    spells, ends = walked if walked is not None else (np.zeros(len(texts), bool), None)
+    out = _split(ends, sizes) if ends is not None else [None] * len(texts)
+    todo = np.flatnonzero(~spells).tolist()
+    if todo:
+        some = [texts[i] for i in todo]
+        encs = p.continuation.encode_batch(some, add_special_tokens=False)
+        _, e_ends, e_sizes = offset_ends_batch(p, encs, some, [datas[i] for i in todo])
+        for i, e in zip(todo, _split(e_ends, e_sizes)):
+            out[i] = e
+    return out
 
 
 def _bench_paired(d: PairData, repeats: int, peers: bool) -> dict:

@@ -30,17 +30,12 @@ import numpy as np
 
 from mutualrl.retokenize.align import (AlignmentGroups, BatchAlignment, align_batch, align_ends,
                                        byte_iou, common_boundaries)
-from mutualrl.retokenize.encoding import (Encoded, EncodingCache, encode_texts, pin_last,
-                                          spelled_ends, utf8)
-from mutualrl.retokenize.inputs import as_id_array, check_id_range, check_len, logprob_arrays
+from mutualrl.retokenize.encoding import Encoded, EncodingCache, encode_texts, utf8
+from mutualrl.retokenize.inputs import check_len
 from mutualrl.retokenize.loaders import TokenizerHandle
 from mutualrl.retokenize.profile import TokenizerProfile
-from mutualrl.retokenize.residuals import AlignmentResiduals, byte_edit_distance
-from mutualrl.retokenize.wordpiece import folded_ends
-
-
-_NO_TOKENS = np.zeros(0, dtype=np.int64)
-_NO_TOKENS.flags.writeable = False
+from mutualrl.retokenize.residuals import AlignmentResiduals
+from mutualrl.retokenize.sources import _NO_TOKENS, Source, read_sources
 
 
 @dataclass(frozen=True)
@@ -63,21 +58,6 @@ class RetokenizedTrajectory:
     def target_group_index(self) -> np.ndarray:
         """Group id of every target token."""
         return self.groups.target_group_index(self.target_ids.shape[0])
-
-
-@dataclass(slots=True)
-class _Source:
-    """One trajectory's source side with specials separated out (internal; not frozen, since a
-    batch builds one per text and a frozen dataclass sets each field through ``__setattr__``)."""
-
-    ids: np.ndarray                 # as given (or as encoded from the text)
-    kept_index: np.ndarray | None   # positions of non-special ids; None = all kept
-    ends: np.ndarray                # byte ends of the kept tokens
-    eos_index: int | None           # a terminal source EOS that may pair with the target EOS
-    n_specials: int                 # special ids in ``ids`` (including ``eos_index``)
-    logprobs: np.ndarray | None
-    mismatch: bool
-    edit_distance: int
 
 
 class Retokenizer:
@@ -165,10 +145,10 @@ class Retokenizer:
                              "source_logprobs are given")
         datas = [utf8(t, f"texts[{i}]") for i, t in enumerate(texts)]
         targets = encode_texts(self.profile, texts, datas, self.cache)
-        sources: list[_Source | None] = [None] * n
+        sources: list[Source | None] = [None] * n
         if source is not None:
-            sources = self._sources(self.profile_for(source), texts, datas, source_ids,
-                                    source_logprobs, flags)
+            sources = read_sources(self.profile_for(source), texts, datas, source_ids,
+                                   source_logprobs, flags, self.cache)
         totals = [len(d) for d in datas]
         out: list[RetokenizedTrajectory | None] = [None] * n
         groups: list[AlignmentGroups | None] = [AlignmentGroups.empty()] * n
@@ -257,93 +237,7 @@ class Retokenizer:
                 fallback.tolist())
         return cols, tgt_ids, gsums, mass_errors
 
-    def _sources(self, prof, texts, datas, source_ids, source_logprobs, flags) -> list[_Source]:
-        if source_ids is None:
-            encs = encode_texts(prof, texts, datas, self.cache, residuals=False)
-            lps = logprob_arrays(source_logprobs, [e.ids.size for e in encs])
-            return [_Source(enc.ids, None, enc.ends, None, 0, lp, False, 0)
-                    for enc, lp in zip(encs, lps)]
-        n = len(texts)
-        # Whole-batch checks: one range test of every id, one NaN/+inf test of every log-prob,
-        # one special-token lookup; a failure is traced back to its text for the message.
-        id_arrs = [as_id_array(source_ids[i], f"source_ids[{i}]") for i in range(n)]
-        sizes = np.fromiter(map(len, id_arrs), dtype=np.int64, count=n)
-        flat = np.concatenate(id_arrs) if n else _NO_TOKENS
-        check_id_range(flat, sizes, prof)
-        lps = logprob_arrays(source_logprobs, sizes.tolist())
-        special = prof.special[flat]
-        stops = np.cumsum(sizes)
-        counts = np.concatenate(([0], np.cumsum(special, dtype=np.int64)))
-        n_specials = (counts[stops] - counts[stops - sizes]).tolist()
-        ends: list = [None] * n
-        todo = []       # texts whose ids do not simply spell them: need the source's encoding
-        specials = any(n_specials)
-        if specials:
-            parts = []  # (ids, kept, kept_index, eos_index, n_special, logprobs) per text
-            for i, (ids, n_special, lp) in enumerate(zip(id_arrs, n_specials, lps)):
-                kept, kept_index, eos_index = ids, None, None
-                if n_special:
-                    kept_index = np.flatnonzero(~prof.special[ids])
-                    kept = ids[kept_index]
-                    if flags[i] and int(ids[-1]) == prof.eos_id:
-                        eos_index = ids.size - 1
-                parts.append((ids, kept, kept_index, eos_index, n_special, lp))
-            sizes = np.fromiter((p[1].size for p in parts), dtype=np.int64, count=n)
-            flat = np.concatenate([p[1] for p in parts])
-        walked = _walked_ends(prof, flat, sizes, texts, datas) if n else None
-        if walked is not None and not specials and walked[0].all():
-            # The usual batch: no specials, every text's ids spell it (folded for WordPiece).
-            bounds = stops.tolist()
-            return [_Source(ids, None, walked[1][lo:hi], None, 0, lp, False, 0)
-                    for ids, lp, lo, hi in zip(id_arrs, lps, [0, *bounds[:-1]], bounds)]
-        if not specials:
-            parts = [(ids, ids, None, None, 0, lp) for ids, lp in zip(id_arrs, lps)]
-        if walked is None:
-            todo = [(i, None) for i in range(n)]
-        else:   # ids that spell their text give their byte ends directly
-            spells, rel = walked
-            lo = 0
-            for i, (hi, ok) in enumerate(zip(np.cumsum(sizes).tolist(), spells.tolist())):
-                if ok:
-                    ends[i] = (rel[lo:hi], False, 0)
-                else:
-                    todo.append((i, prof.text_bytes(parts[i][1].tolist()) if prof.lossless
-                                 else None))
-                lo = hi
-        if todo:
-            encs = encode_texts(prof, [texts[i] for i, _ in todo], [datas[i] for i, _ in todo],
-                                self.cache, residuals=False)
-            same = _equal_rows([e.ids for e in encs], [parts[i][1] for i, _ in todo])
-            for (i, rendered), enc, ok in zip(todo, encs, same):
-                if ok and rendered is None:   # a WordPiece sender's own encoding of its text
-                    ends[i] = (enc.ends, False, 0)
-                else:
-                    ends[i] = self._source_ends(prof, parts[i][1], texts[i], datas[i], enc,
-                                                rendered)
-        return [_Source(ids, kept_index, e[0], eos_index, n_special, lp, e[1], e[2])
-                for (ids, _, kept_index, eos_index, n_special, lp), e in zip(parts, ends)]
-
-    @staticmethod
-    def _source_ends(prof: TokenizerProfile, kept: np.ndarray, text: str, data: bytes,
-                     enc: Encoded, rendered: bytes | None):
-        """Byte ends of source tokens that do not spell the text, whether they fail to, by how much.
-
-        (Exact from the byte table when the ids spell the text: see ``_sources``.) Otherwise, if
-        the ids are what the source itself makes of the text (WordPiece; SentencePiece given a
-        literal '▁'), from that encoding's offsets; else clipped to the text (approximate).
-        """
-        if np.array_equal(enc.ids, kept):
-            # WordPiece cannot spell text by design (that is the receiver-side residual); a
-            # lossless tokenizer that could not is a real source mismatch.
-            return enc.ends, rendered is not None, enc.edit_distance if rendered is not None else 0
-        if rendered is None:
-            rendered = prof.continuation.decode(kept.tolist()).encode()
-            data = prof.continuation.decode(enc.ids.tolist()).encode()
-        ends = (enc.ends if enc.ids.size == kept.size
-                else _clip_ends(np.cumsum(prof.piece_len[kept]), len(text.encode())))
-        return ends, True, byte_edit_distance(rendered, data)
-
-    def _assemble(self, text: str, total: int, tgt: Encoded, src: _Source | None,
+    def _assemble(self, text: str, total: int, tgt: Encoded, src: Source | None,
                   groups: AlignmentGroups, ends_with_eos: bool) -> RetokenizedTrajectory:
         src_ends = src.ends if src is not None else _NO_TOKENS
         if src is not None and src.kept_index is not None and src.kept_index.size:
@@ -386,35 +280,6 @@ def _trajectory(text, target_ids, groups, sums, residuals) -> RetokenizedTraject
     return obj
 
 
-def _walked_ends(prof: TokenizerProfile, flat, sizes, texts, datas):
-    """(spells, ends) of id sequences laid end to end, from the ids themselves: a lossless
-    tokenizer's byte tables (``spelled_ends``), WordPiece's folded walk (``folded_ends``); None
-    where neither applies (every text then takes the source's encoding)."""
-    if prof.lossless:
-        return spelled_ends(prof, flat, sizes, datas)
-    return folded_ends(prof, flat, sizes, texts, datas)
-
-
-def _equal_rows(a: list[np.ndarray], b: list[np.ndarray]) -> list[bool]:
-    """``np.array_equal(a[i], b[i])`` for every ``i``, in whole-batch passes."""
-    n = len(a)
-    size_a = np.fromiter(map(len, a), dtype=np.int64, count=n)
-    same = size_a == np.fromiter(map(len, b), dtype=np.int64, count=n)
-    rows = np.flatnonzero(same)
-    if rows.size:
-        rows_l = rows.tolist()
-        diff = np.concatenate([a[k] for k in rows_l]) != np.concatenate([b[k] for k in rows_l])
-        bad = np.concatenate(([0], np.cumsum(diff)))
-        stop = np.cumsum(size_a[rows])
-        same[rows] = bad[stop] == bad[stop - size_a[rows]]
-    return same.tolist()
-
-
-def _clip_ends(ends: np.ndarray, total: int) -> np.ndarray:
-    # Whatever the source ids did not spell joins the last token.
-    return pin_last(np.minimum(ends, total), total)
-
-
 def _remap_source(groups: AlignmentGroups, kept_index: np.ndarray) -> AlignmentGroups:
     """Map source ranges over non-special tokens back to positions in the ids as given."""
     nonempty = groups.src_end > groups.src_start
@@ -431,7 +296,7 @@ def _append_group(groups: AlignmentGroups, s0: int, s1: int, t0: int, byte: int)
                            add(groups.byte_start, byte), add(groups.byte_end, byte))
 
 
-def _group_sums(src: _Source | None, groups: AlignmentGroups, paired: bool):
+def _group_sums(src: Source | None, groups: AlignmentGroups, paired: bool):
     """(per-group sums, assigned total, |mass of stripped specials|); sums None without lps."""
     if src is None or src.logprobs is None:
         return None, 0.0, 0.0
@@ -469,7 +334,7 @@ def _cardinality(groups: AlignmentGroups):
     return c11, c1n, cn1, len(groups) - c11 - c1n - cn1, ns, nt
 
 
-def _residuals(prof, tgt: Encoded, src: _Source | None, src_ends, groups, total, n_all,
+def _residuals(prof, tgt: Encoded, src: Source | None, src_ends, groups, total, n_all,
                target_ids, paired, ends_with_eos, mass_error, unassigned
                ) -> AlignmentResiduals:
     c11, c1n, cn1, cnm, ns, nt = _cardinality(groups)

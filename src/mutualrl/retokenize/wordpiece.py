@@ -25,7 +25,7 @@ each character the first time a batch holds it (``FoldTable``, kept on the profi
   move it) or a character Python's Unicode tables do not know, a character past the table.
 
 A text holding a ``COMPLEX`` character, or whose ids do not walk, takes the encoding path as
-before (``Retokenizer._sources``). For ids that are the tokenizer's own encoding of the text the
+before (``sources.read_sources``). For ids that are the tokenizer's own encoding of the text the
 walk gives the ends its offsets give (``encoding.ends_from_offsets``, tokens inside one
 character sharing out its bytes as there); the tests compare the two over the benchmark corpus
 and random texts of tricky characters. Ids that are not its own encoding but walk (another split
