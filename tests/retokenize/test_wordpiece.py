@@ -199,7 +199,12 @@ def test_threads_learning_at_once_leave_one_consistent_table(bert):
     parts = [np.frombuffer("".join(texts[k::4]).encode("utf-32-le"), np.uint32) for k in range(4)]
     alone, shared = wordpiece.FoldTable(bert), wordpiece.FoldTable(bert)
     for cps in parts:
+        before = alone.tables
+        kept = [a.copy() for a in before]
         alone.learn(cps)
+        # copy-on-write: arrays a compiled fold may still be reading are never written into
+        assert alone.tables is not before
+        assert all(np.array_equal(a, b) for a, b in zip(before, kept))
     threads = [threading.Thread(target=shared.learn, args=(cps,)) for cps in parts]
     for t in threads:
         t.start()
