@@ -17,8 +17,8 @@ import pytest
 from mutualrl.allocation import (AllocationConfig, LocalExecutor, ProcessExecutor,
                                  WorkerFailedError, call_one)
 from mutualrl.allocation.planner import Assignment, GpuSlot
-from mutualrl.allocation.ranks import (ProcessGroupError, RankGroup, free_port, join_group,
-                                       rank_env)
+from mutualrl.allocation.ranks import (RANK_FAILURE_GRACE_S, ProcessGroupError, RankGroup,
+                                       free_port, join_group, rank_env)
 
 
 class Member:
@@ -62,6 +62,16 @@ class DieOn:
         if worker.ctx.rank == self.rank:
             os._exit(7)
         return worker.total()
+
+
+@dataclass(frozen=True)
+class FailLate:
+    """Rank 1 raises at once; rank 0 raises half a second later, with no collective between."""
+
+    def __call__(self, worker):
+        if worker.ctx.rank == 0:
+            time.sleep(0.5)
+        raise RuntimeError(f"cause on rank {worker.ctx.rank}")
 
 
 def _group(ranks: int = 2) -> RankGroup:
@@ -124,6 +134,21 @@ def test_on_failure_restart_rebuilds_the_whole_group():
     assert not results["g"].ok and "rank 0 of 2" in results["g"].failure.message
     assert {p.process.pid for p in ex._procs["g"]}.isdisjoint(before)
     assert call_one(ex, "g", Total()) == 3.0   # a new process group formed
+    ex.shutdown()
+
+
+def test_a_rank_that_reports_after_another_failed_is_still_named():
+    # the cause of a group's failure may report after a peer it broke (in CI, rank 0's death
+    # was once seen after rank 1's broken all-reduce): a failed rank's peers get a moment
+    ex = _ex()
+    ex.start({"g": _group()})
+    t0 = time.monotonic()
+    with pytest.raises(WorkerFailedError) as err:
+        call_one(ex, "g", FailLate())
+    msg = err.value.failures[0].message
+    assert "rank 1 of 2: cause on rank 1" in msg and "rank 0 of 2: cause on rank 0" in msg
+    assert msg.index("rank 0 of 2") < msg.index("rank 1 of 2")        # in rank order
+    assert time.monotonic() - t0 < RANK_FAILURE_GRACE_S + 5
     ex.shutdown()
 
 

@@ -58,8 +58,8 @@ from mutualrl.allocation.calls import (CallResult, FailurePolicy, WorkerCall, Wo
                                        WorkerFailure, build_worker, call_name, check_names,
                                        close_worker)
 from mutualrl.allocation.malloc import reuse_large_buffers
-from mutualrl.allocation.ranks import (RankFactory, RankGroup, free_port, group_size, merge_ranks,
-                                       rank_env)
+from mutualrl.allocation.ranks import (RANK_FAILURE_GRACE_S, RankFactory, RankGroup, free_port,
+                                       group_size, merge_ranks, rank_env)
 from mutualrl.config import AllocationConfig
 from mutualrl.storage import sweep_scratch
 
@@ -399,6 +399,7 @@ class ProcessExecutor:
                 n, r = waiting.pop(conn)
                 replies[n][r] = self._receive(n, r, method)
                 if not replies[n][r].ok and len(replies[n]) > 1 and n not in failed:
+                    self._late_ranks(n, method, waiting, replies[n], deadline)
                     failed[n] = merge_ranks(n, method, [x or CallResult(n) for x in replies[n]])
                     waiting = {c: w for c, w in waiting.items() if w[0] != n}
                     self._kill(n)
@@ -410,6 +411,19 @@ class ProcessExecutor:
                     + (f" from rank {r} of {len(replies[n])}" if len(replies[n]) > 1 else "")
                     + "; its process was killed", kind="timeout")
         return {n: failed.get(n) or merge_ranks(n, method, replies[n]) for n in names}
+
+    def _late_ranks(self, name: str, method: str, waiting: dict, replies: list,
+                    deadline: float) -> None:
+        """After a group's first failed rank, its other ranks' replies for a moment: the rank
+        whose death broke the others' collectives may report after them (a dead process's pipe
+        and a peer's broken socket close at once), and the failure should name it."""
+        until = min(time.monotonic() + RANK_FAILURE_GRACE_S, deadline)
+        rest = {c: r for c, (n, r) in waiting.items() if n == name}
+        while rest and (left := until - time.monotonic()) > 0:
+            for conn in wait(list(rest), timeout=left):
+                rank = rest.pop(conn)
+                del waiting[conn]
+                replies[rank] = self._receive(name, rank, method)
 
     def _receive(self, name: str, rank: int, method: str) -> CallResult:
         proc = self._procs[name][rank]

@@ -25,6 +25,11 @@ from typing import Any
 
 from mutualrl.allocation.calls import CallResult, WorkerFailure
 
+# After a rank of a group fails, how long the group's other ranks may still report before the
+# group is killed: the rank whose death broke its peers' collectives may be seen after the errors
+# it caused in them (through Ray, always later), and the failure should name it.
+RANK_FAILURE_GRACE_S = 2.0
+
 
 class ProcessGroupError(RuntimeError):
     """A rank group's process group could not form."""

@@ -50,13 +50,10 @@ from mutualrl.allocation.calls import (CallResult, FailurePolicy, WorkerCall, Wo
                                        WorkerFailure, build_worker, call_fields, call_name,
                                        check_names, close_worker)
 from mutualrl.allocation.planner import Assignment, Plan
-from mutualrl.allocation.ranks import RankFactory, RankGroup, free_port, merge_ranks, rank_env
+from mutualrl.allocation.ranks import (RANK_FAILURE_GRACE_S, RankFactory, RankGroup, free_port,
+                                       merge_ranks, rank_env)
 
 
-# After a rank of a group fails, how long the group's other ranks may still report before the
-# group is killed. A rank that died is seen through Ray, later than the error it causes in its
-# peers' collectives.
-RANK_FAILURE_GRACE_S = 2.0
 # How long a shutdown waits for its workers to close before it kills them.
 CLOSE_TIMEOUT_S = 10.0
 # How long a node's sweep waits for the processes of killed actors to end (``ray.kill`` returns
