@@ -87,6 +87,36 @@ def test_batch_errors_name_the_offending_text(retokenizers, handles):
                             source_logprobs=[[-1.0], [], [-1.0, float("inf"), float("nan")]])
 
 
+def test_ids_and_logprobs_of_any_integer_and_float_type_give_the_same_batch(retokenizers, handles):
+    """int64 ids and float64 log-probs as arrays (what a run hands over) pass their checks in
+    one test per text; lists, other dtypes and mixed batches take the per-text conversion: the
+    same results, and the same errors naming the text."""
+    rt = retokenizers["mistral-v1"]
+    texts = TEXTS[:2] + TEXTS[3:]
+    ids = [source_ids(retokenizers, "deepseek-v3", t) for t in texts]
+    lps = [-np.linspace(0.1, 1.0, i.size) for i in ids]
+    want = rt.retokenize_batch(texts, source=handles["deepseek-v3"], source_ids=ids,
+                               source_logprobs=lps)
+    for as_ids, as_lps in ((lambda a: a.tolist(), lambda a: a.tolist()),
+                           (lambda a: a.astype(np.int32), lambda a: a.astype(np.float32)),
+                           (lambda a: a.astype(np.uint32), lambda a: a)):
+        mixed = [as_ids(ids[0]), *ids[1:]]
+        for got_ids in ([as_ids(i) for i in ids], mixed):
+            got = rt.retokenize_batch(texts, source=handles["deepseek-v3"], source_ids=got_ids,
+                                      source_logprobs=[as_lps(lp) for lp in lps])
+            for a, b in zip(got, want):
+                assert np.array_equal(a.target_ids, b.target_ids)
+                assert np.allclose(a.group_logprob_sums, b.group_logprob_sums, atol=1e-6)
+                assert a.residuals.n_groups == b.residuals.n_groups
+    bad = [ids[0], ids[1].reshape(1, -1), ids[2]]
+    with pytest.raises(ValueError, match=r"source_ids\[1\]: expected a 1-D sequence"):
+        rt.retokenize_batch(texts, source=handles["deepseek-v3"], source_ids=bad)
+    short = [lps[0], lps[1][:-1], lps[2]]
+    with pytest.raises(ValueError, match=r"source_logprobs\[1\]: expected"):
+        rt.retokenize_batch(texts, source=handles["deepseek-v3"], source_ids=ids,
+                            source_logprobs=short)
+
+
 def test_batch_target_ids_are_the_callers(handles):
     """A batch hands out slices of one fresh array: writing into one result changes neither the
     other results nor the cached encodings."""
@@ -107,6 +137,10 @@ def test_batch_target_ids_are_the_callers(handles):
 def test_errors_for_bad_text_and_settings(retokenizers, handles):
     with pytest.raises(ValueError, match=r"texts\[0\]: expected valid Unicode"):
         retokenizers["deepseek-v3"].retokenize("bad \ud800", source=handles["mistral-v1"])
+    with pytest.raises(ValueError, match=r"texts\[2\]: expected valid Unicode"):
+        retokenizers["deepseek-v3"].retokenize_batch(["ok", "fine", "bad \ud800"])
+    with pytest.raises(TypeError, match=r"texts\[1\]: expected str, got bytes"):
+        retokenizers["deepseek-v3"].retokenize_batch(["ok", b"bytes"])
     with pytest.raises(ValueError, match="source: expected the sender"):
         retokenizers["deepseek-v3"].retokenize("abc", source_ids=[1])
     with pytest.raises(ValueError, match="max_length"):
@@ -171,7 +205,7 @@ def test_batch_matches_single_on_the_benchmark_corpus(handles, pair):
 
 
 def test_batched_normaliser_check_matches_per_text(retokenizers):
-    from mutualrl.retokenize.encoding import _SEP, normalizer_changes
+    from mutualrl.retokenize.normalize import _SEP, normalizer_changes
 
     prof = retokenizers["bert-wordpiece"].profile
     texts = ["already lower", "Mixed Case", "café", "\u0301leading mark", "tab\there", "中文",

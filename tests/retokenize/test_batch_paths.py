@@ -8,8 +8,11 @@ import numpy as np
 import pytest
 
 from mutualrl.retokenize.benchmark import load_corpus
-from mutualrl.retokenize.encoding import (EncodingCache, encode_from, encode_from_batch,
-                                          encode_texts, ends_from_offsets, offset_ends_batch, utf8)
+from mutualrl.retokenize import retokenizer as retokenizer_module
+from mutualrl.retokenize.encoding import (EncodedList, EncodingCache, encode_from,
+                                          encode_from_batch, encode_texts, ends_from_offsets,
+                                          offset_ends_batch, utf8)
+from mutualrl.retokenize.sources import SourceList, read_sources
 
 from .helpers import NAMES
 
@@ -77,7 +80,7 @@ def test_normaliser_check_by_character_matches_the_normaliser(retokenizers):
     """Texts decided from the per-character table, and those left to the normaliser, agree with
     ``normalize_str(t) != t`` on the corpus and on random texts mixing cased letters, accents,
     combining marks in and out of canonical order, CJK, controls, astral characters."""
-    from mutualrl.retokenize.encoding import _SEP, normalizer_changes
+    from mutualrl.retokenize.normalize import _SEP, normalizer_changes
 
     prof = retokenizers["bert-wordpiece"].profile
     norm = prof.continuation.normalizer
@@ -106,3 +109,71 @@ def test_batched_steps_beside_the_rust_pool_use_its_thread_count(monkeypatch):
     assert rust_threads() >= 1
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
     assert rust_threads() == 1
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_batch_keeps_its_arrays_laid_end_to_end_equal_to_its_texts(retokenizers, name):
+    """``EncodedList`` / ``SourceList``: the whole-batch arrays are every text's, those of the
+    texts encoded again with offsets (a literal '▁' for Mistral) included; a batch with a cache
+    hit, or a sender's batch with a special, keeps none."""
+    prof = retokenizers[name].profile
+    texts = _texts() + ["a\u2581b \u2581\u2581"]
+    datas = [utf8(t) for t in texts]
+    got = encode_texts(prof, texts, datas, EncodingCache(0))
+    assert isinstance(got, EncodedList) and got.ids is not None
+    assert np.array_equal(got.sizes, [e.ids.size for e in got])
+    assert np.array_equal(got.ids, np.concatenate([e.ids for e in got]))
+    assert np.array_equal(got.ends, np.concatenate([e.ends for e in got]))
+    assert not got.ids.flags.writeable and not got.ends.flags.writeable
+    cache = EncodingCache(8)
+    encode_texts(prof, texts[:1], datas[:1], cache)
+    assert getattr(encode_texts(prof, texts[:3], datas[:3], cache), "ids", None) is None
+    ids = [e.ids for e in got if e.ids.size]
+    kept = [t for t, e in zip(texts, got) if e.ids.size]
+    if prof.lossless:     # ids that spell their text: the sender's usual batch
+        keep = [i for i, (t, d) in enumerate(zip(kept, ids)) if prof.text_bytes(d.tolist())
+                == utf8(t)]
+        kept, ids = [kept[i] for i in keep], [ids[i] for i in keep]
+    lps = [-np.linspace(0.1, 1.0, i.size) for i in ids]
+    srcs = read_sources(prof, kept, [utf8(t) for t in kept], ids, lps, [False] * len(ids),
+                        EncodingCache(0))
+    assert isinstance(srcs, SourceList) and srcs.ends is not None
+    assert np.array_equal(srcs.ends, np.concatenate([s.ends for s in srcs]))
+    assert np.array_equal(srcs.sizes, [s.ends.size for s in srcs])
+    assert np.array_equal(srcs.logprobs, np.concatenate(lps))
+    if prof.eos_id is not None:
+        ids[0] = np.append(ids[0], prof.eos_id)
+        lps[0] = np.append(lps[0], -1.0)
+        srcs = read_sources(prof, kept, [utf8(t) for t in kept], ids, lps, [True] + [False] * (
+            len(ids) - 1), EncodingCache(0))
+        assert getattr(srcs, "ends", None) is None
+
+
+@pytest.mark.parametrize("pair", [("deepseek-v3", "mistral-v1"), ("bert-wordpiece", "deepseek-v3"),
+                                  ("mistral-v1", "bert-wordpiece")])
+def test_a_plain_batch_is_assembled_whole_from_its_laid_arrays(monkeypatch, handles, pair):
+    """Without specials, EOS or truncation every text of the corpus is assembled by the batch's
+    segment reductions over the arrays both sides laid end to end (``align_flat``): none takes
+    the per-text ``_assemble``, and the results are the per-text calls'."""
+    from mutualrl.retokenize import Retokenizer
+
+    texts = load_corpus()[::2]
+    rt = Retokenizer(handles[pair[1]], cache_size=0)
+    sprof = rt.profile_for(handles[pair[0]])
+    ids = [np.array(sprof.continuation.encode(t, add_special_tokens=False).ids) for t in texts]
+    lps = [-np.linspace(0.1, 2.0, i.size) for i in ids]
+    seen = {"flat": 0, "one": 0}
+    flat, one = retokenizer_module.align_flat, retokenizer_module.Retokenizer._assemble
+    monkeypatch.setattr(retokenizer_module, "align_flat",
+                        lambda *a: seen.__setitem__("flat", seen["flat"] + 1) or flat(*a))
+    monkeypatch.setattr(retokenizer_module.Retokenizer, "_assemble",
+                        lambda *a: seen.__setitem__("one", seen["one"] + 1) or one(*a))
+    batch = rt.retokenize_batch(texts, source=handles[pair[0]], source_ids=ids,
+                                source_logprobs=lps)
+    assert seen == {"flat": 1, "one": 0}
+    for k in (0, len(texts) // 2, len(texts) - 1):
+        single = rt.retokenize(texts[k], source=handles[pair[0]], source_ids=ids[k],
+                               source_logprobs=lps[k])
+        assert np.array_equal(single.target_ids, batch[k].target_ids)
+        assert single.group_logprob_sums.tobytes() == batch[k].group_logprob_sums.tobytes()
+        assert single.residuals == batch[k].residuals

@@ -6,12 +6,15 @@ import gc
 import json
 import time
 
+import numpy as np
 import pytest
 
 from mutualrl.provenance import time_alternating, time_calls, time_turns
 from mutualrl.retokenize import baselines
 from mutualrl.retokenize.align import align_batch
-from mutualrl.retokenize.benchmark import PairData, _floor, run_benchmark
+from mutualrl.retokenize.benchmark import DEFAULT_PAIRS, PairData, load_corpus, run_benchmark
+from mutualrl.retokenize.floor import floor, floor_results
+from mutualrl.retokenize.residuals import AlignmentResiduals
 from mutualrl.retokenize.retokenizer import Retokenizer
 
 
@@ -64,7 +67,8 @@ def test_benchmark_reports_paired_goal_ratios(handles, tmp_path):
                         peers=False, handles=dict(handles))
     (pair,) = out["pairs"]
     for key in ("end_to_end_batch_over_encode_batch", "floor_over_encode_batch",
-                "end_to_end_batch_over_floor"):
+                "end_to_end_batch_over_floor", "floor_results_over_encode_batch",
+                "end_to_end_batch_over_floor_results"):
         paired = pair["paired"][key]
         assert paired["pairs"] == 2 and 0 < paired["min"] <= paired["median"] <= paired["max"]
     assert "align_speedup_vs_trl" not in pair["paired"]     # peers off: no TRL contender
@@ -97,7 +101,7 @@ def test_the_floor_aligns_as_the_retokenizer_does(handles):
     src = Retokenizer(handles["deepseek-v3"], cache_size=0)
     tgt = Retokenizer(handles["mistral-v1"], cache_size=0)
     d = PairData.build(src, tgt, texts)
-    got, want = _floor(d)(), align_batch(d.src_ends, d.tgt_ends, d.totals)
+    got, want = floor(d)(), align_batch(d.src_ends, d.tgt_ends, d.totals)
     assert got.full == want.full and (got.local == want.local).all()
 
 
@@ -111,7 +115,7 @@ def test_the_floor_aligns_as_the_retokenizer_does_with_wordpiece(handles):
         tgt = Retokenizer(handles[tgt_name], cache_size=0)
         d = PairData.build(src, tgt, texts)
         want = align_batch(d.src_ends, d.tgt_ends, d.totals)
-        for got in (_floor(d)(), _floor(d, residuals=True)()):
+        for got in (floor(d)(), floor(d, residuals=True)()):
             assert got.full == want.full and (got.local == want.local).all()
 
 
@@ -146,3 +150,42 @@ def test_with_trl_the_aligners_alternate_call_by_call_and_in_turns(handles, tmp_
     turns = paired["align_speedup_vs_trl_turns"]
     assert turns["pairs"] == 2 and turns["min"] > 0 and len(turns["calls_per_turn"]) == 2
     assert all(k >= 1 for k in turns["calls_per_turn"])   # each side fills its 20 ms turn
+
+
+@pytest.mark.parametrize("pair", DEFAULT_PAIRS)
+def test_the_results_floor_builds_exactly_the_retokenizers_results(handles, pair):
+    """``floor_results`` is the least work the result needs, so it must do all of it: on the
+    benchmark corpus (a literal '▁' that Mistral's ids cannot spell, Hangul, emoji, code) its
+    trajectories equal ``retokenize_batch``'s, bit for bit and type for type."""
+    texts = load_corpus()
+    src = Retokenizer(handles[pair[0]], cache_size=0)
+    tgt = Retokenizer(handles[pair[1]], cache_size=0)
+    d = PairData.build(src, tgt, texts)
+    got = floor_results(d)()
+    want = tgt.retokenize_batch(texts, source=src.target, source_ids=d.src_ids,
+                                source_logprobs=d.src_lps)
+    assert len(got) == len(want) == len(texts)
+    for a, b in zip(got, want):
+        assert a.text == b.text and np.array_equal(a.target_ids, b.target_ids)
+        assert a.group_logprob_sums.tobytes() == b.group_logprob_sums.tobytes()
+        for x, y in zip(a.groups.columns(), b.groups.columns()):
+            assert np.array_equal(x, y)
+        for f in AlignmentResiduals.__struct_fields__:
+            x, y = getattr(a.residuals, f), getattr(b.residuals, f)
+            assert type(x) is type(y) and x == y, (f, x, y)
+    if "mistral-v1" in pair:   # the '▁' text: Mistral's ids do not spell it, on either side
+        assert any(r.residuals.roundtrip_mismatch or r.residuals.source_mismatch for r in got)
+
+
+def test_the_results_floor_refuses_what_it_does_not_handle(handles):
+    texts = ["one two", "three"]
+    src = Retokenizer(handles["deepseek-v3"], cache_size=0)
+    tgt = Retokenizer(handles["mistral-v1"], cache_size=0)
+    d = PairData.build(src, tgt, texts)
+    d.src_ids[0] = np.append(d.src_ids[0], src.profile.eos_id)        # a special
+    with pytest.raises(ValueError, match="no specials"):
+        floor_results(d)()
+    d = PairData.build(src, tgt, texts)
+    d.src_lps[1] = d.src_lps[1][:-1]                                   # a log-prob short
+    with pytest.raises(ValueError, match="one finite float64 log-prob per id"):
+        floor_results(d)()

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mutualrl.retokenize import kernels
-from mutualrl.retokenize.align import align_batch
+from mutualrl.retokenize.align import align_batch, align_flat
 from mutualrl.retokenize.encoding import spelled_ends
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="numba not installed")
@@ -75,6 +75,30 @@ def test_walked_alignment_and_statistics_equal_the_numpy_passes(batch):
     assert np.array_equal(walked.statistics(), passes.statistics())
     for x, y in zip(walked.groups(), passes.groups(), strict=True):
         assert all(np.array_equal(a, b) for a, b in zip(x.columns(), y.columns(), strict=True))
+
+
+@settings(max_examples=200, deadline=None)
+@given(batch=batches(pinned=True), numpy_pass=st.booleans())
+def test_ends_laid_end_to_end_align_as_the_list_of_arrays_does(batch, numpy_pass):
+    """``align_flat`` (a batch's sides as whole-batch arrays) against ``align_batch`` (a list per
+    side), texts with an empty side included, by the kernel and by the numpy pass; the arrays
+    given are left as they were."""
+    src, tgt, totals = batch
+    flat = [(np.concatenate(side), np.array([e.size for e in side])) for side in (src, tgt)]
+    for a, _ in flat:
+        a.flags.writeable = False
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("MUTUALRL_KERNELS", "numpy" if numpy_pass else "numba")
+        want = align_batch(src, tgt, totals)
+        got = align_flat(*flat[0], *flat[1], np.array(totals, dtype=np.int64))
+    if want is None:
+        assert got is None
+        return
+    assert got.full == want.full and np.array_equal(got.local, want.local)
+    assert np.array_equal(got.split, want.split)
+    assert np.array_equal(got.statistics(), want.statistics())
+    assert np.array_equal(got.src_offset, want.src_offset)
+    assert np.array_equal(got.tgt_offset, want.tgt_offset)
 
 
 @settings(max_examples=100, deadline=None)

@@ -312,15 +312,38 @@ def align_batch(src_ends: list[np.ndarray], tgt_ends: list[np.ndarray],
         s_sizes, t_sizes, tot = s_sizes[keep], t_sizes[keep], tot[keep]
     if not full:
         return None
-    s_all, t_all = np.concatenate(srcs), np.concatenate(tgts)
+    return _align_laid(full, np.concatenate(srcs), s_sizes, np.concatenate(tgts), t_sizes, tot)
+
+
+def align_flat(s_all: np.ndarray, s_sizes: np.ndarray, t_all: np.ndarray, t_sizes: np.ndarray,
+               totals: np.ndarray) -> BatchAlignment | None:
+    """``align_batch`` of ends already laid end to end, as a batch's two sides come from their
+    whole-batch passes (``encoding.EncodedList``, ``sources.SourceList``): each side's ends in
+    per-text coordinates concatenated, ``*_sizes`` ends per text. Nothing is concatenated again;
+    the arrays are read, never written."""
+    keep = (s_sizes > 0) & (t_sizes > 0)
+    if keep.all():
+        full = list(range(totals.size))
+    else:
+        full = np.flatnonzero(keep).tolist()
+        s_all, t_all = s_all[np.repeat(keep, s_sizes)], t_all[np.repeat(keep, t_sizes)]
+        s_sizes, t_sizes, totals = s_sizes[keep], t_sizes[keep], totals[keep]
+    if not full:
+        return None
+    return _align_laid(full, s_all, s_sizes, t_all, t_sizes, totals)
+
+
+def _align_laid(full: list[int], s_all: np.ndarray, s_sizes: np.ndarray, t_all: np.ndarray,
+                t_sizes: np.ndarray, tot: np.ndarray) -> BatchAlignment:
+    """The alignment of the texts ``full``, every one with ends on both sides laid end to end."""
     s_start, t_start = np.cumsum(s_sizes) - s_sizes, np.cumsum(t_sizes) - t_sizes
     walked = kernels.align(s_all, s_sizes, t_all, t_sizes, tot)
     if walked is not None:
         local, split, stats = walked
         return BatchAlignment(full, local, split, s_start, t_start, None, None, stats)
     byte_off = np.cumsum(tot + 1) - (tot + 1)
-    s_all += np.repeat(byte_off, s_sizes)
-    t_all += np.repeat(byte_off, t_sizes)
+    s_all = s_all + np.repeat(byte_off, s_sizes)     # batch coordinates (the inputs are kept)
+    t_all = t_all + np.repeat(byte_off, t_sizes)
     src_end, tgt_end, bounds = _common_ends(s_all, t_all, int(byte_off[-1] + tot[-1]))
     split = np.searchsorted(bounds, byte_off + tot, side="right")
     counts = np.diff(split, prepend=0)                   # groups per text

@@ -17,7 +17,7 @@ from collections import OrderedDict
 import numpy as np
 
 from mutualrl.retokenize import kernels
-from mutualrl.retokenize.normalize import char_table, decided_by_char
+from mutualrl.retokenize.normalize import normalizer_changes
 from mutualrl.retokenize.profile import TokenizerProfile
 from mutualrl.retokenize.residuals import byte_edit_distance, byte_edit_distances
 from mutualrl.retokenize.spans import settle_batch_ends, split_shared_spans
@@ -95,6 +95,37 @@ class Encoded:
         self._lazy = None
 
 
+class EncodedList(list):
+    """``Encoded`` per text, in order, with the batch's arrays laid end to end, read-only:
+    ``ids``, ``ends`` (those of the texts that took ``encode_from`` included) and ``sizes``
+    (tokens per text), so a batch is aligned and summed without concatenating its texts' arrays
+    again. ``encode_texts`` returns one when it encoded the whole batch at once (no cache hit),
+    else a plain list; the arrays are None where the texts' ids differ in number from the
+    batch's (never seen: the same tokenizer encodes them)."""
+
+    ids: np.ndarray | None = None
+    ends: np.ndarray | None = None
+    sizes: np.ndarray | None = None
+
+
+def _laid(out: list[Encoded], flat: np.ndarray, ends: np.ndarray, sizes: np.ndarray,
+          again: list[int]) -> EncodedList:
+    """``out`` as an ``EncodedList`` over the batch's arrays. The texts ``again`` took
+    ``encode_from``: their ends are written into a copy of ``ends`` (their ids are the batch's,
+    as the same tokenizer gives them; should they differ in number, no arrays are kept)."""
+    laid = EncodedList(out)
+    if again:
+        stops = np.cumsum(sizes).tolist()
+        if any(out[i].ids.size != int(sizes[i]) for i in again):
+            return laid
+        ends = ends.copy()
+        for i in again:
+            ends[stops[i] - out[i].ids.size:stops[i]] = out[i].ends
+        ends.flags.writeable = False
+    laid.ids, laid.ends, laid.sizes = flat, ends, sizes
+    return laid
+
+
 def utf8(text: str, field: str = "text") -> bytes:
     """UTF-8 bytes of ``text``; a lone surrogate is an error naming the field."""
     try:
@@ -104,6 +135,14 @@ def utf8(text: str, field: str = "text") -> bytes:
                          f"at character {exc.start}") from exc
     except AttributeError as exc:
         raise TypeError(f"{field}: expected str, got {type(text).__name__}") from exc
+
+
+def utf8_all(texts, field: str = "texts") -> list[bytes]:
+    """``utf8`` of every text in one pass; a text that fails is named ``field[i]``."""
+    try:
+        return [text.encode("utf-8") for text in texts]
+    except (UnicodeEncodeError, AttributeError):
+        return [utf8(text, f"{field}[{i}]") for i, text in enumerate(texts)]
 
 
 def char_to_byte(text: str) -> np.ndarray:
@@ -268,7 +307,7 @@ def encode_from_batch(profile: TokenizerProfile, encs, texts: list[str],
         else:
             flat, ends, sizes = offset_ends_batch(profile, encs, texts, datas, id_lists)
         flat.flags.writeable = ends.flags.writeable = False
-        out, lo = [], 0
+        out, lo, again = [], 0, []
         for i, (hi, t, d, r) in enumerate(zip(np.cumsum(sizes).tolist(), texts, datas, rendered)):
             if spells is None or spells[i]:
                 out.append(Encoded(flat[lo:hi], ends[lo:hi], None, None, None,
@@ -279,25 +318,27 @@ def encode_from_batch(profile: TokenizerProfile, encs, texts: list[str],
                 if r is not None:
                     enc.with_rendering(r)
                 out.append(enc)
+                again.append(i)
             lo = hi
-        return out
+        return _laid(out, flat, ends, sizes, again)
     id_lists = [e.ids for e in encs]
     sizes = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
     flat = np.fromiter(itertools.chain.from_iterable(id_lists), dtype=np.int64,
                        count=int(sizes.sum()))
     spells, ends = spelled_ends(profile, flat, sizes, datas)
     flat.flags.writeable = False
-    again = encodes_without_offsets(profile)   # the batch's encodings carry no offsets
-    out, lo = [], 0
+    fresh = encodes_without_offsets(profile)   # the batch's encodings carry no offsets
+    out, lo, again = [], 0, []
     for i, (hi, ok) in enumerate(zip(np.cumsum(sizes).tolist(), spells.tolist())):
         if ok:
             out.append(Encoded(flat[lo:hi], ends[lo:hi], False, 0, False))
         else:
-            enc = (profile.continuation.encode(texts[i], add_special_tokens=False) if again
+            enc = (profile.continuation.encode(texts[i], add_special_tokens=False) if fresh
                    else encs[i])
             out.append(encode_from(profile, enc, texts[i], datas[i]))
+            again.append(i)
         lo = hi
-    return out
+    return _laid(out, flat, ends, sizes, again)
 
 
 class EncodingCache:
@@ -352,11 +393,12 @@ def encode_texts(profile: TokenizerProfile, texts: list[str], datas: list[bytes]
     keys = [cache.key(d, profile.fingerprint) for d in datas] if cache.size else [None] * len(texts)
     out: list[Encoded | None] = [cache.get(k) if k else None for k in keys]
     todo = [i for i, item in enumerate(out) if item is None]
-    finish_encodings(profile, rust_encode(profile, [texts[i] for i in todo]), todo, texts, datas,
-                     keys, cache, out, render=residuals)
+    done = finish_encodings(profile, rust_encode(profile, [texts[i] for i in todo]), todo, texts,
+                            datas, keys, cache, out, render=residuals)
     if residuals:
         add_renderings(profile, out)
-    return out  # type: ignore[return-value]
+    # every text encoded now: the batch's list, with its arrays laid end to end
+    return done if len(todo) == len(texts) and isinstance(done, EncodedList) else out
 
 
 def rust_encode(profile: TokenizerProfile, texts: list[str]) -> list:
@@ -386,14 +428,16 @@ def encodes_without_offsets(profile: TokenizerProfile) -> bool:
 
 
 def finish_encodings(profile: TokenizerProfile, encs, todo: list[int], texts, datas, keys,
-                     cache: EncodingCache, out: list, render: bool = False) -> None:
+                     cache: EncodingCache, out: list, render: bool = False) -> list[Encoded]:
     """``out[i]`` for each ``i`` of ``todo`` from its Rust encoding, cached under ``keys[i]``
-    (``render``: see ``encode_from_batch``)."""
-    for i, item in zip(todo, encode_from_batch(profile, encs, [texts[i] for i in todo],
-                                               [datas[i] for i in todo], render)):
+    (``render``: see ``encode_from_batch``); returns ``encode_from_batch``'s list."""
+    done = encode_from_batch(profile, encs, [texts[i] for i in todo], [datas[i] for i in todo],
+                             render)
+    for i, item in zip(todo, done):
         out[i] = item
         if keys[i] is not None:
             cache.put(keys[i], item)
+    return done
 
 
 def add_renderings(profile: TokenizerProfile, encoded: list[Encoded]) -> None:
@@ -436,37 +480,3 @@ def rust_threads() -> int:
 # Normalisers that act on each character independently (up to canonical reordering, which a
 # separator that is a Unicode starter blocks): normalising texts joined by such a separator and
 # splitting the result gives each text's own normalisation.
-_PER_CHAR_NORMALIZERS = frozenset({"BertNormalizer", "Lowercase", "NFC", "NFD", "NFKC", "NFKD",
-                                   "StripAccents"})
-_SEP = "\u2e3b"  # THREE-EM DASH: a starter no per-character normaliser above changes
-
-
-def normalizer_changes(profile: TokenizerProfile, texts: list[str]) -> list[bool]:
-    """Whether the continuation normaliser rewrites each text. For a per-character normaliser
-    most texts are decided from a per-character table (``normalize.decided_by_char``) and the
-    rest take one Rust call over the texts joined."""
-    normalizer = profile.continuation.normalizer
-    if normalizer is None:
-        return [False] * len(texts)
-    if not (profile.normalizer_types and profile.normalizer_types <= _PER_CHAR_NORMALIZERS):
-        return [normalizer.normalize_str(t) != t for t in texts]
-    table = profile.__dict__.get("_char_table")
-    if table is None:
-        table = profile.__dict__["_char_table"] = char_table(normalizer, _SEP)
-    out = decided_by_char(table, _SEP, texts)
-    todo = [i for i, v in enumerate(out) if v is None]
-    for i, v in zip(todo, _joined_changes(normalizer, [texts[i] for i in todo])):
-        out[i] = v
-    return out  # type: ignore[return-value]
-
-
-def _joined_changes(normalizer, texts: list[str]) -> list[bool]:
-    """``normalize_str(t) != t`` per text, in one call over the texts joined when that is safe."""
-    if not texts:
-        return []
-    joined = _SEP.join(texts)
-    if joined.count(_SEP) == len(texts) - 1:
-        parts = normalizer.normalize_str(joined).split(_SEP)
-        if len(parts) == len(texts):
-            return [a != b for a, b in zip(parts, texts)]
-    return [normalizer.normalize_str(t) != t for t in texts]

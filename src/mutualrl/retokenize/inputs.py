@@ -24,6 +24,14 @@ def as_id_array(ids, field: str) -> np.ndarray:
     return arr.astype(np.int64, copy=False)
 
 
+def id_arrays(source_ids) -> list[np.ndarray]:
+    """``as_id_array`` of every text's ids; a batch of 1-D int64 arrays (what a run hands over)
+    passes as given after one type test per text, without a call per text."""
+    if all(type(a) is np.ndarray and a.ndim == 1 and a.dtype == np.int64 for a in source_ids):
+        return list(source_ids)
+    return [as_id_array(a, f"source_ids[{i}]") for i, a in enumerate(source_ids)]
+
+
 def check_id_range(flat: np.ndarray, sizes: np.ndarray, prof: TokenizerProfile) -> None:
     """Every id of the batch (``flat``: the texts' ids end to end, ``sizes`` per text) inside the
     vocabulary, or an error naming the first text with one outside."""
@@ -40,15 +48,24 @@ def logprob_arrays(source_logprobs, sizes: list[int]) -> list:
     """Each text's log-probs as float64, one per source id, with no NaN or +inf anywhere in the
     batch (such a value would flow silently into every moved log-prob and importance ratio);
     an error names the first offending text and position. All None without log-probs."""
+    return logprob_batch(source_logprobs, sizes)[0]
+
+
+def logprob_batch(source_logprobs, sizes: list[int]) -> tuple[list, np.ndarray | None]:
+    """``logprob_arrays``, and the batch's log-probs laid end to end (None without log-probs)."""
     if source_logprobs is None:
-        return [None] * len(sizes)
-    out = []
-    for i, n in enumerate(sizes):
-        arr = np.asarray(source_logprobs[i], dtype=np.float64)
-        if arr.shape != (n,):
-            raise ValueError(f"source_logprobs[{i}]: expected {n} log-probs (one per source "
-                             f"id), got shape {arr.shape}")
-        out.append(arr)
+        return [None] * len(sizes), None
+    if all(type(a) is np.ndarray and a.dtype == np.float64 and a.shape == (n,)
+           for a, n in zip(source_logprobs, sizes)):
+        out = list(source_logprobs)   # as np.asarray would give them, without a call per text
+    else:
+        out = []
+        for i, n in enumerate(sizes):
+            arr = np.asarray(source_logprobs[i], dtype=np.float64)
+            if arr.shape != (n,):
+                raise ValueError(f"source_logprobs[{i}]: expected {n} log-probs (one per source "
+                                 f"id), got shape {arr.shape}")
+            out.append(arr)
     flat = np.concatenate(out) if out else np.zeros(0)
     bad = np.flatnonzero(np.isnan(flat) | (flat == np.inf))
     if bad.size:
@@ -57,7 +74,7 @@ def logprob_arrays(source_logprobs, sizes: list[int]) -> list:
         raise ValueError(f"source_logprobs[{i}]: log-prob at position {int(here[0])} is "
                          f"{flat[start + here[0]]}; expected a number <= 0 ({here.size} such "
                          f"value(s))")
-    return out
+    return out, flat
 
 
 def _locate(position: int, sizes: np.ndarray) -> tuple[int, int, int]:

@@ -1,6 +1,6 @@
 """Whether a per-character normaliser rewrites each text of a batch, mostly without running it.
 
-A normaliser built only of per-character steps (``encoding._PER_CHAR_NORMALIZERS``) maps a text
+A normaliser built only of per-character steps (``_PER_CHAR_NORMALIZERS``) maps a text
 to the concatenation of what it makes of each character, up to NFD's canonical reordering of
 combining marks. So, from what it makes of every character once (a table over all of Unicode,
 built on first use and kept on the profile; ``TABLE_SIZE``):
@@ -15,8 +15,12 @@ built on first use and kept on the profile; ``TABLE_SIZE``):
 from __future__ import annotations
 
 import unicodedata
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from mutualrl.retokenize.profile import TokenizerProfile
 
 _SURROGATES = range(0xD800, 0xE000)  # not text: never in a valid str we are given
 # The table covers the BMP and the next two planes (CJK extensions included); a character past
@@ -75,3 +79,39 @@ def decided_by_char(table: np.ndarray, sep: str, texts: list[str]) -> list[bool 
     unchanged = (all_ & FIXED).astype(bool).tolist()
     return [None if x else (True if c else (False if u else None))
             for x, c, u in zip(unknown, changed, unchanged)]
+
+
+_PER_CHAR_NORMALIZERS = frozenset({"BertNormalizer", "Lowercase", "NFC", "NFD", "NFKC", "NFKD",
+                                   "StripAccents"})
+_SEP = "\u2e3b"  # THREE-EM DASH: a starter no per-character normaliser above changes
+
+
+def normalizer_changes(profile: TokenizerProfile, texts: list[str]) -> list[bool]:
+    """Whether the continuation normaliser rewrites each text. For a per-character normaliser
+    most texts are decided from a per-character table (``normalize.decided_by_char``) and the
+    rest take one Rust call over the texts joined."""
+    normalizer = profile.continuation.normalizer
+    if normalizer is None:
+        return [False] * len(texts)
+    if not (profile.normalizer_types and profile.normalizer_types <= _PER_CHAR_NORMALIZERS):
+        return [normalizer.normalize_str(t) != t for t in texts]
+    table = profile.__dict__.get("_char_table")
+    if table is None:
+        table = profile.__dict__["_char_table"] = char_table(normalizer, _SEP)
+    out = decided_by_char(table, _SEP, texts)
+    todo = [i for i, v in enumerate(out) if v is None]
+    for i, v in zip(todo, _joined_changes(normalizer, [texts[i] for i in todo])):
+        out[i] = v
+    return out  # type: ignore[return-value]
+
+
+def _joined_changes(normalizer, texts: list[str]) -> list[bool]:
+    """``normalize_str(t) != t`` per text, in one call over the texts joined when that is safe."""
+    if not texts:
+        return []
+    joined = _SEP.join(texts)
+    if joined.count(_SEP) == len(texts) - 1:
+        parts = normalizer.normalize_str(joined).split(_SEP)
+        if len(parts) == len(texts):
+            return [a != b for a, b in zip(parts, texts)]
+    return [normalizer.normalize_str(t) != t for t in texts]

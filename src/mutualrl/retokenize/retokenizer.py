@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from mutualrl.retokenize.align import (AlignmentGroups, BatchAlignment, align_batch, align_ends,
-                                       byte_iou, common_boundaries)
-from mutualrl.retokenize.encoding import Encoded, EncodingCache, encode_texts, utf8
+                                       align_flat, byte_iou, common_boundaries)
+from mutualrl.retokenize.encoding import Encoded, EncodingCache, encode_texts, utf8, utf8_all
 from mutualrl.retokenize.inputs import check_len
 from mutualrl.retokenize.loaders import TokenizerHandle
 from mutualrl.retokenize.profile import TokenizerProfile
@@ -143,7 +143,7 @@ class Retokenizer:
         if source is None and (source_ids is not None or source_logprobs is not None):
             raise ValueError("source: expected the sender's TokenizerHandle when source_ids or "
                              "source_logprobs are given")
-        datas = [utf8(t, f"texts[{i}]") for i, t in enumerate(texts)]
+        datas = utf8_all(texts)
         targets = encode_texts(self.profile, texts, datas, self.cache)
         sources: list[Source | None] = [None] * n
         if source is not None:
@@ -156,7 +156,7 @@ class Retokenizer:
             groups = [align_ends(sources[0].ends, targets[0].ends, totals[0])]
         elif source is not None:
             groups = [None] * n
-            batch = align_batch([src.ends for src in sources], [t.ends for t in targets], totals)
+            batch = _align(sources, targets, totals)
             if batch is not None:
                 self._assemble_batch(batch, texts, totals, targets, sources, flags, out, groups)
         for i in range(n):
@@ -221,15 +221,19 @@ class Retokenizer:
         stats = batch.statistics()
         n_groups = stats[0]
         gstart = batch.split - n_groups                # every batch text has >= 1 group
-        tgt_ids = np.concatenate([targets[k].ids for k in full])
+        laid = len(full) == len(targets) and getattr(targets, "ids", None) is not None
+        tgt_ids = targets.ids.copy() if laid else np.concatenate([targets[k].ids for k in full])
         unk = (np.add.reduceat((tgt_ids == prof.unk_id).astype(np.int64), batch.tgt_offset)
                if prof.unk_id is not None else None)
         fallback = np.add.reduceat(prof.byte_fallback[tgt_ids].astype(np.int64), batch.tgt_offset)
-        gsums, mass_errors = None, [0.0] * len(full)
-        if all(sources[k].logprobs is not None for k in full):
+        gsums, mass_errors, lp_all = None, [0.0] * len(full), None
+        if len(full) == len(sources) and getattr(sources, "logprobs", None) is not None:
+            lp_all = sources.logprobs   # the usual batch's, laid end to end (``SourceList``)
+        elif all(sources[k].logprobs is not None for k in full):
             # Texts with specials have more log-probs than ends: placeholders keep the layout.
             lp_all = np.concatenate([sources[k].logprobs if not sources[k].n_specials
                                      else np.zeros(sources[k].ends.size) for k in full])
+        if lp_all is not None:
             gsums = np.add.reduceat(lp_all, local[0] + np.repeat(batch.src_offset, n_groups))
             mass_errors = np.abs(np.add.reduceat(lp_all, batch.src_offset)
                                  - np.add.reduceat(gsums, gstart)).tolist()
@@ -269,6 +273,15 @@ class Retokenizer:
         cut = int(groups.tgt_end[keep - 1]) if keep else 0
         lost = 0.0 if sums is None else abs(float(sums[keep:].sum()))
         return groups.slice(keep), target_ids[:cut], lost
+
+
+def _align(sources, targets, totals: list[int]) -> BatchAlignment | None:
+    """The batch alignment of both sides: from their arrays laid end to end where both sides'
+    whole-batch passes kept them (``SourceList``, ``EncodedList``), else from each text's ends."""
+    if getattr(sources, "ends", None) is not None and getattr(targets, "ends", None) is not None:
+        return align_flat(sources.ends, sources.sizes, targets.ends, targets.sizes,
+                          np.fromiter(totals, dtype=np.int64, count=len(totals)))
+    return align_batch([src.ends for src in sources], [t.ends for t in targets], totals)
 
 
 def _trajectory(text, target_ids, groups, sums, residuals) -> RetokenizedTrajectory:

@@ -15,7 +15,7 @@ import numpy as np
 
 from mutualrl.retokenize.encoding import (Encoded, EncodingCache, encode_texts, pin_last,
                                           spelled_ends)
-from mutualrl.retokenize.inputs import as_id_array, check_id_range, logprob_arrays
+from mutualrl.retokenize.inputs import check_id_range, id_arrays, logprob_arrays, logprob_batch
 from mutualrl.retokenize.profile import TokenizerProfile
 from mutualrl.retokenize.residuals import byte_edit_distance
 from mutualrl.retokenize.wordpiece import folded_ends
@@ -39,6 +39,17 @@ class Source:
     edit_distance: int
 
 
+class SourceList(list):
+    """``Source`` per text, in order, with the batch's arrays laid end to end, read-only: the
+    tokens' byte ``ends``, ``sizes`` (tokens per text) and the ``logprobs`` (None without).
+    ``read_sources`` returns one for the usual batch (no specials, every text's ids spell it),
+    else a plain list."""
+
+    ends: np.ndarray | None = None
+    sizes: np.ndarray | None = None
+    logprobs: np.ndarray | None = None
+
+
 def read_sources(prof: TokenizerProfile, texts, datas, source_ids, source_logprobs, flags,
                  cache: EncodingCache) -> list[Source]:
     """Each text's source side (``Source``) from the sender's ids and log-probs as given (or,
@@ -53,19 +64,19 @@ def read_sources(prof: TokenizerProfile, texts, datas, source_ids, source_logpro
     n = len(texts)
     # Whole-batch checks: one range test of every id, one NaN/+inf test of every log-prob,
     # one special-token lookup; a failure is traced back to its text for the message.
-    id_arrs = [as_id_array(source_ids[i], f"source_ids[{i}]") for i in range(n)]
+    id_arrs = id_arrays(source_ids)
     sizes = np.fromiter(map(len, id_arrs), dtype=np.int64, count=n)
     flat = np.concatenate(id_arrs) if n else _NO_TOKENS
     check_id_range(flat, sizes, prof)
-    lps = logprob_arrays(source_logprobs, sizes.tolist())
+    lps, lp_flat = logprob_batch(source_logprobs, sizes.tolist())
     special = prof.special[flat]
     stops = np.cumsum(sizes)
-    counts = np.concatenate(([0], np.cumsum(special, dtype=np.int64)))
-    n_specials = (counts[stops] - counts[stops - sizes]).tolist()
     ends: list = [None] * n
     todo = []       # texts whose ids do not simply spell them: need the source's encoding
-    specials = any(n_specials)
+    specials = bool(special.any())
     if specials:   # (ids, kept, kept_index, eos_index, n_special, logprobs) per text
+        counts = np.concatenate(([0], np.cumsum(special, dtype=np.int64)))
+        n_specials = (counts[stops] - counts[stops - sizes]).tolist()
         parts = _kept(prof, id_arrs, n_specials, lps, flags)
         sizes = np.fromiter((p[1].size for p in parts), dtype=np.int64, count=n)
         flat = np.concatenate([p[1] for p in parts])
@@ -73,8 +84,12 @@ def read_sources(prof: TokenizerProfile, texts, datas, source_ids, source_logpro
     if walked is not None and not specials and walked[0].all():
         # The usual batch: no specials, every text's ids spell it (folded for WordPiece).
         bounds = stops.tolist()
-        return [Source(ids, None, walked[1][lo:hi], None, 0, lp, False, 0)
-                for ids, lp, lo, hi in zip(id_arrs, lps, [0, *bounds[:-1]], bounds)]
+        out = SourceList(Source(ids, None, walked[1][lo:hi], None, 0, lp, False, 0)
+                         for ids, lp, lo, hi in zip(id_arrs, lps, [0, *bounds[:-1]], bounds))
+        if lp_flat is not None:
+            lp_flat.flags.writeable = False
+        out.ends, out.sizes, out.logprobs = walked[1], sizes, lp_flat
+        return out
     if not specials:
         parts = [(ids, ids, None, None, 0, lp) for ids, lp in zip(id_arrs, lps)]
     if walked is None:
