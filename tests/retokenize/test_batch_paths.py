@@ -138,6 +138,8 @@ def test_a_batch_keeps_its_arrays_laid_end_to_end_equal_to_its_texts(retokenizer
     srcs = read_sources(prof, kept, [utf8(t) for t in kept], ids, lps, [False] * len(ids),
                         EncodingCache(0))
     assert isinstance(srcs, SourceList) and srcs.ends is not None
+    assert np.array_equal(srcs[-1].ends, srcs[len(srcs) - 1].ends) and srcs[-1] is srcs[len(srcs) - 1]
+    assert [s.ids.size for s in srcs[1:3]] == [ids[1].size, ids[2].size]
     assert np.array_equal(srcs.ends, np.concatenate([s.ends for s in srcs]))
     assert np.array_equal(srcs.sizes, [s.ends.size for s in srcs])
     assert np.array_equal(srcs.logprobs, np.concatenate(lps))

@@ -390,8 +390,13 @@ def encode_texts(profile: TokenizerProfile, texts: list[str], datas: list[bytes]
     With ``residuals`` the renderings that the round-trip residuals need (non-lossless
     tokenizers) are decoded in one ``decode_batch``; without, they are left to be computed on use.
     """
-    keys = [cache.key(d, profile.fingerprint) for d in datas] if cache.size else [None] * len(texts)
-    out: list[Encoded | None] = [cache.get(k) if k else None for k in keys]
+    if not cache.size:    # no cache: every text is encoded, no lookups to make
+        done = encode_from_batch(profile, rust_encode(profile, texts), texts, datas, residuals)
+        if residuals:
+            add_renderings(profile, done)
+        return done
+    keys = [cache.key(d, profile.fingerprint) for d in datas]
+    out: list[Encoded | None] = [cache.get(k) for k in keys]
     todo = [i for i, item in enumerate(out) if item is None]
     done = finish_encodings(profile, rust_encode(profile, [texts[i] for i in todo]), todo, texts,
                             datas, keys, cache, out, render=residuals)

@@ -184,23 +184,22 @@ class Retokenizer:
         max_len = self.max_length
         has_unk = prof.unk_id is not None
         lo = 0
-        for k, g, hi, t0, t1, mass_error, ng, c11, c1n, cn1, big_s, big_t, big_b, us, ut, n_unk, \
-                n_fb in zip(full, batch.groups(), split.tolist(), batch.tgt_offset.tolist(),
-                            tgt_stop, mass_errors, *cols):
-            src, tgt = sources[k], targets[k]
+        for k, g, hi, t0, t1, mass_error, plain, n_src, s_mismatch, s_distance, ng, c11, c1n, \
+                cn1, big_s, big_t, big_b, us, ut, n_unk, n_fb in zip(
+                    full, batch.groups(), split.tolist(), batch.tgt_offset.tolist(), tgt_stop,
+                    mass_errors, *_source_columns(sources, full, gsums is not None), *cols):
+            tgt = targets[k]
             m = t1 - t0
-            if (src.n_specials or (flags[k] and eos) or (max_len is not None and m > max_len)
-                    or (gsums is None and src.logprobs is not None)):
+            if not plain or (flags[k] and eos) or (max_len is not None and m > max_len):
                 groups[k] = g
                 lo = hi
                 continue
-            n_src = src.ends.size
             sums = gsums[lo:hi] if gsums is not None else None
             residuals = AlignmentResiduals(
                 n_bytes=totals[k], n_source_tokens=n_src, n_target_tokens=m, n_groups=ng,
                 roundtrip_mismatch=tgt.mismatch, roundtrip_edit_distance=tgt.edit_distance,
                 normalizer_changed_text=tgt.normalizer_changed,
-                source_mismatch=bool(src.mismatch), source_edit_distance=src.edit_distance,
+                source_mismatch=s_mismatch, source_edit_distance=s_distance,
                 boundary_iou=ng / (us + ut - ng),  # the groups' ends are the common boundaries
                 groups_1_1=c11, groups_1_n=c1n, groups_n_1=cn1, groups_n_m=ng - c11 - c1n - cn1,
                 largest_group_source_tokens=big_s, largest_group_target_tokens=big_t,
@@ -273,6 +272,20 @@ class Retokenizer:
         cut = int(groups.tgt_end[keep - 1]) if keep else 0
         lost = 0.0 if sums is None else abs(float(sums[keep:].sum()))
         return groups.slice(keep), target_ids[:cut], lost
+
+
+def _source_columns(sources, full: list[int], summed: bool) -> tuple[list, ...]:
+    """Per text of ``full``, its source side: (plain: no specials, and its log-probs summed with
+    the batch's if it has any; tokens; mismatch; edit distance). A ``SourceList`` answers from
+    its arrays, without making its texts' ``Source`` objects."""
+    n = len(full)
+    if getattr(sources, "sizes", None) is not None:   # the usual batch: no specials, all spelled
+        sizes = sources.sizes if n == len(sources) else sources.sizes[full]
+        return [True] * n, sizes.tolist(), [False] * n, [0] * n
+    srcs = [sources[k] for k in full]
+    return ([not s.n_specials and (summed or s.logprobs is None) for s in srcs],
+            [s.ends.size for s in srcs], [bool(s.mismatch) for s in srcs],
+            [s.edit_distance for s in srcs])
 
 
 def _align(sources, targets, totals: list[int]) -> BatchAlignment | None:

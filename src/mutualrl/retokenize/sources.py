@@ -9,6 +9,7 @@ the ids are that encoding and clipped to the text (a source mismatch) when they 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,15 +40,32 @@ class Source:
     edit_distance: int
 
 
-class SourceList(list):
-    """``Source`` per text, in order, with the batch's arrays laid end to end, read-only: the
-    tokens' byte ``ends``, ``sizes`` (tokens per text) and the ``logprobs`` (None without).
-    ``read_sources`` returns one for the usual batch (no specials, every text's ids spell it),
-    else a plain list."""
+class SourceList(Sequence):
+    """The usual batch's sender side (no specials, every text's ids spell it): the batch's
+    arrays laid end to end, read-only (the tokens' byte ``ends``, ``sizes``: tokens per text,
+    ``logprobs``: None without), and each text's ``Source`` made from them on first access
+    (a batch assembled whole never asks for one). ``read_sources`` returns a plain list of
+    ``Source`` for any other batch."""
 
-    ends: np.ndarray | None = None
-    sizes: np.ndarray | None = None
-    logprobs: np.ndarray | None = None
+    def __init__(self, id_arrs: list, lps: list, ends: np.ndarray, sizes: np.ndarray,
+                 logprobs: np.ndarray | None) -> None:
+        self._ids, self._lps, self._items = id_arrs, lps, [None] * len(id_arrs)
+        self._stops = np.cumsum(sizes).tolist()
+        self.ends, self.sizes, self.logprobs = ends, sizes, logprobs
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return [self[i] for i in range(*k.indices(len(self)))]
+        item = self._items[k]
+        if item is None:
+            hi = self._stops[k]
+            ends = self.ends[hi - int(self.sizes[k]):hi]
+            item = Source(self._ids[k], None, ends, None, 0, self._lps[k], False, 0)
+            self._items[k] = item
+        return item
 
 
 def read_sources(prof: TokenizerProfile, texts, datas, source_ids, source_logprobs, flags,
@@ -70,12 +88,11 @@ def read_sources(prof: TokenizerProfile, texts, datas, source_ids, source_logpro
     check_id_range(flat, sizes, prof)
     lps, lp_flat = logprob_batch(source_logprobs, sizes.tolist())
     special = prof.special[flat]
-    stops = np.cumsum(sizes)
     ends: list = [None] * n
     todo = []       # texts whose ids do not simply spell them: need the source's encoding
     specials = bool(special.any())
     if specials:   # (ids, kept, kept_index, eos_index, n_special, logprobs) per text
-        counts = np.concatenate(([0], np.cumsum(special, dtype=np.int64)))
+        counts, stops = np.concatenate(([0], np.cumsum(special, dtype=np.int64))), np.cumsum(sizes)
         n_specials = (counts[stops] - counts[stops - sizes]).tolist()
         parts = _kept(prof, id_arrs, n_specials, lps, flags)
         sizes = np.fromiter((p[1].size for p in parts), dtype=np.int64, count=n)
@@ -83,13 +100,9 @@ def read_sources(prof: TokenizerProfile, texts, datas, source_ids, source_logpro
     walked = _walked_ends(prof, flat, sizes, texts, datas) if n else None
     if walked is not None and not specials and walked[0].all():
         # The usual batch: no specials, every text's ids spell it (folded for WordPiece).
-        bounds = stops.tolist()
-        out = SourceList(Source(ids, None, walked[1][lo:hi], None, 0, lp, False, 0)
-                         for ids, lp, lo, hi in zip(id_arrs, lps, [0, *bounds[:-1]], bounds))
         if lp_flat is not None:
             lp_flat.flags.writeable = False
-        out.ends, out.sizes, out.logprobs = walked[1], sizes, lp_flat
-        return out
+        return SourceList(id_arrs, lps, walked[1], sizes, lp_flat)
     if not specials:
         parts = [(ids, ids, None, None, 0, lp) for ids, lp in zip(id_arrs, lps)]
     if walked is None:
