@@ -480,8 +480,3 @@ def rust_threads() -> int:
     if n > 0:
         return n
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-# Normalisers that act on each character independently (up to canonical reordering, which a
-# separator that is a Unicode starter blocks): normalising texts joined by such a separator and
-# splitting the result gives each text's own normalisation.

@@ -81,6 +81,9 @@ def decided_by_char(table: np.ndarray, sep: str, texts: list[str]) -> list[bool 
             for x, c, u in zip(unknown, changed, unchanged)]
 
 
+# Normalisers that act on each character independently (up to canonical reordering, which a
+# separator that is a Unicode starter blocks): normalising texts joined by such a separator and
+# splitting the result gives each text's own normalisation.
 _PER_CHAR_NORMALIZERS = frozenset({"BertNormalizer", "Lowercase", "NFC", "NFD", "NFKC", "NFKD",
                                    "StripAccents"})
 _SEP = "\u2e3b"  # THREE-EM DASH: a starter no per-character normaliser above changes
