@@ -208,6 +208,15 @@ def encode_from(profile: TokenizerProfile, enc, text: str, data: bytes) -> Encod
                    lazy=(profile, text, data, rendered))
 
 
+def laid_ids(id_lists) -> tuple[np.ndarray, np.ndarray]:
+    """Id lists (a batch's Rust encodings' ``ids``) laid end to end: (the ids as one int64
+    array, ids per text)."""
+    sizes = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
+    flat = np.fromiter(itertools.chain.from_iterable(id_lists), dtype=np.int64,
+                       count=int(sizes.sum()))
+    return flat, sizes
+
+
 def batch_ends(lens: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Token byte lengths laid end to end (``lens``; ``sizes`` tokens per text) -> each token's
     byte end within its own text (aligned with ``lens``) and each text's total bytes."""
@@ -264,9 +273,8 @@ def offset_ends_batch(profile: TokenizerProfile, encs, texts: list[str], datas: 
     n = len(encs)
     if id_lists is None:
         id_lists = [e.ids for e in encs]
-    sizes = np.fromiter(map(len, id_lists), dtype=np.int64, count=n)
-    total = int(sizes.sum())
-    flat = np.fromiter(itertools.chain.from_iterable(id_lists), dtype=np.int64, count=total)
+    flat, sizes = laid_ids(id_lists)
+    total = flat.size
     chain = itertools.chain.from_iterable
     spans = np.fromiter(chain(chain(e.offsets for e in encs)), dtype=np.int64,
                         count=2 * total).reshape(total, 2)
@@ -299,9 +307,7 @@ def encode_from_batch(profile: TokenizerProfile, encs, texts: list[str],
             id_lists, skip_special_tokens=False)] if render else [None] * len(encs))
         spells = None
         if encodes_without_offsets(profile):   # WordPiece without offsets: its ids walked
-            sizes = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
-            flat = np.fromiter(itertools.chain.from_iterable(id_lists), dtype=np.int64,
-                               count=int(sizes.sum()))
+            flat, sizes = laid_ids(id_lists)
             spells, ends = folded_ends(profile, flat, sizes, texts, datas)
             spells = spells.tolist()
         else:
@@ -321,10 +327,7 @@ def encode_from_batch(profile: TokenizerProfile, encs, texts: list[str],
                 again.append(i)
             lo = hi
         return _laid(out, flat, ends, sizes, again)
-    id_lists = [e.ids for e in encs]
-    sizes = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
-    flat = np.fromiter(itertools.chain.from_iterable(id_lists), dtype=np.int64,
-                       count=int(sizes.sum()))
+    flat, sizes = laid_ids([e.ids for e in encs])
     spells, ends = spelled_ends(profile, flat, sizes, datas)
     flat.flags.writeable = False
     fresh = encodes_without_offsets(profile)   # the batch's encodings carry no offsets

@@ -19,7 +19,6 @@ Each takes the benchmark's ``PairData`` of a pair and returns the function the b
 
 from __future__ import annotations
 
-import itertools
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -27,8 +26,8 @@ import numpy as np
 from mutualrl.retokenize import kernels
 from mutualrl.retokenize.align import BatchAlignment, align_batch
 from mutualrl.retokenize.encoding import (EncodingCache, batch_ends, encode_from,
-                                          encodes_without_offsets, offset_ends_batch, rust_encode,
-                                          rust_threads, spelled_ends, utf8)
+                                          encodes_without_offsets, laid_ids, offset_ends_batch,
+                                          rust_encode, rust_threads, spelled_ends, utf8)
 from mutualrl.retokenize.normalize import normalizer_changes
 from mutualrl.retokenize.residuals import AlignmentResiduals, byte_edit_distances
 from mutualrl.retokenize.retokenizer import _trajectory
@@ -65,9 +64,7 @@ def floor(d, rendered: bool = False, residuals: bool = False):
     def side(p, encs):
         """Byte ends of one side: (ids, ends, sizes) of its encodings of the texts."""
         ids = [e.ids for e in encs]
-        sizes = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-        flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64,
-                           count=int(sizes.sum()))
+        flat, sizes = laid_ids(ids)
         if p.lossless:
             return flat, batch_ends(p.piece_len[flat], sizes)[0], sizes
         if not encodes_without_offsets(p):
@@ -144,8 +141,7 @@ def _receiver(prof: TokenizerProfile, texts: list[str], datas: list[bytes]):
     n = len(texts)
     encs = rust_encode(prof, texts)
     ids = [e.ids for e in encs]
-    sizes = np.fromiter(map(len, ids), dtype=np.int64, count=n)
-    flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=int(sizes.sum()))
+    flat, sizes = laid_ids(ids)
     if not prof.lossless:   # the round-trip residuals from the decoder, and the walk's ends
         rendered = [t.encode() for t in prof.continuation.decode_batch(
             ids, skip_special_tokens=False)]
