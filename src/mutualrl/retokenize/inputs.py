@@ -44,15 +44,11 @@ def check_id_range(flat: np.ndarray, sizes: np.ndarray, prof: TokenizerProfile) 
                      f"{prof.handle.name!r}, got range [{arr.min()}, {arr.max()}]")
 
 
-def logprob_arrays(source_logprobs, sizes: list[int]) -> list:
+def logprob_batch(source_logprobs, sizes: list[int]) -> tuple[list, np.ndarray | None]:
     """Each text's log-probs as float64, one per source id, with no NaN or +inf anywhere in the
     batch (such a value would flow silently into every moved log-prob and importance ratio);
-    an error names the first offending text and position. All None without log-probs."""
-    return logprob_batch(source_logprobs, sizes)[0]
-
-
-def logprob_batch(source_logprobs, sizes: list[int]) -> tuple[list, np.ndarray | None]:
-    """``logprob_arrays``, and the batch's log-probs laid end to end (None without log-probs)."""
+    an error names the first offending text and position. Returns them, and the batch's laid end
+    to end; ``([None] * n, None)`` without log-probs."""
     if source_logprobs is None:
         return [None] * len(sizes), None
     if all(type(a) is np.ndarray and a.dtype == np.float64 and a.shape == (n,)

@@ -16,7 +16,7 @@ import numpy as np
 
 from mutualrl.retokenize.encoding import (Encoded, EncodingCache, encode_texts, pin_last,
                                           spelled_ends)
-from mutualrl.retokenize.inputs import check_id_range, id_arrays, logprob_arrays, logprob_batch
+from mutualrl.retokenize.inputs import check_id_range, id_arrays, logprob_batch
 from mutualrl.retokenize.profile import TokenizerProfile
 from mutualrl.retokenize.residuals import byte_edit_distance
 from mutualrl.retokenize.wordpiece import folded_ends
@@ -76,7 +76,7 @@ def read_sources(prof: TokenizerProfile, texts, datas, source_ids, source_logpro
     own encoding (``_source_ends``)."""
     if source_ids is None:
         encs = encode_texts(prof, texts, datas, cache, residuals=False)
-        lps = logprob_arrays(source_logprobs, [e.ids.size for e in encs])
+        lps = logprob_batch(source_logprobs, [e.ids.size for e in encs])[0]
         return [Source(enc.ids, None, enc.ends, None, 0, lp, False, 0)
                 for enc, lp in zip(encs, lps)]
     n = len(texts)
