@@ -3,18 +3,19 @@
     pytest benchmarks/bench_retokenize.py --benchmark-only      # per-pair timings, ours vs peers
     python benchmarks/bench_retokenize.py [--repeats N ...]      # same as `mutualrl bench retokenize`
 
-The measurement logic lives in ``mutualrl.retokenize.benchmark`` (shared with the CLI); peers
+The measurement logic lives in ``mutualrl.bench.retokenize`` (shared with the CLI); peers
 (TRL's byte-offset walk, spacy-alignments, a naive decode-prefix aligner) are in
-``mutualrl.retokenize.baselines`` and skipped when their package is missing.
+``mutualrl.bench.baselines`` and skipped when their package is missing.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from mutualrl.retokenize import Retokenizer, baselines, load_tokenizer
+from mutualrl.bench import baselines
+from mutualrl.bench.retokenize import DEFAULT_PAIRS, PairData, _offsets, load_corpus
+from mutualrl.retokenize import Retokenizer, load_tokenizer
 from mutualrl.retokenize.align import align_many
-from mutualrl.retokenize.benchmark import DEFAULT_PAIRS, PairData, _offsets, load_corpus
 
 PAIR_IDS = [f"{s}->{t}" for s, t in DEFAULT_PAIRS]
 
@@ -83,6 +84,6 @@ def test_end_to_end(benchmark, pair_data, pair):
 
 
 if __name__ == "__main__":
-    from mutualrl.retokenize.bench_cli import main
+    from mutualrl.bench.retokenize_cli import main
 
     raise SystemExit(main())

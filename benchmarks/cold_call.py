@@ -19,10 +19,11 @@ import statistics
 import time
 from pathlib import Path
 
+from mutualrl.bench import baselines
+from mutualrl.bench.retokenize import PairData, _offsets, load_corpus
 from mutualrl.provenance import collector_paused, git_commit, machine_info
-from mutualrl.retokenize import Retokenizer, baselines, load_tokenizer
+from mutualrl.retokenize import Retokenizer, load_tokenizer
 from mutualrl.retokenize.align import align_batch, align_many
-from mutualrl.retokenize.benchmark import PairData, _offsets, load_corpus
 
 
 def _spin(seconds: float) -> None:

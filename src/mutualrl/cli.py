@@ -114,7 +114,7 @@ _DELEGATED = [
      False),
     (("exchange", "inspect"), "mutualrl.exchange.cli", "summarise or dump a run's experience log",
      False),
-    (("bench", "retokenize"), "mutualrl.retokenize.bench_cli",
+    (("bench", "retokenize"), "mutualrl.bench.retokenize_cli",
      "benchmark retokenization across tokenizers", False),
     (("compare",), "mutualrl.compare", "run several strategies x seeds and write a report", True),
 ]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from mutualrl.bench.baselines import two_pointer_walk
 from mutualrl.retokenize.align import AlignmentGroups, align_ends, align_many
-from mutualrl.retokenize.baselines import two_pointer_walk
 
 
 def _random_ends(rng, total: int, n: int, duplicates: bool) -> np.ndarray:

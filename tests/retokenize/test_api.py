@@ -182,7 +182,7 @@ def test_group_index_views(retokenizers, handles):
                                   ("deepseek-v3", "bert-wordpiece"), ("bert-wordpiece", "deepseek-v3")])
 def test_batch_matches_single_on_the_benchmark_corpus(handles, pair):
     """The batched path (one encode/decode/normalise per side) equals text-by-text calls."""
-    from mutualrl.retokenize.benchmark import load_corpus
+    from mutualrl.bench.retokenize import load_corpus
 
     texts = load_corpus()[::4]
     src, tgt = pair
@@ -222,7 +222,7 @@ def test_batched_normaliser_check_matches_per_text(retokenizers):
 def test_vectorised_batch_residuals_match_single_on_the_corpus(handles, pair, variant):
     """The whole-batch segment reductions (texts without specials, EOS group or truncation) give
     the same groups, sums and residuals, bit for bit and type for type, as one text at a time."""
-    from mutualrl.retokenize.benchmark import load_corpus
+    from mutualrl.bench.retokenize import load_corpus
 
     texts = load_corpus()[::3] + ["", " ", "x"]
     src, tgt = pair

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mutualrl.retokenize.benchmark import load_corpus
+from mutualrl.bench.retokenize import load_corpus
 from mutualrl.retokenize import retokenizer as retokenizer_module
 from mutualrl.retokenize.encoding import (EncodedList, EncodingCache, encode_from,
                                           encode_from_batch, encode_texts, ends_from_offsets,

@@ -9,11 +9,11 @@ import time
 import numpy as np
 import pytest
 
+from mutualrl.bench import baselines
+from mutualrl.bench.floor import floor, floor_results
+from mutualrl.bench.retokenize import DEFAULT_PAIRS, PairData, load_corpus, run_benchmark
 from mutualrl.provenance import time_alternating, time_calls, time_turns
-from mutualrl.retokenize import baselines
 from mutualrl.retokenize.align import align_batch
-from mutualrl.retokenize.benchmark import DEFAULT_PAIRS, PairData, load_corpus, run_benchmark
-from mutualrl.retokenize.floor import floor, floor_results
 from mutualrl.retokenize.residuals import AlignmentResiduals
 from mutualrl.retokenize.retokenizer import Retokenizer
 

@@ -1,6 +1,7 @@
 """Retokenization benchmark: encode vs alignment vs end to end, ours vs peers, per tokenizer pair.
 
-Used by ``mutualrl bench retokenize`` (``bench_cli.py``) and ``benchmarks/bench_retokenize.py``.
+Used by ``mutualrl bench retokenize`` (``retokenize_cli.py``) and
+``benchmarks/bench_retokenize.py``.
 Throughput is always *receiver (target) tokens per second* over the whole corpus, so every row of
 a pair is directly comparable. Each measurement is a full pass over the corpus, repeated; we report
 the median pass time and its spread (min, max, interquartile range), after one warm-up pass.
@@ -50,11 +51,11 @@ from pathlib import Path
 
 import numpy as np
 
+from mutualrl.bench import baselines
+from mutualrl.bench.floor import floor, floor_results
 from mutualrl.provenance import time_alternating, time_calls, time_turns
-from mutualrl.retokenize import baselines
 from mutualrl.retokenize.align import align_ends, align_many
 from mutualrl.retokenize.encoding import encode_texts, encodes_without_offsets, rust_encode, utf8
-from mutualrl.retokenize.floor import floor, floor_results
 from mutualrl.retokenize.loaders import TokenizerHandle, load_tokenizer
 from mutualrl.retokenize.residuals import aggregate_residuals
 from mutualrl.retokenize.retokenizer import Retokenizer

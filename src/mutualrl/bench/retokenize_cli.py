@@ -11,8 +11,8 @@ import os
 import sys
 from pathlib import Path
 
+from mutualrl.bench.retokenize import DEFAULT_PAIRS, run_benchmark
 from mutualrl.provenance import git_commit, machine_info
-from mutualrl.retokenize.benchmark import DEFAULT_PAIRS, run_benchmark
 from mutualrl.retokenize.encoding import rust_threads
 
 _ROWS = ("encode", "encode_batch", "encode_batch_fast", "align", "align_per_text", "end_to_end",
@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Stand-alone entry: ``python -m mutualrl.retokenize.bench_cli``."""
+    """Stand-alone entry: ``python -m mutualrl.bench.retokenize_cli``."""
     parser = argparse.ArgumentParser(prog="mutualrl bench retokenize", description=__doc__)
     configure(parser)
     return run(parser.parse_args(argv))
