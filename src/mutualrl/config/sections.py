@@ -144,6 +144,13 @@ class TaskConfig(ConfigStruct):
     dataset_split: str = "train"      # dataset tasks: the `datasets` split read
     dataset_config: str | None = None # dataset tasks: the `datasets` configuration read
     heldout_every: int = 8            # dataset tasks without a split column: every N-th row held out
+    # Arithmetic task (tasks.arithmetic): each family's operand digits (count: the digit string's
+    # length; a family not named keeps its default), the prompt's wording, and the held-out set:
+    # `heldout_size` distinct problems per family drawn with `heldout_seed`, whatever the run seed.
+    digits: dict[str, int] = msgspec.field(default_factory=dict)  # arithmetic: family -> digits
+    prompt_style: str = "both"        # arithmetic: "both", "instruction" or "completion" (PROMPT_STYLES)
+    heldout_size: int = 64            # arithmetic: distinct held-out problems per family
+    heldout_seed: int = 0             # arithmetic: seeds the held-out problems (not the run seed)
     # Reward functions (tasks.rewards.REWARD_FUNCS) and their weights, TRL's names; empty: the
     # task's verifier alone, weight 1.
     reward_funcs: list[str] = msgspec.field(default_factory=list)       # summed reward functions
@@ -157,6 +164,7 @@ class TaskConfig(ConfigStruct):
               f"({len(self.reward_funcs)}), got {len(self.reward_weights)}")
         check(self.num_words >= 2, "num_words must be >= 2")
         check(self.num_keys >= 1, "num_keys must be >= 1")
+        check(self.heldout_size >= 1, "heldout_size must be >= 1")
 
 
 class EvalConfig(ConfigStruct):

@@ -1,6 +1,6 @@
 """Built-in tasks and verifiers; third-party tasks register through ``mutualrl.tasks``."""
 
-from mutualrl.tasks import dataset_tasks, jsonl, lookup, pointer, rewards  # noqa: F401 - registers the built-ins
+from mutualrl.tasks import arithmetic, dataset_tasks, jsonl, lookup, pointer, rewards  # noqa: F401 - registers the built-ins
 from mutualrl.tasks.base import TASKS, GuardedVerifier, Prompt, Task, TaskError, Verifier
 
 __all__ = ["TASKS", "GuardedVerifier", "Prompt", "Task", "TaskError", "Verifier", "build_task"]

@@ -6,7 +6,9 @@ verifier (``(prompt, completion) -> float`` with ``verifier_id`` and ``version``
 * ``correctness``  the task's own verifier (what a run without ``reward_funcs`` uses alone);
 * ``boxed_format`` 1 when the completion has a complete ``\\boxed{...}`` answer;
 * ``hash_format``  1 when the completion states a number after ``####`` (GSM8K's format);
-* ``think_format`` 1 when the completion is ``<think>...</think>`` followed by a non-empty answer.
+* ``think_format`` 1 when the completion is ``<think>...</think>`` followed by a non-empty answer;
+* ``number_format`` 1 when the whole completion is one number (``42``, ``-5``, ``**42**``,
+  ``\\boxed{42}``; ``tasks.numeric.clean_number``), the arithmetic task's format reward.
 
 The reward a policy trains on is ``sum_i weight_i * f_i`` (weights default to 1). Every function
 runs under its own ``GuardedVerifier``: an error or a time-out gives that function 0 and is
@@ -26,6 +28,7 @@ from mutualrl.config import ConfigError
 from mutualrl.registry import Registry, RegistryError
 from mutualrl.tasks.answers import last_boxed
 from mutualrl.tasks.base import GuardedVerifier, Prompt, Task, Verifier
+from mutualrl.tasks.numeric import clean_number
 
 REWARD_FUNCS: Registry[Callable[[Task], Verifier]] = Registry(
     "reward function", entry_point_group="mutualrl.reward_funcs")
@@ -66,6 +69,11 @@ def _hash_format(task: Task) -> Verifier:
 @REWARD_FUNCS.register("think_format")
 def _think_format(task: Task) -> Verifier:
     return PatternReward("think-format", lambda c: _THINK.match(c) is not None)
+
+
+@REWARD_FUNCS.register("number_format")
+def _number_format(task: Task) -> Verifier:
+    return PatternReward("number-format", clean_number)
 
 
 class WeightedReward:
