@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import pickle
 from pathlib import Path
 
 import pytest
@@ -36,12 +35,12 @@ def test_every_save_step_leaves_a_complete_verified_checkpoint(tiny_run):
     for p in paths:
         assert checkpoint.verify(p) is None
         manifest = json.loads((p / "manifest.json").read_text())
-        assert set(manifest["files"]) >= {"run.pkl", "strategy.pkl",
+        assert set(manifest["files"]) >= {"run.msgpack", "strategy.msgpack",
                                           "policies/llama-mistral/state.pt",
                                           "policies/qwen-deepseek/state.pt"}
-    state = pickle.loads((paths[-1] / "run.pkl").read_bytes())
+    state = checkpoint.latest(tiny_run).state
     assert state["step"] == 2 and state["bus"]["next_seq"]["llama-mistral"] > 0
-    assert set(pickle.loads((paths[-1] / "strategy.pkl").read_bytes())) == {"buffer", "duplicates", "failed"}
+    assert set(state["strategy"]) == {"buffer", "duplicates", "failed"}
 
 
 def test_a_damaged_checkpoint_is_reported_and_the_previous_one_used(tiny_run, tmp_path):

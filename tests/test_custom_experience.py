@@ -108,25 +108,24 @@ def test_a_registered_kind_reaches_the_peers_of_a_paced_run(tmp_path, fast_run_b
         assert all(f < s for s, f in zip(sorted(rows), latest)), (name, latest)
 
 
-def test_a_checkpoint_holding_a_class_this_process_cannot_import_says_so(tmp_path, monkeypatch):
-    """A kind defined in a script's ``__main__``: its records are in the checkpoint, but another
-    process cannot import their class. The resume says which file and what to do."""
-    import pickle
-    import sys
-    import types
-
+def test_a_checkpoint_holding_a_kind_this_process_has_not_registered_says_so(tmp_path,
+                                                                          monkeypatch):
+    """A kind defined in a script: its records are in the checkpoint, but another process has
+    not registered it. The resume says which file and what to do; it does not skip the
+    checkpoint as damaged."""
     from mutualrl.config import ConfigError
-    from mutualrl.run.checkpoint import _unpickle
+    from mutualrl.run.checkpoint import _decode
+    from mutualrl.run.state_codec import encode
 
-    script = types.ModuleType("a_training_script")
-    exec("import msgspec\nclass Note(msgspec.Struct, frozen=True):\n    text: str\n",
-         script.__dict__)
-    script.Note.__module__ = "a_training_script"
-    monkeypatch.setitem(sys.modules, "a_training_script", script)
-    path = tmp_path / "run.pkl"
-    path.write_bytes(pickle.dumps({"bus": {"queued": {"strategy": [script.Note(text="hi")]}}}))
-    assert _unpickle(path)["bus"]["queued"]["strategy"][0].text == "hi"
-    monkeypatch.delitem(sys.modules, "a_training_script")      # the next process: not there
-    with pytest.raises(ConfigError, match=r"--resume: .*run\.pkl holds an object whose class "
-                                          r"this process cannot import .*a_training_script"):
-        _unpickle(path)
+    class Note(msgspec.Struct, frozen=True):
+        text: str
+
+    monkeypatch.setitem(EXPERIENCE_TYPES._items, "script.note", Note)
+    path = tmp_path / "run.msgpack"
+    path.write_bytes(encode({"bus": {"queued": {"strategy": [Note(text="hi")]}}}, "run"))
+    assert _decode(path, "run")["bus"]["queued"]["strategy"][0] == Note(text="hi")
+    monkeypatch.delitem(EXPERIENCE_TYPES._items, "script.note")     # the next process: not there
+    with pytest.raises(ConfigError, match=r"--resume: .*run\.msgpack holds records of experience "
+                                          r"kind 'script\.note', which this process has not "
+                                          r"registered; .*entry point"):
+        _decode(path, "run")

@@ -77,7 +77,7 @@ def test_a_failed_update_restarts_the_run_from_its_checkpoint_to_the_same_record
         reference, tmp_path, monkeypatch, fast_run_builds, capfd):
     out = tmp_path / "restarted"
     fail_updates(monkeypatch, "llama-mistral", {3})     # step 2, after the checkpoint of step 2
-    train(config(out, *RESTART))
+    train(config(out, *RESTART, "save_total_limit=0"))  # every checkpoint kept, looked at below
     assert records(out) == records(reference)
     [restart] = failures(out)
     assert restart["policy"] == "llama-mistral" and restart["checkpoint_step"] == 2

@@ -45,19 +45,21 @@ class RunConfig(ConfigStruct):
     allocation: AllocationConfig = msgspec.field(default_factory=AllocationConfig)  # workers, devices
     exchange: ExchangeConfig = msgspec.field(default_factory=ExchangeConfig)  # the experience bus
     diversity: DiversityConfig = msgspec.field(default_factory=DiversityConfig)  # regulariser
-    # Checkpoints (TRL's names): every save_steps GRPO steps under RUN_DIR/checkpoints/, keeping
-    # the newest save_total_limit (None: all). 0: none, and `mutualrl train --resume` has nothing
-    # to resume from. See mutualrl.run.checkpoint.
+    # Checkpoints (TRL's names): every save_steps GRPO steps under RUN_DIR/checkpoints/ (0: none,
+    # and `mutualrl train --resume` has nothing to resume from), keeping the newest
+    # save_total_limit: 2 by default, so a long run's disk does not fill with checkpoints and a
+    # damaged newest one still leaves one to resume from; 0 (or None from Python): keep all.
+    # See mutualrl.run.checkpoint.
     save_steps: int = 0               # checkpoint every N GRPO steps; 0: never
-    save_total_limit: int | None = None  # newest checkpoints kept; None: all
+    save_total_limit: int | None = 2  # newest checkpoints kept; 0 or None: all
     report_to: list[str] = msgspec.field(default_factory=list)  # trackers: "tensorboard", "wandb"
     guards: GuardsConfig = msgspec.field(default_factory=GuardsConfig)  # stop a run gone wrong
 
     def __post_init__(self) -> None:
         check(len(self.policies) >= 1, "policies must list at least one policy")
         check(self.save_steps >= 0, "save_steps must be >= 0 (0: no checkpoints)")
-        check(self.save_total_limit is None or self.save_total_limit >= 1,
-              "save_total_limit must be >= 1 (or absent: keep every checkpoint)")
+        check(self.save_total_limit is None or self.save_total_limit >= 0,
+              "save_total_limit must be >= 0 (0: keep every checkpoint)")
         names = [p.name for p in self.policies]
         check(len(set(names)) == len(names), f"policy names must be unique, got {names}")
         check(self.steps >= 0, "steps must be >= 0")

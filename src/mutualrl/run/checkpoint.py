@@ -5,17 +5,26 @@ A checkpoint is taken between steps (the loop's ``save`` phase, every ``save_ste
 
 * ``policies/<name>/``  each policy's ``save_checkpoint``: weights, optimizer (and scheduler)
   state, sampler generator, version, skipped-step count, and the frozen KL reference — written by
-  the worker that holds the policy, wherever it lives (the path must be visible to it);
-* ``strategy.pkl``      the strategy's ``state_dict()`` (e.g. SGT's success buffer), if it has one;
-* ``run.pkl``           the next step, reward history, phase times, verifier counters, policy
+  the worker that holds the policy, wherever it lives (the path must be visible to it); tensors
+  and plain values only, read back with ``torch.load(weights_only=True)``;
+* ``strategy.msgpack``  the strategy's ``state_dict()`` (e.g. SGT's success buffer), if it has one;
+* ``run.msgpack``       the next step, reward history, phase times, verifier counters, policy
   versions, the exchange bus's numbering, counters and still-queued deliveries, the byte length
   of the append-only record files (``metrics.jsonl``, ``heldout.jsonl``) and of every
   experience-log segment at that moment, global RNG states, and the resolved config;
 * ``manifest.json``     written last: format, step and the sha256 of every file above.
 
+Data, never code: the two state files are MessagePack with a format version (``run.state_codec``):
+records go through the exchange's own codec as registered experience kinds, tensors and numpy
+arrays as dtype, shape and bytes. Nothing in a checkpoint is unpickled beyond what
+``weights_only`` allows, so resuming a folder someone else wrote runs none of their code. A
+checkpoint of the older pickle format (``run.pkl``) is refused, not read.
+
 Atomic: everything is written into a temporary directory, fsynced, the manifest last, then the
 directory is renamed into place — a checkpoint is complete or invisible. A checkpoint whose
-manifest is missing or whose checksums do not match is reported and skipped for the previous one.
+manifest is missing, whose checksums do not match, or one of whose files does not load (a manifest
+can be recomputed over a damaged file) is reported and skipped for the previous one. The newest
+``save_total_limit`` complete checkpoints are kept (default 2; 0 or None: all).
 
 Resuming (``mutualrl train --resume RUN_DIR``) cuts the run's files back to the checkpoint before
 anything else is written: rows of ``metrics.jsonl`` (and ``heldout.jsonl``) after it move to
@@ -30,7 +39,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import pickle
 import shutil
 import sys
 import tempfile
@@ -39,10 +47,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
 
 from mutualrl.allocation import call_each
 from mutualrl.config import ConfigError, config_from_dict, to_dict
 from mutualrl.policies.worker import RestoreCheckpoint, SaveCheckpoint
+from mutualrl.run import state_codec
 from mutualrl.storage import disk_full, storage_error
 
 if TYPE_CHECKING:
@@ -50,8 +60,15 @@ if TYPE_CHECKING:
 
 CHECKPOINT_DIR = "checkpoints"
 MANIFEST = "manifest.json"
-FORMAT = 1
+# 2: run and strategy state as data (run.state_codec). 1 held them as pickles, which run code when
+# read: a checkpoint of format 1 (it has a run.pkl) is refused, never read.
+FORMAT = 2
+RUN_STATE = "run.msgpack"
+STRATEGY_STATE = "strategy.msgpack"
+PICKLED_STATE = "run.pkl"
 PREFIX = "step-"
+# What a run state must hold for the resume's checks to read it (the rest is checked on restore).
+RUN_STATE_KEYS = {"step": int, "config": dict, "append_only": dict, "segments": dict}
 # The run's append-only record files; a resumed run cuts each back to its size at the checkpoint.
 APPEND_ONLY = ("metrics.jsonl", "heldout.jsonl")
 
@@ -77,7 +94,7 @@ POLICY_HARMLESS = ("learner_ranks", "sharding.cpu_offload")
 class Checkpoint:
     path: Path
     step: int
-    state: dict[str, Any]          # run.pkl
+    state: dict[str, Any]          # run.msgpack, with strategy.msgpack as "strategy"
 
 
 # ---- writing --------------------------------------------------------------------------------
@@ -95,8 +112,8 @@ def save(run: Run, step: int) -> Path:
             raise RuntimeError(f"checkpoint at step {step}: saving {sorted(set(names) - set(saved))} failed")
         state = _run_state(run, step)
         if "strategy" in state:
-            _write(tmp / "strategy.pkl", pickle.dumps(state.pop("strategy"), protocol=4))
-        _write(tmp / "run.pkl", pickle.dumps(state, protocol=4))
+            _write(tmp / STRATEGY_STATE, state_codec.encode(state.pop("strategy"), "strategy"))
+        _write(tmp / RUN_STATE, state_codec.encode(state, "run"))
         files = sorted(p for p in tmp.rglob("*") if p.is_file())
         for p in files:
             _fsync(p)
@@ -111,13 +128,25 @@ def save(run: Run, step: int) -> Path:
         full = isinstance(exc, Exception) and disk_full(exc, tmp)   # before freeing what it wrote
         shutil.rmtree(tmp, ignore_errors=True)
         if full:
-            raise storage_error(exc, final, f"the checkpoint at step {step} was not written (its "
-                                "partial files are removed); the run's records and earlier "
-                                "checkpoints are kept: free space, then `mutualrl train --resume "
-                                f"{run.out}`", full=True) from exc
+            raise storage_error(exc, final, _disk_full_advice(root, run.out, step),
+                                full=True) from exc
         raise
     prune(root, run.cfg.save_total_limit)
     return final
+
+
+def _disk_full_advice(root: Path, out: Path, step: int) -> str:
+    """What to do after the disk filled while writing the checkpoint of ``step``: resume from
+    an earlier complete checkpoint; with none, --resume has nothing to continue from, so the run
+    starts again (--overwrite, since its folder holds its first records)."""
+    lost = (f"the checkpoint at step {step} was not written (its partial files are removed); "
+            "the run's records")
+    if any((p / MANIFEST).is_file() for p in _candidates(root)):
+        return (f"{lost} and earlier checkpoints are kept: free space, then "
+                f"`mutualrl train --resume {out}`")
+    return (f"{lost} are kept, but no checkpoint was completed, so there is nothing to resume: "
+            "free space, then start the run again with the same `mutualrl train` command and "
+            "--overwrite")
 
 
 def _run_state(run: Run, step: int) -> dict[str, Any]:
@@ -134,13 +163,13 @@ def _run_state(run: Run, step: int) -> dict[str, Any]:
 
 
 def prune(root: Path, limit: int | None) -> None:
-    """Keep the newest ``limit`` complete checkpoints (None: all); drop stale temporaries."""
+    """Keep the newest ``limit`` complete checkpoints (None or 0: all); drop stale temporaries."""
     for tmp in root.glob(f".{PREFIX}*"):
         shutil.rmtree(tmp, ignore_errors=True)
-    if limit is None:
+    if not limit:
         return
     complete = [p for p in _candidates(root) if (p / MANIFEST).is_file()]
-    for old in complete[:-limit] if limit else complete:
+    for old in complete[:-limit]:
         shutil.rmtree(old, ignore_errors=True)
 
 
@@ -172,13 +201,47 @@ def verify(path: Path) -> str | None:
 
 
 def latest(run_dir: Path, report=print) -> Checkpoint | None:
-    """The newest complete, intact checkpoint of ``run_dir``; damaged ones are reported, skipped."""
+    """The newest complete, intact checkpoint of ``run_dir`` whose files all load; damaged ones
+    are reported, skipped. A checkpoint of the pickle format (1) is refused: reading it could run
+    code, and whoever can write the folder can also rewrite its manifest."""
     for path in reversed(_candidates(Path(run_dir) / CHECKPOINT_DIR)):
+        if (path / PICKLED_STATE).exists():
+            raise ConfigError(f"--resume: checkpoint {path} was written by an older version of "
+                              "mutualrl in a format that can run code when read (pickle), so it "
+                              "is not read; start afresh (--overwrite) or resume with the older "
+                              "version")
         problem = verify(path)
-        if problem is None:
-            return Checkpoint(path, int(path.name[len(PREFIX):]), _unpickle(path / "run.pkl"))
-        report(f"checkpoint {path} skipped: {problem}; trying the previous one")
+        found = _load(path) if problem is None else None
+        if isinstance(found, Checkpoint):
+            return found
+        report(f"checkpoint {path} skipped: {problem or found}; trying the previous one")
     return None
+
+
+def _load(path: Path) -> Checkpoint | str:
+    """The checkpoint at ``path`` (checksums verified) with its state decoded, or what fails
+    to load: its state files, or a policy's file (read as data only, its tensors mapped, not
+    read). A manifest can be recomputed over a damaged file, so checksums alone do not say it."""
+    try:
+        state = _decode(path / RUN_STATE, "run")
+        if (path / STRATEGY_STATE).is_file():
+            state["strategy"] = _decode(path / STRATEGY_STATE, "strategy")
+    except (OSError, state_codec.StateDecodeError) as exc:
+        return _one_line(exc)
+    wrong = [k for k, t in RUN_STATE_KEYS.items() if not isinstance(state.get(k), t)]
+    if wrong:
+        return f"{RUN_STATE} lacks a run's {', '.join(wrong)}"
+    for f in sorted((path / "policies").rglob("*.pt")):
+        try:
+            torch.load(f, map_location="cpu", weights_only=True, mmap=True)
+        except Exception as exc:  # noqa: BLE001 - whatever torch raises, the file is unusable
+            return f"{f.relative_to(path)} does not load ({_one_line(exc)})"
+    return Checkpoint(path, int(path.name[len(PREFIX):]), state)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def config_differences(old: dict, new: dict) -> tuple[list[str], list[str]]:
@@ -314,25 +377,29 @@ def restore(run: Run, ckpt: Checkpoint) -> int:
     if set(loaded) != set(names):
         raise RuntimeError(f"--resume: restoring {sorted(set(names) - set(loaded))} failed")
     state = dict(ckpt.state)
-    if (ckpt.path / "strategy.pkl").is_file():
-        state["strategy"] = _unpickle(ckpt.path / "strategy.pkl")
-    run.load_state_dict(state)
+    try:
+        run.load_state_dict(state)
+    except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as exc:
+        raise ConfigError(f"--resume: {ckpt.path / RUN_STATE} does not hold the state of this "
+                          f"run as this version writes it ({type(exc).__name__}: "
+                          f"{_one_line(exc)}); start afresh (--overwrite)") from exc
     return int(state["step"])
 
 
 # ---- small file helpers -------------------------------------------------------------------------
-def _unpickle(path: Path) -> Any:
-    """A checkpoint's pickled state. Records a strategy published or kept (a registered
-    experience kind, a strategy's buffer) come back as their classes, so a class this process
-    cannot import (one defined in a script's ``__main__``, or in a module no longer installed)
-    is an error that says so, not pickle's own."""
+def _decode(path: Path, what: str) -> dict[str, Any]:
+    """A checkpoint's state file as data. A record of an experience kind this process has not
+    registered (one a script defined) is an error that says so, not a damaged checkpoint."""
     try:
-        return pickle.loads(path.read_bytes())
-    except (AttributeError, ImportError) as exc:
-        raise ConfigError(f"--resume: {path} holds an object whose class this process cannot "
-                          f"import ({exc}); expected every experience kind and strategy the run "
-                          "used to be importable, as when it wrote the checkpoint: define them "
-                          "in an installed module (an entry point), not in a script") from exc
+        state = state_codec.decode(path.read_bytes(), what, str(path))
+    except state_codec.UnknownKindInState as exc:
+        raise ConfigError(f"--resume: {exc}; expected every experience kind the run used to be "
+                          "registered, as when it wrote the checkpoint: define them in an "
+                          "installed module (an entry point), not in a script") from exc
+    if not isinstance(state, dict):
+        raise state_codec.StateDecodeError(f"{path}: holds a {type(state).__name__}, expected "
+                                           "a table of state")
+    return state
 
 
 def _write(path: Path, data: bytes) -> None:
