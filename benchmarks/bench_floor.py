@@ -17,8 +17,10 @@ norms are compared every step (reported; they agree to float rounding).
 The two alternate step by step in one process with the same thread count, so both see the same
 machine. Medians per phase and their ratios go to JSON.
 
-    python benchmarks/bench_floor.py --json benchmarks/results/floor_32k.json
-    python benchmarks/bench_floor.py --tokenizer deepseek-v3 --json benchmarks/results/floor_129k.json
+    python benchmarks/bench_floor.py --json floor_32k.json --steps 24
+    python benchmarks/bench_floor.py --tokenizer deepseek-v3 --json floor_129k.json --steps 24
+
+``benchmarks/results/floor.json`` holds the newest run of both, each with its command.
 """
 
 from __future__ import annotations

@@ -11,12 +11,13 @@ The contenders alternate: a ``TrainerCallback`` times each TRL step (``on_step_b
 runs and times one mutualrl step (generate, verify, advantages + batch, update), so both see the
 same machine load. Medians, min/max, the ratio of medians and ``os.getloadavg()`` go to JSON.
 
-    python benchmarks/bench_grpo_step.py --json benchmarks/results/grpo_step_small.json
+    python benchmarks/bench_grpo_step.py --json grpo_step_small.json
     python benchmarks/bench_grpo_step.py --tokenizer deepseek-v3 --max-completion-length 128 \\
-        --prompts 4 --generations 4 --steps 3 --json benchmarks/results/grpo_step_129k.json
+        --prompts 4 --generations 4 --steps 3 --json grpo_step_129k.json
     python benchmarks/bench_grpo_step.py --tokenizer deepseek-v3 --max-completion-length 128 \\
-        --prompts 4 --generations 4 --steps 3 --micro-batch 4 \\
-        --json benchmarks/results/grpo_step_129k_micro4.json
+        --prompts 4 --generations 4 --steps 3 --micro-batch 4 --json grpo_step_129k_micro4.json
+
+``benchmarks/results/grpo_step.json`` holds the newest run of the three, each with its command.
 
 ``--micro-batch N`` trains both sides on N completions per forward/backward with gradient
 accumulation up to one optimizer step on all of them (ours: ``per_device_train_batch_size``;
