@@ -102,12 +102,12 @@ def test_bad_inputs_fail_before_training(checkpoints, tmp_path):
 
     with pytest.raises(ConfigError, match=r"policies.qwen.checkpoint: folder not found: /no/such"):
         run(p0_checkpoint="/no/such/model")
-    gpt2 = tmp_path / "gpt2"
-    gpt2.mkdir()
-    (gpt2 / "config.json").write_text(json.dumps({"model_type": "gpt2", "vocab_size": 10}))
-    with pytest.raises(ConfigError, match=r"policies.qwen.checkpoint: model_type 'gpt2' .* not a "
-                                          r"registered architecture; known: \['llama', 'mistral', 'qwen2'\]"):
-        run(p0_checkpoint=str(gpt2))
+    vit = tmp_path / "vit"           # an image model: no causal LM AutoModelForCausalLM builds
+    vit.mkdir()
+    (vit / "config.json").write_text(json.dumps({"model_type": "vit"}))
+    with pytest.raises(ConfigError, match=r"policies.qwen.checkpoint: model_type 'vit' .* not a "
+                                          r"causal language model this transformers"):
+        run(p0_checkpoint=str(vit))
     plain = tmp_path / "plain-tokenizer"        # the qwen folder's tokenizer without its template
     plain.mkdir()
     for f in ("tokenizer.json", "tokenizer_config.json"):

