@@ -85,11 +85,11 @@ def test_a_pickled_checkpoint_is_refused_unread(run_dir, tmp_path):
 @pytest.mark.parametrize("payload", ["pickle", "ext-class", "garbage"])
 def test_a_hostile_or_damaged_run_state_runs_nothing_and_the_previous_checkpoint_is_used(
         run_dir, tmp_path, payload):
-    marker = tmp_path / "ran"
+    marker, Ext = tmp_path / "ran", msgspec.msgpack.Ext
     crafted = {
         "pickle": pickle.dumps(Hostile(marker)),
         # a plain-data extension naming a class outside the codec's table
-        "ext-class": msgspec.msgpack.encode({"format": 2, "what": "run", "state": msgspec.msgpack.Ext(
+        "ext-class": msgspec.msgpack.encode({"format": 2, "what": "run", "state": Ext(
             8, msgspec.msgpack.encode(["os.system", {"command": f"touch {marker}"}]))}),
         "garbage": b"\x93\x01\x02",
     }[payload]
@@ -121,6 +121,54 @@ def test_a_cut_policy_state_with_its_manifest_recomputed_falls_back_to_the_previ
     assert [r["step"] for r in records if r["phase"] == "train"] == [0, 1]
 
 
+def test_a_hostile_sharded_checkpoint_metadata_runs_nothing(run_dir, tmp_path):
+    """torch.distributed.checkpoint reads ``.metadata`` with pickle; ours does not."""
+    from mutualrl.policies.dcp_reader import read_metadata
+
+    marker = tmp_path / "ran"
+    dcp_dir = newest(run_dir) / "policies" / "llama-mistral" / "dcp"
+    dcp_dir.mkdir()
+    (dcp_dir / ".metadata").write_bytes(pickle.dumps(Hostile(marker)))
+    rewrite_manifest(newest(run_dir))
+    notes: list[str] = []
+    found = checkpoint.latest(run_dir, report=notes.append)
+    assert found is not None and found.step == 1
+    [note] = notes
+    assert "\n" not in note and "dcp/.metadata does not load" in note and "names io.open" in note
+    with pytest.raises(pickle.UnpicklingError):
+        read_metadata(dcp_dir / ".metadata")
+    assert not marker.exists()
+
+
+def test_sharded_checkpoint_metadata_reads_back(tmp_path):
+    import warnings
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (get_model_state_dict,
+                                                         get_optimizer_state_dict)
+
+    from mutualrl.policies.dcp_reader import SafeFileSystemReader
+
+    def state(model):
+        opt = torch.optim.AdamW(model.parameters())
+        model(torch.randn(1, 3)).sum().backward()
+        opt.step()
+        return {"model": get_model_state_dict(model),
+                "optimizer": get_optimizer_state_dict(model, opt)}
+
+    torch.manual_seed(0)
+    saved, loaded = state(torch.nn.Linear(3, 2)), state(torch.nn.Linear(3, 2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(saved, checkpoint_id=str(tmp_path), no_dist=True)
+        dcp.load(loaded, checkpoint_id=str(tmp_path), no_dist=True,
+                 storage_reader=SafeFileSystemReader(tmp_path))
+    assert torch.equal(loaded["model"]["weight"], saved["model"]["weight"])
+    assert torch.equal(loaded["optimizer"]["state"]["weight"]["exp_avg"],
+                       saved["optimizer"]["state"]["weight"]["exp_avg"])
+
+
 def test_checkpoints_are_pruned_to_the_newest_two_by_default(tmp_path, fast_run_builds):
     assert tiny(tmp_path).save_total_limit == 2
     out = tmp_path / "run"
@@ -147,7 +195,8 @@ def test_a_disk_full_at_the_first_checkpoint_advises_a_fresh_run_which_works(
     assert "no checkpoint was completed" in message and "--overwrite" in message
     monkeypatch.setattr(checkpoint, "_write", write)        # space freed; the advice, followed
     train(tiny(out), overwrite=True)
-    assert [r["step"] for r in read_metrics(out / "metrics.jsonl") if r["phase"] == "train"] == [0, 1]
+    records = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in records if r["phase"] == "train"] == [0, 1]
 
 
 def test_a_disk_full_after_a_complete_checkpoint_advises_resuming(tmp_path):

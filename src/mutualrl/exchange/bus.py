@@ -269,8 +269,9 @@ class ExperienceBus:
         """What a resumed run needs to continue this bus: the next seq and the seqs seen per
         producer, the counters, each subscriber's counters and the deliveries still queued for it
         (records published after a step's drain, such as a strategy's own, wait there for the
-        next step). The records are kept as they are (a checkpoint pickles them), so a resumed
-        run needs every kind among them registered, as the run that wrote it had."""
+        next step). The records are kept as they are (a checkpoint stores them through this
+        package's record codec), so a resumed run needs every kind among them registered, as the
+        run that wrote it had."""
         with self._lock:
             out: dict[str, Any] = {
                 "next_seq": dict(self._next_seq),

@@ -7,8 +7,10 @@ rank's shards (``torch.distributed.checkpoint``, keyed by parameter name, not by
 ``<dir>/learner.pt`` what is not sharded (schedule, version, skipped steps, the sampler's
 generator; written by rank 0). ``load_sharded`` reads it into a learner of *any* rank count,
 one included (a one-rank learner in a process without a process group reads the whole tensors):
-the checkpoint reshards on load. The run checkpoint around it (``run.checkpoint``) is written
-into a temporary folder, checksummed in its manifest and renamed into place, as for one rank.
+the checkpoint reshards on load. Nothing in it is read as code: ``learner.pt`` with
+``weights_only``, the shards' metadata by ``dcp_reader`` (torch's own reader unpickles it). The
+run checkpoint around it (``run.checkpoint``) is written into a temporary folder, checksummed in
+its manifest and renamed into place, as for one rank.
 
 **Whole-state files** (``full_state`` / ``load_full_state``): the one-rank ``Policy.save_state``
 format (``model``, ``optimizer`` with parameters numbered in order, ``scheduler``, ``version``,
@@ -73,6 +75,8 @@ def load_sharded(learner, directory: str | Path) -> dict:
     """Load a ``save_sharded`` folder into ``learner`` (any rank count); ``learner.pt`` out."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    from mutualrl.policies.dcp_reader import SafeFileSystemReader
     d = Path(directory)
     meta = torch.load(d / META, map_location="cpu", weights_only=True)
     if meta.get("name") != learner.name:
@@ -81,7 +85,9 @@ def load_sharded(learner, directory: str | Path) -> dict:
     with warnings.catch_warnings():
         # a one-rank learner reads the shards whole in a process without a group, on purpose
         warnings.filterwarnings("ignore", message=r"torch\.distributed is disabled")
-        dcp.load(state, checkpoint_id=str(d / DCP_DIR), no_dist=not _grouped())
+        # the shards' metadata read as data, not by torch's plain pickle.load (dcp_reader)
+        dcp.load(state, checkpoint_id=str(d / DCP_DIR), no_dist=not _grouped(),
+                 storage_reader=SafeFileSystemReader(d / DCP_DIR))
     set_model_state_dict(learner.model, state["model"])
     set_optimizer_state_dict(learner.model, learner.optimizer, state["optimizer"])
     if learner.reference is not None:

@@ -231,9 +231,13 @@ def _load(path: Path) -> Checkpoint | str:
     wrong = [k for k, t in RUN_STATE_KEYS.items() if not isinstance(state.get(k), t)]
     if wrong:
         return f"{RUN_STATE} lacks a run's {', '.join(wrong)}"
-    for f in sorted((path / "policies").rglob("*.pt")):
+    for f in sorted((path / "policies").rglob("*")):
         try:
-            torch.load(f, map_location="cpu", weights_only=True, mmap=True)
+            if f.suffix == ".pt":
+                torch.load(f, map_location="cpu", weights_only=True, mmap=True)
+            elif f.name == ".metadata":          # a sharded learner's (policies.dcp_reader)
+                from mutualrl.policies.dcp_reader import read_metadata
+                read_metadata(f)
         except Exception as exc:  # noqa: BLE001 - whatever torch raises, the file is unusable
             return f"{f.relative_to(path)} does not load ({_one_line(exc)})"
     return Checkpoint(path, int(path.name[len(PREFIX):]), state)

@@ -10,8 +10,10 @@ The loop calls a strategy at three fixed points of every step:
 3. ``after_update(ctx, receiver)`` after that receiver's update (age buffers, etc.).
 
 A strategy that keeps state across steps (buffers, pooled statistics, counters) also has
-``state_dict() -> dict`` and ``load_state_dict(dict)``: a run checkpoint stores the dict (pickled,
-so records and tensors may be inside) and a resumed run loads it before its next step. A
+``state_dict() -> dict`` and ``load_state_dict(dict)``: a run checkpoint stores the dict as data
+(``run.state_codec``: dicts with str or int keys, lists, tuples, sets, str, numbers, bool, None,
+tensors, numpy arrays and registered experience records or their ``Delivery``; never pickled,
+so a resume runs no code from the folder) and a resumed run loads it before its next step. A
 strategy without these two methods has no state to keep.
 
 Strategies transform data and add loss terms; they never own models, optimizers or devices.
