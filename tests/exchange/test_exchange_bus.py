@@ -178,14 +178,16 @@ def test_a_record_readers_would_refuse_is_refused_at_publish(tmp_path) -> None:
 
 
 def test_queued_deliveries_survive_the_state_and_come_back_first() -> None:
-    import pickle
+    from mutualrl.run import state_codec
 
     bus = ExperienceBus()
     sub = bus.subscribe(name="strategy")
     for i in range(3):
         bus.publish(rollout(prompt=f"p{i}"), producer="a", version=i)
     sub.drain_deliveries(1)                          # the first was read before the checkpoint
-    state = pickle.loads(pickle.dumps(bus.state_dict()))   # as a checkpoint keeps it
+    # as a checkpoint keeps it: the records through the exchange's own codec
+    state = state_codec.decode(state_codec.encode(bus.state_dict(), "run"), "run")
+    assert state["queued"]["strategy"] == sub.queued()
     assert [d.seq for d in state["queued"]["strategy"]] == [1, 2]
     assert len(sub) == 2                             # taking the state leaves them queued
 
