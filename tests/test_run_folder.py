@@ -61,6 +61,7 @@ def test_a_lock_in_another_process_blocks_and_a_dead_holders_lock_does_not(tmp_p
 def test_a_fresh_run_refuses_a_folder_holding_a_run_and_overwrite_starts_afresh(tmp_path, capsys):
     out = tmp_path / "run"
     out.mkdir()
+    (out / LOCK_FILE).write_text("pid 1: mutualrl train\n")     # a run's note: it wrote here
     (out / "metrics.jsonl").write_text('{"phase": "warmup", "step": 1}\n')
     before = (out / "metrics.jsonl").read_bytes()
     assert train(out) == 2
@@ -134,6 +135,7 @@ def test_overwrite_deletes_the_failures_of_the_run_it_replaces(tmp_path):
     ``--overwrite`` deletes it (the new run would append to the old run's failures)."""
     from mutualrl.run.folder import holds_a_run
 
+    (tmp_path / LOCK_FILE).write_text("pid 1: mutualrl train\n")   # a run's note: it wrote here
     (tmp_path / "failures.jsonl").write_text('{"policy": "a"}\n')
     assert holds_a_run(tmp_path) == ["failures.jsonl"]
     with pytest.raises(ConfigError, match="already holds a run"):

@@ -5,7 +5,10 @@ records: ``append_whole`` writes a record's bytes and, when the write fails part
 disk), cuts the file back to where the record began, so no torn line or frame is ever left.
 Folders that must be complete (a checkpoint, a saved policy) are written under a temporary
 name and renamed into place (``atomic_folder``). A failure becomes one ``StorageError`` naming
-the file, the OS's reason ("no space left on device") and what is kept.
+the file, the OS's reason ("no space left on device") and what is kept. What is removed is
+removed through ``remove_tree``, which refuses anything not strictly inside the folder it must
+be in: a path built from a name (``RUN_DIR/policies/..``) never removes the run folder or
+anything outside it.
 
 Scratch folders in ``TMPDIR`` (what a vLLM engine reloads from: a whole copy of a model) are
 ``ScratchFolder``s: removed when closed, and, when their process was killed before it could
@@ -79,17 +82,56 @@ def append_whole(fd: int, data: bytes, path: str | Path, kept: str = "") -> None
                                                "before it are kept") from exc
 
 
+class OutsideFolder(StorageError):
+    """A removal refused: the path is not strictly inside the folder it was meant to be in."""
+
+
+def strictly_inside(path: str | Path, folder: str | Path) -> bool:
+    """Whether ``path`` names an entry strictly inside ``folder`` (not ``folder`` itself, not
+    outside it), its parents' symbolic links followed as the OS would. ``path`` itself is not
+    followed: a link inside ``folder`` is inside, and removing it removes the link only."""
+    path = Path(path)
+    if path.name in ("", ".", ".."):          # "x/.." names x's parent: resolve it whole
+        real = Path(os.path.realpath(path))
+    else:
+        real = Path(os.path.realpath(path.parent)) / path.name
+    return Path(os.path.realpath(folder)) in real.parents
+
+
+def remove_tree(path: str | Path, within: str | Path) -> None:
+    """Remove ``path`` (a folder, a file or a link) only if it lies strictly inside ``within``:
+    a path built from a name (a policy's, a run's) can never remove ``within`` or anything
+    outside it. A refusal is an ``OutsideFolder`` error naming both."""
+    path = Path(path)
+    if not strictly_inside(path, within):
+        err = OutsideFolder(errno.EINVAL, f"{path}: refused to remove it, it is not strictly "
+                                          f"inside {within} (only a run's own files are removed)")
+        err.filename = str(path)
+        raise err
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+
+
 @contextlib.contextmanager
-def atomic_folder(final: str | Path, what: str) -> Iterator[Path]:
+def atomic_folder(final: str | Path, what: str, within: str | Path | None = None) -> Iterator[Path]:
     """A temporary folder beside ``final`` to write into; renamed to ``final`` (replacing it)
-    when the block succeeds, removed when it fails, so ``final`` is complete or absent."""
+    when the block succeeds, removed when it fails, so ``final`` is complete or absent.
+    ``final`` must lie strictly inside ``within`` (default: its parent), checked before
+    anything is written: what it replaces is removed."""
     final = Path(final)
+    within = Path(within) if within is not None else final.parent
+    if not strictly_inside(final, within):
+        err = OutsideFolder(errno.EINVAL, f"{final}: {what} was not written: the path is not "
+                                          f"strictly inside {within}")
+        err.filename = str(final)
+        raise err
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
     try:
         yield tmp
-        if final.exists():
-            shutil.rmtree(final)
+        remove_tree(final, within)
         os.rename(tmp, final)
     except BaseException as exc:
         full = isinstance(exc, Exception) and not isinstance(exc, StorageError) and disk_full(exc, tmp)

@@ -236,7 +236,7 @@ class Policy(PolicyView):
             # A random base exists nowhere else: saving only the adapter would lose it. Merge the
             # adapter into a copy and save a whole model.
             model = copy.deepcopy(self.model).merge_and_unload()
-        with atomic_folder(path, f"policy {self.name!r}") as tmp:
+        with atomic_folder(path, f"policy {self.name!r}", within=directory) as tmp:
             save_pretrained_quietly(model, tmp, self.tokenizer)
         return path
 

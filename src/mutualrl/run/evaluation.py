@@ -18,6 +18,7 @@ import numpy as np
 
 from mutualrl.policies.samples import Sample
 from mutualrl.policies.worker import Generate
+from mutualrl.run.jsonl import read_jsonl
 from mutualrl.run.metrics import namespaced
 from mutualrl.storage import append_whole
 from mutualrl.tasks.base import GuardedVerifier, Prompt
@@ -96,8 +97,7 @@ def read_heldout(run_dir: str | Path) -> list[dict]:
     path = Path(run_dir) / HELDOUT_FILE
     if not path.exists():
         return []
-    with path.open(encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return read_jsonl(path)     # a damaged line: an error naming the file and byte offset
 
 
 def accuracy(samples: list[Sample], verifier: GuardedVerifier) -> float:

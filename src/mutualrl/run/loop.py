@@ -26,6 +26,7 @@ from mutualrl.run.build import build_run, prepare
 from mutualrl.run.evaluation import evaluate
 from mutualrl.run.folder import claim
 from mutualrl.run.guards import GuardTripped
+from mutualrl.run.jsonl import check_records
 from mutualrl.run.phases import (build_batches, check_guards, generate, log_pace,
                                  log_step, make_context, publish, sample_prompts, update, verify)
 from mutualrl.run.metrics import read_metrics
@@ -162,6 +163,7 @@ def open_checkpoint(cfg: RunConfig, found: checkpoint.Checkpoint | None = None
                           "(checkpoints are written every save_steps steps; save_steps = 0 writes none)")
     harmless = checkpoint.check_config(ckpt, cfg)
     checkpoint.check_lengths(Path(cfg.output_dir), ckpt)
+    check_records(Path(cfg.output_dir), ckpt.state.get("append_only", {}), ckpt.path.name)
     print(f"mutualrl: resuming from {ckpt.path} (after step {ckpt.step})", file=sys.stderr)
     changes = checkpoint.resume_notes(harmless, cfg)
     for line in changes:

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from mutualrl.run.jsonl import read_jsonl
 from mutualrl.storage import append_whole
 
 
@@ -40,8 +41,8 @@ class MetricsWriter:
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    with Path(path).open(encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """Every record of ``path``; a damaged line is an error naming the file and byte offset."""
+    return read_jsonl(path)
 
 
 def namespaced(policy: str, stats: dict[str, float], prefix: str = "") -> dict[str, float]:

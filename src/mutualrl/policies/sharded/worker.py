@@ -152,7 +152,7 @@ class ShardedPolicy:
         state = get_model_state_dict(self.learner.model, options=StateDictOptions(
             full_state_dict=True, cpu_offload=True))
         if self.rank == 0:
-            with atomic_folder(path, f"policy {self.name!r}") as tmp:
+            with atomic_folder(path, f"policy {self.name!r}", within=directory) as tmp:
                 save_pretrained_quietly(self.mirror.full, tmp, self.view.tokenizer, state)
         return path
 
