@@ -97,9 +97,11 @@ class _EntryPoint:
         return self._obj
 
 
-def test_entry_points_go_through_the_registrys_check_and_duplicates_are_refused(monkeypatch):
-    """An experience type from an entry point is checked as the decorator checks it (it was
-    taken as it came), and one whose name is taken is an error naming it (it was skipped)."""
+def test_entry_points_go_through_the_registrys_check_and_refused_ones_are_skipped(monkeypatch,
+                                                                                   caplog):
+    """An experience type from an entry point is checked as the decorator checks it; one that is
+    refused (not frozen, not a Struct, its name taken) is skipped with a one-line warning naming
+    it, the registry's other names still work, and looking the refused name up fails with it."""
     import msgspec
 
     import mutualrl.registry as registry
@@ -117,10 +119,17 @@ def test_entry_points_go_through_the_registrys_check_and_duplicates_are_refused(
         reg.register("critique", Frozen)
         return reg
 
-    with pytest.raises(RegistryError, match=r"entry point 'loose' .*must be declared frozen=True"):
-        fresh(_EntryPoint("loose", Loose)).get("critique")
-    with pytest.raises(RegistryError, match=r"entry point 'bad' .*must be a msgspec.Struct"):
-        fresh(_EntryPoint("bad", dict)).names()
-    with pytest.raises(RegistryError, match=r"entry point 'critique' .*already registered"):
-        fresh(_EntryPoint("critique", Loose)).names()
+    for point, why in [(_EntryPoint("loose", Loose), "must be declared frozen=True"),
+                       (_EntryPoint("bad", dict), "must be a msgspec.Struct"),
+                       (_EntryPoint("critique", Loose), "already registered")]:
+        caplog.clear()
+        reg = fresh(point)
+        assert reg.get("critique") is Frozen and reg.names() == ["critique"]
+        [record] = caplog.records
+        line = record.getMessage()
+        assert "\n" not in line and f"plug-in {point.name!r}" in line and why in line, line
+        assert f"plugin:{point.name}" in line and "package unknown" in line, line
+        if point.name != "critique":
+            with pytest.raises(RegistryError, match=f"plug-in {point.name!r}.*{why}"):
+                reg.get(point.name)
     assert fresh(_EntryPoint("critique", Frozen)).get("critique") is Frozen   # the same: fine

@@ -33,7 +33,7 @@ import numpy as np
 from mutualrl.config import ConfigError, GRPOConfig, RunConfig
 from mutualrl.policies.batch import TrainBatch
 from mutualrl.policies.policy import Sample
-from mutualrl.registry import Registry
+from mutualrl.registry import Registry, RegistryError
 
 
 @dataclass
@@ -96,7 +96,14 @@ class StrategySpec:
     needs_lock_step: str | None = None
 
 
-STRATEGIES: Registry[StrategySpec] = Registry("strategy", entry_point_group="mutualrl.strategies")
+def _check_spec(name: str, obj: object) -> None:
+    if not isinstance(obj, StrategySpec):
+        raise RegistryError(f"strategy {name!r}: expected a mutualrl.strategies.StrategySpec, got "
+                            f"{type(obj).__name__} {obj!r:.80}")
+
+
+STRATEGIES: Registry[StrategySpec] = Registry("strategy", entry_point_group="mutualrl.strategies",
+                                              check=_check_spec)
 
 
 def register_strategy(name: str, params: type, summary: str, *, needs_lock_step: str | None = None):

@@ -1,0 +1,1 @@
+"""A plug-in package whose entry points fail on purpose (tests/test_plugins.py)."""
