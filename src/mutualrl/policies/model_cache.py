@@ -16,6 +16,7 @@ loaded. Builders of the same model take a file lock, so concurrent runs convert 
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import importlib.util
 import json
@@ -28,13 +29,12 @@ from pathlib import Path
 from typing import Protocol
 
 from mutualrl.config import ConfigError
-from mutualrl.policies.packaged import (PACKAGED_MODELS, PackagedModel, PackagedModelError,
-                                        is_packaged_name, locate, recorded_sha256, verified_gguf)
-from mutualrl.retokenize.loaders import cache_dir
+from mutualrl.policies.checkpoints import save_pretrained_quietly
+from mutualrl.policies.packaged import (CONVERSION_VERSION, MANIFEST, PACKAGED_MODELS,
+                                        PackagedModel, PackagedModelError, cache_folder,
+                                        cached_folder, is_packaged_name, locate, models_dir,
+                                        recorded_sha256, verified_gguf)
 
-MANIFEST = "mutualrl-manifest.json"
-# Bumped when the conversion writes something different, so older folders are rebuilt.
-CONVERSION_VERSION = 1
 
 
 class Stages(Protocol):
@@ -71,15 +71,6 @@ class LineStages:
 
     def finish_phase(self, message: str) -> None:
         print(f"mutualrl: {message}", file=sys.stderr, flush=True)
-
-
-def models_dir() -> Path:
-    """Where converted packaged models are kept: ``$MUTUALRL_CACHE/models``."""
-    return cache_dir() / "models"
-
-
-def cache_folder(model: PackagedModel, digest: str) -> Path:
-    return models_dir() / f"{model.name}-{digest[:16]}-v{CONVERSION_VERSION}"
 
 
 def _sha256(path: Path) -> str:
@@ -132,6 +123,25 @@ def _locked(name: str):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+@contextmanager
+def _quiet_gguf_bar():
+    """transformers' GGUF loader draws a tqdm bar of its own, outside its progress-bar switch,
+    which would tear through the caller's display (the stages say where the conversion is)."""
+    try:
+        from transformers import modeling_gguf_pytorch_utils as loader
+    except ImportError:
+        loader = None
+    bar = getattr(loader, "tqdm", None)
+    if bar is None:
+        yield
+        return
+    loader.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        loader.tqdm = bar
+
+
 def convert_gguf(gguf: Path, out: Path) -> None:
     """De-quantize ``gguf`` into a ``from_pretrained`` folder ``out`` (fp32 safetensors, config
     without ``quantization_config``, tokenizer with its chat template where the file has one)."""
@@ -139,8 +149,9 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
-                                                  dtype=torch.float32)
+    with _quiet_gguf_bar():
+        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                      dtype=torch.float32)
     config = loaded.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config   # the weights below are plain fp32, not GGUF
@@ -150,8 +161,7 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     plain.load_state_dict(loaded.state_dict(), assign=True, strict=True)
     plain.tie_weights()
     plain.generation_config = loaded.generation_config
-    plain.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    save_pretrained_quietly(plain, out, tokenizer)
 
 
 def _build(model: PackagedModel, digest: str, final: Path, stages: Stages) -> None:
@@ -204,19 +214,6 @@ def resolve_checkpoint(spec: str | None, stages: Stages | None = None) -> str | 
     if spec is None or not is_packaged_name(spec):
         return spec
     return str(ensure_folder(spec, stages))
-
-
-def cached_folder(spec: str) -> Path | None:
-    """The converted folder of a packaged name when it is already built and has its manifest
-    (not re-hashed; for planning and config reads, which load nothing), else None."""
-    if not is_packaged_name(spec):
-        return None
-    model = PACKAGED_MODELS.get(spec)
-    try:
-        folder = cache_folder(model, recorded_sha256(model, locate(model)))
-    except ValueError:
-        return None
-    return folder if (folder / MANIFEST).is_file() else None
 
 
 def resolve_policies(policies: list, stages: Stages | None = None,

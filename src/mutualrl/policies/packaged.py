@@ -22,6 +22,11 @@ from importlib import metadata
 from pathlib import Path
 
 from mutualrl.registry import Registry
+from mutualrl.retokenize.loaders import cache_dir
+
+MANIFEST = "mutualrl-manifest.json"   # in a converted folder, written last (policies.model_cache)
+# Bumped when the conversion writes something different, so older folders are rebuilt.
+CONVERSION_VERSION = 1
 
 
 class PackagedModelError(ValueError):
@@ -173,3 +178,25 @@ def verified_gguf(model: PackagedModel, work: Path) -> Path:
 
 def is_packaged_name(spec: str | None) -> bool:
     return bool(spec) and spec in PACKAGED_MODELS and not Path(spec).exists()
+
+
+def models_dir() -> Path:
+    """Where converted packaged models are kept: ``$MUTUALRL_CACHE/models``."""
+    return cache_dir() / "models"
+
+
+def cache_folder(model: PackagedModel, digest: str) -> Path:
+    return models_dir() / f"{model.name}-{digest[:16]}-v{CONVERSION_VERSION}"
+
+
+def cached_folder(spec: str) -> Path | None:
+    """The converted folder of a packaged name when it is already built and has its manifest
+    (not re-hashed; for planning and config reads, which load nothing), else None."""
+    if not is_packaged_name(spec):
+        return None
+    model = PACKAGED_MODELS.get(spec)
+    try:
+        folder = cache_folder(model, recorded_sha256(model, locate(model)))
+    except ValueError:
+        return None
+    return folder if (folder / MANIFEST).is_file() else None
