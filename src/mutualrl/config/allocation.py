@@ -82,7 +82,8 @@ class MemoryModel(ConfigStruct):
         check(self.weight_bytes >= 1, "weight_bytes must be >= 1")
         check(self.activation_bytes is None or self.activation_bytes >= 1, "activation_bytes must be >= 1")
         check(self.micro_batch_rows is None or self.micro_batch_rows >= 1, "micro_batch_rows must be >= 1")
-        check(self.grad_bytes >= 0 and self.optimizer_bytes >= 0, "byte counts must be >= 0")
+        check(self.grad_bytes >= 0, "grad_bytes must be >= 0")
+        check(self.optimizer_bytes >= 0, "optimizer_bytes must be >= 0")
         check(0 < self.usable_memory_fraction <= 1, "usable_memory_fraction must be in (0, 1]")
 
 
@@ -103,6 +104,10 @@ class ArchitectureDims(ConfigStruct):
                   self.vocab_size) >= 1, "dims must be >= 1")
         check(self.num_key_value_heads is None or self.num_key_value_heads >= 1,
               "num_key_value_heads must be >= 1")
+        check(self.intermediate_size is None or self.intermediate_size >= 1,
+              "intermediate_size must be >= 1 (or absent: 4 x hidden_size)")
+        check(self.head_dim is None or self.head_dim >= 1,
+              "head_dim must be >= 1 (or absent: hidden_size / num_attention_heads)")
 
 
 class WorkerOverride(ConfigStruct):
@@ -179,4 +184,5 @@ class AllocationConfig(ConfigStruct):
         check(self.generation_batch_tokens is None or self.generation_batch_tokens >= 1,
                "generation_batch_tokens must be >= 1")
         check(self.verifier_threads >= 0, "verifier_threads must be >= 0")
-        check(all(n >= 1 for n in self.num_parameters.values()), "num_parameters must be >= 1")
+        small = [name for name, n in self.num_parameters.items() if n < 1]
+        check(not small, f"num_parameters.{small[0] if small else ''} must be >= 1")

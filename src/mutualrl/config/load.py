@@ -6,6 +6,7 @@ TOML literals (``0.01``, ``"text"``, ``[1, 2]``, ``true``), falling back to a ba
 
 from __future__ import annotations
 
+import json
 import math
 import tomllib
 import warnings
@@ -93,8 +94,9 @@ class ConfigPathMoved(UserWarning):
 
 def migrate(data: dict[str, Any], source: str) -> dict[str, Any]:
     """``data`` with every moved path at its new place (a copy where anything moved)."""
+    # A table replaced by a value (``--set grpo=1``) moves nothing: msgspec names it below.
     moved = [(old, new) for old, new in MOVED.items()
-             if old.split(".")[1] in (data.get(old.split(".")[0]) or {})]
+             if isinstance(table := data.get(old.split(".")[0]), dict) and old.split(".")[1] in table]
     if not moved:
         return data
     data = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
@@ -114,6 +116,9 @@ def config_from_dict(data: dict[str, Any], source: str = "<config>") -> RunConfi
     """Validate a whole run config (a TOML table or a run's config.json) in one msgspec pass;
     errors name ``source`` and the field path (``$.allocation.inventory``). Paths that moved
     (``MOVED``) are read at their new place."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a table of settings at the top, got "
+                          f"{type(data).__name__}")
     try:
         check_finite(data)
     except ConfigError as exc:
@@ -131,14 +136,39 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     """Read a TOML file, apply dotted overrides, and validate everything once."""
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text())
-    except (FileNotFoundError, IsADirectoryError):
-        raise ConfigError(f"config file not found: {path} (expected a TOML file)") from None
+        data = tomllib.loads(_read_text(path, "a TOML file"))
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     for item in overrides:
         apply_override(data, item)
     return config_from_dict(data, str(path))
+
+
+def _read_text(path: Path, expected: str) -> str:
+    """The file's text; a missing, unreadable or binary file is a ``ConfigError`` naming it."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except (FileNotFoundError, IsADirectoryError):
+        raise ConfigError(f"config file not found: {path} (expected {expected})") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason}); expected "
+                          f"{expected}") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot be read ({exc.strerror}); expected {expected}") from None
+
+
+def read_config_json(path: str | Path) -> dict[str, Any]:
+    """A run's ``config.json`` as plain data, for ``config_from_dict``; a file that is not a JSON
+    table is a ``ConfigError`` naming it."""
+    path = Path(path)
+    expected = "the JSON config a run of `mutualrl train` writes"
+    try:
+        data = json.loads(_read_text(path, expected))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: not valid JSON ({exc}); expected {expected}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: holds a JSON {type(data).__name__}; expected {expected}")
+    return data
 
 
 def to_dict(cfg: RunConfig) -> dict[str, Any]:

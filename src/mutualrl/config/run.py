@@ -57,6 +57,10 @@ class RunConfig(ConfigStruct):
 
     def __post_init__(self) -> None:
         check(len(self.policies) >= 1, "policies must list at least one policy")
+        # numpy's seed range; every random generator of the run is seeded from it
+        check(0 <= self.seed < 2**32, "seed must be in [0, 2**32 - 1]")
+        check(self.torch_threads is None or self.torch_threads >= 1,
+              "torch_threads must be >= 1 (or absent: torch's default)")
         check(self.save_steps >= 0, "save_steps must be >= 0 (0: no checkpoints)")
         check(self.save_total_limit is None or self.save_total_limit >= 0,
               "save_total_limit must be >= 0 (0: keep every checkpoint)")

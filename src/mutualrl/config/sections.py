@@ -48,6 +48,12 @@ class LoraConfig(ConfigStruct):
     dropout: float = 0.0              # dropout on the adapter's input
     target_modules: list[str] = msgspec.field(default_factory=lambda: ["q_proj", "v_proj"])  # adapted
 
+    def __post_init__(self) -> None:
+        check(self.r >= 1, "r must be >= 1")
+        # alpha = 0 scales every update to nothing: an adapter that never changes the policy
+        check(self.alpha >= 1, "alpha must be >= 1 (the update is scaled by alpha / r)")
+        check(0 <= self.dropout < 1, "dropout must be in [0, 1)")
+
 
 class GenerationConfig(ConfigStruct):
     """How one policy samples: the backend (policies.generation.GENERATION_BACKENDS) and the
@@ -123,8 +129,14 @@ class PolicyConfig(ConfigStruct):
         check(self.system_prompt is None or self.chat_template is not False,
               "system_prompt needs chat_template = true (or a template file)")
         check(bool(self.name) and "/" not in self.name, "name must be non-empty without '/'")
+        check(self.hidden_size >= 1, "hidden_size must be >= 1")
+        check(self.num_heads >= 1, "num_heads must be >= 1")
         check(self.hidden_size % self.num_heads == 0, "hidden_size must be divisible by num_heads")
         check(self.num_layers >= 1, "num_layers must be >= 1")
+        check(self.intermediate_size is None or self.intermediate_size >= 1,
+              "intermediate_size must be >= 1 (or absent: 4 x hidden_size)")
+        check(self.learning_rate is None or self.learning_rate > 0,
+              "learning_rate must be > 0 (or absent: grpo.learning_rate)")
         check(self.learner_ranks >= 1, "learner_ranks must be >= 1")
         check(self.learner_ranks == 1 or self.lora is None,
               "learner_ranks > 1 shards a full fine-tune; a LoRA policy runs on one rank "
@@ -171,6 +183,10 @@ class TaskConfig(ConfigStruct):
         check(self.num_words >= 2, "num_words must be >= 2")
         check(self.num_keys >= 1, "num_keys must be >= 1")
         check(self.heldout_size >= 1, "heldout_size must be >= 1")
+        check(0 <= self.heldout_seed < 2**32, "heldout_seed must be in [0, 2**32 - 1] (numpy's seeds)")
+        # each family's range is the task's (tasks.arithmetic); no family has fewer than 1 digit
+        few = [family for family, d in self.digits.items() if d < 1]
+        check(not few, f"digits.{few[0] if few else ''} must be >= 1")
 
 
 class EvalConfig(ConfigStruct):

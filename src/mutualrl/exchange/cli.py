@@ -18,8 +18,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from mutualrl.config import ConfigError
 from mutualrl.exchange.errors import ExchangeError
 from mutualrl.exchange.framing import ReadStats
+from mutualrl.exchange.kinds import EXPERIENCE_TYPES
 from mutualrl.exchange.log import log_segments, read_log
 
 
@@ -37,6 +39,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Execute ``inspect``; returns the exit status."""
+    _check_kinds(args.kind)
     console = Console(stderr=bool(args.dump))  # keep stdout clean for JSON lines
     stats = ReadStats()
     try:
@@ -49,6 +52,15 @@ def run(args: argparse.Namespace) -> int:
     problems = (stats.damaged_frames + stats.truncated_frames + stats.oversize_frames
                 + stats.invalid_records)
     return 1 if problems else 0
+
+
+def _check_kinds(kinds: list[str] | None) -> None:
+    """Every ``--kind`` is a registered experience type: the reader skips kinds it does not know
+    (a newer writer's), so any other name would dump nothing, silently."""
+    unknown = [k for k in kinds or () if k not in EXPERIENCE_TYPES]
+    if unknown:
+        raise ConfigError(f"--kind {', '.join(map(repr, unknown))}: not a registered experience "
+                          f"type; known kinds: {', '.join(EXPERIENCE_TYPES.names())}")
 
 
 def _read(args: argparse.Namespace, stats: ReadStats) -> None:

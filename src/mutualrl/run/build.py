@@ -31,6 +31,7 @@ from mutualrl.retokenize import Retokenizer
 from mutualrl.run.departures import Departures
 from mutualrl.run.experience import PeerLogPool, open_bus
 from mutualrl.run.guards import Guards
+from mutualrl.run.inputs import check_inputs
 from mutualrl.run.paced import Pace, check_paced
 from mutualrl.run.progress import RunProgress
 from mutualrl.run.restarts import executor_allocation
@@ -62,6 +63,7 @@ class Prepared:
 
 def prepare(cfg: RunConfig) -> Prepared:
     """Validate everything that can fail on bad input, before anything is written anywhere."""
+    check_inputs(cfg)                        # registry names, the device, backend packages
     seed_everything(cfg.seed)
     if cfg.torch_threads:
         torch.set_num_threads(cfg.torch_threads)

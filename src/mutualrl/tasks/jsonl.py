@@ -54,6 +54,8 @@ class JsonlTask:
             lines = self.path.read_text(encoding="utf-8").splitlines()
         except FileNotFoundError:
             raise TaskError(f"task.path: file not found: {self.path}") from None
+        except IsADirectoryError:
+            raise TaskError(f"task.path: {self.path} is a folder; expected a JSON Lines file") from None
         except UnicodeDecodeError as exc:
             raise TaskError(f"task.path: {self.path}: not UTF-8 text (byte {exc.start}: "
                             f"{exc.reason}); expected a UTF-8 encoded JSON Lines file") from None

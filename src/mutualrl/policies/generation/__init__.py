@@ -105,6 +105,24 @@ def check_engine_processes(policies, executor: str) -> None:
                 f"machine) or \"ray\"")
 
 
+# Backends whose package an install may lack: backend -> the module it imports. The run checks
+# them when it is prepared (check_backends), before any worker would fail building one.
+PACKAGES = {"vllm": "vllm"}
+
+
+def check_backends(policies) -> None:
+    """Refuse a policy whose generation backend's package is not installed here, naming the
+    policy's field and the pip command (``vllm_engine.install_hint``: CPU or CUDA build)."""
+    from importlib.util import find_spec
+
+    for p in policies:
+        module = PACKAGES.get(p.generation.backend)
+        if module is not None and find_spec(module) is None:
+            from mutualrl.policies.generation.vllm_engine import install_hint
+            raise ConfigError(f"policies.{p.name}.generation.backend = {p.generation.backend!r} "
+                              f"needs the {module} package, not installed here: {install_hint()}")
+
+
 def build_backend(view, learner, generator) -> GenerationBackend:
     """The backend ``view.cfg.generation.backend`` names, sampling ``learner``'s weights."""
     # Imported for their registrations; vllm itself is imported only when that backend is built.

@@ -1,0 +1,63 @@
+"""The checks of a run config that need more than the config: names looked up in plug-in
+registries, the torch device, the packages of the generation backends.
+
+``run.build.prepare`` runs them first, so a bad name or device is a one-line ``ConfigError``
+naming its field before any task, tokenizer or worker is built (a ``RegistryError`` deep in a
+worker named no field, and a missing vLLM surfaced as a worker's traceback).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mutualrl.allocation import EXECUTORS
+from mutualrl.config import ConfigError, RunConfig
+from mutualrl.policies.generation import check_backends
+from mutualrl.policies.models import ARCHITECTURES
+from mutualrl.registry import Registry, RegistryError
+from mutualrl.tasks import TASKS
+
+# What the device field takes, for the messages (policy_device places "cuda" on planned GPUs).
+DEVICES = "\"cpu\", \"cuda\" (each learner on its planned GPU) or \"cuda:N\""
+
+
+def check_inputs(cfg: RunConfig) -> None:
+    """Every name and device of ``cfg`` that this process can check, each failure naming its
+    field (``policies.<name>.architecture``, ``task.name``, ``allocation.executor``, ``device``)."""
+    check_device(cfg.device)
+    registered(TASKS, cfg.task.name, "task.name")
+    registered(EXECUTORS, cfg.allocation.executor, "allocation.executor")
+    for p in cfg.policies:
+        if p.checkpoint is None:   # a checkpoint's own config.json names its architecture
+            registered(ARCHITECTURES, p.architecture, f"policies.{p.name}.architecture")
+    check_backends(cfg.policies)
+
+
+def registered(registry: Registry, name: str, field: str) -> None:
+    """``name`` is in ``registry``; otherwise a ``ConfigError`` naming ``field`` and the known names."""
+    try:
+        registry.get(name)
+    except RegistryError as exc:
+        raise ConfigError(f"{field}: {exc}") from None
+
+
+def check_device(device: str) -> None:
+    """``device`` is a torch device this process has: "cpu", or the type of its accelerator with
+    an index below the accelerator's device count."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as exc:
+        raise ConfigError(f"device: {device!r} is not a torch device ({exc}); expected "
+                          f"{DEVICES}") from None
+    if dev.type == "cpu":
+        return
+    acc = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    if acc is None or acc.type != dev.type:
+        found = f"only {acc.type}" if acc is not None else "no accelerator"
+        raise ConfigError(f"device: {device!r}, but this torch ({torch.__version__}) sees "
+                          f"{found} on this machine; expected \"cpu\" here, or {dev.type} where "
+                          f"torch has it")
+    count = torch.accelerator.device_count()
+    if dev.index is not None and dev.index >= count:
+        raise ConfigError(f"device: {device!r}, but this machine has {count} {dev.type} "
+                          f"device(s); expected an index below {count}")
