@@ -112,7 +112,7 @@ def test_which_name_counts_and_every_registry_skips_what_fails(installed, tmp_pa
     assert "failed to load (SystemExit: broken on purpose" in exits, exits
 
 
-def test_the_guides_package_layout_installs_with_pip_and_its_strategy_is_listed(tmp_path):
+def test_the_guides_package_layout_installs_with_pip_and_its_strategy_trains(tmp_path):
     pytest.importorskip("setuptools")
     source = tmp_path / "echo_plugin"          # pip builds in the source folder: use a copy
     shutil.copytree(PLUGINS / "echo_plugin", source)
@@ -124,3 +124,8 @@ def test_the_guides_package_layout_installs_with_pip_and_its_strategy_is_listed(
     done = _mutualrl(["-m", "mutualrl.cli", "train", "--help"], [target], tmp_path)
     assert done.returncode == 0 and not _warnings(done.stderr), done.stderr[-3000:]
     assert "echo" in done.stdout.split("registered:")[1]
+    done = _mutualrl(["-m", "mutualrl.cli", "train", "--config", str(ROOT / "configs" / "tiny.toml"),
+                      "--strategy", "echo", "--set", "strategies.echo.scale=0.5", "--steps", "1",
+                      "--output-dir", str(tmp_path / "run"), "--no-progress"], [target], tmp_path)
+    assert done.returncode == 0 and not _warnings(done.stderr), done.stderr[-3000:]
+    assert (tmp_path / "run" / "summary.json").is_file()
