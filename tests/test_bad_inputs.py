@@ -86,6 +86,15 @@ def test_bad_setting_is_one_line_and_writes_nothing(sets, expected, tmp_path, ca
     assert not (tmp_path / "out").exists()
 
 
+def test_compare_checks_every_name_before_writing(tmp_path, capsys):
+    out = tmp_path / "report"
+    assert main(["compare", "--config", TINY, "--strategies", "none", "--seeds", "1",
+                 "--output-dir", str(out), "--no-progress",
+                 "--set", 'policies.0.architecture="nope"']) == 2
+    assert "policies.llama-mistral.architecture" in one_error_line(capsys)
+    assert not out.exists()
+
+
 def test_task_path_that_is_a_folder(tmp_path, capsys, fast_run_builds):
     folder = tmp_path / "data"
     folder.mkdir()

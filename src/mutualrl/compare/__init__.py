@@ -168,6 +168,7 @@ def plan_runs(config_path: str | Path, strategies: Sequence[str], seeds: int,
     Seed-major order, so an interrupted compare has whole seeds (every strategy) done first.
     """
     from mutualrl.config import load_config
+    from mutualrl.run.inputs import check_inputs
     from mutualrl.run.scenarios import check_scenario
     from mutualrl.strategies import STRATEGIES, build_strategy
 
@@ -191,6 +192,7 @@ def plan_runs(config_path: str | Path, strategies: Sequence[str], seeds: int,
             if seed == 0:
                 build_strategy(cfg)   # bad [strategies.<name>] parameters fail here, first
                 check_scenario(cfg)   # and a scenario that cannot plan the warm start
+                check_inputs(cfg)     # registry names, the device, backend packages
             runs.append(PlannedRun(strategy, seed, cfg))
     return runs
 
