@@ -31,7 +31,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dump", action="store_true",
                         help="print records as JSON lines on stdout (summary goes to stderr)")
     parser.add_argument("--kind", action="append", default=None, metavar="K",
-                        help="only dump records of this kind (repeatable)")
+                        help="only dump records of this kind, a registered experience type "
+                             "(repeatable)")
     parser.add_argument("--strict", action="store_true",
                         help="stop at the first damaged frame or invalid record instead of "
                              "skipping and counting it")
