@@ -281,3 +281,41 @@ def test_the_walk_covers_nested_tables_and_a_policy():
             "policies.0.generation.gpu_memory_utilization", "scenarios.overlap.peer_share",
             "allocation.architectures.llama-mistral.head_dim"} <= names
     assert len(FIELDS) > 80
+
+
+# The strategies' parameter tables ([strategies.<name>]) are typed by each strategy's own struct,
+# so they are walked from the registry, each with its strategy chosen.
+def _strategy_fields():
+    from mutualrl.strategies import STRATEGIES
+    return [(name, path) for name in STRATEGIES.names()
+            for path in numeric_fields(mi.type_info(STRATEGIES.get(name).params))]
+
+
+# Each an explicit ">= 0" of the strategy's struct: 0 turns its sharing term off.
+STRATEGY_ACCEPTED = {
+    ("codistill", "kd_coef", "0"),             # no distillation reward
+    ("sgt", "alpha", "0"),                     # no SFT term on peer successes
+    ("hacpo", "alpha", "0"),                   # the detached ratio factor is 1
+    ("hacpo", "cross_clip_delta", "0"),        # a peer ratio's lower clamp at 1
+    ("hacpo", "cross_clip_step", "0"),         # the clamp does not rise within a step
+    ("hacpo", "max_peer_per_group", "0"),      # no peer samples join a group
+    ("prp", "max_peer_per_group", "0"),        # no peer rollouts join a group
+}
+
+
+@pytest.mark.parametrize("value", list(VALUES))
+@pytest.mark.parametrize("name,path", _strategy_fields(), ids=lambda x: x if isinstance(x, str) else ".".join(x))
+def test_every_numeric_strategy_parameter_refuses_nonsense(name, path, value, tmp_path,
+                                                           prepare_here):
+    field = ".".join(path)
+    out = tmp_path / "out"
+    try:
+        cfg = load_config(TINY, [f'strategy="{name}"', f"strategies.{name}.{field}={value}",
+                                 f'output_dir="{out}"'])
+        prepare_here(cfg)
+    except ConfigError as exc:
+        assert (name, field, value) not in STRATEGY_ACCEPTED, str(exc)
+        assert "\n" not in str(exc) and f"strategies.{name}" in str(exc) and path[-1] in str(exc)
+    else:
+        assert (name, field, value) in STRATEGY_ACCEPTED, f"{name}.{field}={value} accepted"
+    assert not out.exists()
