@@ -22,8 +22,9 @@ def _strategy_names() -> str:
 def _add_train(sub) -> None:
     p = sub.add_parser("train", help="train several policies at once with a sharing strategy",
                        description="Train the run's policies with GRPO and a sharing strategy.")
-    p.add_argument("--config", help="TOML run config (see configs/); with --resume, default: the "
-                                    "run's own RUN_DIR/config.json")
+    p.add_argument("--config", help="TOML run config file, or the name of one mutualrl ships "
+                                    "(e.g. tiny; mutualrl configs list); with --resume, "
+                                    "default: the run's own RUN_DIR/config.json")
     p.add_argument("--resume", metavar="RUN_DIR",
                    help="continue RUN_DIR from its last complete checkpoint (see save_steps)")
     p.add_argument("--strategy", help=f"sharing strategy; registered: {_strategy_names()}")
@@ -121,6 +122,8 @@ _DELEGATED = [
     (("bench", "retokenize"), "mutualrl.bench.retokenize_cli",
      "benchmark retokenization across tokenizers", False),
     (("compare",), "mutualrl.compare", "run several strategies x seeds and write a report", True),
+    (("configs",), "mutualrl.config.cli",
+     "the example configs mutualrl ships (--config NAME): list, show NAME", False),
 ]
 
 

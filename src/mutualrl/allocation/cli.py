@@ -9,7 +9,8 @@ from mutualrl.config import GIB
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", required=True, help="TOML run config (see configs/)")
+    parser.add_argument("--config", required=True, help="TOML run config file, or a packaged "
+                        "config's name (mutualrl configs list)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="dotted override, e.g. --set allocation.inventory.nodes=4 (repeatable)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON instead")

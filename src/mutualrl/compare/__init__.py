@@ -39,7 +39,7 @@ from mutualrl.run.folder import claim
 STATE_FILE = "compare.json"
 WARMSTART_DIR = "warmstart"
 STATE_VERSION = 1
-DEFAULT_CONFIG = "configs/default.toml"
+DEFAULT_CONFIG = "default"      # the packaged config (config.packaged): any folder
 # What `--scenario` adds to every run (before --set/--steps, which win): a schedule meant to fit
 # one scenario of the embedded default at 3 seeds with every registered strategy in about 20
 # minutes on 2 CPU cores with --jobs 2 (docs/concepts/scenarios.md says what was measured). Evaluations at
@@ -52,14 +52,16 @@ _RESUME_KEYS = ("strategies", "seeds", "config_path", "overrides", "config_diges
 
 # ---- command line -----------------------------------------------------------------------------
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="TOML run config (see configs/); required unless --report-only")
+    parser.add_argument("--config", help="TOML run config file, or a packaged config's "
+                        "name (mutualrl configs list); required unless --report-only")
     parser.add_argument("--strategies", default=None,
                         help="comma-separated strategies to compare, or 'all' (default: all "
                              f"registered: {_known_names()})")
     parser.add_argument("--scenario", default=None,
                         help=f"starting point of the policies ({', '.join(_scenario_names())}); "
                              "sets `scenario` and the compare's time budget "
-                             f"({' '.join(SCENARIO_BUDGET)}); --config defaults to {DEFAULT_CONFIG}")
+                             f"({' '.join(SCENARIO_BUDGET)}); --config defaults to the packaged "
+                             f"{DEFAULT_CONFIG!r}")
     parser.add_argument("--seeds", type=int, default=3,
                         help="number of seeds; seed s (0..N-1) replaces the config's seed (default 3)")
     parser.add_argument("--output-dir", help="report directory (default reports/compare-<config name>)")

@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 
 from mutualrl.config.base import ConfigError
+from mutualrl.config.packaged import resolve_config
 from mutualrl.config.run import RunConfig
 from mutualrl.config.scenarios import file_plugin_tables
 
@@ -133,8 +134,9 @@ def config_from_dict(data: dict[str, Any], source: str = "<config>") -> RunConfi
 
 
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
-    """Read a TOML file, apply dotted overrides, and validate everything once."""
-    path = Path(path)
+    """Read a TOML file, apply dotted overrides, and validate everything once. A bare name
+    (``"tiny"``: no ``/`` or ``.``) is a config ``mutualrl`` ships (``config.packaged``)."""
+    path = resolve_config(path)
     try:
         data = tomllib.loads(_read_text(path, "a TOML file"))
     except tomllib.TOMLDecodeError as exc:
