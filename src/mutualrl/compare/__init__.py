@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
 import time
 from collections.abc import Callable, Sequence
@@ -35,6 +34,7 @@ from mutualrl.config import ConfigError
 from mutualrl.provenance import git_commit
 from mutualrl.report.analysis import starting_point_line
 from mutualrl.run.folder import claim
+from mutualrl.storage import remove_tree, strictly_inside
 
 STATE_FILE = "compare.json"
 WARMSTART_DIR = "warmstart"
@@ -160,7 +160,11 @@ def run_name(strategy: str, seed: int) -> str:
 
 
 def _toml_str(text: str) -> str:
-    return json.dumps(text)  # a JSON string is a valid TOML basic string
+    # Escaped whole (quote, backslash, every control character): a folder or name holding any
+    # of them reaches the config unchanged. (JSON's escaping writes a folder name's undecodable
+    # byte, Python's surrogate escape, as \udcXX, which TOML refuses.)
+    from mutualrl.config.load import toml_string
+    return toml_string(text)
 
 
 def plan_runs(config_path: str | Path, strategies: Sequence[str], seeds: int,
@@ -188,6 +192,9 @@ def plan_runs(config_path: str | Path, strategies: Sequence[str], seeds: int,
     for seed in range(seeds):
         for strategy in strategies:
             run_dir = out / "runs" / run_name(strategy, seed)
+            if run_dir.parent != out / "runs" or not strictly_inside(run_dir, out / "runs"):
+                raise ConfigError(f"--strategies: {strategy!r} cannot name a run folder (a "
+                                  f"strategy's name becomes {run_dir.name!r} in {out / 'runs'})")
             cfg = load_config(config_path, [*overrides, f"seed={seed}",
                                             f"strategy={_toml_str(strategy)}",
                                             f"output_dir={_toml_str(str(run_dir))}"])
@@ -275,8 +282,8 @@ class _Runner:
         # An unfinished run continues from its last complete checkpoint; without one it is redone
         # from scratch (its partial metrics would otherwise mix with the redo).
         resume = run_dir.exists() and latest(run_dir, report=self.progress.note) is not None
-        if run_dir.exists() and not resume:
-            shutil.rmtree(run_dir)
+        if run_dir.exists() and not resume:    # never anything outside the compare's runs/
+            remove_tree(run_dir, within=self.out / "runs")
         self.set_status(r, status="running", commit=self.state["commit"], error=None)
         return resume
 

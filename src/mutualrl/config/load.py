@@ -37,6 +37,22 @@ def _parse_value(text: str, key: str = "") -> Any:
         return text
 
 
+def toml_string(text: str) -> str:
+    """``text`` as a TOML basic string literal that parses back to exactly ``text``: what turns a
+    value from the command line (a folder name holding ``"``, ``\\``, a tab) into an override's
+    right-hand side. Quote and backslash are escaped, and every control character as
+    ``\\uXXXX`` (TOML allows none raw but tab)."""
+    out = []
+    for ch in text:
+        if ch in ('"', "\\"):
+            out.append("\\" + ch)
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
 def check_finite(data: Any, path: str = "$") -> None:
     """Refuse inf and nan anywhere in a config (TOML writes them ``inf``, ``nan``): no setting
     means anything at them (a temperature of inf samples uniformly), so each names its path."""

@@ -3,6 +3,7 @@ evaluation, exchange, diversity regulariser and guards."""
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 import msgspec
@@ -90,10 +91,21 @@ class ShardingConfig(ConfigStruct):
     reshard_after_forward: bool = True  # free gathered layers after forward (less memory, one more all-gather)
 
 
+# A policy's name becomes folder and file names (RUN_DIR/policies/<name>, checkpoints, warm-start
+# files) and metric keys: a safe set only, never "." or ".." (RUN_DIR/policies/.. is RUN_DIR).
+POLICY_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
+POLICY_NAME_RULE = ("1 to 64 letters, digits, '-', '_' or '.' (not '.' or '..' alone); it names "
+                    "the policy's folders and files")
+
+
+def safe_policy_name(name: str) -> bool:
+    return POLICY_NAME.fullmatch(name) is not None and name not in (".", "..")
+
+
 class PolicyConfig(ConfigStruct):
     """One policy: a model of some architecture on some tokenizer, trained by its own optimizer."""
 
-    name: str                         # unique, names its workers and metrics; no '/'
+    name: str                         # unique; 1-64 letters, digits, - _ . (not . or ..): names its workers, metrics, folders
     architecture: str = "llama"       # a registered architecture (policies.models.ARCHITECTURES)
     # Packaged tokenizer name or path (retokenize.loaders). None: the checkpoint's own tokenizer
     # (the checkpoint folder, or the packaged model's), else "mistral-v1" for a random model.
@@ -128,7 +140,7 @@ class PolicyConfig(ConfigStruct):
             msgspec.structs.force_setattr(self, "tokenizer", self.checkpoint or "mistral-v1")
         check(self.system_prompt is None or self.chat_template is not False,
               "system_prompt needs chat_template = true (or a template file)")
-        check(bool(self.name) and "/" not in self.name, "name must be non-empty without '/'")
+        check(safe_policy_name(self.name), f"name {self.name!r}: expected {POLICY_NAME_RULE}")
         check(self.hidden_size >= 1, "hidden_size must be >= 1")
         check(self.num_heads >= 1, "num_heads must be >= 1")
         check(self.hidden_size % self.num_heads == 0, "hidden_size must be divisible by num_heads")
