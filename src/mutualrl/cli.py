@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import importlib
 import signal
 import sys
@@ -42,16 +41,20 @@ def _add_train(sub) -> None:
 
 
 def _overrides(args) -> list[str]:
+    """--set as written (TOML values), then the options' values as TOML strings escaped whole: a
+    folder name holding a quote, a backslash or a tab reaches the config unchanged."""
+    from mutualrl.config.load import toml_string
+
     sets = list(args.set)
     if getattr(args, "strategy", None):
-        sets.append(f"strategy={args.strategy!r}".replace("'", '"'))
+        sets.append(f"strategy={toml_string(args.strategy)}")
     if getattr(args, "output_dir", None):
-        sets.append(f'output_dir="{args.output_dir}"')
+        sets.append(f"output_dir={toml_string(args.output_dir)}")
     if getattr(args, "steps", None) is not None:
         sets.append(f"steps={args.steps}")
     logs = getattr(args, "peer_log", []) or []
     if logs:
-        sets.append("exchange.peer_logs=[" + ", ".join(json.dumps(log) for log in logs) + "]")
+        sets.append("exchange.peer_logs=[" + ", ".join(toml_string(log) for log in logs) + "]")
     return sets
 
 
