@@ -77,7 +77,11 @@ def test_smoke_train_returns_0(tmp_path, fast_run_builds, capsys):
     assert (out / "summary.json").is_file()
     train = [r for r in read_metrics(out / "metrics.jsonl") if r["phase"] == "train"]
     assert [r["step"] for r in train] == [0]      # --steps overrode the config's 2
-    assert str(out) in capsys.readouterr().err    # "done ... -> <run dir>"
+    err = capsys.readouterr().err
+    assert str(out) in err                        # "done ... -> <run dir>"
+    # the two train rewards are means over a quarter of the steps each, and the line says so
+    assert "train reward, mean of the first -> last quarter of the steps" in err
+    assert "llama-mistral: " in err and "; pass@1 " in err
 
 
 def _args(**kw):

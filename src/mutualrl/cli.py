@@ -100,9 +100,12 @@ def _run_train(args) -> int:
     start = starting_point_line(summary.output_dir)
     if start:
         console.print(f"  starting point (family greedy pass@1/sampled success): {start}")
+    if summary.reward_first:    # a quarter of the steps each: one step's few prompts are noisy
+        console.print("  train reward, mean of the first -> last quarter of the steps; final "
+                      "held-out pass@1:")
     for name in summary.reward_first:
-        console.print(f"  {name}: train reward {summary.reward_first[name]:.3f} -> "
-                      f"{summary.reward_last[name]:.3f}; held-out pass@1 "
+        console.print(f"    {name}: {summary.reward_first[name]:.3f} -> "
+                      f"{summary.reward_last[name]:.3f}; pass@1 "
                       f"{summary.final_eval.get(f'policy/{name}/heldout/pass@1', float('nan')):.3f}")
     for name, n in summary.restarts.items():
         console.print(f"  {name}: failed {n} time(s); the run restarted from its last checkpoint "

@@ -106,6 +106,8 @@ def stop_here(run: Run, step: int) -> None:
 @dataclass(frozen=True)
 class RunSummary:
     output_dir: str
+    # Per policy, the mean train reward over the first and over the last quarter of the GRPO
+    # steps (one step each at least): single steps of a few prompts are noisy.
     reward_first: dict[str, float]
     reward_last: dict[str, float]
     final_eval: dict[str, float]
