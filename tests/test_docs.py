@@ -156,6 +156,21 @@ def test_doc_snippets_run(page, tmp_path):
     PAGES[page](tmp_path, proc.stdout)
 
 
+# ---- Markdown ----------------------------------------------------------------------------------
+
+def test_nested_list_items_are_indented_four_spaces():
+    # MkDocs' Markdown nests a list item only at 4 spaces; at 1-3 it runs into its parent's text.
+    bad = []
+    for page in sorted(DOCS.rglob("*.md")):
+        fence = False
+        for number, line in enumerate(page.read_text().splitlines(), 1):
+            if line.lstrip().startswith(("```", "~~~")):
+                fence = not fence
+            elif not fence and re.match(r" {1,3}([-*+]|\d+\.) ", line):
+                bad.append(f"{page.relative_to(DOCS)}:{number}")
+    assert not bad, f"list items indented 1-3 spaces (nest them at 4): {bad}"
+
+
 # ---- README ------------------------------------------------------------------------------------
 
 def test_readme_opening_names_every_registered_strategy():
