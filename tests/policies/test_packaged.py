@@ -121,7 +121,7 @@ def test_converted_once_then_reused(fake, converter):
     assert sorted(manifest["files"]) == ["config.json", "model.safetensors", "tokenizer.json"]
     assert ensure_model_folder(model) == folder
     assert len(converter) == 1
-    assert not [p for p in folder.parent.iterdir() if p.name.startswith(".fake-model-")]
+    assert not [p for p in folder.parent.iterdir() if p.name.startswith(".fake-model.build-")]
 
 
 @pytest.mark.parametrize("damage", ["flip a byte", "no manifest", "extra file", "missing file"])
@@ -144,6 +144,14 @@ def test_a_corrupt_or_partial_cache_is_rebuilt(fake, converter, damage):
     assert len(converter) == 2
     assert folder_problem(folder) is None
     assert weights.read_bytes() == b"".join(PARTS)[::-1]
+
+
+def test_a_killed_conversion_s_temporary_folder_goes_with_the_next_build(fake, converter):
+    model, _ = fake
+    stale = model_cache.models_dir() / ".fake-model.build-killed"
+    (stale / "folder").mkdir(parents=True)
+    ensure_model_folder(model)
+    assert not stale.exists()
 
 
 def test_a_failed_conversion_leaves_no_folder(fake, monkeypatch):

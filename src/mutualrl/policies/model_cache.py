@@ -195,9 +195,11 @@ def _build(model: PackagedModel, digest: str, final: Path, stages: Stages) -> No
                                  "the gguf package: pip install 'mutualrl[models]' (or: "
                                  "mutualrl models fetch NAME, which installs it)")
     final.parent.mkdir(parents=True, exist_ok=True)
+    for stale in final.parent.glob(f".{model.name}.build-*"):   # a killed build's (under the lock)
+        shutil.rmtree(stale, ignore_errors=True)
     stages.start_phase(f"convert {model.name}", total=4)
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(dir=final.parent, prefix=f".{model.name}-") as tmp:
+    with tempfile.TemporaryDirectory(dir=final.parent, prefix=f".{model.name}.build-") as tmp:
         work, out = Path(tmp) / "source", Path(tmp) / "folder"
         work.mkdir()
         stages.advance("verifying the packaged GGUF file")
