@@ -149,6 +149,8 @@ EXTRACT = [
     (" 42\n\nQuestion: What is 3 + 4?\nAnswer: 7", "42"), (" 42\nQ: 3 + 4 = 7", "42"),
     (" 42\n\nWhat is 3 + 4? 7", "42"), ("\nQuestion: What is 3 + 4?\nAnswer: 7", None),
     ("42<|im_end|>\nAnswer: 7", "42"), (" 30<eos>", "30"),
+    # a base model repeating the answer pattern: its first answer counts; a cut-off "17 +" is an operand
+    (" 42\nAnswer: 7\nAnswer: 9", "42"), ("Let me see.\nAnswer: 42", "42"), (" 17 + 25 = 17 +", None),
     # a first line restating the question is not a new question
     ("Question: What is 17 + 25?\nAnswer: 42", "42"),
     ("What is 17 + 25? It is 42.", "42"),
@@ -160,6 +162,39 @@ EXTRACT = [
 @pytest.mark.parametrize("completion, want", EXTRACT)
 def test_final_answer(completion, want):
     assert final_answer(completion, Q) == want
+
+
+# Greedy completions of SmolLM2-135M-Instruct (its chat template) and Gemma 3 270M (raw text) to
+# this task's "both" prompts, as they came (transformers 5.24, the packages' GGUF files, fp32).
+SMOL, GEMMA = "smollm2", "gemma3"
+RECORDED = [
+    (SMOL, "What is 98 + 78?", "98 + 78 = 166\n\nThis is a classic example of how", "166"),
+    (SMOL, "What is 43 + 20?", "43 + 20 = 63", "63"),
+    (SMOL, "What is 7 * 4?", "7 * 4 = 28\n\nThe answer is 28.", "28"),
+    (SMOL, "What is 91 * 3?", "91 * 3 = 273.", "273"),
+    (SMOL, "How many times does the digit 7 appear in 274370?", "7 * 274370 = 19327\n\nThe answer", "19327"),
+    (SMOL, "How many times does the digit 8 appear in 589885?",
+     "The digit 8 appears in 589885, which is 8 times.", "8"),
+    (SMOL, "How many times does the digit 1 appear in 136034?",
+     "136034 is a multiple of 13, so it has a remainder of", "13"),
+    (GEMMA, "What is 90 + 98?", " 90 + 98 = 188\nAnswer: 90 + ", "188"),
+    (GEMMA, "What is 94 + 36?", " 100 + 36 = 114\nAnswer: 100", "114"),
+    (GEMMA, "What is 43 + 20?", " 43 + 20 = 43 + 20 = 43 +", None),
+    (GEMMA, "What is 88 - 27?", " 88 - 27 = 100 - 27 = 75", "75"),
+    (GEMMA, "What is 68 - 41?", " 68 - 41 = 41 - 68 = 17 -", None),
+    (GEMMA, "What is 61 - 67?", " 61 - 67 = 61 + 67 = 133", "133"),
+    (GEMMA, "What is 7 * 4?", " 4\nQuestion: What is 4 * 2? Answer with the number only.\n", "4"),
+    (GEMMA, "What is 4 * 5?", " 4 * 5 = 20\nQuestion: What is 4 * 5?", "20"),
+    (GEMMA, "What is 76 * 2?", " 76\nAnswer: 2\nAnswer: 2\nAnswer: 2\nAnswer", "76"),
+    (GEMMA, "How many times does the digit 7 appear in 274370?",
+     " 1\nAnswer: 2\nAnswer: 3\nAnswer: 4\nAnswer:", "1"),
+]
+
+
+@pytest.mark.parametrize("model, question, completion, want", RECORDED)
+def test_final_answer_of_recorded_completions(model, question, completion, want):
+    prompt = PROMPT_STYLES["both"].format(question=question)
+    assert final_answer(completion, prompt) == want
 
 
 @pytest.mark.parametrize("completion, want", [

@@ -7,7 +7,9 @@ question of its own. ``final_answer(completion, question)`` takes the answer as 
 1. **Cut.** The text ends at the first chat-turn token (``<|im_end|>``, ``<end_of_turn>``, ...)
    and before the first line that starts a new question or turn (``Question:``, ``Q:``,
    ``Problem:``, ``Example:``, ``User:``, ``What is``, ``How many``, ...). A first line that
-   restates the question (it holds every number of the question) is kept.
+   restates the question (it holds every number of the question) is kept. A line starting with
+   ``Answer:`` or ``A:`` once an answer is stated also ends it (``42\nAnswer: 7``: a base model
+   repeating the pattern).
 2. **Boxed.** With a ``\\boxed{...}``, the answer is that of its content (rules 3-4 on the last box).
 3. **Marker.** Otherwise the last ``=``, ``equals``, ``answer is``/``answer:`` or
    ``result is``/``result:`` followed on its line by a number that is not an operand: the first such number
@@ -18,7 +20,8 @@ question of its own. ``final_answer(completion, question)`` takes the answer as 
    last of them. ``The digit 7 appears 3 times in 370717`` gives 3.
 
 An *operand* is a number joined to another by ``+``, ``-``, ``*``, ``x``, ``×``, ``/``, ``plus``,
-``minus``, ``times``, ``multiplied by`` or ``divided by``: ``17 + 25`` alone states no answer (not
+``minus``, ``times``, ``multiplied by`` or ``divided by``, or followed by ``+``, ``-``, ``*``, ``x``,
+``×`` or ``/`` at the end of its line (a cut-off ``17 +``): ``17 + 25`` alone states no answer (not
 25). Numbers keep a leading minus where it is a sign (``-5``, ``= -8``), not a subtraction
 (``17-25``); thousands separators are dropped (``1,234`` is 1234). No number: no answer.
 
@@ -38,13 +41,16 @@ MINUSES = "-\u2212"   # ASCII hyphen-minus and the Unicode minus sign
 _NUMBER = re.compile(r"(?<![\d.])([-\u2212]?)(\d{1,3}(?:,\d{3})+(?!\d)|\d+)(\.\d+)?")
 _OPERATOR = r"(?:[-+*/x\u00d7\u00f7\u00b7\u2212]|plus|minus|times|multiplied by|divided by)"
 _LEFT_OPERAND = re.compile(rf"(?:\d|\))\s*{_OPERATOR}\s*\(?\s*$", re.IGNORECASE)
-_RIGHT_OPERAND = re.compile(rf"^\s*\)?\s*{_OPERATOR}\s*\(?\s*[-\u2212]?\d", re.IGNORECASE)
+# "17 +" at the end of a cut-off completion is an operand too; "3 times in" is not
+_RIGHT_OPERAND = re.compile(rf"^\s*\)?\s*(?:{_OPERATOR}\s*\(?\s*[-\u2212]?\d|[-+*/x\u00d7\u00f7\u2212]\s*$)",
+                            re.IGNORECASE)
 _MARKER = re.compile(r"=|\bequals?\b|\bis equal to\b|\banswer\s*(?:is\b|:)|\bresult\s*(?:is\b|:)",
                      re.IGNORECASE)
 _TURN_END = re.compile(r"<\|im_end\|>|<\|im_start\|>|<end_of_turn>|<start_of_turn>|<\|endoftext\|>"
                        r"|<eos>|</s>")
 _NEW_QUESTION = re.compile(r"^[\s#*>_]*(?:(?:question|q|problem|example|exercise|user|human)"
                            r"\s*\d*\s*[:.)]|what is\b|how many\b)", re.IGNORECASE)
+_NEW_ANSWER = re.compile(r"^[\s#*>_]*(?:answer|a)\s*:", re.IGNORECASE)
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 _CLEAN = re.compile(r"[-\u2212]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
 _WRAPPERS = (re.compile(r"^\*\*(.*)\*\*$", re.S), re.compile(r"^\\boxed\{(.*)\}$", re.S),
@@ -86,6 +92,9 @@ def answer_region(completion: str, question: str = "") -> str:
                 not asked - Counter(v for _, _, v in numbers_in(line))
             if not restates:
                 break
+        # a base model repeats the pattern: "42\nAnswer: 7\nAnswer: 9"; its first answer counts
+        if _NEW_ANSWER.match(line) and _answer_in("\n".join(kept), question) is not None:
+            break
         kept.append(line)
     return "\n".join(kept)
 
