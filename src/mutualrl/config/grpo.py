@@ -39,6 +39,12 @@ class GRPOConfig(ConfigStruct):
     # grows by one token a step, as TRL's default; "static" is allocated once for the longest
     # sequence: on a GPU the growing cache fragments the caching allocator (guides/memory.md).
     cache_implementation: Literal["dynamic", "static"] | None = None  # torch sampler's KV cache
+    # The torch sampler's one-token decode step through torch.compile over the static cache
+    # (transformers' compiled static-cache generate; CUDA graphs on a GPU), prompt and batch
+    # shapes padded to powers of two so it compiles once per bucket. Needs the static cache
+    # (unset cache_implementation means static then). Compile seconds are logged apart
+    # (generation/compile_s) from steady-state ones (generation/decode_s). vLLM ignores it.
+    generation_compile: Literal["off", "decode"] = "off"  # torch sampler: compile the decode step
     # Sampler/trainer mismatch of an inexact generation backend (vLLM), TRL's names: the trainer
     # recomputes the sampled tokens' log-probs and weights the policy term (not the KL term) by
     # pi_trainer / pi_sampler, per token or per sequence, clamped to or masked outside
@@ -67,6 +73,9 @@ class GRPOConfig(ConfigStruct):
         check(self.top_k >= 0, "top_k must be >= 0 (0: no top-k truncation)")
         check(self.generation_batch_size is None or self.generation_batch_size >= 1,
               "generation_batch_size must be >= 1 (or omitted: the whole group at once)")
+        check(self.generation_compile == "off" or self.cache_implementation != "dynamic",
+              "generation_compile = \"decode\" compiles the decode step over the static cache: "
+              "set cache_implementation = \"static\" (or leave it unset)")
         self._check_sampler_correction()
 
     def _check_sampler_correction(self) -> None:

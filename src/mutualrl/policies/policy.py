@@ -17,7 +17,8 @@ from mutualrl.config import ConfigError, GRPOConfig, PolicyConfig, TrainingConfi
 from mutualrl.policies.batch import SFTExample, TrainBatch, stale_rows
 from mutualrl.policies.checkpoints import save_pretrained_quietly
 from mutualrl.policies.device_memory import peak_memory_stats
-from mutualrl.policies.generation import SamplingSettings, build_backend, close_backend
+from mutualrl.policies.generation import (SamplingSettings, build_backend, close_backend,
+                                          generation_stats)
 from mutualrl.policies.learner import Learner
 from mutualrl.policies.models import TokenizerFacts
 from mutualrl.policies.prompting import chat_prompt
@@ -145,9 +146,11 @@ class Policy(PolicyView):
     def update(self, batches: list[TrainBatch]) -> tuple[dict[str, float], int]:
         """``train_steps``, and the version of the weights after it (for the run, wherever this
         policy lives), with the process's peak accelerator memory since the last update
-        (``policies.device_memory``; nothing on a CPU)."""
+        (``policies.device_memory``; nothing on a CPU), and what compiled decoding cost since
+        the last update (``generation_stats``; nothing when it is off)."""
         stats = self.train_steps(batches)
         stats.update(peak_memory_stats(self.learner.device))
+        stats.update(generation_stats(self.backend))
         return stats, self.version
 
     def update_and_generate(self, batches: list[TrainBatch], prompts: list[Prompt],
@@ -176,6 +179,7 @@ class Policy(PolicyView):
         stats.update(self.backend.load_weights(self.version) or {})
         stats["async/generate_time_s"] = seconds
         stats.update(peak_memory_stats(self.learner.device))
+        stats.update(generation_stats(self.backend))
         return stats, self.version, samples
 
     def sft_step(self, examples: tuple[SFTExample, ...], learning_rate: float | None = None) -> float:
@@ -253,7 +257,8 @@ def sampling_settings(grpo: GRPOConfig, num_generations: int, max_new_tokens: in
                       temperature: float) -> SamplingSettings:
     return SamplingSettings(num_generations, max_new_tokens, temperature, top_p=grpo.top_p,
                             top_k=grpo.top_k, batch_size=grpo.generation_batch_size,
-                            cache_implementation=grpo.cache_implementation)
+                            cache_implementation=grpo.cache_implementation,
+                            generation_compile=grpo.generation_compile)
 
 
 def step_stats(batches: list[TrainBatch], train_step, learner) -> dict[str, float]:

@@ -31,6 +31,7 @@ class SamplingSettings:
     top_k: int = 0                    # 0: no top-k truncation
     batch_size: int | None = None     # sequences per generation pass; None: all at once
     cache_implementation: str | None = None  # the torch sampler's KV cache: None/"dynamic", "static"
+    generation_compile: str = "off"   # the torch sampler's decode step: "off" (eager), "decode" (compiled)
 
 
 class GenerationBackend(Protocol):
@@ -61,6 +62,13 @@ class GenerationBackend(Protocol):
     # Optional: ``close()``, called once when the run is done with the policy, releases what
     # the backend keeps outside its process (the vLLM backend's scratch folder of weights and
     # adapters). ``close_backend`` calls it where a backend has it.
+
+
+def generation_stats(backend) -> dict[str, float]:
+    """The backend's ``generation_stats()`` where it has one (optional: the torch sampler's
+    compiled decoding reports its compile and steady-state seconds there), else nothing."""
+    stats = getattr(backend, "generation_stats", None)
+    return stats() if callable(stats) else {}
 
 
 def close_backend(backend) -> None:

@@ -16,6 +16,7 @@ from transformers import StaticCache
 
 from mutualrl.policies.batch import collate
 from mutualrl.policies.generation import GENERATION_BACKENDS, SamplingSettings
+from mutualrl.policies.generation.compiled import CompiledDecoder
 from mutualrl.policies.samples import Sample
 from mutualrl.policies.sampling import sample_tokens, truncate_logits, truncates
 
@@ -35,10 +36,13 @@ def cache_keyword(model) -> str:
 class TorchBackend:
     exact_logprobs = True
 
-    def __init__(self, view, learner, generator: torch.Generator) -> None:
+    def __init__(self, view, learner, generator: torch.Generator, decoders: dict | None = None) -> None:
         self.view, self.learner, self.generator = view, learner, generator
         self.cache_key = cache_keyword(learner.model)   # the learner keeps its model object
         self._frozen: FrozenWeights | None = None
+        # model -> its CompiledDecoder (grpo.generation_compile), shared with the overlap
+        # samplers this one makes, so their frozen copy compiles once, not once per step
+        self._decoders: dict = {} if decoders is None else decoders
 
     def load_weights(self, version: int) -> None:
         """Nothing to do: generation runs on the trainer's own parameters."""
@@ -51,10 +55,26 @@ class TorchBackend:
             self._frozen = FrozenWeights(self.learner)
         else:
             self._frozen.refresh(self.learner)
-        return TorchBackend(self.view, self._frozen, self.generator)
+        return TorchBackend(self.view, self._frozen, self.generator, self._decoders)
 
     def sync_check(self) -> dict[str, float]:
         return {"sync/probe_gap": 0.0}
+
+    def generation_stats(self) -> dict[str, float]:
+        """The compiled decoders' costs since the last call (``CompiledDecoder.stats``), summed
+        over the models sampled; nothing when decoding is not compiled."""
+        out: dict[str, float] = {}
+        for decoder in self._decoders.values():
+            for k, v in decoder.stats().items():
+                out[k] = out.get(k, 0.0) + v
+        return out
+
+    def _decoder(self) -> CompiledDecoder:
+        model = self.learner.model
+        if model not in self._decoders:
+            self._decoders[model] = CompiledDecoder(model, self.cache_key, self.learner.device,
+                                                    static_cache)
+        return self._decoders[model]
 
     @torch.no_grad()
     def generate(self, prompts, prompt_ids, settings: SamplingSettings) -> list[Sample]:
@@ -78,6 +98,8 @@ class TorchBackend:
         P = c.input_ids.shape[1] - 1
         ids, attn = c.input_ids[:, :P].to(device), c.attention_mask[:, :P].to(device)
         pos = c.position_ids[:, :P].to(device)
+        if s.generation_compile == "decode":
+            return self._sample_compiled(ids, attn, pos, s)
         B, eos = ids.shape[0], self.view.tokenizer.eos_token_id
         static = s.cache_implementation == "static"
         first = {self.cache_key: static_cache(model, P + s.max_new_tokens),
@@ -97,22 +119,35 @@ class TorchBackend:
                 out = model(input_ids=tokens[-1].unsqueeze(-1), attention_mask=attn,
                             position_ids=next_pos, use_cache=True, **cache)
                 next_pos = next_pos + 1
-            logits = out.logits[:, -1].float()
-            if s.temperature > 0:
-                if s.temperature != 1:
-                    logits = logits.div_(s.temperature)
-                if truncate:
-                    logits = truncate_logits(logits, s.top_k, s.top_p)
-                logp_all = torch.log_softmax(logits, -1)
-                tok = sample_tokens(logp_all, self.generator)
-            else:
-                logp_all = torch.log_softmax(logits, -1)
-                tok = logits.argmax(-1)
-            lp = logp_all.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
-            tok = torch.where(finished, torch.full_like(tok, pad), tok)
-            tokens.append(tok)
-            logps.append(torch.where(finished, torch.zeros_like(lp), lp))
-            finished = finished | (tok == eos)
+            tok, lp = draw(out.logits[:, -1].float(), s, truncate, self.generator)
+            finished = keep(tok, lp, finished, pad, eos, tokens, logps)
+            if bool(finished.all()):
+                break
+        return torch.stack(tokens, 1).cpu(), torch.stack(logps, 1).cpu()
+
+    def _sample_compiled(self, ids, attn, pos, s: SamplingSettings):
+        """``_sample`` with the decode step compiled (compiled.py): the prompts padded to their
+        bucket, an eager prefill into the bucket's static cache, then compiled one-token steps;
+        the draws and log-probs are the eager sampler's, over the real rows only."""
+        model, dec, pad = self.learner.model, self._decoder(), self.view.pad_id
+        B, eos, device = ids.shape[0], self.view.tokenizer.eos_token_id, self.learner.device
+        ids, attn, pos, mask, cache = dec.prepare(ids, attn, pos, s.max_new_tokens)
+        P = ids.shape[1]
+        out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True,
+                    logits_to_keep=1, cache_position=torch.arange(P, device=device),
+                    **{self.cache_key: cache})
+        logits = out.logits[:B, -1].float()
+        feed = torch.full((ids.shape[0], 1), pad, dtype=ids.dtype, device=device)  # dummies: pad
+        next_pos, truncate = pos[:, -1:] + 1, truncates(s.top_k, s.top_p)
+        tokens, logps = [], []
+        finished = torch.zeros(B, dtype=torch.bool, device=device)
+        for i in range(s.max_new_tokens):
+            if i:
+                feed[:B, 0] = tokens[-1]
+                logits = dec.decode(feed, mask, next_pos, P + i - 1, cache, B)
+                next_pos = next_pos + 1
+            tok, lp = draw(logits, s, truncate, self.generator)
+            finished = keep(tok, lp, finished, pad, eos, tokens, logps)
             if bool(finished.all()):
                 break
         return torch.stack(tokens, 1).cpu(), torch.stack(logps, 1).cpu()
@@ -131,6 +166,31 @@ class TorchBackend:
                 finish_reason="stop" if eos in ids else "length", group=groups[i],
                 policy_version=version))
         return out
+
+
+def draw(logits, s: SamplingSettings, truncate: bool, generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, V) fp32 logits -> the (B,) tokens drawn from them at ``s``'s temperature and truncation
+    (argmax at temperature 0) and their (B,) log-probs under the distribution drawn from."""
+    if s.temperature > 0:
+        if s.temperature != 1:
+            logits = logits.div_(s.temperature)
+        if truncate:
+            logits = truncate_logits(logits, s.top_k, s.top_p)
+        logp_all = torch.log_softmax(logits, -1)
+        tok = sample_tokens(logp_all, generator)
+    else:
+        logp_all = torch.log_softmax(logits, -1)
+        tok = logits.argmax(-1)
+    return tok, logp_all.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+
+
+def keep(tok, lp, finished, pad: int, eos: int, tokens: list, logps: list) -> torch.Tensor:
+    """Append one step's draws (pad and log-prob 0 for rows already finished); the rows finished
+    after it."""
+    tok = torch.where(finished, torch.full_like(tok, pad), tok)
+    tokens.append(tok)
+    logps.append(torch.where(finished, torch.zeros_like(lp), lp))
+    return finished | (tok == eos)
 
 
 def static_cache(model, length: int):
