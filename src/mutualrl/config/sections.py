@@ -106,7 +106,7 @@ class PolicyConfig(ConfigStruct):
     """One policy: a model of some architecture on some tokenizer, trained by its own optimizer."""
 
     name: str                         # unique; 1-64 letters, digits, - _ . (not . or ..): names its workers, metrics, folders
-    architecture: str = "llama"       # a registered architecture (policies.models.ARCHITECTURES)
+    architecture: str = "llama"       # random-init model: a registered architecture (policies.models.ARCHITECTURES)
     # Packaged tokenizer name or path (retokenize.loaders). None: the checkpoint's own tokenizer
     # (the checkpoint folder, or the packaged model's), else "mistral-v1" for a random model.
     tokenizer: str | None = None      # tokenizer spec (see above); set after parsing, never None

@@ -1,8 +1,10 @@
 """Causal LM architectures a policy can have, built tiny and random or loaded from a checkpoint.
 
-Architectures are a registry (``ARCHITECTURES``): each entry turns a ``PolicyConfig`` plus the
-policy's tokenizer facts into a transformers config. The embedded default pairs a Llama-style and
-a Qwen2-style model so two genuinely different families train side by side.
+Architectures are a registry (``ARCHITECTURES``) for random initialisation only: each entry turns
+a ``PolicyConfig`` plus the policy's tokenizer facts into a transformers config. The embedded
+default pairs a Llama-style and a Qwen2-style model so two genuinely different families train
+side by side. A checkpoint (a folder, or a packaged model's converted folder) may be of any
+``model_type`` ``AutoModelForCausalLM`` builds (Gemma 3 among them): it is loaded as it is.
 """
 
 from __future__ import annotations
