@@ -125,6 +125,19 @@ def test_off_is_the_eager_path_and_compiles_nothing(tokenizer_handles, monkeypat
         assert pol.backend._decoders == {} and generation_stats(pol.backend) == {}
 
 
+def test_the_overlap_sampler_keeps_its_compiled_decoder_from_step_to_step(tokenizer_handles):
+    # allocation.async_generation draws from a frozen copy through a new backend every step:
+    # the decoders (and their graphs) live in a table the backends share
+    cfg = PolicyConfig(name="p", architecture="llama", tokenizer="mistral-v1", hidden_size=32,
+                       num_layers=1, num_heads=4)
+    pol = Policy(cfg, GRPOConfig(generation_compile="decode"), seed=0,
+                 handle=tokenizer_handles["mistral-v1"])
+    first, second = pol.backend.overlap_sampler(), pol.backend.overlap_sampler()
+    assert first._decoders is second._decoders is pol.backend._decoders
+    assert first.learner is second.learner                          # the same frozen copy
+    assert first._decoder() is second._decoder() is not pol.backend._decoder()
+
+
 def test_buckets_are_powers_of_two_above_a_floor():
     assert [bucket(n) for n in (1, 2, 3, 5, 8, 9, 64, 65)] == [1, 2, 4, 8, 8, 16, 64, 128]
     assert [bucket(n, PROMPT_FLOOR) for n in (1, 7, 16, 17)] == [16, 16, 16, 32]
