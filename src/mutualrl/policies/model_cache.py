@@ -1,7 +1,7 @@
 """Converted packaged models: one ``from_pretrained`` folder per model, built once, checked always.
 
-A packaged model's GGUF file (``policies.packaged``) takes 35-70 s to de-quantize on 2 cores, and
-a GGUF-loaded model cannot be saved as it is ("quantized with gguf and is not serializable").
+A packaged model's GGUF file (``policies.packaged``) took 18-48 s (SmolLM2) and 32-44 s (Gemma 3)
+to convert on 2 busy cores, and a GGUF-loaded model cannot be saved as it is ("quantized with gguf and is not serializable").
 So it is converted once: the de-quantized weights go into a model built from the same config
 without its ``quantization_config``, saved as fp32 safetensors with the tokenizer (and its chat
 template, where the GGUF has one) — a folder ``from_pretrained`` reads in seconds.
@@ -34,7 +34,6 @@ from mutualrl.policies.packaged import (CONVERSION_VERSION, MANIFEST, PACKAGED_M
                                         PackagedModel, PackagedModelError, cache_folder,
                                         cached_folder, is_packaged_name, locate, models_dir,
                                         recorded_sha256, verified_gguf)
-
 
 
 class Stages(Protocol):
@@ -204,7 +203,7 @@ def _build(model: PackagedModel, digest: str, final: Path, stages: Stages) -> No
         work.mkdir()
         stages.advance("verifying the packaged GGUF file")
         gguf = verified_gguf(model, work)
-        stages.advance(f"de-quantizing {gguf.name} (about a minute on 2 cores)")
+        stages.advance(f"de-quantizing {gguf.name} (under a minute on 2 cores)")
         convert_gguf(gguf, out)
         stages.advance("hashing the converted files")
         write_manifest(out, {"model": model.name, "gguf": model.gguf_name, "sha256": digest,
