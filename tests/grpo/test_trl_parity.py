@@ -149,7 +149,7 @@ class Inputs:
 def row_logprobs(learner: Learner, prompts, completions) -> list[list[float]]:
     c = collate_sequences(tuple(TrainSequence(tuple(p), tuple(x), 0.0) for p, x in zip(prompts, completions)),
                           EOS)
-    lp = learner.batch_logprobs(c).cpu()
+    lp = learner.logprobs.batch_logprobs(learner.model, c).cpu()
     return [lp[i, :len(x)].tolist() for i, x in enumerate(completions)]
 
 

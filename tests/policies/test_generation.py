@@ -42,7 +42,8 @@ def make_policy(handles, *, grpo=None, tok="mistral-v1", **kw) -> Policy:
 def trainer_logprobs(policy, samples) -> list[torch.Tensor]:
     c = collate([s.prompt_ids for s in samples], [s.completion_ids for s in samples], policy.pad_id)
     with torch.no_grad():
-        lp = selective_log_softmax(policy.learner.completion_logits(c), c.completion_ids)
+        lp = selective_log_softmax(policy.learner.logprobs.completion_logits(policy.model, c),
+                                   c.completion_ids)
     return [lp[i, :len(s.completion_ids)] for i, s in enumerate(samples)]
 
 
@@ -118,7 +119,7 @@ def test_truncated_sampling_logprobs_match_the_trainer(tokenizer_handles, top_k,
     if top_k:   # every sampled token is among the top-k of its step
         c = collate([s.prompt_ids for s in samples], [s.completion_ids for s in samples], pol.pad_id)
         with torch.no_grad():
-            logits = pol.learner.completion_logits(c, temperature=1.0)
+            logits = pol.learner.logprobs.completion_logits(pol.model, c, temperature=1.0)
         rank = (logits > logits.gather(-1, c.completion_ids.unsqueeze(-1))).sum(-1)
         real = torch.arange(c.completion_len) < c.lengths.unsqueeze(-1)
         assert int(rank[real].max()) < top_k

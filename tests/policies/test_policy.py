@@ -145,7 +145,8 @@ def test_behaviour_logprobs_match_the_training_forward(policy):
     c = collate([s.prompt_ids for s in samples], [s.completion_ids for s in samples], policy.pad_id)
     policy.model.eval()
     with torch.no_grad():
-        logp = selective_log_softmax(policy.learner.completion_logits(c), c.completion_ids)
+        logp = selective_log_softmax(policy.learner.logprobs.completion_logits(policy.model, c),
+                                     c.completion_ids)
     for i, s in enumerate(samples):
         n = len(s.completion_ids)
         torch.testing.assert_close(logp[i, :n], torch.tensor(s.logprobs), atol=1e-4, rtol=0)
@@ -162,7 +163,7 @@ def test_greedy_generation_takes_the_argmax(policy):
     c = collate([samples[0].prompt_ids], [samples[0].completion_ids], policy.pad_id)
     policy.model.eval()
     with torch.no_grad():
-        logits = policy.learner.completion_logits(c)[0]
+        logits = policy.learner.logprobs.completion_logits(policy.model, c)[0]
     assert logits.argmax(-1).tolist() == list(samples[0].completion_ids)
 
 
@@ -218,8 +219,9 @@ def test_nan_loss_is_skipped_and_counted(tokenizer_handles, monkeypatch):
     samples = policy.generate(PROMPTS, 4, 4, GRPO.temperature)
     before = params_of(policy)
     state_before = len(policy.learner.optimizer.state)
-    real = policy.learner.completion_logits
-    monkeypatch.setattr(policy.learner, "completion_logits", lambda c, model=None, **kw: real(c, model, **kw) * float("nan"))
+    real = policy.learner.logprobs.completion_logits
+    monkeypatch.setattr(policy.learner.logprobs, "completion_logits",
+                        lambda model, c, **kw: real(model, c, **kw) * float("nan"))
     stats = policy.train_steps([TrainBatch(sequences=sequences_from(samples, [1.0, -1.0] * 4))])
     assert stats["skipped_nan"] == 1.0
     assert stats["skipped_nan_total"] == 1
@@ -232,11 +234,11 @@ def test_sft_step_lowers_the_loss_on_a_repeated_batch(policy):
     examples = tuple(SFTExample(policy.encode_prompt(p.text), policy.encode_completion(p.answer))
                      for p in PROMPTS)
     with torch.no_grad():
-        start = float(policy.learner.sft_loss(examples))
+        start = float(policy.learner.objective.sft_total_loss(policy.model, examples))
     for _ in range(3):
         policy.sft_step(examples, learning_rate=3e-2)
     with torch.no_grad():
-        end = float(policy.learner.sft_loss(examples))
+        end = float(policy.learner.objective.sft_total_loss(policy.model, examples))
     assert end < start - 0.1, (start, end)
     # the override applied to those steps only
     assert policy.learner.optimizer.param_groups[0]["lr"] == GRPO.learning_rate

@@ -66,7 +66,7 @@ class UseLossType:
     def __call__(self, worker) -> None:
         import msgspec
         g = msgspec.structs.replace(worker.grpo, loss_type=self.loss_type)
-        worker.grpo = worker.learner.grpo = worker.learner.engine.grpo = g
+        worker.grpo = worker.learner.grpo = worker.learner.objective.grpo = g
 
 
 @dataclass(frozen=True)
@@ -76,15 +76,15 @@ class PoisonOn:
     rank: int
 
     def __call__(self, worker) -> None:
-        learner = worker.learner
-        real = learner.completion_logits
+        logprobs = worker.learner.logprobs
+        real = logprobs.completion_logits
         if worker.rank != self.rank:
             return
 
-        def poisoned(c, model=None, **kw):
-            learner.completion_logits = real
-            return real(c, model, **kw) * float("nan")
-        learner.completion_logits = poisoned
+        def poisoned(model, c, **kw):
+            logprobs.completion_logits = real
+            return real(model, c, **kw) * float("nan")
+        logprobs.completion_logits = poisoned
 
 
 def batch_for(p: Policy) -> TrainBatch:

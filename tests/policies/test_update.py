@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from mutualrl.config import GRPOConfig, TrainingConfig, PolicyConfig
-from mutualrl.policies.batch import TrainBatch
+from mutualrl.policies.batch import TrainBatch, micro_batch_slices
 from mutualrl.policies.policy import Policy
-from mutualrl.policies.update import micro_batch_slices, prepare_model
+from mutualrl.policies.update import prepare_model
 
 from tests.policies.batches import mixed_batch
 
@@ -116,13 +116,13 @@ def test_micro_batched_sft_step_and_sequence_logprobs_equal_the_single_pass(toke
 def test_nan_in_a_later_micro_batch_skips_the_whole_step(tokenizer_handles, monkeypatch):
     p = make_policy(tokenizer_handles, per_device_train_batch_size=4)
     before = [q.detach().clone() for q in p.model.parameters()]
-    real, calls = p.learner.completion_logits, []
+    real, calls = p.learner.logprobs.completion_logits, []
 
-    def poisoned(c, model=None, **kw):
+    def poisoned(model, c, **kw):
         calls.append(1)
-        out = real(c, model, **kw)
+        out = real(model, c, **kw)
         return out * float("nan") if len(calls) == 2 else out
-    monkeypatch.setattr(p.learner, "completion_logits", poisoned)
+    monkeypatch.setattr(p.learner.logprobs, "completion_logits", poisoned)
     stats = p.train_step(batch_for(p, sft_coef=0.0))
     assert stats["skipped_nan"] == 1.0 and p.learner.skipped_nan_steps == 1
     assert all(torch.equal(a, b) for a, b in zip(before, p.model.parameters()))
@@ -133,8 +133,8 @@ def test_bf16_policy_trains_on_cpu_with_fp32_log_probs(tokenizer_handles):
     p = make_policy(tokenizer_handles, dtype="bf16", logprob_chunk_size=4)
     assert all(q.dtype == torch.float32 for q in p.model.parameters())   # fp32 master weights
     b = batch_for(p)
-    parts = p.learner.engine._grpo_parts(b)
-    out, ent = p.learner.engine.grpo_loss(parts, 0, parts.c.seq.weights)
+    parts = p.learner.objective.grpo_parts(p.model, p.learner.reference, b)
+    out, ent = p.learner.objective.grpo_loss(p.model, parts, 0, parts.collated.seq.weights)
     assert out.loss.dtype == torch.float32 and ent.dtype == torch.float32
     before = [q.detach().clone() for q in p.model.parameters()]
     stats = p.train_step(b)
@@ -229,7 +229,8 @@ def test_peer_rows_keep_the_first_passs_log_probs_and_are_clipped_on_later_itera
     batch = batch_for(missing, sft_coef=0.0)
     assert any(s.old_logprobs is None for s in batch.sequences)
     given.model.train()
-    logp = given.learner.batch_logprobs(collate_sequences(batch.sequences, given.pad_id))
+    logp = given.learner.logprobs.batch_logprobs(given.model,
+                                                 collate_sequences(batch.sequences, given.pad_id))
     filled = tuple(s if s.old_logprobs is not None else
                    replace(s, old_logprobs=tuple(logp[i, :len(s.completion_ids)].tolist()))
                    for i, s in enumerate(batch.sequences))

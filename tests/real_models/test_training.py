@@ -47,9 +47,11 @@ def test_training_logprobs_equal_the_samplers_and_an_update_moves_the_weights(co
     samples = policy.generate(PROMPTS, 2, 8, temperature=1.0)
     c = collate([s.prompt_ids for s in samples], [s.completion_ids for s in samples], policy.pad_id)
     policy.model.eval()
-    with torch.no_grad(), policy.learner.autocast():
-        plain = selective_log_softmax(policy.learner.completion_logits(c).float(), c.completion_ids)
-    chunked = policy.learner.engine.plain_logprobs(c)
+    logprobs = policy.learner.logprobs
+    with torch.no_grad(), logprobs.autocast():
+        plain = selective_log_softmax(logprobs.completion_logits(policy.model, c).float(),
+                                      c.completion_ids)
+    chunked = logprobs.plain_logprobs(policy.model, c)
     limit = TOLERANCE[dtype]
     for logp in (plain, chunked):
         gaps = _gaps(policy, samples, logp)

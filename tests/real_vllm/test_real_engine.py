@@ -46,7 +46,7 @@ def trainer_logprobs(policy, samples, temperature=1.0, top_k=0, top_p=1.0) -> li
     from mutualrl.policies.sampling import truncate_logits, truncates
     c = collate([s.prompt_ids for s in samples], [s.completion_ids for s in samples], policy.pad_id)
     with torch.no_grad():
-        logits = policy.learner.completion_logits(c, temperature=temperature)
+        logits = policy.learner.logprobs.completion_logits(policy.model, c, temperature=temperature)
         if truncates(top_k, top_p):
             logits = truncate_logits(logits, top_k, top_p)
         lp = selective_log_softmax(logits, c.completion_ids)

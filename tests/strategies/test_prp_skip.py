@@ -39,8 +39,9 @@ def loss_and_grad(policy, batch: TrainBatch):
     """The update engine's GRPO loss of ``batch`` (summed over its micro-batches) and gradient."""
     params = [p for p in policy.model.parameters() if p.requires_grad]
     policy.learner.optimizer.zero_grad(set_to_none=True)
-    parts = policy.learner.engine._grpo_parts(batch)
-    loss = sum(policy.learner.engine.grpo_loss(parts, k, parts.c.seq.weights)[0].loss
+    objective = policy.learner.objective
+    parts = objective.grpo_parts(policy.model, policy.learner.reference, batch)
+    loss = sum(objective.grpo_loss(policy.model, parts, k, parts.collated.seq.weights)[0].loss
                for k in range(len(parts.slices)))
     loss.backward()
     grad = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in params])
@@ -52,9 +53,9 @@ def loss_and_grad(policy, batch: TrainBatch):
 @pytest.mark.parametrize("mask_truncated", [False, True])
 @pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
 def test_skipping_inert_peers_keeps_loss_and_gradient(policy, loss_type, mask_truncated, micro_batch):
-    policy.grpo = policy.learner.grpo = policy.learner.engine.grpo = msgspec.structs.replace(
+    policy.grpo = policy.learner.grpo = policy.learner.objective.grpo = msgspec.structs.replace(
         GRPO, loss_type=loss_type, mask_truncated_completions=mask_truncated)
-    policy.learner.training = policy.learner.engine.training = TrainingConfig(
+    policy.learner.training = policy.learner.objective.training = TrainingConfig(
         per_device_train_batch_size=micro_batch)
     policy.model.train()
     seqs = sequences(policy)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from mutualrl.config import load_config
-from mutualrl.policies.update import UpdateEngine
+from mutualrl.policies.learner import Learner
 from mutualrl.run import train
 from mutualrl.run.build import optimizer_steps
 from mutualrl.strategies import build_strategy
@@ -22,14 +22,14 @@ def test_the_schedule_spans_every_update_of_the_run(per_step, tmp_path, monkeypa
                              'allocation.local_mode="sequential"'])
     assert optimizer_steps(cfg, build_strategy(cfg)) == 3 * per_step * 2
     used: list[float] = []
-    advance = UpdateEngine._advance_schedule
+    advance = Learner._advance_schedule
 
     def recording(self):
-        if self.p.name == "llama-mistral":
-            used.append(self.p.scheduler.get_last_lr()[0])
+        if self.name == "llama-mistral":
+            used.append(self.scheduler.get_last_lr()[0])
         advance(self)
 
-    monkeypatch.setattr(UpdateEngine, "_advance_schedule", recording)
+    monkeypatch.setattr(Learner, "_advance_schedule", recording)
     train(cfg)
     # one LR per optimizer step, decaying linearly over all of them and ending above 0
     n = 3 * per_step * 2

@@ -39,7 +39,7 @@ def flat_grad(policy, c, mask, old, weights) -> torch.Tensor:
     params = [p for p in policy.model.parameters() if p.requires_grad]
     policy.learner.optimizer.zero_grad(set_to_none=True)
     parts = GRPOParts(c, mask, old, [None], None, [slice(0, len(weights))])
-    out, _ = policy.learner.engine.grpo_loss(parts, 0, weights)
+    out, _ = policy.learner.objective.grpo_loss(policy.model, parts, 0, weights)
     out.loss.backward()
     g = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in params])
     policy.learner.optimizer.zero_grad(set_to_none=True)

@@ -4,11 +4,13 @@ Strategies build ``TrainBatch``es out of ``TrainSequence``s (own samples, pooled
 SFT examples); the policy turns them into tensors. Layout: prompts left-padded, completions
 right-padded after them, so every completion occupies the last T positions and the model only
 has to produce logits there (``logits_to_keep``) — with 32k-129k vocabularies the LM head is
-most of a tiny model's cost.
+most of a tiny model's cost. A collated batch is cut into micro-batches of consecutive rows
+(``micro_batch_slices``, ``take_rows``).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields, replace
 
 import torch
@@ -155,3 +157,33 @@ def sequence_weights(seqs: tuple[TrainSequence, ...], T: int) -> torch.Tensor:
         if s.token_weights is not None:
             tok[i, :len(s.token_weights)] = torch.tensor(s.token_weights)
     return w.unsqueeze(-1) * tok
+
+
+def micro_batch_slices(rows: int, per_device_train_batch_size: int | None,
+                       gradient_accumulation_steps: int, multiple: int = 1) -> list[slice]:
+    """Cut ``rows`` into max(gradient_accumulation_steps, ceil(rows / per_device)) near-equal
+    consecutive slices, that count rounded up to a ``multiple`` (a sharded learner's ranks),
+    never more slices than rows, at least one."""
+    n = gradient_accumulation_steps
+    if per_device_train_batch_size is not None:
+        n = max(n, math.ceil(rows / per_device_train_batch_size))
+    n = math.ceil(n / multiple) * multiple
+    n = max(1, min(n, rows))
+    base, extra = divmod(rows, n)
+    bounds = [0]
+    for i in range(n):
+        bounds.append(bounds[-1] + base + (i < extra))
+    return [slice(a, b) for a, b in zip(bounds, bounds[1:])]
+
+
+def take_rows(c: Collated, rows: slice) -> Collated:
+    """Rows of a collated batch, without the leading columns that are padding in all of them
+    (left padding only: positions and the completion's last-T layout are unchanged)."""
+    attention = c.attention_mask[rows]
+    used = attention.any(0).nonzero()
+    first = min(int(used[0]) if len(used) else 0, c.input_ids.shape[1] - c.completion_len - 1)
+    first = max(first, 0)
+    return replace(c, input_ids=c.input_ids[rows, first:], attention_mask=attention[:, first:],
+                   position_ids=c.position_ids[rows, first:], completion_ids=c.completion_ids[rows],
+                   lengths=c.lengths[rows],
+                   columns=c.columns.rows(rows) if c.columns is not None else None)

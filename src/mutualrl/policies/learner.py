@@ -1,11 +1,14 @@
 """A policy's learner: the one owner of its model, optimizer, schedule, KL reference and version.
 
 Everything that changes the weights goes through here: GRPO (+SFT) updates on ``TrainBatch``es and
-plain supervised steps, each bumping nothing but this object's state. Its ``UpdateEngine``
-(``policies.update``) is how a batch becomes optimizer steps within bounded memory; generation
-backends and the mismatch correction get the log-prob functions they need from here, never the
-whole policy. A learner knows nothing of tokenizers beyond the facts its model is built from, of
-sampling, or of other policies.
+plain supervised steps, each changing nothing but this object's state. The learner runs each
+optimizer step itself (zero the gradients, accumulate them, clip, step or skip, advance the
+schedule), as a training recipe does; what it computes comes from two objects that hold settings
+only and are handed the model at every call: its ``LogProbs`` (``policies.logprobs``: logits,
+per-token log-probs, precision) and its ``Objective`` (``policies.update``: a batch's parts, the
+losses and their gradients within bounded memory). Generation backends and the mismatch
+correction get the log-prob functions they need, never the whole policy. A learner knows nothing
+of tokenizers beyond the facts its model is built from, of sampling, or of other policies.
 
 Where its model lives is its *placement*, asked once when the learner is built: ``OnDevice`` (the
 whole model on one device, the default) or a rank of a sharded learner
@@ -18,6 +21,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import threading
+import time
+import warnings
 from pathlib import Path
 from typing import Protocol
 
@@ -25,10 +30,11 @@ import torch
 
 from mutualrl.config import GRPOConfig, PolicyConfig, TrainingConfig
 from mutualrl.policies.batch import SFTExample, TrainBatch
+from mutualrl.policies.logprobs import LogProbs
 from mutualrl.policies.models import TokenizerFacts, build_model
 from mutualrl.policies.ranks import ONE_RANK, RankShare
-from mutualrl.policies.sampling import truncate_logits, truncates
-from mutualrl.policies.update import UpdateEngine, make_optimizer, prepare_model
+from mutualrl.policies.update import (GRPOParts, Objective, SFTParts, clip_gradients,
+                                      make_optimizer, prepare_model)
 
 # Seeded initialisation draws from torch's global RNG (forked, seeded per policy); learners built
 # concurrently in threads would interleave their draws, so building is serialised.
@@ -100,50 +106,18 @@ class Learner:
                                                         total_steps)
         self.version = 0               # of the weights: +1 per update (not per SFT step)
         self.skipped_nan_steps = 0
-        self.engine = UpdateEngine(self)
-
-    # ---- log-probs ------------------------------------------------------------------------
-    def completion_logits(self, c, model=None, temperature: float | None = None) -> torch.Tensor:
-        """Logits predicting each completion token: (B, T, V), computed only at those positions.
-
-        Divided by ``temperature`` (default: the sampling temperature, so log-probs are those of
-        the distribution the samples came from; SFT passes 1)."""
-        model = model or self.model
-        L, T = c.input_ids.shape[1], c.completion_len
-        # The logits at positions L-T-1 .. L-2 predict the T completion tokens. Asking the model
-        # for exactly those (not the last T+1, then slicing) spares a (B, T+1, V) copy forward
-        # and a zero-filled one in backward: with a 129k vocabulary these passes cost as much
-        # as the LM head itself.
-        keep = torch.arange(L - T - 1, L - 1, device=self.device)
-        out = model(input_ids=c.input_ids.to(self.device), attention_mask=c.attention_mask.to(self.device),
-                    position_ids=c.position_ids.to(self.device), logits_to_keep=keep)
-        logits = out.logits.float()
-        g = self.grpo
-        if temperature is None and truncates(g.top_k, g.top_p):
-            # the sampling distribution is truncated: take log-probs under the same truncation
-            return truncate_logits(logits.div_(g.temperature), g.top_k, g.top_p,
-                                   keep=c.completion_ids.to(self.device))
-        temperature = temperature or g.temperature
-        # In place: the LM head's backward needs its input and weight, not its output.
-        return logits.div_(temperature) if temperature != 1 else logits
+        # A sharded model casts to bf16 itself (FSDP2's mixed precision): only an unsharded one
+        # runs under autocast.
+        self.logprobs = LogProbs(self.name, self.device, self.pad_id, grpo, self.training,
+                                 bf16=cfg.dtype == "bf16" and self.placement.autocast)
+        self.objective = Objective(grpo, self.training, self.logprobs, self.placement.share)
 
     def sequence_logprobs(self, prompts: list[tuple[int, ...]], completions: list[tuple[int, ...]]) -> torch.Tensor:
         """Total log-prob of each completion under the current weights: (B,). Off-policy ratios."""
-        return self.engine.sequence_logprobs(prompts, completions)
-
-    def batch_logprobs(self, c) -> torch.Tensor:
-        """(B, T) log-probs of a whole collated batch, micro-batch by micro-batch (no grad)."""
-        return self.engine.batch_logprobs(c)
-
-    def autocast(self):
-        """The policy's compute precision for a forward pass (bf16 autocast or nothing)."""
-        return self.engine.autocast()
+        self.model.eval()
+        return self.logprobs.sequence_logprobs(self.model, prompts, completions)
 
     # ---- updates --------------------------------------------------------------------------
-    def sft_loss(self, examples: tuple[SFTExample, ...]) -> torch.Tensor:
-        """Mean token negative log-likelihood of ``examples`` (completion tokens only)."""
-        return self.engine.sft_total_loss(examples)
-
     @contextlib.contextmanager
     def learning_rate(self, learning_rate: float | None):
         """Run the optimizer at ``learning_rate`` inside the block (None: unchanged)."""
@@ -162,15 +136,69 @@ class Learner:
 
     def train_step(self, batch: TrainBatch, correct_mismatch: bool = False) -> dict[str, float]:
         """One update (``num_iterations`` optimizer steps) on a batch; NaN losses are skipped,
-        counted. ``correct_mismatch``: the behaviour log-probs came from an inexact sampler."""
+        counted. The schedule advances once per optimizer step at the policy's learning rate
+        (not for a batch that sets its own). ``correct_mismatch``: the behaviour log-probs came
+        from an inexact sampler (``generation.mismatch``)."""
         with self.learning_rate(batch.learning_rate):
-            return self.engine.train_step(batch, correct_mismatch)
+            self.model.train()
+            stats, t0 = {}, time.perf_counter()
+            grpo = (self.objective.grpo_parts(self.model, self.reference, batch, correct_mismatch)
+                    if batch.sequences else None)
+            sft = self.objective.sft_parts(batch.sft) if batch.sft and batch.sft_coef > 0 else None
+            if grpo is not None:
+                stats.update(grpo.stats)
+            if grpo is not None and batch.diagnose_sources:
+                stats.update(self.objective.source_gradients(self.model, self.optimizer, grpo))
+            for _ in range(self.grpo.num_iterations):
+                stats.update(self._optimizer_step(grpo, sft, batch.sft_coef))
+                if batch.learning_rate is None:
+                    self._advance_schedule()
+            self.version += 1
+            stats["step_time_s"] = time.perf_counter() - t0
+            return stats
 
     def sft_step(self, examples: tuple[SFTExample, ...], learning_rate: float | None = None) -> float:
-        """A plain supervised step (warm start); ``learning_rate`` overrides the optimizer's for it."""
+        """A plain supervised step (warm start) at the optimizer's current learning rate, or at
+        ``learning_rate`` for this step; the schedule does not advance."""
         self.model.train()
         with self.learning_rate(learning_rate):
-            return self.engine.sft_step(examples)
+            stats = self._optimizer_step(None, self.objective.sft_parts(examples), 1.0)
+        return stats.get("sft_loss", stats["loss"])
+
+    def _optimizer_step(self, grpo: GRPOParts | None, sft: SFTParts | None,
+                        coef: float) -> dict[str, float]:
+        """One optimizer step on the objective's gradients: clipped, then taken, or skipped
+        (and counted) when a loss or the gradient norm is not finite."""
+        self.optimizer.zero_grad(set_to_none=True)
+        grads = self.objective.backward(self.model, grpo, sft, coef)
+        stats, loss = grads.stats, grads.stats["loss"]
+        if not grads.finite:
+            stats.update(self._skip(float("nan")))
+        elif not grads.present:
+            # nothing in the batch depends on the parameters (no sequences, SFT weight 0)
+            stats.update({"loss": loss, "skipped_empty": 1.0})
+        else:
+            norm = clip_gradients(self.model, self.training.max_grad_norm)
+            if not torch.isfinite(norm):
+                stats.update(self._skip(loss))
+            else:
+                self.optimizer.step()
+                stats.update({"loss": loss, "grad_norm": float(norm), "skipped_nan": 0.0})
+        return stats
+
+    def _skip(self, loss: float) -> dict[str, float]:
+        self.optimizer.zero_grad(set_to_none=True)
+        self.skipped_nan_steps += 1
+        return {"loss": loss, "skipped_nan": 1.0}
+
+    def _advance_schedule(self) -> None:
+        # The schedule counts update attempts, skipped ones too (as transformers' Trainer does),
+        # so a run's rates do not depend on which steps were skipped; torch warns when a
+        # skipped step precedes it (or optimizer.step is wrapped), which is intended here.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`")
+            warnings.filterwarnings("ignore", message=r"Seems like `optimizer\.step\(\)` has been overridden")
+            self.scheduler.step()
 
     def freeze_reference(self) -> None:
         """Make the KL reference the policy as it is now: RL's reference is the model RL starts

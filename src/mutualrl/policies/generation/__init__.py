@@ -5,7 +5,8 @@ log-probs, reproducible from the policy's own generator); ``vllm`` runs a vLLM e
 (GPUs). A policy owns one backend, chosen by ``[[policies]] generation.backend``; the loop only
 ever calls ``Policy.generate``. Backends register on ``GENERATION_BACKENDS`` as builders
 ``(view, learner, generator) -> GenerationBackend``: the policy's tokenizer view, the learner
-whose weights it samples (model, version, precision, trainer log-probs) and the sampler's
+whose weights it samples (its ``model``, ``version`` and ``device``, and its ``logprobs``: the
+policy's precision and the trainer's log-prob functions, ``policies.logprobs``) and the sampler's
 ``torch.Generator``.
 """
 

@@ -86,7 +86,7 @@ class TorchBackend:
         step = settings.batch_size or len(ids)
         out: list[Sample] = []
         for lo in range(0, len(ids), step):
-            with self.learner.autocast():   # the policy's precision (bf16 or fp32)
+            with self.learner.logprobs.autocast():   # the policy's precision (bf16 or fp32)
                 tokens, logps = self._sample(ids[lo:lo + step], settings)
             out += self._to_samples(prompts, ids[lo:lo + step], groups[lo:lo + step], tokens, logps)
         return out
@@ -222,7 +222,7 @@ class FrozenWeights:
 
     def __init__(self, learner) -> None:
         self.model = copy.deepcopy(learner.model).eval().requires_grad_(False)
-        self.device, self.version, self.autocast = learner.device, learner.version, learner.autocast
+        self.device, self.version, self.logprobs = learner.device, learner.version, learner.logprobs
 
     @torch.no_grad()
     def refresh(self, learner) -> None:

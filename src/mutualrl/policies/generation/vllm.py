@@ -211,7 +211,7 @@ class VLLMBackend:
         was_training = learner.model.training
         learner.model.eval()
         c = collate([self.probe_ids[:1]], [self.probe_ids[1:]], self.view.pad_id)
-        logp = selective_log_softmax(learner.completion_logits(c, temperature=1.0),
+        logp = selective_log_softmax(learner.logprobs.completion_logits(learner.model, c, temperature=1.0),
                                      c.completion_ids.to(learner.device))
         learner.model.train(was_training)
         return logp[0].float().cpu()

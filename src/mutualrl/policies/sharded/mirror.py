@@ -8,12 +8,13 @@ checks the copy against the sharded model itself: the log-probs of a fixed token
 both (every rank computes the sharded one) must agree within ``generation.sync_tolerance``.
 
 ``MirrorSource`` is what a generation backend reads of a learner (``policies.generation``): the
-copy as its model, the learner's version and device, the policy's precision.
+copy as its model, the learner's version and device, and log-prob functions in the policy's
+precision.
 """
 
 from __future__ import annotations
 
-import contextlib
+from dataclasses import replace
 
 import torch
 
@@ -52,16 +53,15 @@ class WeightMirror:
         sequence (all ranks call this together); None on ranks without the copy."""
         ids = tuple(1 + i % (vocab_size - 1) for i in range(PROBE_TOKENS))
         c = collate([ids[:PROBE_TOKENS // 2]], [ids[PROBE_TOKENS // 2:]], 0)
-        model, engine = self.learner.model, self.learner.engine
+        model = self.learner.model
         was_training = model.training
         model.eval()
-        sharded = engine.plain_logprobs(c).float()
+        sharded = self.learner.logprobs.plain_logprobs(model, c).float()
         settle(model)
         model.train(was_training)
         if self.full is None:
             return None
-        with MirrorSource(self.learner, self.full).autocast():
-            whole = engine.plain_logprobs(c, self.full).float()
+        whole = MirrorSource(self.learner, self.full).logprobs.plain_logprobs(self.full, c).float()
         return float((sharded - whole).abs().max())
 
     def sync(self, vocab_size: int) -> dict[str, float]:
@@ -86,20 +86,10 @@ class MirrorSource:
 
     def __init__(self, learner, full: torch.nn.Module) -> None:
         self.learner, self.model, self.device = learner, full, learner.device
+        # The sharded model casts itself (no autocast); the copy is a plain module: a bf16
+        # policy's copy (bf16 already) computes under bf16 autocast, an fp32 one in fp32.
+        self.logprobs = replace(learner.logprobs, bf16=learner.cfg.dtype == "bf16")
 
     @property
     def version(self) -> int:
         return self.learner.version
-
-    def autocast(self):
-        """bf16 compute for a bf16 policy (its copy is bf16 already); fp32 otherwise."""
-        if self.learner.cfg.dtype != "bf16":
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=torch.bfloat16)
-
-    def completion_logits(self, c, model=None, temperature: float | None = None) -> torch.Tensor:
-        return self.learner.completion_logits(c, model or self.model, temperature)
-
-    def batch_logprobs(self, c) -> torch.Tensor:
-        """(B, T) log-probs under the copy (what the engine is checked against)."""
-        return self.learner.engine.plain_logprobs(c, self.model)
