@@ -1,6 +1,6 @@
 """A note before training when a policy's compute precision is slow on the machine it runs on.
 
-``dtype = "bf16"`` runs forward and backward under bf16 autocast (``policies.update``). On a GPU
+``dtype = "bf16"`` runs forward and backward under bf16 autocast (``policies.logprobs``). On a GPU
 that is the fast path. A CPU without bf16 matrix instructions (AVX512-BF16 or AMX) emulates bf16
 GEMMs, so the same update is an order of magnitude slower than in fp32: on a 2-core AVX2 VM a
 hidden-64 policy's update took 4.6 s against 0.39 s (32k vocabulary), and 54 s against 2.2 s on a

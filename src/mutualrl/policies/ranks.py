@@ -1,9 +1,10 @@
 """Which micro-batches of an optimizer step a learner rank runs, and how ranks agree on the rest.
 
 A learner is one rank (``OneRank``: every micro-batch here, nothing to agree on) or one of the
-ranks of a sharded learner (``policies.sharded.share.GroupShare``). The update engine cuts each
-batch into micro-batches exactly as for one rank, with their count rounded up to a multiple of
-the ranks, and every rank takes a contiguous block of them: its *passes*. The loss of every
+ranks of a sharded learner (``policies.sharded.share.GroupShare``). The update
+(``policies.update``) cuts each batch into micro-batches exactly as for one rank, with their
+count rounded up to a multiple of the ranks, and every rank takes a contiguous block of them:
+its *passes*. The loss of every
 micro-batch is already its share of the whole batch's loss (``grpo.normalise``), so the sum over
 ranks of their gradients is the one-rank gradient; the sharded model's reduction sums
 (``policies.sharded.fsdp``).

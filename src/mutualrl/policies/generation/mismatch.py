@@ -1,4 +1,5 @@
-"""The trainer's side of the mismatch correction, called once per update by the update engine.
+"""The trainer's side of the mismatch correction, called once per update by the update's objective
+(``policies.update``).
 
 For a backend whose behaviour log-probs are not the trainer's (``exact_logprobs`` False), the
 trainer recomputes the log-probs of the sampled tokens before updating; they become the GRPO
