@@ -97,7 +97,8 @@ def _transformers_version() -> str:
 
 
 def check_checkpoints(policies: list[PolicyConfig]) -> dict[str, dict]:
-    """Every checkpoint present and of a registered family (no tokenizer needed): name -> config."""
+    """Every checkpoint present and a causal LM transformers builds (no tokenizer needed):
+    name -> config."""
     return {p.name: cfg for p in policies if (cfg := check_checkpoint(p)) is not None}
 
 

@@ -72,7 +72,7 @@ def prepare(cfg: RunConfig) -> Prepared:
     check_scenario(cfg)                      # registered, its table fits, warm plans can be made
     task = build_task(cfg.task)
     rewards = build_rewards(cfg.task, task, cfg.allocation.verifier_threads)  # unknown ones fail here
-    checkpoints = check_checkpoints(cfg.policies)  # present, of a registered family
+    checkpoints = check_checkpoints(cfg.policies)  # present, a causal LM transformers builds
     for p in cfg.policies:
         bad = [f for f in p.warmup_families if f not in task.families]
         if bad:
