@@ -130,3 +130,32 @@ def test_the_is_weight_column_reads_the_weights_applied_before_a_raw_ratio():
             return np.arange(2), np.full(2, self.logged[key.split("/", 2)[2]])
 
     assert abs(is_weight_var(Run(), "p") - 0.153) < 1e-12
+
+
+def test_heldout_changes_give_each_end_its_interval_and_say_whether_it_rose(tmp_path):
+    from mutualrl.report.analysis import heldout_change_lines, heldout_changes
+
+    def rec(step, policy, greedy):
+        n = len(greedy)
+        return {"step": step, "policy": policy, "k": 1, "prompt_ids": [f"p{i}" for i in range(n)],
+                "families": ["add"] * n, "greedy": greedy, "sampled": greedy,
+                "greedy_text": ["x"] * n}
+
+    n = 100
+    up = rec(0, "a", [1] * 20 + [0] * 80), rec(30, "a", [1] * 45 + [0] * 55)     # 0.20 -> 0.45
+    flat = rec(0, "b", [1] * 50 + [0] * 50), rec(30, "b", [0] * 2 + [1] * 52 + [0] * 46)
+    append_heldout(tmp_path, [up[0], flat[0]])
+    append_heldout(tmp_path, [up[1], flat[1]])
+    a, b = heldout_changes(tmp_path)
+    assert a.policy == "a" and a.steps == (0, 30) and a.n_prompts == n
+    assert a.start[0] == 0.2 and a.start[1] < 0.2 < a.start[2] and a.end[0] == 0.45
+    assert a.change[0] == 0.25 and 0 < a.change[1] < 0.25 < a.change[2]
+    assert a.verdict.startswith("rose")
+    assert b.verdict.startswith("within") and abs(b.change[0] - 0.02) < 1e-12
+    lines = heldout_change_lines(tmp_path)
+    assert lines[0].startswith("a: 0.200 [") and "-> 0.450 [" in lines[0] and "rose" in lines[0]
+    # one evaluation only: nothing to compare
+    one = tmp_path / "one"
+    one.mkdir()
+    append_heldout(one, [up[0]])
+    assert heldout_changes(one) == []

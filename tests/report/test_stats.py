@@ -83,3 +83,15 @@ def test_curve_area_and_cost_to_target():
     tokens = np.array([0, 100, 200, 400])
     assert cost_to_target(tokens, np.array([0.1, 0.5, 0.8, 0.9]), 0.75) == 200
     assert cost_to_target(tokens, np.array([0.1, 0.5, 0.6, 0.7]), 0.75) is None
+
+
+def test_wilson_interval_matches_its_formula_and_stays_inside_0_1():
+    from mutualrl.report.stats import wilson_interval
+    # 20 of 100 at 95%: the textbook values (Newcombe 1998): [0.1333, 0.2888]
+    lo, hi = wilson_interval(20, 100)
+    assert abs(lo - 0.1333) < 5e-4 and abs(hi - 0.2888) < 5e-4
+    assert wilson_interval(0, 64)[0] == 0.0 and 0.0 < wilson_interval(0, 64)[1] < 0.06
+    assert wilson_interval(64, 64)[1] == 1.0 and wilson_interval(64, 64)[0] > 0.94
+    import pytest
+    with pytest.raises(ValueError):
+        wilson_interval(0, 0)

@@ -18,7 +18,7 @@ import numpy as np
 from mutualrl.run.evaluation import read_heldout
 from mutualrl.report.data import (THL_HEADLINE, THL_PREFIX, RunData, bytes_exchanged, is_weight_var,
                                   own_families_of, policies_of, tokens_generated, tokens_per_step)
-from mutualrl.report.stats import cost_to_target, curve_area, paired_difference
+from mutualrl.report.stats import cost_to_target, curve_area, paired_difference, wilson_interval
 
 # Held-out pass@1 (all families) a regime must reach for "tokens to target".
 TARGET_ACCURACY = 0.75
@@ -168,6 +168,53 @@ def starting_point_line(run_dir: str | Path) -> str:
     start = starting_point(read_heldout(run_dir))
     return " | ".join(f"{p} " + " ".join(f"{f} {g:.2f}/{s:.2f}" for f, (g, s) in fams.items())
                       for p, fams in start.items())
+
+
+@dataclass(frozen=True)
+class HeldoutChange:
+    """One policy's greedy held-out pass@1 at its first and last evaluation (the same prompts),
+    each with its 95% Wilson interval over prompts, and the paired change's bootstrap interval."""
+    policy: str
+    steps: tuple[int, int]
+    start: tuple[float, float, float]     # pass@1, lo, hi
+    end: tuple[float, float, float]
+    change: tuple[float, float, float]    # mean, lo, hi (paired over prompts)
+    n_prompts: int
+
+    @property
+    def verdict(self) -> str:
+        """``rose``/``fell`` beyond the start's interval, else ``within the start's interval``."""
+        if self.end[0] > self.start[2]:
+            return "rose beyond the start's 95% interval"
+        if self.end[0] < self.start[1]:
+            return "fell below the start's 95% interval"
+        return "within the start's 95% interval"
+
+
+def heldout_changes(run_dir: str | Path) -> list[HeldoutChange]:
+    """Each policy's held-out pass@1 from its first to its last evaluation (policies evaluated
+    once or not at all are left out)."""
+    records = read_heldout(run_dir)
+    out = []
+    for policy in dict.fromkeys(r["policy"] for r in records):
+        c = curve_of(records, policy)
+        if c is None or len(c.steps) < 2:
+            continue
+        first, last = c.greedy[0], c.greedy[-1]                       # (P,) 0/1 each
+        n = len(first)
+        ends = [(float(g.mean()), *wilson_interval(int(g.sum()), n)) for g in (first, last)]
+        d = paired_difference(last[None], first[None])
+        out.append(HeldoutChange(policy, (int(c.steps[0]), int(c.steps[-1])), ends[0], ends[1],
+                                 (d.mean, d.lo, d.hi), n))
+    return out
+
+
+def heldout_change_lines(run_dir: str | Path) -> list[str]:
+    """``smollm2: 0.42 [0.35, 0.49] -> 0.55 [0.48, 0.62] (+0.13 [+0.07, +0.19]); rose ...``."""
+    return [f"{h.policy}: {h.start[0]:.3f} [{h.start[1]:.3f}, {h.start[2]:.3f}] -> "
+            f"{h.end[0]:.3f} [{h.end[1]:.3f}, {h.end[2]:.3f}] over {h.n_prompts} prompts "
+            f"(change {h.change[0]:+.3f} [{h.change[1]:+.3f}, {h.change[2]:+.3f}]); {h.verdict}"
+            for h in heldout_changes(run_dir)]
 
 
 def starting_points(runs: list[RunData]) -> list[dict[str, Any]]:
