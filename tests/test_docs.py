@@ -179,3 +179,22 @@ def test_readme_opening_names_every_registered_strategy():
     opening = (ROOT / "README.md").read_text().split("\n## ")[0]
     missing = [n for n in STRATEGIES.names() if f"`{n}`" not in opening]
     assert not missing, f"README's opening paragraph does not name {missing}"
+
+
+def test_readme_is_at_most_150_lines():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 150, f"README.md has {len(lines)} lines; a newcomer's page holds at most 150"
+
+
+COMMIT_HASH = re.compile(r"`[0-9a-f]{7,12}`")
+
+
+def test_readme_and_docs_quote_no_commit_hash():
+    # which commit measured a figure is recorded in its JSON under benchmarks/results/; the prose
+    # links that file instead of quoting hashes, which date the page the moment it is committed
+    pages = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
+    found = [f"{page.relative_to(ROOT)}:{number}: {m.group(0)}"
+             for page in pages
+             for number, line in enumerate(page.read_text().splitlines(), 1)
+             for m in COMMIT_HASH.finditer(line)]
+    assert not found, f"backticked commit hashes (link the result's JSON instead): {found}"
