@@ -96,10 +96,16 @@ def _run_train(args) -> int:
     with RunProgress(enabled=not args.no_progress, console=console) as progress:
         summary = train(cfg, progress, resume=bool(args.resume), overwrite=args.overwrite)
     console.print(f"[bold]done[/] in {summary.wall_time_s:.0f}s -> {summary.output_dir}")
-    from mutualrl.report.analysis import starting_point_line
+    from mutualrl.report.analysis import heldout_change_lines, starting_point_line
     start = starting_point_line(summary.output_dir)
     if start:
         console.print(f"  starting point (family greedy pass@1/sampled success): {start}")
+    changes = heldout_change_lines(summary.output_dir)
+    if changes:
+        console.print("  held-out pass@1 (greedy), first -> last evaluation [95% interval over "
+                      "prompts]:")
+    for line in changes:
+        console.print(f"    {line}")
     if summary.reward_first:    # a quarter of the steps each: one step's few prompts are noisy
         console.print("  train reward, mean of the first -> last quarter of the steps; final "
                       "held-out pass@1:")
