@@ -52,13 +52,25 @@ ARCH = {"mistral-v1": "llama", "deepseek-v3": "qwen2"}
 
 
 def config(a, out: Path):
-    sets = [f'output_dir="{out}"', 'strategy="none"', f"torch_threads={a.threads}",
-            f"steps={a.steps + 1}", "save_steps=0", "warmup.max_steps=0", "eval.every=0",
-            f"grpo.num_generations={a.generations}", f"grpo.prompts_per_step={a.prompts}",
-            f"grpo.max_completion_length={a.tokens}", "grpo.temperature=1.0", "grpo.beta=0.0",
-            'grpo.loss_type="grpo"', 'task.name="lookup"', "task.families=[]",
-            f'policies=[{{name="p", architecture="{ARCH[a.tokenizer]}", tokenizer="{a.tokenizer}", '
-            f'hidden_size={a.hidden}, num_layers={a.layers}, num_heads=4}}]']
+    sets = [
+        f'output_dir="{out}"',
+        'strategy="none"',
+        f"torch_threads={a.threads}",
+        f"steps={a.steps + 1}",
+        "save_steps=0",
+        "warmup.max_steps=0",
+        "eval.every=0",
+        f"grpo.num_generations={a.generations}",
+        f"grpo.prompts_per_step={a.prompts}",
+        f"grpo.max_completion_length={a.tokens}",
+        "grpo.temperature=1.0",
+        "grpo.beta=0.0",
+        'grpo.loss_type="grpo"',
+        'task.name="lookup"',
+        "task.families=[]",
+        f'policies=[{{name="p", architecture="{ARCH[a.tokenizer]}", tokenizer="{a.tokenizer}", '
+        f"hidden_size={a.hidden}, num_layers={a.layers}, num_heads=4}}]",
+    ]
     return load_config(ROOT / "configs" / "tiny.toml", sets)
 
 
@@ -93,8 +105,13 @@ class Bare:
         self.encode = policy.encode_prompt
         self.cache = cache_keyword(self.model)
         group = policy.learner.optimizer.param_groups[0]
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=group["lr"], betas=group["betas"],
-                                     eps=group["eps"], weight_decay=group["weight_decay"])
+        self.opt = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=group["lr"],
+            betas=group["betas"],
+            eps=group["eps"],
+            weight_decay=group["weight_decay"],
+        )
 
     def sync_from(self, policy) -> None:
         """Take the policy's weights, optimizer state and generator (outside the timing), so
@@ -111,16 +128,26 @@ class Bare:
         c = collate(ids, [()] * len(ids), self.pad)
         P = c.input_ids.shape[1] - 1
         attn, pos = c.attention_mask[:, :P], c.position_ids[:, :P]
-        out = m(input_ids=c.input_ids[:, :P], attention_mask=attn, position_ids=pos, use_cache=True,
-                logits_to_keep=1)
+        out = m(
+            input_ids=c.input_ids[:, :P],
+            attention_mask=attn,
+            position_ids=pos,
+            use_cache=True,
+            logits_to_keep=1,
+        )
         done = torch.zeros(len(ids), dtype=torch.bool)
         toks = []
         for i in range(self.g.max_completion_length):
             if i:
                 attn = torch.cat([attn, torch.ones_like(attn[:, :1])], 1)
                 pos = pos[:, -1:] + 1
-                out = m(input_ids=toks[-1][:, None], attention_mask=attn, position_ids=pos,
-                        use_cache=True, **{self.cache: getattr(out, self.cache)})
+                out = m(
+                    input_ids=toks[-1][:, None],
+                    attention_mask=attn,
+                    position_ids=pos,
+                    use_cache=True,
+                    **{self.cache: getattr(out, self.cache)},
+                )
             tok = sample_tokens(torch.log_softmax(out.logits[:, -1].float(), -1), self.generator)
             tok = torch.where(done, torch.full_like(tok, self.pad), tok)
             toks.append(tok)
@@ -128,7 +155,7 @@ class Bare:
             if bool(done.all()):
                 break
         rows = torch.stack(toks, 1).tolist()
-        return ids, [tuple(r[:r.index(eos) + 1] if eos in r else r) for r in rows]
+        return ids, [tuple(r[: r.index(eos) + 1] if eos in r else r) for r in rows]
 
     def update(self, ids, completions, rewards) -> tuple[float, float]:
         self.model.train()
@@ -139,9 +166,10 @@ class Bare:
         adv = ((r - r.mean(1, keepdim=True)) / (std + EPS)).float().flatten()
         c = collate(ids, completions, self.pad)
         L, T = c.input_ids.shape[1], c.completion_len
-        hidden = self.model.model(input_ids=c.input_ids, attention_mask=c.attention_mask,
-                                  position_ids=c.position_ids).last_hidden_state
-        logits = self.model.lm_head(hidden[:, L - T - 1:L - 1]).float()
+        hidden = self.model.model(
+            input_ids=c.input_ids, attention_mask=c.attention_mask, position_ids=c.position_ids
+        ).last_hidden_state
+        logits = self.model.lm_head(hidden[:, L - T - 1 : L - 1]).float()
         logp = torch.log_softmax(logits, -1).gather(-1, c.completion_ids[..., None]).squeeze(-1)
         mask = (torch.arange(T)[None] < c.lengths[:, None]).float()
         ratio = torch.exp(logp - logp.detach())
@@ -160,8 +188,10 @@ class Bare:
         ids, completions = self.generate([self.encode(p.text) for p in prompts])
         t1 = time.perf_counter()
         groups = [p for p in prompts for _ in range(self.g.num_generations)]
-        rewards = [reward(p, self.tok.decode(cp, skip_special_tokens=True))
-                   for p, cp in zip(groups, completions)]
+        rewards = [
+            reward(p, self.tok.decode(cp, skip_special_tokens=True))
+            for p, cp in zip(groups, completions)
+        ]
         t2 = time.perf_counter()
         got = self.update(ids, completions, rewards)
         t3 = time.perf_counter()
@@ -188,8 +218,12 @@ def main() -> None:
     ap.add_argument("--generations", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--malloc", choices=["reuse", "system"], default="reuse",
-                    help="the allocator set-up of both sides (allocation/malloc.py)")
+    ap.add_argument(
+        "--malloc",
+        choices=["reuse", "system"],
+        default="reuse",
+        help="the allocator set-up of both sides (allocation/malloc.py)",
+    )
     a = ap.parse_args()
     os.environ["MUTUALRL_MALLOC"] = a.malloc
     malloc = reuse_large_buffers()
@@ -202,32 +236,44 @@ def main() -> None:
             bare = Bare(policy, cfg)
             times = {"mutualrl": [], "bare": []}
             agree = []
-            for step in range(a.steps + 1):        # step 0 warms both up, then dropped
+            for step in range(a.steps + 1):  # step 0 warms both up, then dropped
                 order = [("mutualrl", ours), ("bare", bare.step)]
                 got = {}
                 bare.sync_from(policy)
-                for name, fn in (order if step % 2 == 0 else order[::-1]):
+                for name, fn in order if step % 2 == 0 else order[::-1]:
                     t, got[name] = fn(run, step)
                     if step:
                         times[name].append(t)
                 agree.append([abs(x - y) for x, y in zip(got["mutualrl"], got["bare"])])
                 if step:
-                    print(f"step {step}: mutualrl {times['mutualrl'][-1]['step']:.3f} s, bare "
-                          f"{times['bare'][-1]['step']:.3f} s, |d loss| {agree[-1][0]:.1e}, "
-                          f"|d grad norm| {agree[-1][1]:.1e}", flush=True)
+                    print(
+                        f"step {step}: mutualrl {times['mutualrl'][-1]['step']:.3f} s, bare "
+                        f"{times['bare'][-1]['step']:.3f} s, |d loss| {agree[-1][0]:.1e}, "
+                        f"|d grad norm| {agree[-1][1]:.1e}",
+                        flush=True,
+                    )
         finally:
             run.close()
     med = {n: {k: statistics.median(t[k] for t in ts) for k in ts[0]} for n, ts in times.items()}
     ratio = {k: med["mutualrl"][k] / med["bare"][k] for k in med["bare"] if med["bare"][k] > 0}
-    record = {"benchmark": "floor", "commit": git_commit(), "machine": machine_info(torch=torch.__version__),
-              "settings": {k: v for k, v in vars(a).items() if k != "json"},
-              "malloc": malloc, "median_s": med, "ratio_mutualrl_over_bare": ratio,
-              "max_abs_diff": {"loss": max(d[0] for d in agree), "grad_norm": max(d[1] for d in agree)},
-              "per_step_s": times}
+    record = {
+        "benchmark": "floor",
+        "commit": git_commit(),
+        "machine": machine_info(torch=torch.__version__),
+        "settings": {k: v for k, v in vars(a).items() if k != "json"},
+        "malloc": malloc,
+        "median_s": med,
+        "ratio_mutualrl_over_bare": ratio,
+        "max_abs_diff": {"loss": max(d[0] for d in agree), "grad_norm": max(d[1] for d in agree)},
+        "per_step_s": times,
+    }
     a.json.parent.mkdir(parents=True, exist_ok=True)
     a.json.write_text(json.dumps(record, indent=2) + "\n")
-    print(json.dumps({"median_s": med, "ratio": ratio, "max_abs_diff": record["max_abs_diff"]},
-                     indent=1))
+    print(
+        json.dumps(
+            {"median_s": med, "ratio": ratio, "max_abs_diff": record["max_abs_diff"]}, indent=1
+        )
+    )
 
 
 if __name__ == "__main__":

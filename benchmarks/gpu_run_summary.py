@@ -22,12 +22,23 @@ from pathlib import Path
 
 from mutualrl.run.metrics import read_metrics
 
-PER_POLICY = ("step_time_s", "tokens_per_s", "completion_length", "phase/generate_time_s",
-              "phase/update_time_s", "pace/step_wall_time_s", "pace/gate_wait_time_s")
+PER_POLICY = (
+    "step_time_s",
+    "tokens_per_s",
+    "completion_length",
+    "phase/generate_time_s",
+    "phase/update_time_s",
+    "pace/step_wall_time_s",
+    "pace/gate_wait_time_s",
+)
 # torch.cuda's own peaks, reported with each update (policies.device_memory), and the cap of a
 # process that shares its GPU (allocation.memory.cap_shared_gpus)
-PEAKS = ("cuda/peak_allocated_gib", "cuda/peak_reserved_gib", "cuda/alloc_retries",
-         "cuda/memory_cap_gib")
+PEAKS = (
+    "cuda/peak_allocated_gib",
+    "cuda/peak_reserved_gib",
+    "cuda/alloc_retries",
+    "cuda/memory_cap_gib",
+)
 
 
 def median_after_first(values: list[float]) -> float | None:
@@ -42,9 +53,11 @@ def summarise(run: Path) -> dict:
         return {"run": str(run), "error": "no metrics.jsonl: the run logged nothing"}
     train = [r for r in read_metrics(run / "metrics.jsonl") if r.get("phase") == "train"]
     if not train:
-        return {"run": str(run), "error": "no GRPO step in metrics.jsonl (see the run's log and "
-                                          "failures.jsonl)"}
-    path = run / "summary.json"        # absent where the run was stopped before its end
+        return {
+            "run": str(run),
+            "error": "no GRPO step in metrics.jsonl (see the run's log and failures.jsonl)",
+        }
+    path = run / "summary.json"  # absent where the run was stopped before its end
     summary = json.loads(path.read_text()) if path.exists() else {}
     names = sorted({k.split("/")[1] for r in train for k in r if k.startswith("policy/")})
     policies = {}
@@ -54,19 +67,27 @@ def summarise(run: Path) -> dict:
             values = [r[f"policy/{name}/{stat}"] for r in train if f"policy/{name}/{stat}" in r]
             if values:
                 entry[stat] = median_after_first(values)
-        for stat in PEAKS:          # the largest over the run, the first step included
+        for stat in PEAKS:  # the largest over the run, the first step included
             values = [r[f"policy/{name}/{stat}"] for r in train if f"policy/{name}/{stat}" in r]
             if values:
                 entry[f"{stat}_max"] = max(values)
         entry["steps"] = sum(f"policy/{name}/step_time_s" in r for r in train)
         policies[name] = entry
     step_wall = [r["time_s"] for r in train if "time_s" in r]
-    phases = {k: median_after_first([r[k] for r in train if k in r])
-              for k in sorted({k for r in train for k in r if k.startswith("phase/")})}
-    return {"run": str(run), "finished": path.exists(), "steps": len(train),
-            "step_wall_s_median": median_after_first(step_wall), "phase_medians_s": phases,
-            "wall_time_s": summary.get("wall_time_s"), "phase_times_s": summary.get("phase_times_s"),
-            "policies": policies}
+    phases = {
+        k: median_after_first([r[k] for r in train if k in r])
+        for k in sorted({k for r in train for k in r if k.startswith("phase/")})
+    }
+    return {
+        "run": str(run),
+        "finished": path.exists(),
+        "steps": len(train),
+        "step_wall_s_median": median_after_first(step_wall),
+        "phase_medians_s": phases,
+        "wall_time_s": summary.get("wall_time_s"),
+        "phase_times_s": summary.get("phase_times_s"),
+        "policies": policies,
+    }
 
 
 def peak_mib(path: Path) -> float | None:
@@ -75,7 +96,7 @@ def peak_mib(path: Path) -> float | None:
     for line in path.read_text().splitlines():
         try:
             values.append(float(line.strip()))
-        except ValueError:       # a line cut short when the poller was stopped
+        except ValueError:  # a line cut short when the poller was stopped
             continue
     return max(values) if values else None
 
@@ -103,7 +124,9 @@ def labelled(items: list[str] | None) -> dict[str, Path]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--run", action="append", required=True, help="LABEL=RUN_DIR (repeatable)")
     ap.add_argument("--smi", action="append", help="LABEL=CSV of nvidia-smi memory.used (MiB)")
     ap.add_argument("--apps", action="append", help="LABEL=CSV of nvidia-smi pid,used_memory (MiB)")

@@ -47,15 +47,34 @@ def all_jobs(only: str | None) -> list[tuple[str, list[str]]]:
             out.append((f"{config}-{s}", ["--config", f"configs/{config}.toml", "--strategy", s]))
     if only in (None, "default"):
         # A resumed run: 5 steps with a checkpoint every 2, then --resume from step 4.
-        out.append(("default-resume", ["--config", "configs/default.toml", "--steps", "5",
-                                       "--set", "save_steps=2", "--set", "warmup.max_steps=30",
-                                       "--set", "eval.every=2", "--set", "eval.num_prompts=4"]))
+        out.append(
+            (
+                "default-resume",
+                [
+                    "--config",
+                    "configs/default.toml",
+                    "--steps",
+                    "5",
+                    "--set",
+                    "save_steps=2",
+                    "--set",
+                    "warmup.max_steps=30",
+                    "--set",
+                    "eval.every=2",
+                    "--set",
+                    "eval.num_prompts=4",
+                ],
+            )
+        )
     return out
 
 
 def strip_timing(row: dict) -> dict:
-    return {k: v for k, v in row.items() if not (k.endswith(TIMING_SUFFIXES) or k.startswith("phase/"))
-            or k == "phase"}
+    return {
+        k: v
+        for k, v in row.items()
+        if not (k.endswith(TIMING_SUFFIXES) or k.startswith("phase/")) or k == "phase"
+    }
 
 
 def fingerprint(run_dir: Path, src: Path) -> dict:
@@ -66,18 +85,29 @@ def fingerprint(run_dir: Path, src: Path) -> dict:
         "rows = [(d.kind, d.producer, d.producer_version, d.seq,\n"
         "         hashlib.sha256(msgspec.msgpack.encode(d.record)).hexdigest())\n"
         "        for d in read_log(sys.argv[1])]\n"
-        "print(json.dumps(rows))\n")
+        "print(json.dumps(rows))\n"
+    )
     env = dict(os.environ, PYTHONPATH=str(src))
-    log = subprocess.run([sys.executable, "-c", code, str(run_dir)], capture_output=True, text=True,
-                         env=env, check=True).stdout
+    log = subprocess.run(
+        [sys.executable, "-c", code, str(run_dir)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    ).stdout
     # the run's own folder appears in resume rows; the two trees train into different folders
     text = (run_dir / "metrics.jsonl").read_text().replace(str(run_dir), "RUN_DIR")
     metrics = [strip_timing(json.loads(line)) for line in text.splitlines() if line.strip()]
     return {"metrics": metrics, "experience": json.loads(log)}
 
 
-def run_tree(tree: Path, work: Path, only: str | None, cache: Path | None = None,
-             names: list[str] | None = None) -> dict[str, dict]:
+def run_tree(
+    tree: Path,
+    work: Path,
+    only: str | None,
+    cache: Path | None = None,
+    names: list[str] | None = None,
+) -> dict[str, dict]:
     """Train every job on ``tree``; returns each job's fingerprint. With ``cache``, a job whose
     fingerprint is stored there (``<job>.json``) is not trained again, and new ones are stored."""
     env = dict(os.environ, PYTHONPATH=str(tree / "src"), PYTHONHASHSEED="0")
@@ -88,13 +118,34 @@ def run_tree(tree: Path, work: Path, only: str | None, cache: Path | None = None
             results[name] = json.loads(stored.read_text())
             continue
         out = work / name
-        base = [sys.executable, "-m", "mutualrl.cli", "train", "--no-progress", "--output-dir", str(out)]
+        base = [
+            sys.executable,
+            "-m",
+            "mutualrl.cli",
+            "train",
+            "--no-progress",
+            "--output-dir",
+            str(out),
+        ]
         print(f"  {tree.name}: {name}", flush=True)
         subprocess.run(["rm", "-rf", str(out)], check=True)
         done = subprocess.run(base + args, cwd=tree, env=env, capture_output=True, text=True)
         if done.returncode == 0 and name.endswith("-resume"):
-            done = subprocess.run([sys.executable, "-m", "mutualrl.cli", "train", "--no-progress",
-                                   "--resume", str(out)], cwd=tree, env=env, capture_output=True, text=True)
+            done = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "mutualrl.cli",
+                    "train",
+                    "--no-progress",
+                    "--resume",
+                    str(out),
+                ],
+                cwd=tree,
+                env=env,
+                capture_output=True,
+                text=True,
+            )
         if done.returncode != 0:
             raise SystemExit(f"{tree}: job {name} failed:\n{done.stderr[-3000:]}")
         results[name] = fingerprint(out, tree / "src")
@@ -108,8 +159,10 @@ def comparable(row):
     """A metrics row as compared: a resume row's count of moved-aside record bytes measures the
     text of the moved rows, wall-clock values included, so it differs between any two runs."""
     if isinstance(row, dict) and row.get("phase") == "resume" and "moved_aside" in row:
-        row = {**row, "moved_aside": {k: v for k, v in row["moved_aside"].items()
-                                      if k != "record_bytes"}}
+        row = {
+            **row,
+            "moved_aside": {k: v for k, v in row["moved_aside"].items() if k != "record_bytes"},
+        }
     return row
 
 
@@ -123,8 +176,9 @@ def first_difference(a: dict, b: dict) -> str | None:
             if x != y:
                 if isinstance(x, dict):
                     keys = sorted(k for k in set(x) | set(y) if x.get(k) != y.get(k))
-                    return f"{part} row {i}: " + ", ".join(f"{k}: {x.get(k)!r} vs {y.get(k)!r}"
-                                                           for k in keys[:5])
+                    return f"{part} row {i}: " + ", ".join(
+                        f"{k}: {x.get(k)!r} vs {y.get(k)!r}" for k in keys[:5]
+                    )
                 return f"{part} row {i}: {x} vs {y}"
     return None
 
@@ -133,23 +187,40 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", required=True, help="git ref of the tree to compare against")
     ap.add_argument("--only", choices=("tiny", "default"), help="only this config's jobs")
-    ap.add_argument("--job", action="append", default=[],
-                    help="only these jobs (repeatable), e.g. --job default-resume")
-    ap.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "mutualrl-same-behaviour"),
-                    help="where runs and cached fingerprints go")
+    ap.add_argument(
+        "--job",
+        action="append",
+        default=[],
+        help="only these jobs (repeatable), e.g. --job default-resume",
+    )
+    ap.add_argument(
+        "--work",
+        default=str(Path(tempfile.gettempdir()) / "mutualrl-same-behaviour"),
+        help="where runs and cached fingerprints go",
+    )
     args = ap.parse_args(argv)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    commit = subprocess.run(["git", "rev-parse", args.base], cwd=ROOT, capture_output=True, text=True,
-                            check=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", args.base], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
     with tempfile.TemporaryDirectory() as tmp:
         base_tree = Path(tmp) / f"base-{commit[:8]}"
-        subprocess.run(["git", "worktree", "add", "--detach", str(base_tree), commit], cwd=ROOT,
-                       check=True, capture_output=True)
+        subprocess.run(
+            ["git", "worktree", "add", "--detach", str(base_tree), commit],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+        )
         try:
             print(f"base {commit[:8]}:", flush=True)
-            base = run_tree(base_tree, work / commit, args.only, cache=work / f"{commit}.fingerprints",
-                            names=args.job)
+            base = run_tree(
+                base_tree,
+                work / commit,
+                args.only,
+                cache=work / f"{commit}.fingerprints",
+                names=args.job,
+            )
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(base_tree)], cwd=ROOT)
     print("this tree:", flush=True)

@@ -37,7 +37,7 @@ class SleepyWorker:
 
     def __init__(self, index: int, args) -> None:
         rng = np.random.default_rng([args.seed, index])
-        self.speed = float(rng.uniform(0.7, 1.4))        # heterogeneous workers
+        self.speed = float(rng.uniform(0.7, 1.4))  # heterogeneous workers
         self.times = [self._draw(rng, args) for _ in range(args.steps)]
 
     def _draw(self, rng, args) -> tuple[float, float]:
@@ -63,14 +63,21 @@ def simulate(workers: int, k: int, args) -> dict:
     wall = time.perf_counter() - t0
     assert report.balanced() and not report.failures
     busy = sum(sum(g + u for g, u in w.times) for w in team.values())
-    return {"workers": workers, "k": k, "steps": args.steps, "wall_s": wall,
-            "steps_per_s": workers * args.steps / wall, "busy_fraction": busy / (workers * wall),
-            "wait_s_mean": float(np.mean(list(report.wait_s.values()))),
-            "stale_dropped": sum(report.dropped_stale.values())}
+    return {
+        "workers": workers,
+        "k": k,
+        "steps": args.steps,
+        "wall_s": wall,
+        "steps_per_s": workers * args.steps / wall,
+        "busy_fraction": busy / (workers * wall),
+        "wait_s_mean": float(np.mean(list(report.wait_s.values()))),
+        "stale_dropped": sum(report.dropped_stale.values()),
+    }
 
 
 def plot(rows: list[dict], path: Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -78,8 +85,12 @@ def plot(rows: list[dict], path: Path) -> None:
     for workers in sorted({r["workers"] for r in rows}):
         mine = sorted((r for r in rows if r["workers"] == workers), key=lambda r: r["k"])
         base = mine[0]["steps_per_s"]
-        ax.plot([r["k"] for r in mine], [r["steps_per_s"] / base for r in mine], marker="o",
-                label=f"{workers} workers")
+        ax.plot(
+            [r["k"] for r in mine],
+            [r["steps_per_s"] / base for r in mine],
+            marker="o",
+            label=f"{workers} workers",
+        )
     ax.axhline(1.5, color="grey", linestyle=":", linewidth=1)
     ax.set_xlabel("allocation.max_staleness (k)")
     ax.set_ylabel("throughput / lock-step")
@@ -109,12 +120,19 @@ def main() -> None:
         for k in args.k:
             rows.append(simulate(workers, k, args))
             base = next(r for r in rows if r["workers"] == workers and r["k"] == args.k[0])
-            print(f"{workers:3d} workers  k={k}  {rows[-1]['steps_per_s']:8.1f} steps/s  "
-                  f"{rows[-1]['steps_per_s'] / base['steps_per_s']:.2f}x lock-step  "
-                  f"busy {rows[-1]['busy_fraction']:.0%}", flush=True)
-    out = {"benchmark": "sim_paced", "commit": git_commit(ROOT), "machine": machine_info(),
-           "settings": {k: v for k, v in vars(args).items() if k not in ("json", "plot")},
-           "rows": rows}
+            print(
+                f"{workers:3d} workers  k={k}  {rows[-1]['steps_per_s']:8.1f} steps/s  "
+                f"{rows[-1]['steps_per_s'] / base['steps_per_s']:.2f}x lock-step  "
+                f"busy {rows[-1]['busy_fraction']:.0%}",
+                flush=True,
+            )
+    out = {
+        "benchmark": "sim_paced",
+        "commit": git_commit(ROOT),
+        "machine": machine_info(),
+        "settings": {k: v for k, v in vars(args).items() if k not in ("json", "plot")},
+        "rows": rows,
+    }
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=2, default=str))

@@ -32,9 +32,25 @@ METRICS = ("pass@1 end (own)", "pass@1 end (peer)")
 def run_compare(k: int, a) -> Path:
     out = a.reports / f"k{k}"
     if not a.report_only:
-        cmd = [sys.executable, "-m", "mutualrl.cli", "compare", "--config", str(a.config),
-               "--strategies", a.strategies, "--seeds", str(a.seeds), "--jobs", str(a.jobs),
-               "--output-dir", str(out), "--set", f"allocation.max_staleness={k}", "--no-progress"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "mutualrl.cli",
+            "compare",
+            "--config",
+            str(a.config),
+            "--strategies",
+            a.strategies,
+            "--seeds",
+            str(a.seeds),
+            "--jobs",
+            str(a.jobs),
+            "--output-dir",
+            str(out),
+            "--set",
+            f"allocation.max_staleness={k}",
+            "--no-progress",
+        ]
         if (out / "compare.json").exists():
             cmd.append("--resume")
         subprocess.run(cmd, check=True, cwd=ROOT)
@@ -45,8 +61,10 @@ def curves_and_roles(out: Path) -> dict:
     """(policy, strategy, seed) -> (held-out curve, the families to test over) of that run."""
     runs = load_runs(out, json.loads((out / "compare.json").read_text()))
     by = {(r.strategy, r.seed): r for r in runs}
-    return {key: (c, prompt_roles(by[key[1], key[2]], key[0], c))
-            for key, c in load_curves(runs).items()}
+    return {
+        key: (c, prompt_roles(by[key[1], key[2]], key[0], c))
+        for key, c in load_curves(runs).items()
+    }
 
 
 def table(results: dict[int, dict], ks: list[int]) -> list[dict]:
@@ -56,14 +74,23 @@ def table(results: dict[int, dict], ks: list[int]) -> list[dict]:
     rows = []
     for policy, strategy in sorted({(p, s) for p, s, _ in base}):
         for k in ks:
-            seeds = sorted(sd for p, s, sd in results[k] if (p, s) == (policy, strategy)
-                           and (policy, strategy, sd) in base)
+            seeds = sorted(
+                sd
+                for p, s, sd in results[k]
+                if (p, s) == (policy, strategy) and (policy, strategy, sd) in base
+            )
             runs = [results[k][policy, strategy, sd] for sd in seeds]
             row = {"policy": policy, "strategy": strategy, "k": k, "seeds": seeds}
             finals = [prompt_metrics(curve, roles) for curve, roles in runs]
-            diffs = (paired_metrics([c for c, _ in runs],
-                                    [base[policy, strategy, sd][0] for sd in seeds], runs[0][1])
-                     if k != ks[0] else {})
+            diffs = (
+                paired_metrics(
+                    [c for c, _ in runs],
+                    [base[policy, strategy, sd][0] for sd in seeds],
+                    runs[0][1],
+                )
+                if k != ks[0]
+                else {}
+            )
             for m in METRICS:
                 spread = stat([float(f[m].mean()) for f in finals])
                 row[m] = {"mean": spread["mean"], "std": spread["std"]}
@@ -91,18 +118,35 @@ def main() -> None:
         for m in METRICS:
             c = r[m]
             diff = c.get("vs_k0")
-            cells.append(f"{m.split('(')[1][:-1]} {c['mean']:.3f} ± {c['std']:.3f}" + (
-                f" ({diff['mean']:+.3f} [{diff['lo']:+.3f}, {diff['hi']:+.3f}] {diff['verdict']})"
-                if diff else ""))
+            cells.append(
+                f"{m.split('(')[1][:-1]} {c['mean']:.3f} ± {c['std']:.3f}"
+                + (
+                    f" ({diff['mean']:+.3f} [{diff['lo']:+.3f}, {diff['hi']:+.3f}] {diff['verdict']})"
+                    if diff
+                    else ""
+                )
+            )
         print(f"{r['policy']:14s} {r['strategy']:5s} k={r['k']}  " + "  ".join(cells))
     if a.json:
         config = a.config.relative_to(ROOT) if a.config.is_relative_to(ROOT) else a.config
         a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps({"benchmark": "staleness_cost", "commit": git_commit(ROOT),
-                                      "machine": machine_info(), "settings": {
-                                          "config": str(config), "k": a.k,
-                                          "strategies": a.strategies, "seeds": a.seeds},
-                                      "rows": rows}, indent=2))
+        a.json.write_text(
+            json.dumps(
+                {
+                    "benchmark": "staleness_cost",
+                    "commit": git_commit(ROOT),
+                    "machine": machine_info(),
+                    "settings": {
+                        "config": str(config),
+                        "k": a.k,
+                        "strategies": a.strategies,
+                        "seeds": a.seeds,
+                    },
+                    "rows": rows,
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -49,36 +49,57 @@ NO_VLLM = pytest.mark.skipif(find_spec("vllm") is not None, reason="vLLM is inst
 # (overrides, what the one line must hold)
 BAD_SETTINGS = [
     pytest.param(["grpo=1"], ["tiny.toml", "`$.grpo`", "Expected `object`"], id="table-replaced"),
-    pytest.param(['policies.0.architecture="nope"'],
-                 ["policies.llama-mistral.architecture", "'nope'", "llama, mistral, qwen2"],
-                 id="architecture"),
+    pytest.param(
+        ['policies.0.architecture="nope"'],
+        ["policies.llama-mistral.architecture", "'nope'", "llama, mistral, qwen2"],
+        id="architecture",
+    ),
     pytest.param(['task.name="nope"'], ["task.name", "'nope'", "pointer"], id="task-name"),
     pytest.param(['allocation.executor="nope"'], ["allocation.executor", "local"], id="executor"),
-    pytest.param(["policies.0.learning_rate=-1"], ["`$.policies[0]`", "learning_rate must be > 0"],
-                 id="policy-lr-negative"),
-    pytest.param(["policies.0.learning_rate=0"], ["`$.policies[0]`", "learning_rate must be > 0"],
-                 id="policy-lr-zero"),
-    pytest.param(["policies.1.num_heads=0"], ["`$.policies[1]`", "num_heads must be >= 1"],
-                 id="num-heads"),
-    pytest.param(["policies.0.hidden_size=0"], ["`$.policies[0]`", "hidden_size must be >= 1"],
-                 id="hidden-size"),
-    pytest.param(["torch_threads=-2"], ["tiny.toml", "torch_threads must be >= 1"],
-                 id="threads-negative"),
-    pytest.param(["torch_threads=0"], ["tiny.toml", "torch_threads must be >= 1"], id="threads-zero"),
+    pytest.param(
+        ["policies.0.learning_rate=-1"],
+        ["`$.policies[0]`", "learning_rate must be > 0"],
+        id="policy-lr-negative",
+    ),
+    pytest.param(
+        ["policies.0.learning_rate=0"],
+        ["`$.policies[0]`", "learning_rate must be > 0"],
+        id="policy-lr-zero",
+    ),
+    pytest.param(
+        ["policies.1.num_heads=0"], ["`$.policies[1]`", "num_heads must be >= 1"], id="num-heads"
+    ),
+    pytest.param(
+        ["policies.0.hidden_size=0"],
+        ["`$.policies[0]`", "hidden_size must be >= 1"],
+        id="hidden-size",
+    ),
+    pytest.param(
+        ["torch_threads=-2"], ["tiny.toml", "torch_threads must be >= 1"], id="threads-negative"
+    ),
+    pytest.param(
+        ["torch_threads=0"], ["tiny.toml", "torch_threads must be >= 1"], id="threads-zero"
+    ),
     pytest.param(["seed=-1"], ["tiny.toml", "seed must be in [0, 2**32 - 1]"], id="seed"),
-    pytest.param(['device="tpu9"'], ["device: 'tpu9' is not a torch device", '"cuda:N"'],
-                 id="device-unknown"),
-    pytest.param(['device="cuda"'], ["device: 'cuda'", 'expected "cpu"'], id="device-absent",
-                 marks=NO_CUDA),
-    pytest.param(['policies.0.generation.backend="vllm"'],
-                 ["policies.llama-mistral.generation.backend", "pip install 'mutualrl[vllm"],
-                 id="vllm-missing", marks=NO_VLLM),
+    pytest.param(
+        ['device="tpu9"'], ["device: 'tpu9' is not a torch device", '"cuda:N"'], id="device-unknown"
+    ),
+    pytest.param(
+        ['device="cuda"'], ["device: 'cuda'", 'expected "cpu"'], id="device-absent", marks=NO_CUDA
+    ),
+    pytest.param(
+        ['policies.0.generation.backend="vllm"'],
+        ["policies.llama-mistral.generation.backend", "pip install 'mutualrl[vllm"],
+        id="vllm-missing",
+        marks=NO_VLLM,
+    ),
 ]
 
 
 @pytest.mark.parametrize("sets,expected", BAD_SETTINGS)
-def test_bad_setting_is_one_line_and_writes_nothing(sets, expected, tmp_path, capsys,
-                                                    fast_run_builds):
+def test_bad_setting_is_one_line_and_writes_nothing(
+    sets, expected, tmp_path, capsys, fast_run_builds
+):
     assert main(train(tmp_path, *sets)) == 2
     line = one_error_line(capsys)
     for part in expected:
@@ -88,9 +109,25 @@ def test_bad_setting_is_one_line_and_writes_nothing(sets, expected, tmp_path, ca
 
 def test_compare_checks_every_name_before_writing(tmp_path, capsys):
     out = tmp_path / "report"
-    assert main(["compare", "--config", TINY, "--strategies", "none", "--seeds", "1",
-                 "--output-dir", str(out), "--no-progress",
-                 "--set", 'policies.0.architecture="nope"']) == 2
+    assert (
+        main(
+            [
+                "compare",
+                "--config",
+                TINY,
+                "--strategies",
+                "none",
+                "--seeds",
+                "1",
+                "--output-dir",
+                str(out),
+                "--no-progress",
+                "--set",
+                'policies.0.architecture="nope"',
+            ]
+        )
+        == 2
+    )
     assert "policies.llama-mistral.architecture" in one_error_line(capsys)
     assert not out.exists()
 
@@ -126,8 +163,12 @@ def test_garbage_config_json_on_resume_is_named(text, tmp_path, capsys):
 
 
 def test_unknown_exchange_kind_is_refused(tmp_path, capsys):
-    assert main(["exchange", "inspect", str(tmp_path), "--dump", "--kind", "rollout",
-                 "--kind", "nope"]) == 2
+    assert (
+        main(
+            ["exchange", "inspect", str(tmp_path), "--dump", "--kind", "rollout", "--kind", "nope"]
+        )
+        == 2
+    )
     captured = capsys.readouterr()
     assert captured.out == ""
     err = captured.err.strip().splitlines()
@@ -140,6 +181,7 @@ def test_a_registry_error_no_check_named_is_still_one_line(tmp_path, capsys, mon
 
     def fail(args):
         raise RegistryError("unknown widget 'x'; known: a, b")
+
     monkeypatch.setattr(cli, "_train_config", fail)
     assert main(train(tmp_path)) == 2
     assert one_error_line(capsys) == "mutualrl: error: unknown widget 'x'; known: a, b"
@@ -147,9 +189,22 @@ def test_a_registry_error_no_check_named_is_still_one_line(tmp_path, capsys, mon
 
 def test_ctrl_c_while_starting_is_one_line(tmp_path):
     """SIGINT half a second in, while the CLI still imports torch and transformers."""
-    proc = subprocess.Popen([sys.executable, "-m", "mutualrl.cli", "train", "--config", TINY,
-                             "--output-dir", str(tmp_path / "out"), "--no-progress"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mutualrl.cli",
+            "train",
+            "--config",
+            TINY,
+            "--output-dir",
+            str(tmp_path / "out"),
+            "--no-progress",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
@@ -163,23 +218,28 @@ def test_ctrl_c_while_starting_is_one_line(tmp_path):
 
 NUMBERS = (mi.IntType, mi.FloatType)
 # Tables keyed by a name: the key used, and the entries' required fields.
-KEYS = {("allocation", "num_parameters"): "llama-mistral",
-        ("allocation", "architectures"): "llama-mistral",
-        ("allocation", "workers"): "llama-mistral/learner"}
-ANY_KEY = "k"        # the key of any other name-keyed table
-REQUIRED = {("allocation", "architectures"): "num_hidden_layers = 2, hidden_size = 32, "
-                                             "num_attention_heads = 4, vocab_size = 32000"}
+KEYS = {
+    ("allocation", "num_parameters"): "llama-mistral",
+    ("allocation", "architectures"): "llama-mistral",
+    ("allocation", "workers"): "llama-mistral/learner",
+}
+ANY_KEY = "k"  # the key of any other name-keyed table
+REQUIRED = {
+    ("allocation", "architectures"): "num_hidden_layers = 2, hidden_size = 32, "
+    "num_attention_heads = 4, vocab_size = 32000"
+}
 
 
 def _numeric(t) -> bool:
-    return isinstance(t, NUMBERS) or (isinstance(t, mi.UnionType)
-                                      and any(isinstance(x, NUMBERS) for x in t.types))
+    return isinstance(t, NUMBERS) or (
+        isinstance(t, mi.UnionType) and any(isinstance(x, NUMBERS) for x in t.types)
+    )
 
 
 def _struct(t):
     if isinstance(t, mi.StructType):
         return t
-    if isinstance(t, mi.UnionType):   # an optional table ([policies.lora], [allocation.inventory])
+    if isinstance(t, mi.UnionType):  # an optional table ([policies.lora], [allocation.inventory])
         return next((x for x in t.types if isinstance(x, mi.StructType)), None)
     return None
 
@@ -198,8 +258,10 @@ def numeric_fields(t: mi.StructType, path: tuple[str, ...] = ()):
         elif isinstance(ft, mi.DictType) and _numeric(ft.value_type):
             yield p + (KEYS.get(p, ANY_KEY),)
         elif isinstance(ft, mi.DictType) and isinstance(ft.value_type, mi.StructType):
-            yield from ((*p, KEYS.get(p, ANY_KEY), *sub[len(p):])
-                        for sub in numeric_fields(ft.value_type, p))
+            yield from (
+                (*p, KEYS.get(p, ANY_KEY), *sub[len(p) :])
+                for sub in numeric_fields(ft.value_type, p)
+            )
 
 
 FIELDS = list(numeric_fields(mi.type_info(RunConfig)))
@@ -207,34 +269,34 @@ VALUES = {"0": 0, "-1": -1, "nan": math.nan, "inf": math.inf}
 
 # Documented acceptances: settings whose 0 (or -1) means something, each with why.
 ACCEPTED = {
-    ("seed", "0"),                                   # any seed in [0, 2**32)
-    ("task.heldout_seed", "0"),                      # as seed
-    ("steps", "0"),                                  # warm start and evaluation only
-    ("save_steps", "0"),                             # no checkpoints
-    ("save_total_limit", "0"),                       # keep every checkpoint
-    ("grpo.beta", "0"),                              # no KL term, no reference model
-    ("grpo.top_k", "0"),                             # no top-k truncation
+    ("seed", "0"),  # any seed in [0, 2**32)
+    ("task.heldout_seed", "0"),  # as seed
+    ("steps", "0"),  # warm start and evaluation only
+    ("save_steps", "0"),  # no checkpoints
+    ("save_total_limit", "0"),  # keep every checkpoint
+    ("grpo.beta", "0"),  # no KL term, no reference model
+    ("grpo.top_k", "0"),  # no top-k truncation
     ("grpo.vllm_importance_sampling_clip_min", "0"),  # mask/truncate from 0: no lower bound
-    ("training.max_grad_norm", "0"),                 # no gradient clipping
-    ("training.warmup_ratio", "0"),                  # no learning-rate warmup
-    ("training.weight_decay", "0"),                  # plain Adam
-    ("warmup.max_steps", "0"),                       # no warm start
-    ("warmup.target_accuracy", "0"),                 # stop the warm start at its first probe
-    ("eval.every", "0"),                             # evaluate at the start and the end only
-    ("allocation.max_restarts", "0"),                # a failed worker is not restarted
-    ("allocation.max_staleness", "0"),               # lock-step
-    ("allocation.verifier_threads", "0"),            # one sample verified at a time
-    ("allocation.memory.grad_bytes", "0"),           # a memory model without gradients...
-    ("allocation.memory.optimizer_bytes", "0"),      # ...or optimizer state (plain SGD)
-    ("allocation.inventory.gpus_per_node", "0"),     # a CPU-only cluster
+    ("training.max_grad_norm", "0"),  # no gradient clipping
+    ("training.warmup_ratio", "0"),  # no learning-rate warmup
+    ("training.weight_decay", "0"),  # plain Adam
+    ("warmup.max_steps", "0"),  # no warm start
+    ("warmup.target_accuracy", "0"),  # stop the warm start at its first probe
+    ("eval.every", "0"),  # evaluate at the start and the end only
+    ("allocation.max_restarts", "0"),  # a failed worker is not restarted
+    ("allocation.max_staleness", "0"),  # lock-step
+    ("allocation.verifier_threads", "0"),  # one sample verified at a time
+    ("allocation.memory.grad_bytes", "0"),  # a memory model without gradients...
+    ("allocation.memory.optimizer_bytes", "0"),  # ...or optimizer state (plain SGD)
+    ("allocation.inventory.gpus_per_node", "0"),  # a CPU-only cluster
     # A worker said to process no tokens or need no memory (the planner gives it the least).
     ("allocation.workers.llama-mistral/learner.tokens_per_step", "0"),
     ("allocation.workers.llama-mistral/learner.memory_gb", "0"),
     # Rewards are weighted sums of reward functions, negative ones included: any threshold is one.
     ("exchange.success_threshold", "0"),
     ("exchange.success_threshold", "-1"),
-    ("diversity.coef", "0"),                         # the diversity regulariser off
-    ("policies.0.lora.dropout", "0"),                # no dropout on the adapter's input
+    ("diversity.coef", "0"),  # the diversity regulariser off
+    ("policies.0.lora.dropout", "0"),  # no dropout on the adapter's input
 }
 
 
@@ -244,13 +306,14 @@ def _override(path: tuple[str, ...], value: str) -> str:
     table = path[:2]
     if table in REQUIRED:
         key = ".".join(path[:3])
-        return f'{key}={{{REQUIRED[table]}, {path[3]} = {value}}}'
+        return f"{key}={{{REQUIRED[table]}, {path[3]} = {value}}}"
     return ".".join(path) + f"={value}"
 
 
 @pytest.fixture(scope="module")
 def prepare_here(fast_run_builds_module):
     from mutualrl.run.build import prepare
+
     return prepare
 
 
@@ -276,10 +339,16 @@ def test_every_numeric_field_refuses_nonsense(path, value, tmp_path, prepare_her
 
 def test_the_walk_covers_nested_tables_and_a_policy():
     names = {".".join(p) for p in FIELDS}
-    assert {"grpo.beta", "allocation.memory.weight_bytes", "allocation.inventory.nodes",
-            "policies.0.learning_rate", "policies.0.lora.r",
-            "policies.0.generation.gpu_memory_utilization", "scenarios.overlap.peer_share",
-            "allocation.architectures.llama-mistral.head_dim"} <= names
+    assert {
+        "grpo.beta",
+        "allocation.memory.weight_bytes",
+        "allocation.inventory.nodes",
+        "policies.0.learning_rate",
+        "policies.0.lora.r",
+        "policies.0.generation.gpu_memory_utilization",
+        "scenarios.overlap.peer_share",
+        "allocation.architectures.llama-mistral.head_dim",
+    } <= names
     assert len(FIELDS) > 80
 
 
@@ -287,31 +356,40 @@ def test_the_walk_covers_nested_tables_and_a_policy():
 # so they are walked from the registry, each with its strategy chosen.
 def _strategy_fields():
     from mutualrl.strategies import STRATEGIES
-    return [(name, path) for name in STRATEGIES.names()
-            for path in numeric_fields(mi.type_info(STRATEGIES.get(name).params))]
+
+    return [
+        (name, path)
+        for name in STRATEGIES.names()
+        for path in numeric_fields(mi.type_info(STRATEGIES.get(name).params))
+    ]
 
 
 # Each an explicit ">= 0" of the strategy's struct: 0 turns its sharing term off.
 STRATEGY_ACCEPTED = {
-    ("codistill", "kd_coef", "0"),             # no distillation reward
-    ("sgt", "alpha", "0"),                     # no SFT term on peer successes
-    ("hacpo", "alpha", "0"),                   # the detached ratio factor is 1
-    ("hacpo", "cross_clip_delta", "0"),        # a peer ratio's lower clamp at 1
-    ("hacpo", "cross_clip_step", "0"),         # the clamp does not rise within a step
-    ("hacpo", "max_peer_per_group", "0"),      # no peer samples join a group
-    ("prp", "max_peer_per_group", "0"),        # no peer rollouts join a group
+    ("codistill", "kd_coef", "0"),  # no distillation reward
+    ("sgt", "alpha", "0"),  # no SFT term on peer successes
+    ("hacpo", "alpha", "0"),  # the detached ratio factor is 1
+    ("hacpo", "cross_clip_delta", "0"),  # a peer ratio's lower clamp at 1
+    ("hacpo", "cross_clip_step", "0"),  # the clamp does not rise within a step
+    ("hacpo", "max_peer_per_group", "0"),  # no peer samples join a group
+    ("prp", "max_peer_per_group", "0"),  # no peer rollouts join a group
 }
 
 
 @pytest.mark.parametrize("value", list(VALUES))
-@pytest.mark.parametrize("name,path", _strategy_fields(), ids=lambda x: x if isinstance(x, str) else ".".join(x))
-def test_every_numeric_strategy_parameter_refuses_nonsense(name, path, value, tmp_path,
-                                                           prepare_here):
+@pytest.mark.parametrize(
+    "name,path", _strategy_fields(), ids=lambda x: x if isinstance(x, str) else ".".join(x)
+)
+def test_every_numeric_strategy_parameter_refuses_nonsense(
+    name, path, value, tmp_path, prepare_here
+):
     field = ".".join(path)
     out = tmp_path / "out"
     try:
-        cfg = load_config(TINY, [f'strategy="{name}"', f"strategies.{name}.{field}={value}",
-                                 f'output_dir="{out}"'])
+        cfg = load_config(
+            TINY,
+            [f'strategy="{name}"', f"strategies.{name}.{field}={value}", f'output_dir="{out}"'],
+        )
         prepare_here(cfg)
     except ConfigError as exc:
         assert (name, field, value) not in STRATEGY_ACCEPTED, str(exc)

@@ -23,16 +23,46 @@ def _run(script: str, *args: str, out: Path) -> dict:
 
 def test_bench_floor_steps_both_sides_to_the_same_loss(tmp_path):
     out = tmp_path / "floor.json"
-    got = _run("bench_floor.py", "--json", str(out), "--steps", "2", "--threads", "1",
-               "--prompts", "2", "--generations", "2", "--tokens", "4", out=out)
+    got = _run(
+        "bench_floor.py",
+        "--json",
+        str(out),
+        "--steps",
+        "2",
+        "--threads",
+        "1",
+        "--prompts",
+        "2",
+        "--generations",
+        "2",
+        "--tokens",
+        "4",
+        out=out,
+    )
     assert set(got["ratio_mutualrl_over_bare"]) >= {"generate", "update", "step"}
     assert got["max_abs_diff"]["loss"] < 1e-5 and got["max_abs_diff"]["grad_norm"] < 1e-5
 
 
 def test_bench_kv_cache_times_both_caches_on_the_same_policy(tmp_path):
     out = tmp_path / "kv.json"
-    got = _run("bench_kv_cache.py", "--models", "tiny", "--device", "cpu", "--tokens", "4",
-               "--rounds", "2", "--prompts", "2", "--generations", "2", "--json", str(out), out=out)
+    got = _run(
+        "bench_kv_cache.py",
+        "--models",
+        "tiny",
+        "--device",
+        "cpu",
+        "--tokens",
+        "4",
+        "--rounds",
+        "2",
+        "--prompts",
+        "2",
+        "--generations",
+        "2",
+        "--json",
+        str(out),
+        out=out,
+    )
     tiny = got["models"]["tiny"]
     for cache in ("static", "dynamic"):
         assert len(tiny[cache]["seconds"]) == 2 and tiny[cache]["tokens"] == 16
@@ -59,8 +89,21 @@ def test_bench_generation_times_eager_static_and_compiled_sampling(tmp_path):
 
 def test_sim_paced_drives_run_paced_with_simulated_steps(tmp_path):
     out = tmp_path / "sim.json"
-    got = _run("sim_paced.py", "--workers", "2", "--k", "0", "1", "--steps", "4",
-               "--scale", "0.001", "--json", str(out), out=out)
+    got = _run(
+        "sim_paced.py",
+        "--workers",
+        "2",
+        "--k",
+        "0",
+        "1",
+        "--steps",
+        "4",
+        "--scale",
+        "0.001",
+        "--json",
+        str(out),
+        out=out,
+    )
     assert {(r["workers"], r["k"]) for r in got["rows"]} == {(2, 0), (2, 1)}
     assert all(r["stale_dropped"] == 0 for r in got["rows"])
 
@@ -68,8 +111,20 @@ def test_sim_paced_drives_run_paced_with_simulated_steps(tmp_path):
 def test_bench_grpo_step_times_both_trainers(tmp_path):
     pytest.importorskip("trl")
     out = tmp_path / "step.json"
-    got = _run("bench_grpo_step.py", "--steps", "1", "--prompts", "2", "--generations", "2",
-               "--max-completion-length", "4", "--json", str(out), out=out)
+    got = _run(
+        "bench_grpo_step.py",
+        "--steps",
+        "1",
+        "--prompts",
+        "2",
+        "--generations",
+        "2",
+        "--max-completion-length",
+        "4",
+        "--json",
+        str(out),
+        out=out,
+    )
     for side in ("ours_step_s", "trl_step_s"):
         assert got[side]["n"] == 1 and got[side]["median"] > 0, got[side]
 
@@ -93,9 +148,20 @@ def test_gpu_run_summary_reads_a_run_and_its_memory_traces(tmp_path, fast_run_bu
     (tmp_path / "smi.csv").write_text("1200\n80000\n4100\n41")
     (tmp_path / "apps.csv").write_text("101, 300\n102, 900\n101, 700\n")
     out = tmp_path / "gpu_run.json"
-    got = _run("gpu_run_summary.py", "--run", f"tiny={run}", "--smi", f"tiny={tmp_path / 'smi.csv'}",
-               "--apps", f"tiny={tmp_path / 'apps.csv'}", "--run", f"never={tmp_path / 'never'}",
-               "--json", str(out), out=out)
+    got = _run(
+        "gpu_run_summary.py",
+        "--run",
+        f"tiny={run}",
+        "--smi",
+        f"tiny={tmp_path / 'smi.csv'}",
+        "--apps",
+        f"tiny={tmp_path / 'apps.csv'}",
+        "--run",
+        f"never={tmp_path / 'never'}",
+        "--json",
+        str(out),
+        out=out,
+    )
     tiny = got["runs"]["tiny"]
     assert tiny["finished"] and tiny["steps"] == 3
     assert tiny["gpu_memory_used_peak_mib"] == 80000.0
@@ -120,15 +186,28 @@ def test_cold_call_times_the_aligner_back_to_back_and_after_other_work(tmp_path)
     conditions = {r["condition"] for r in got["rows"]}
     assert {"back to back", "after a 1 ms sleep", "after a 1 ms Python loop"} <= conditions
     assert all(r["median_ms"] > 0 for r in got["rows"])
-    assert {r["over_back_to_back"] for r in got["rows"] if r["condition"] == "back to back"} == {1.0}
+    assert {r["over_back_to_back"] for r in got["rows"] if r["condition"] == "back to back"} == {
+        1.0
+    }
 
 
 def test_gpu_build_threads_profiles_the_build_and_times_generation_alone_and_in_threads(tmp_path):
     # the GPU probe's own code path, on the CPU and the tiny default config
     out = tmp_path / "probe.json"
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_build_threads.py"), "--config",
-           "configs/default.toml", "--device", "cpu", "--tokens", "4", "--repeats", "1",
-           "--json", str(out)]
+    cmd = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "gpu_build_threads.py"),
+        "--config",
+        "configs/default.toml",
+        "--device",
+        "cpu",
+        "--tokens",
+        "4",
+        "--repeats",
+        "1",
+        "--json",
+        str(out),
+    ]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "==== build llama-mistral" in done.stdout and "by cumulative" in done.stdout
@@ -136,5 +215,5 @@ def test_gpu_build_threads_profiles_the_build_and_times_generation_alone_and_in_
     assert done.stdout.splitlines()[-1] == "PROBE " + json.dumps(probe)
     assert set(probe["gen_alone_s"]) == {"llama-mistral", "qwen-deepseek"}
     assert len(probe["gen_threads_default_stream_s"]) == 1
-    assert "gen_threads_own_streams_s" not in probe   # no streams on the CPU
+    assert "gen_threads_own_streams_s" not in probe  # no streams on the CPU
     assert probe["build_llama-mistral_s"] > 0 and probe["device"] == "cpu"

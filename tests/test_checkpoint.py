@@ -19,7 +19,7 @@ TINY = ROOT / "configs" / "tiny.toml"
 
 
 def tiny(out: Path, *sets: str):
-    return load_config(TINY, [f'output_dir="{out}"', "save_steps=1", "strategy=\"sgt\"", *sets])
+    return load_config(TINY, [f'output_dir="{out}"', "save_steps=1", 'strategy="sgt"', *sets])
 
 
 @pytest.fixture(scope="module")
@@ -35,9 +35,12 @@ def test_every_save_step_leaves_a_complete_verified_checkpoint(tiny_run):
     for p in paths:
         assert checkpoint.verify(p) is None
         manifest = json.loads((p / "manifest.json").read_text())
-        assert set(manifest["files"]) >= {"run.msgpack", "strategy.msgpack",
-                                          "policies/llama-mistral/state.pt",
-                                          "policies/qwen-deepseek/state.pt"}
+        assert set(manifest["files"]) >= {
+            "run.msgpack",
+            "strategy.msgpack",
+            "policies/llama-mistral/state.pt",
+            "policies/qwen-deepseek/state.pt",
+        }
     state = checkpoint.latest(tiny_run).state
     assert state["step"] == 2 and state["bus"]["next_seq"]["llama-mistral"] > 0
     assert set(state["strategy"]) == {"buffer", "duplicates", "failed"}
@@ -45,6 +48,7 @@ def test_every_save_step_leaves_a_complete_verified_checkpoint(tiny_run):
 
 def test_a_damaged_checkpoint_is_reported_and_the_previous_one_used(tiny_run, tmp_path):
     import shutil
+
     run_dir = tmp_path / "run"
     shutil.copytree(tiny_run, run_dir)
     state = run_dir / "checkpoints" / "step-000002" / "policies" / "llama-mistral" / "state.pt"
@@ -53,7 +57,7 @@ def test_a_damaged_checkpoint_is_reported_and_the_previous_one_used(tiny_run, tm
     found = checkpoint.latest(run_dir, report=notes.append)
     assert found is not None and found.step == 1
     assert len(notes) == 1 and "state.pt does not match its checksum" in notes[0]
-    (run_dir / "checkpoints" / "step-000001" / "manifest.json").unlink()   # a write cut short
+    (run_dir / "checkpoints" / "step-000001" / "manifest.json").unlink()  # a write cut short
     assert checkpoint.latest(run_dir, report=notes.append) is None
     assert "no manifest" in notes[-1]
 
@@ -66,16 +70,18 @@ def test_save_total_limit_keeps_the_newest(tmp_path, fast_run_builds):
 
 def test_resume_refuses_a_config_that_changes_what_is_computed(tiny_run, tmp_path):
     import shutil
+
     run_dir = tmp_path / "run"
     shutil.copytree(tiny_run, run_dir)
     before = (run_dir / "metrics.jsonl").read_bytes()
     with pytest.raises(ConfigError, match=r"grpo\.beta.*seed|seed.*grpo\.beta"):
         train(tiny(run_dir, "grpo.beta=0.1", "seed=3"), resume=True)
-    assert (run_dir / "metrics.jsonl").read_bytes() == before      # nothing cut, nothing lost
+    assert (run_dir / "metrics.jsonl").read_bytes() == before  # nothing cut, nothing lost
 
 
 def test_resume_continues_and_lists_harmless_changes(tiny_run, tmp_path, fast_run_builds):
     import shutil
+
     run_dir = tmp_path / "run"
     shutil.copytree(tiny_run, run_dir)
     train(tiny(run_dir, "steps=3", "eval.num_prompts=2"), resume=True)
@@ -106,12 +112,24 @@ def test_resume_without_a_checkpoint_says_how_to_get_one(tmp_path):
 
 
 def test_config_differences_split_harmless_from_refused():
-    old = {"seed": 0, "steps": 5, "eval": {"every": 2}, "grpo": {"beta": 0.0},
-           "policies": [{"name": "a", "hidden_size": 64}]}
-    new = {"seed": 0, "steps": 9, "eval": {"every": 3}, "grpo": {"beta": 0.0},
-           "policies": [{"name": "a", "hidden_size": 32}]}
-    assert checkpoint.config_differences(old, new) == (["policies.0.hidden_size"],
-                                                       ["eval.every", "steps"])
+    old = {
+        "seed": 0,
+        "steps": 5,
+        "eval": {"every": 2},
+        "grpo": {"beta": 0.0},
+        "policies": [{"name": "a", "hidden_size": 64}],
+    }
+    new = {
+        "seed": 0,
+        "steps": 9,
+        "eval": {"every": 3},
+        "grpo": {"beta": 0.0},
+        "policies": [{"name": "a", "hidden_size": 32}],
+    }
+    assert checkpoint.config_differences(old, new) == (
+        ["policies.0.hidden_size"],
+        ["eval.every", "steps"],
+    )
 
 
 def test_compare_resume_continues_an_interrupted_run_from_its_checkpoint(tmp_path, fast_run_builds):
@@ -121,7 +139,7 @@ def test_compare_resume_continues_an_interrupted_run_from_its_checkpoint(tmp_pat
 
     def interrupted(cfg, progress, resume=False):
         calls.append(resume)
-        if not resume:    # train one step (checkpoint 1), then stop as if the machine died
+        if not resume:  # train one step (checkpoint 1), then stop as if the machine died
             train(load_config(TINY, [f'output_dir="{cfg.output_dir}"', *sets, "steps=1"]))
             (Path(cfg.output_dir) / "summary.json").unlink()
             raise KeyboardInterrupt
@@ -139,6 +157,7 @@ def test_compare_resume_continues_an_interrupted_run_from_its_checkpoint(tmp_pat
 
 def test_source_digest_covers_the_code(monkeypatch, tmp_path):
     import mutualrl.provenance as prov
+
     pkg = tmp_path / "mutualrl"
     pkg.mkdir()
     (pkg / "a.py").write_text("x = 1\n")

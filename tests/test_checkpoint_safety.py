@@ -57,8 +57,9 @@ def rewrite_manifest(ckpt: Path, **fields) -> None:
     """Recompute the manifest over the files now in ``ckpt``, as whoever replaced one can."""
     manifest = json.loads((ckpt / "manifest.json").read_text())
     files = sorted(p for p in ckpt.rglob("*") if p.is_file() and p.name != "manifest.json")
-    manifest["files"] = {str(p.relative_to(ckpt)): hashlib.sha256(p.read_bytes()).hexdigest()
-                         for p in files}
+    manifest["files"] = {
+        str(p.relative_to(ckpt)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files
+    }
     manifest.update(fields)
     (ckpt / "manifest.json").write_text(json.dumps(manifest))
 
@@ -71,7 +72,7 @@ def test_a_pickled_checkpoint_is_refused_unread(run_dir, tmp_path):
     """The format before this one: run.pkl, a hostile one, with its manifest recomputed."""
     marker = tmp_path / "ran"
     for ckpt in sorted((run_dir / "checkpoints").iterdir()):
-        (ckpt / "run.msgpack").unlink(missing_ok=True)   # (the old version wrote no such file)
+        (ckpt / "run.msgpack").unlink(missing_ok=True)  # (the old version wrote no such file)
         (ckpt / "run.pkl").write_bytes(pickle.dumps(Hostile(marker)))
         rewrite_manifest(ckpt, format=1)
     with pytest.raises(ConfigError) as caught:
@@ -84,13 +85,21 @@ def test_a_pickled_checkpoint_is_refused_unread(run_dir, tmp_path):
 
 @pytest.mark.parametrize("payload", ["pickle", "ext-class", "garbage"])
 def test_a_hostile_or_damaged_run_state_runs_nothing_and_the_previous_checkpoint_is_used(
-        run_dir, tmp_path, payload):
+    run_dir, tmp_path, payload
+):
     marker, Ext = tmp_path / "ran", msgspec.msgpack.Ext
     crafted = {
         "pickle": pickle.dumps(Hostile(marker)),
         # a plain-data extension naming a class outside the codec's table
-        "ext-class": msgspec.msgpack.encode({"format": 2, "what": "run", "state": Ext(
-            8, msgspec.msgpack.encode(["os.system", {"command": f"touch {marker}"}]))}),
+        "ext-class": msgspec.msgpack.encode(
+            {
+                "format": 2,
+                "what": "run",
+                "state": Ext(
+                    8, msgspec.msgpack.encode(["os.system", {"command": f"touch {marker}"}])
+                ),
+            }
+        ),
         "garbage": b"\x93\x01\x02",
     }[payload]
     (newest(run_dir) / "run.msgpack").write_bytes(crafted)
@@ -104,7 +113,8 @@ def test_a_hostile_or_damaged_run_state_runs_nothing_and_the_previous_checkpoint
 
 
 def test_a_cut_policy_state_with_its_manifest_recomputed_falls_back_to_the_previous_checkpoint(
-        run_dir, fast_run_builds, capfd):
+    run_dir, fast_run_builds, capfd
+):
     state = newest(run_dir) / "policies" / "llama-mistral" / "state.pt"
     state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])
     rewrite_manifest(newest(run_dir))
@@ -113,7 +123,7 @@ def test_a_cut_policy_state_with_its_manifest_recomputed_falls_back_to_the_previ
     assert found is not None and found.step == 1
     [note] = notes
     assert "\n" not in note and "policies/llama-mistral/state.pt does not load" in note
-    train(tiny(run_dir), resume=True)      # resumes after step 1 and trains step 1 again
+    train(tiny(run_dir), resume=True)  # resumes after step 1 and trains step 1 again
     err = capfd.readouterr().err
     assert "state.pt does not load" in err and "Traceback" not in err
     records = read_metrics(run_dir / "metrics.jsonl")
@@ -145,8 +155,10 @@ def test_sharded_checkpoint_metadata_reads_back(tmp_path):
 
     import torch
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (get_model_state_dict,
-                                                         get_optimizer_state_dict)
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
 
     from mutualrl.policies.dcp_reader import SafeFileSystemReader
 
@@ -154,33 +166,44 @@ def test_sharded_checkpoint_metadata_reads_back(tmp_path):
         opt = torch.optim.AdamW(model.parameters())
         model(torch.randn(1, 3)).sum().backward()
         opt.step()
-        return {"model": get_model_state_dict(model),
-                "optimizer": get_optimizer_state_dict(model, opt)}
+        return {
+            "model": get_model_state_dict(model),
+            "optimizer": get_optimizer_state_dict(model, opt),
+        }
 
     torch.manual_seed(0)
     saved, loaded = state(torch.nn.Linear(3, 2)), state(torch.nn.Linear(3, 2))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         dcp.save(saved, checkpoint_id=str(tmp_path), no_dist=True)
-        dcp.load(loaded, checkpoint_id=str(tmp_path), no_dist=True,
-                 storage_reader=SafeFileSystemReader(tmp_path))
+        dcp.load(
+            loaded,
+            checkpoint_id=str(tmp_path),
+            no_dist=True,
+            storage_reader=SafeFileSystemReader(tmp_path),
+        )
     assert torch.equal(loaded["model"]["weight"], saved["model"]["weight"])
-    assert torch.equal(loaded["optimizer"]["state"]["weight"]["exp_avg"],
-                       saved["optimizer"]["state"]["weight"]["exp_avg"])
+    assert torch.equal(
+        loaded["optimizer"]["state"]["weight"]["exp_avg"],
+        saved["optimizer"]["state"]["weight"]["exp_avg"],
+    )
 
 
 def test_checkpoints_are_pruned_to_the_newest_two_by_default(tmp_path, fast_run_builds):
     assert tiny(tmp_path).save_total_limit == 2
     out = tmp_path / "run"
     train(tiny(out, "steps=3"))
-    assert [p.name for p in sorted((out / "checkpoints").iterdir())] == ["step-000002",
-                                                                         "step-000003"]
-    checkpoint.prune(out / "checkpoints", 0)        # 0: keep every checkpoint
+    assert [p.name for p in sorted((out / "checkpoints").iterdir())] == [
+        "step-000002",
+        "step-000003",
+    ]
+    checkpoint.prune(out / "checkpoints", 0)  # 0: keep every checkpoint
     assert len(list((out / "checkpoints").iterdir())) == 2
 
 
 def test_a_disk_full_at_the_first_checkpoint_advises_a_fresh_run_which_works(
-        tmp_path, monkeypatch, fast_run_builds):
+    tmp_path, monkeypatch, fast_run_builds
+):
     out = tmp_path / "run"
     write = checkpoint._write
 
@@ -193,7 +216,7 @@ def test_a_disk_full_at_the_first_checkpoint_advises_a_fresh_run_which_works(
     message = str(caught.value)
     assert "no space left on device" in message and "--resume" not in message
     assert "no checkpoint was completed" in message and "--overwrite" in message
-    monkeypatch.setattr(checkpoint, "_write", write)        # space freed; the advice, followed
+    monkeypatch.setattr(checkpoint, "_write", write)  # space freed; the advice, followed
     train(tiny(out), overwrite=True)
     records = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in records if r["phase"] == "train"] == [0, 1]

@@ -43,8 +43,18 @@ def test_no_command_is_a_usage_error(capsys):
 
 def test_unknown_strategy_exits_2_with_the_known_names(capsys, tmp_path):
     out = tmp_path / "never"
-    code = main(["train", "--config", TINY, "--strategy", "bogus", "--output-dir", str(out),
-                 "--no-progress"])
+    code = main(
+        [
+            "train",
+            "--config",
+            TINY,
+            "--strategy",
+            "bogus",
+            "--output-dir",
+            str(out),
+            "--no-progress",
+        ]
+    )
     assert code == 2
     err = capsys.readouterr().err
     assert "bogus" in err
@@ -71,14 +81,15 @@ def test_missing_config_exits_2_naming_the_file(capsys, tmp_path):
 
 def test_smoke_train_returns_0(tmp_path, fast_run_builds, capsys):
     out = tmp_path / "run"
-    code = main(["train", "--config", TINY, "--output-dir", str(out), "--steps", "1",
-                 "--no-progress"])
+    code = main(
+        ["train", "--config", TINY, "--output-dir", str(out), "--steps", "1", "--no-progress"]
+    )
     assert code == 0
     assert (out / "summary.json").is_file()
     train = [r for r in read_metrics(out / "metrics.jsonl") if r["phase"] == "train"]
-    assert [r["step"] for r in train] == [0]      # --steps overrode the config's 2
+    assert [r["step"] for r in train] == [0]  # --steps overrode the config's 2
     err = capsys.readouterr().err
-    assert str(out) in err                        # "done ... -> <run dir>"
+    assert str(out) in err  # "done ... -> <run dir>"
     # the two train rewards are means over a quarter of the steps each, and the line says so
     assert "train reward, mean of the first -> last quarter of the steps" in err
     assert "llama-mistral: " in err and "; pass@1 " in err
@@ -91,9 +102,10 @@ def _args(**kw):
 
 
 def test_flags_become_overrides():
-    assert _overrides(_args(set=["grpo.beta=0.1"], strategy="none", output_dir="/tmp/x", steps=3)) == \
-        ["grpo.beta=0.1", 'strategy="none"', 'output_dir="/tmp/x"', "steps=3"]
-    assert _overrides(_args(steps=0)) == ["steps=0"]   # 0 is a value, not "unset"
+    assert _overrides(
+        _args(set=["grpo.beta=0.1"], strategy="none", output_dir="/tmp/x", steps=3)
+    ) == ["grpo.beta=0.1", 'strategy="none"', 'output_dir="/tmp/x"', "steps=3"]
+    assert _overrides(_args(steps=0)) == ["steps=0"]  # 0 is a value, not "unset"
 
 
 def test_every_peer_log_flag_is_kept():

@@ -24,13 +24,29 @@ from mutualrl.run import RunSummary
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.toml"
 # Fallback if configs/tiny.toml is absent: the same shape built from default.toml.
-TINY_FROM_DEFAULT = ["steps=2", "warmup.max_steps=3", "grpo.prompts_per_step=2",
-                     "grpo.num_generations=4", "eval.every=0", "eval.num_prompts=4", "eval.k=2",
-                     "policies.0.hidden_size=32", "policies.1.hidden_size=32"]
+TINY_FROM_DEFAULT = [
+    "steps=2",
+    "warmup.max_steps=3",
+    "grpo.prompts_per_step=2",
+    "grpo.num_generations=4",
+    "eval.every=0",
+    "eval.num_prompts=4",
+    "eval.k=2",
+    "policies.0.hidden_size=32",
+    "policies.1.hidden_size=32",
+]
 # Smaller still, so a few real runs fit a CPU test.
-SHRINK = ["warmup.max_steps=1", "warmup.eval_every=1", "warmup.eval_prompts=2",
-          "warmup.batch_size=4", "eval.num_prompts=2", "policies.0.hidden_size=16",
-          "policies.1.hidden_size=16", "policies.0.num_layers=1", "policies.1.num_layers=1"]
+SHRINK = [
+    "warmup.max_steps=1",
+    "warmup.eval_every=1",
+    "warmup.eval_prompts=2",
+    "warmup.batch_size=4",
+    "eval.num_prompts=2",
+    "policies.0.hidden_size=16",
+    "policies.1.hidden_size=16",
+    "policies.0.num_layers=1",
+    "policies.1.num_layers=1",
+]
 SEEDS = 2
 ALL = list(STRATEGIES.names())
 # The real compare: the control and one sharing strategy (prp logs THL residuals when present).
@@ -73,8 +89,14 @@ def fake_train(cfg, progress) -> RunSummary:
         writer.write(rec)
     writer.close()
     final = {k: v for k, v in evals.items() if k not in ("phase", "step")}
-    summary = RunSummary(str(out), {n: 0.0 for n in names}, {n: 0.5 for n in names}, final, 1.5,
-                         {"warm start": 0.25, "train": 1.0})
+    summary = RunSummary(
+        str(out),
+        {n: 0.0 for n in names},
+        {n: 0.5 for n in names},
+        final,
+        1.5,
+        {"warm start": 0.25, "train": 1.0},
+    )
     (out / "summary.json").write_bytes(msgspec.json.encode(summary))
     return summary
 
@@ -99,14 +121,24 @@ def _names(strategies, seeds=SEEDS) -> set[str]:
 # ---- a real compare through the CLI ---------------------------------------------------------
 @pytest.fixture(scope="module")
 def real_report(tmp_path_factory, request) -> Path:
-    try:   # reuse the session's tokenizers and THL tables across runs (tests/conftest.py)
+    try:  # reuse the session's tokenizers and THL tables across runs (tests/conftest.py)
         request.getfixturevalue("fast_run_builds_module")
     except pytest.FixtureLookupError:
         pass
     out = tmp_path_factory.mktemp("compare") / "report"
     config, sets = _config()
-    argv = ["compare", "--config", config, "--strategies", ",".join(REAL), "--seeds", str(SEEDS),
-            "--output-dir", str(out), "--no-progress"]
+    argv = [
+        "compare",
+        "--config",
+        config,
+        "--strategies",
+        ",".join(REAL),
+        "--seeds",
+        str(SEEDS),
+        "--output-dir",
+        str(out),
+        "--no-progress",
+    ]
     for s in sets:
         argv += ["--set", s]
     assert main(argv) == 0
@@ -119,26 +151,27 @@ def test_real_compare_writes_runs_plots_and_report(real_report):
         run = real_report / "runs" / name
         assert (run / "metrics.jsonl").stat().st_size > 0
         cfg = json.loads((run / "config.json").read_text())
-        assert cfg["seed"] == int(name.rsplit("seed", 1)[1])        # seed index replaces seed
+        assert cfg["seed"] == int(name.rsplit("seed", 1)[1])  # seed index replaces seed
         assert cfg["strategy"] == name.rsplit("-seed", 1)[0]
     assert {r["status"] for r in read_state(real_report)["runs"].values()} == {"done"}
     md = (real_report / "report.md").read_text()
     pngs = sorted((real_report / "plots").glob("*.png"))
     assert any(p.name.startswith("reward-") for p in pngs)
     assert any(p.name.startswith("heldout-") for p in pngs)
-    for png in pngs:                                   # every plot is embedded by relative path
+    for png in pngs:  # every plot is embedded by relative path
         assert png.stat().st_size > 10_000 and f"](plots/{png.name})" in md
     assert "## How to read this" in md and "commit `" in md
     data = json.loads((real_report / "report.json").read_text())
-    assert [(r["policy"], r["strategy"]) for r in data["rows"]] == \
-        [(p, s) for p in data["policies"] for s in REAL]
+    assert [(r["policy"], r["strategy"]) for r in data["rows"]] == [
+        (p, s) for p in data["policies"] for s in REAL
+    ]
     for col in ["pass@1/first", "pass@1/last", "pass@1", "pass@2/first", "pass@2/last"]:
         assert col in data["accuracy_columns"]
     for row in data["rows"]:
         assert row["columns"]["tokens"]["mean"] > 0 and row["columns"]["wall_time_s"]["mean"] > 0
         assert row["columns"]["train_time_s"]["mean"] > 0
         assert row["columns"]["bytes_exchanged"]["n"] == SEEDS
-        for role in ("peer", "own"):     # each policy of the tiny config warms up on one family
+        for role in ("peer", "own"):  # each policy of the tiny config warms up on one family
             assert 0 <= row["columns"][f"transfer/{role}/start"]["mean"] <= 1
     assert "## Transfer to peer families" in md
 
@@ -146,15 +179,21 @@ def test_real_compare_writes_runs_plots_and_report(real_report):
 def test_real_compare_warms_up_once_per_seed(real_report):
     """The first run of a seed stores its warm start, the seed's other runs load it: they start
     from identical weights by construction."""
-    assert len([p for p in (real_report / "warmstart").iterdir() if not p.name.startswith(".")]) == SEEDS
+    assert (
+        len([p for p in (real_report / "warmstart").iterdir() if not p.name.startswith(".")])
+        == SEEDS
+    )
     for seed in range(SEEDS):
-        runs = [read_metrics(real_report / "runs" / f"{s}-seed{seed}" / "metrics.jsonl") for s in REAL]
-        assert [[r["hit"] for r in rs if r["phase"] == "warmup_cache"] for rs in runs] == \
-            [[False]] + [[True]] * (len(REAL) - 1)
+        runs = [
+            read_metrics(real_report / "runs" / f"{s}-seed{seed}" / "metrics.jsonl") for s in REAL
+        ]
+        assert [[r["hit"] for r in rs if r["phase"] == "warmup_cache"] for rs in runs] == [
+            [False]
+        ] + [[True]] * (len(REAL) - 1)
         warm = [[r for r in rs if r["phase"] in ("warmup", "warmup_done")] for rs in runs]
         assert warm[0] and all(w == warm[0] for w in warm)
         first_eval = [next(r for r in rs if r["phase"] == "eval") for rs in runs]
-        assert all(e == first_eval[0] for e in first_eval)      # step 0: the same policies
+        assert all(e == first_eval[0] for e in first_eval)  # step 0: the same policies
 
 
 # ---- every registered strategy, the table, resume -------------------------------------------
@@ -170,34 +209,50 @@ def fake_report(tmp_path) -> tuple[Path, Counting]:
 def test_table_has_one_row_per_policy_and_strategy_with_accuracy_and_cost(fake_report):
     out, trainer = fake_report
     assert sorted(trainer.calls) == sorted(_names(ALL))
-    assert trainer.calls[:len(ALL)] == [f"{s}-seed0" for s in ALL]     # whole seeds first
+    assert trainer.calls[: len(ALL)] == [f"{s}-seed0" for s in ALL]  # whole seeds first
     data = json.loads((out / "report.json").read_text())
     policies = data["policies"]
     assert len(policies) == 2
-    assert [(r["policy"], r["strategy"]) for r in data["rows"]] == [(p, s) for p in policies for s in ALL]
+    assert [(r["policy"], r["strategy"]) for r in data["rows"]] == [
+        (p, s) for p in policies for s in ALL
+    ]
     expected = ["pass@1/first", "pass@1/last", "pass@1", "pass@2/first", "pass@2/last"]
     assert data["accuracy_columns"][:5] == expected
     assert data["cost_columns"][:4] == ["train_time_s", "wall_time_s", "tokens", "bytes_exchanged"]
     assert data["transfer_columns"] == [
-        "transfer/peer/start", "transfer/peer/end", "transfer/peer/change",
-        "delta_vs_none/transfer/peer/end", "transfer/own/start", "transfer/own/end", "transfer/own/change"]
+        "transfer/peer/start",
+        "transfer/peer/end",
+        "transfer/peer/change",
+        "delta_vs_none/transfer/peer/end",
+        "transfer/own/start",
+        "transfer/own/end",
+        "transfer/own/change",
+    ]
     for row in data["rows"]:
         cols = row["columns"]
         assert row["seeds"] == list(range(SEEDS))
         for col in expected + ["train_time_s", "wall_time_s", "tokens", "bytes_exchanged"]:
-            assert cols[col]["n"] == SEEDS and cols[col]["min"] <= cols[col]["mean"] <= cols[col]["max"]
-        assert cols["pass@1/first"]["values"] == pytest.approx([0.4 + 0.1 * (row["strategy"] != "none") + 0.01 * s
-                                                                for s in range(SEEDS)])
-        assert cols["tokens"]["mean"] == 2 * 3.0 * 2 * 4          # steps x length x prompts x G
-        assert cols["bytes_exchanged"]["mean"] == 2000            # the cumulative counter's last value
+            assert (
+                cols[col]["n"] == SEEDS
+                and cols[col]["min"] <= cols[col]["mean"] <= cols[col]["max"]
+            )
+        assert cols["pass@1/first"]["values"] == pytest.approx(
+            [0.4 + 0.1 * (row["strategy"] != "none") + 0.01 * s for s in range(SEEDS)]
+        )
+        assert cols["tokens"]["mean"] == 2 * 3.0 * 2 * 4  # steps x length x prompts x G
+        assert cols["bytes_exchanged"]["mean"] == 2000  # the cumulative counter's last value
         bump = [0.1 * (row["strategy"] != "none") + 0.01 * s for s in range(SEEDS)]
         # the fake's pass@1 is 0.2 * step + bump on every family: 'first' is its own for the
         # first policy (warm started on it), 'last' its peer's
         assert cols["transfer/peer/start"]["values"] == pytest.approx(bump)
         assert cols["transfer/peer/end"]["values"] == pytest.approx([b + 0.4 for b in bump])
-        assert cols["transfer/peer/change"]["mean"] == cols["transfer/own/change"]["mean"] == pytest.approx(0.4)
+        assert (
+            cols["transfer/peer/change"]["mean"]
+            == cols["transfer/own/change"]["mean"]
+            == pytest.approx(0.4)
+        )
         assert cols["train_time_s"]["mean"] == 1.0
-        if row["strategy"] != "none":                             # paired by seed
+        if row["strategy"] != "none":  # paired by seed
             assert cols["delta_vs_none/pass@1"]["mean"] == pytest.approx(0.1)
             assert cols["delta_vs_none/transfer/peer/end"]["mean"] == pytest.approx(0.1)
         else:
@@ -206,7 +261,7 @@ def test_table_has_one_row_per_policy_and_strategy_with_accuracy_and_cost(fake_r
     assert md.index("## Transfer to peer families") < md.index("## Final held-out accuracy")
     for p in policies:
         for s in ALL:
-            assert md.count(f"| {p} | `{s}` | {SEEDS} |") >= 3    # transfer, accuracy, cost tables
+            assert md.count(f"| {p} | `{s}` | {SEEDS} |") >= 3  # transfer, accuracy, cost tables
     if "prp" in ALL:
         assert (out / "plots" / f"density-ratio-{policies[0]}.png").exists()
         assert (out / "plots" / f"thl-{policies[0]}.png").exists()
@@ -223,14 +278,16 @@ def test_resume_keeps_finished_runs_and_redoes_exactly_the_unfinished_one(fake_r
     assert again.calls == [] and _summaries(out) == before
 
     victim = f"{ALL[-1]}-seed1"
-    (out / "runs" / victim / "summary.json").unlink()           # as if interrupted mid-run
+    (out / "runs" / victim / "summary.json").unlink()  # as if interrupted mid-run
     (out / "runs" / victim / "stale-marker").write_text("x")
     compare(config, ALL, SEEDS, out, overrides=sets, resume=True, train_fn=again)
     assert again.calls == [victim]
     after = _summaries(out)
     assert set(after) == set(before)
-    assert {k: v for k, v in after.items() if k != victim} == {k: v for k, v in before.items() if k != victim}
-    assert not (out / "runs" / victim / "stale-marker").exists()   # the unfinished dir was cleared
+    assert {k: v for k, v in after.items() if k != victim} == {
+        k: v for k, v in before.items() if k != victim
+    }
+    assert not (out / "runs" / victim / "stale-marker").exists()  # the unfinished dir was cleared
     assert read_state(out)["runs"][victim]["status"] == "done"
 
 
@@ -260,8 +317,15 @@ def test_a_different_compare_in_the_same_directory_is_refused(fake_report):
     with pytest.raises(ConfigError, match="seeds"):
         compare(config, ALL, SEEDS + 1, out, overrides=sets, resume=True, train_fn=Counting())
     with pytest.raises(ConfigError, match="config_digest"):
-        compare(config, ALL, SEEDS, out, overrides=[*sets, "grpo.beta=0.5"], resume=True,
-                train_fn=Counting())
+        compare(
+            config,
+            ALL,
+            SEEDS,
+            out,
+            overrides=[*sets, "grpo.beta=0.5"],
+            resume=True,
+            train_fn=Counting(),
+        )
 
 
 def test_each_finished_run_is_reported_even_without_a_progress_display(tmp_path):
@@ -270,10 +334,18 @@ def test_each_finished_run_is_reported_even_without_a_progress_display(tmp_path)
     from rich.console import Console
 
     from mutualrl.compare import CompareProgress
+
     config, sets = _config()
     text = io.StringIO()
-    compare(config, ["none"], 2, tmp_path / "r", overrides=sets, train_fn=fake_train,
-            progress=CompareProgress(enabled=False, console=Console(file=text, width=200)))
+    compare(
+        config,
+        ["none"],
+        2,
+        tmp_path / "r",
+        overrides=sets,
+        train_fn=fake_train,
+        progress=CompareProgress(enabled=False, console=Console(file=text, width=200)),
+    )
     lines = text.getvalue().splitlines()
     assert [line.split(":")[0].strip() for line in lines] == ["none-seed0", "none-seed1"]
 
@@ -281,8 +353,20 @@ def test_each_finished_run_is_reported_even_without_a_progress_display(tmp_path)
 def test_unknown_strategy_fails_before_any_run(tmp_path, capsys):
     out = tmp_path / "r"
     config, _ = _config()
-    rc = main(["compare", "--config", config, "--strategies", "none,no-such", "--seeds", "1",
-               "--output-dir", str(out), "--no-progress"])
+    rc = main(
+        [
+            "compare",
+            "--config",
+            config,
+            "--strategies",
+            "none,no-such",
+            "--seeds",
+            "1",
+            "--output-dir",
+            str(out),
+            "--no-progress",
+        ]
+    )
     assert rc == 2
     err = capsys.readouterr().err
     assert "no-such" in err and all(n in err for n in ALL)
@@ -302,11 +386,13 @@ def logged_fake_train(cfg, progress) -> RunSummary:
     """fake_train that also notes when it started and ended and in which process."""
     import os
     import time
+
     start = time.time()
     summary = fake_train(cfg, progress)
     time.sleep(0.2)
     (Path(cfg.output_dir) / "clock.json").write_text(
-        json.dumps({"start": start, "end": time.time(), "pid": os.getpid()}))
+        json.dumps({"start": start, "end": time.time(), "pid": os.getpid()})
+    )
     return summary
 
 
@@ -317,26 +403,33 @@ def failing_fake_train(cfg, progress) -> RunSummary:
 
 
 def test_parallel_compare_writes_what_the_sequential_one_does_and_waits_for_each_warm_start(
-        fake_report, tmp_path):
+    fake_report, tmp_path
+):
     seq, _ = fake_report
     config, sets = _config()
     out = tmp_path / "parallel"
     compare(config, ALL, SEEDS, out, overrides=sets, train_fn=logged_fake_train, jobs=2)
     assert set(_summaries(out)) == _names(ALL)
     strip = lambda d: {k: v for k, v in d.items() if k not in ("commit", "created")}  # noqa: E731
-    assert json.loads((out / "report.json").read_text())["rows"] == \
-        json.loads((seq / "report.json").read_text())["rows"]
+    assert (
+        json.loads((out / "report.json").read_text())["rows"]
+        == json.loads((seq / "report.json").read_text())["rows"]
+    )
     assert {r["status"] for r in read_state(out)["runs"].values()} == {"done"}
     assert strip(read_state(out))["strategies"] == ALL
     clocks = {p.parent.name: json.loads(p.read_text()) for p in (out / "runs").glob("*/clock.json")}
-    assert len({c["pid"] for c in clocks.values()}) == 2                # two worker processes
+    assert len({c["pid"] for c in clocks.values()}) == 2  # two worker processes
     for seed in range(SEEDS):
         leader = clocks[f"{ALL[0]}-seed{seed}"]
-        for s in ALL[1:]:                # the seed's other runs start after its first has ended
+        for s in ALL[1:]:  # the seed's other runs start after its first has ended
             assert clocks[f"{s}-seed{seed}"]["start"] >= leader["end"]
-    overlapping = [(a, b) for a in clocks for b in clocks if a < b
-                   and clocks[a]["start"] < clocks[b]["end"] and clocks[b]["start"] < clocks[a]["end"]]
-    assert overlapping                   # two runs did run at once
+    overlapping = [
+        (a, b)
+        for a in clocks
+        for b in clocks
+        if a < b and clocks[a]["start"] < clocks[b]["end"] and clocks[b]["start"] < clocks[a]["end"]
+    ]
+    assert overlapping  # two runs did run at once
 
 
 def test_a_failed_parallel_run_is_recorded_and_the_others_are_kept(tmp_path):
@@ -357,24 +450,48 @@ def test_real_parallel_compare_reproduces_the_sequential_runs(real_report, tmp_p
     """Runs in worker processes compute exactly what they compute one after another."""
     config, sets = _config()
     out = tmp_path / "parallel"
-    argv = ["compare", "--config", config, "--strategies", ",".join(REAL), "--seeds", "1",
-            "--output-dir", str(out), "--no-progress", "--jobs", "2"]
+    argv = [
+        "compare",
+        "--config",
+        config,
+        "--strategies",
+        ",".join(REAL),
+        "--seeds",
+        "1",
+        "--output-dir",
+        str(out),
+        "--no-progress",
+        "--jobs",
+        "2",
+    ]
     for s in sets:
         argv += ["--set", s]
     assert main(argv) == 0
     timing = ("time_s", "tokens_per_s", "step_time_s")
     for s in REAL:
-        recs = [read_metrics(d / "runs" / f"{s}-seed0" / "metrics.jsonl") for d in (real_report, out)]
-        strip = [[{k: v for k, v in r.items() if not k.endswith(timing) and k not in ("path",)}
-                  for r in rs if r["phase"] != "warmup_cache"] for rs in recs]
+        recs = [
+            read_metrics(d / "runs" / f"{s}-seed0" / "metrics.jsonl") for d in (real_report, out)
+        ]
+        strip = [
+            [
+                {k: v for k, v in r.items() if not k.endswith(timing) and k not in ("path",)}
+                for r in rs
+                if r["phase"] != "warmup_cache"
+            ]
+            for rs in recs
+        ]
         assert strip[0] == strip[1]
 
 
 @pytest.mark.skipif("prp" not in REAL, reason="prp is not registered")
 def test_prp_steps_time_retokenization_and_receiver_logprobs_apart(real_report):
     """The strategy phase's parts: THL and the receiver's log-prob forward, inside its total."""
-    recs = [r for s in range(SEEDS) for r in read_metrics(real_report / "runs" / f"prp-seed{s}" / "metrics.jsonl")
-            if r["phase"] == "train"]
+    recs = [
+        r
+        for s in range(SEEDS)
+        for r in read_metrics(real_report / "runs" / f"prp-seed{s}" / "metrics.jsonl")
+        if r["phase"] == "train"
+    ]
     pooled = [r for r in recs if any(v > 0 for k, v in r.items() if k.endswith("prp/peer_samples"))]
     assert pooled
     for r in pooled:
@@ -390,9 +507,9 @@ def test_a_run_finished_before_an_interrupt_carries_no_error_after_resume(tmp_pa
     out = tmp_path / "report"
 
     def late_interrupt(cfg, progress):
-        summary = fake_train(cfg, progress)       # the run finished (summary.json written) ...
+        summary = fake_train(cfg, progress)  # the run finished (summary.json written) ...
         if Path(cfg.output_dir).name == "none-seed0":
-            raise KeyboardInterrupt               # ... and the interrupt came after
+            raise KeyboardInterrupt  # ... and the interrupt came after
         return summary
 
     with pytest.raises(KeyboardInterrupt):
@@ -405,6 +522,7 @@ def test_a_run_finished_before_an_interrupt_carries_no_error_after_resume(tmp_pa
 
 def test_two_compares_cannot_write_one_folder(tmp_path):
     from mutualrl.run.folder import claim
+
     config, sets = _config()
     out = tmp_path / "report"
     with claim(out, what="compare"):

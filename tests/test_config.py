@@ -12,8 +12,16 @@ import sys
 import pytest
 
 import mutualrl
-from mutualrl.config import (AllocationConfig, ConfigError, RunConfig, ScenariosConfig, apply_override,
-                             config_from_dict, load_config, to_dict)
+from mutualrl.config import (
+    AllocationConfig,
+    ConfigError,
+    RunConfig,
+    ScenariosConfig,
+    apply_override,
+    config_from_dict,
+    load_config,
+    to_dict,
+)
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 DEFAULT = CONFIGS / "default.toml"
@@ -35,8 +43,9 @@ def test_configs_folder_is_not_empty():
 
 def test_tiny_config_is_the_default_pair_scaled_down():
     tiny, default = load_config(CONFIGS / "tiny.toml"), load_config(DEFAULT)
-    assert [(p.name, p.architecture, p.tokenizer) for p in tiny.policies] == \
-        [(p.name, p.architecture, p.tokenizer) for p in default.policies]
+    assert [(p.name, p.architecture, p.tokenizer) for p in tiny.policies] == [
+        (p.name, p.architecture, p.tokenizer) for p in default.policies
+    ]
     assert [p.hidden_size for p in tiny.policies] == [32, 32]
     assert (tiny.steps, tiny.warmup.max_steps) == (2, 3)
     assert (tiny.grpo.prompts_per_step, tiny.grpo.num_generations) == (2, 4)
@@ -48,6 +57,7 @@ def test_default_gives_the_policies_complementary_warm_starts():
     # What the compare rests on: each policy is taught a different family, and together they
     # cover every family of the task, so each has a peer family only its peer knows.
     from mutualrl.tasks import build_task
+
     cfg = load_config(DEFAULT)
     task = build_task(cfg.task)
     warm = [set(p.warmup_families) for p in cfg.policies]
@@ -56,8 +66,16 @@ def test_default_gives_the_policies_complementary_warm_starts():
 
 
 def test_dotted_overrides_reach_nested_fields_and_list_items():
-    cfg = load_config(DEFAULT, ["grpo.beta=0.01", 'policies.0.tokenizer="deepseek-v3"',
-                                "steps=3", "task.families=[\"first\"]", "output_dir=/tmp/bare"])
+    cfg = load_config(
+        DEFAULT,
+        [
+            "grpo.beta=0.01",
+            'policies.0.tokenizer="deepseek-v3"',
+            "steps=3",
+            'task.families=["first"]',
+            "output_dir=/tmp/bare",
+        ],
+    )
     assert cfg.grpo.beta == pytest.approx(0.01)
     assert cfg.policies[0].tokenizer == "deepseek-v3"
     assert cfg.policies[1].tokenizer == "deepseek-v3"  # untouched, as in the file
@@ -74,32 +92,38 @@ def test_override_creates_missing_tables():
     assert data == {"strategies": {"prp": {"pool_size": 3}}}
 
 
-@pytest.mark.parametrize("override, message", [
-    ("grpo", "expected KEY=VALUE"),
-    ("policies.7.name=\"x\"", "index below 2"),
-    ("seed.x=1", "seed is a value, not a table"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("grpo", "expected KEY=VALUE"),
+        ('policies.7.name="x"', "index below 2"),
+        ("seed.x=1", "seed is a value, not a table"),
+    ],
+)
 def test_malformed_overrides_raise_config_error(override, message):
     with pytest.raises(ConfigError, match=message):
         load_config(DEFAULT, [override])
 
 
-@pytest.mark.parametrize("override, path, message", [
-    ('grpo.beta="high"', "$.grpo.beta", "Expected `float`, got `str`"),
-    ("grpo.num_generations=2.5", "$.grpo.num_generations", "Expected `int`"),
-    ("grpo.bogus=1", "$.grpo", "unknown field `bogus`"),
-    ("policies.1.colour=1", "$.policies[1]", "unknown field `colour`"),
-    ("grpo.beta=-0.1", "$.grpo", "beta must be >= 0"),
-    ("grpo.num_generations=1", "$.grpo", "num_generations must be >= 2"),
-    ("grpo.epsilon=1.5", "$.grpo", "epsilon must be in (0, 1)"),
-    ("grpo.epsilon=0.0", "$.grpo", "epsilon must be in (0, 1)"),
-    ("grpo.epsilon_high=0", "$.grpo", "epsilon_high must be > 0"),
-    ('grpo.loss_type="ppo"', "$.grpo.loss_type", "ppo"),
-    ('grpo.cache_implementation="offloaded"', "$.grpo.cache_implementation", "offloaded"),
-    ("policies.0.hidden_size=30", "$.policies[0]", "divisible by num_heads"),
-    ("warmup.target_accuracy=2", "$.warmup", "target_accuracy"),
-    ("exchange.queue_size=0", "$.exchange", "queue_size"),
-])
+@pytest.mark.parametrize(
+    "override, path, message",
+    [
+        ('grpo.beta="high"', "$.grpo.beta", "Expected `float`, got `str`"),
+        ("grpo.num_generations=2.5", "$.grpo.num_generations", "Expected `int`"),
+        ("grpo.bogus=1", "$.grpo", "unknown field `bogus`"),
+        ("policies.1.colour=1", "$.policies[1]", "unknown field `colour`"),
+        ("grpo.beta=-0.1", "$.grpo", "beta must be >= 0"),
+        ("grpo.num_generations=1", "$.grpo", "num_generations must be >= 2"),
+        ("grpo.epsilon=1.5", "$.grpo", "epsilon must be in (0, 1)"),
+        ("grpo.epsilon=0.0", "$.grpo", "epsilon must be in (0, 1)"),
+        ("grpo.epsilon_high=0", "$.grpo", "epsilon_high must be > 0"),
+        ('grpo.loss_type="ppo"', "$.grpo.loss_type", "ppo"),
+        ('grpo.cache_implementation="offloaded"', "$.grpo.cache_implementation", "offloaded"),
+        ("policies.0.hidden_size=30", "$.policies[0]", "divisible by num_heads"),
+        ("warmup.target_accuracy=2", "$.warmup", "target_accuracy"),
+        ("exchange.queue_size=0", "$.exchange", "queue_size"),
+    ],
+)
 def test_bad_values_name_their_field_path(override, path, message):
     with pytest.raises(ConfigError) as info:
         load_config(DEFAULT, [override])
@@ -144,14 +168,17 @@ def test_config_error_is_a_value_error():
     assert issubclass(ConfigError, ValueError)
 
 
-@pytest.mark.parametrize("override, path", [
-    ("eval.num_prompts=0", "$.eval"),       # crashes in the final evaluation, after training
-    ("eval.k=0", "$.eval"),                 # reports a meaningless pass@0
-    ("eval.every=-1", "$.eval"),            # (step + 1) % -1 == 0: evaluates every step
-    ("warmup.eval_prompts=0", "$.warmup"),  # a warm-start probe of no prompts crashes
-    ("warmup.learning_rate=-0.1", "$.warmup"),  # gradient ascent on the demonstrations
-    ("task.verifier_timeout_s=0", "$.task"),    # every verifier call times out: reward 0
-])
+@pytest.mark.parametrize(
+    "override, path",
+    [
+        ("eval.num_prompts=0", "$.eval"),  # crashes in the final evaluation, after training
+        ("eval.k=0", "$.eval"),  # reports a meaningless pass@0
+        ("eval.every=-1", "$.eval"),  # (step + 1) % -1 == 0: evaluates every step
+        ("warmup.eval_prompts=0", "$.warmup"),  # a warm-start probe of no prompts crashes
+        ("warmup.learning_rate=-0.1", "$.warmup"),  # gradient ascent on the demonstrations
+        ("task.verifier_timeout_s=0", "$.task"),  # every verifier call times out: reward 0
+    ],
+)
 def test_impossible_values_in_other_sections_are_rejected(override, path):
     with pytest.raises(ConfigError) as info:
         load_config(DEFAULT, [override])
@@ -167,9 +194,14 @@ def test_config_json_reads_back_to_an_equal_config(path):
 
 def test_an_old_run_config_with_plain_allocation_and_scenario_tables_loads():
     # Before the sections were typed, config.json held only what the user wrote in them.
-    cfg = config_from_dict({"policies": [{"name": "a"}], "scenario": "overlap",
-                            "allocation": {"call_timeout_s": 5.0, "inventory": {"nodes": 2}},
-                            "scenarios": {"overlap": {"peer_share": 0.25}}})
+    cfg = config_from_dict(
+        {
+            "policies": [{"name": "a"}],
+            "scenario": "overlap",
+            "allocation": {"call_timeout_s": 5.0, "inventory": {"nodes": 2}},
+            "scenarios": {"overlap": {"peer_share": 0.25}},
+        }
+    )
     assert cfg.allocation.call_timeout_s == 5.0 and cfg.allocation.inventory.nodes == 2
     assert cfg.allocation.memory == AllocationConfig().memory
     assert cfg.scenarios.overlap.peer_share == 0.25 and cfg.scenarios.asymmetric.weak is None
@@ -179,10 +211,17 @@ def test_an_old_run_config_with_plain_allocation_and_scenario_tables_loads():
 
 def test_the_config_package_imports_nothing_else_of_mutualrl():
     # The bottom layer: every other layer may import it, so it may import none of them.
-    code = ("import sys, mutualrl.config; "
-            "print(sorted(m for m in sys.modules if m.startswith('mutualrl.') "
-            "and not m.startswith('mutualrl.config')))")
-    src = str(Path(mutualrl.__file__).resolve().parents[1])   # this tree's sources, not another
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={**os.environ, "PYTHONPATH": src})
+    code = (
+        "import sys, mutualrl.config; "
+        "print(sorted(m for m in sys.modules if m.startswith('mutualrl.') "
+        "and not m.startswith('mutualrl.config')))"
+    )
+    src = str(Path(mutualrl.__file__).resolve().parents[1])  # this tree's sources, not another
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": src},
+    )
     assert out.stdout.strip() == "[]", out.stdout

@@ -22,8 +22,13 @@ from mutualrl.strategies.common import batch_of, own_sequences
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.toml"
-COMMON = ("torch_threads=1", "allocation.inventory.cpus_per_node=2", "allocation.call_timeout_s=120",
-          'strategy="critique-test"', "save_steps=2")
+COMMON = (
+    "torch_threads=1",
+    "allocation.inventory.cpus_per_node=2",
+    "allocation.call_timeout_s=120",
+    'strategy="critique-test"',
+    "save_steps=2",
+)
 
 
 class Critique(msgspec.Struct, frozen=True, kw_only=True):
@@ -51,8 +56,15 @@ class CritiqueStrategy:
             ctx.log(name, "critique/from_step", max((d.record.step for d in peers), default=-1))
             ctx.log(name, "critique/score_sum", sum(d.record.score for d in peers))
             assert all(d.record.critic == d.producer for d in peers)
-            ctx.publish(Critique(prompt_id=own[0].prompt.id, critic=name, step=ctx.step,
-                                 score=sum(s.reward for s in own) / len(own)), name)
+            ctx.publish(
+                Critique(
+                    prompt_id=own[0].prompt.id,
+                    critic=name,
+                    step=ctx.step,
+                    score=sum(s.reward for s in own) / len(own),
+                ),
+                name,
+            )
 
     def build_batches(self, ctx, receiver: str, own):
         return batch_of(own_sequences(own, ctx.grpo))
@@ -65,8 +77,13 @@ class CritiqueStrategy:
 def critique_kind(monkeypatch):
     """The kind and the strategy, registered for this test only."""
     monkeypatch.setitem(EXPERIENCE_TYPES._items, "test.critique", Critique)
-    monkeypatch.setitem(STRATEGIES._items, "critique-test", StrategySpec(
-        params=_Params, factory=lambda params, cfg: CritiqueStrategy(), summary="test only"))
+    monkeypatch.setitem(
+        STRATEGIES._items,
+        "critique-test",
+        StrategySpec(
+            params=_Params, factory=lambda params, cfg: CritiqueStrategy(), summary="test only"
+        ),
+    )
 
 
 def run_tiny(out: Path, *sets: str, resume: bool = False) -> None:
@@ -74,12 +91,16 @@ def run_tiny(out: Path, *sets: str, resume: bool = False) -> None:
 
 
 def critique_rows(out: Path) -> dict[int, dict]:
-    return {r["step"]: {k: v for k, v in r.items() if "/critique/" in k}
-            for r in read_metrics(out / "metrics.jsonl") if r["phase"] == "train"}
+    return {
+        r["step"]: {k: v for k, v in r.items() if "/critique/" in k}
+        for r in read_metrics(out / "metrics.jsonl")
+        if r["phase"] == "train"
+    }
 
 
 def test_a_registered_kind_reaches_the_next_step_and_a_resumed_run_sees_it_too(
-        tmp_path, fast_run_builds, critique_kind):
+    tmp_path, fast_run_builds, critique_kind
+):
     whole = tmp_path / "whole"
     run_tiny(whole, "steps=4")
     rows = critique_rows(whole)
@@ -95,8 +116,9 @@ def test_a_registered_kind_reaches_the_next_step_and_a_resumed_run_sees_it_too(
     assert critique_rows(cut) == rows
 
 
-def test_a_registered_kind_reaches_the_peers_of_a_paced_run(tmp_path, fast_run_builds,
-                                                          critique_kind):
+def test_a_registered_kind_reaches_the_peers_of_a_paced_run(
+    tmp_path, fast_run_builds, critique_kind
+):
     out = tmp_path / "paced"
     run_tiny(out, "steps=4", "allocation.max_staleness=1")
     rows = critique_rows(out)
@@ -108,8 +130,7 @@ def test_a_registered_kind_reaches_the_peers_of_a_paced_run(tmp_path, fast_run_b
         assert all(f < s for s, f in zip(sorted(rows), latest)), (name, latest)
 
 
-def test_a_checkpoint_holding_a_kind_this_process_has_not_registered_says_so(tmp_path,
-                                                                          monkeypatch):
+def test_a_checkpoint_holding_a_kind_this_process_has_not_registered_says_so(tmp_path, monkeypatch):
     """A kind defined in a script: its records are in the checkpoint, but another process has
     not registered it. The resume says which file and what to do; it does not skip the
     checkpoint as damaged."""
@@ -124,8 +145,11 @@ def test_a_checkpoint_holding_a_kind_this_process_has_not_registered_says_so(tmp
     path = tmp_path / "run.msgpack"
     path.write_bytes(encode({"bus": {"queued": {"strategy": [Note(text="hi")]}}}, "run"))
     assert _decode(path, "run")["bus"]["queued"]["strategy"][0] == Note(text="hi")
-    monkeypatch.delitem(EXPERIENCE_TYPES._items, "script.note")     # the next process: not there
-    with pytest.raises(ConfigError, match=r"--resume: .*run\.msgpack holds records of experience "
-                                          r"kind 'script\.note', which this process has not "
-                                          r"registered; .*entry point"):
+    monkeypatch.delitem(EXPERIENCE_TYPES._items, "script.note")  # the next process: not there
+    with pytest.raises(
+        ConfigError,
+        match=r"--resume: .*run\.msgpack holds records of experience "
+        r"kind 'script\.note', which this process has not "
+        r"registered; .*entry point",
+    ):
         _decode(path, "run")

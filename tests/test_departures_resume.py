@@ -23,20 +23,23 @@ def comparable(rows: list[dict], mode: str) -> list[dict]:
     arrived) are (test_paced compares the policies' own keys alike). Those are left out there."""
     if mode != "paced":
         return rows
-    return [{k: v for k, v in r.items() if not k.startswith("exchange/") and "/pace/" not in k}
-            for r in rows]
+    return [
+        {k: v for k, v in r.items() if not k.startswith("exchange/") and "/pace/" not in k}
+        for r in rows
+    ]
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_a_run_a_policy_left_resumes_without_it_to_the_uninterrupted_records(
-        mode, tmp_path, monkeypatch, fast_run_builds):
+    mode, tmp_path, monkeypatch, fast_run_builds
+):
     extra = (*CONTINUE, *MODES[mode])
-    fail_updates(monkeypatch, "llama-mistral", {1, 101})   # its first update, in each run
+    fail_updates(monkeypatch, "llama-mistral", {1, 101})  # its first update, in each run
     whole = tmp_path / "whole"
     train(config(whole, *extra, "steps=6"))
     fail_updates(monkeypatch, "llama-mistral", {1})
     out = tmp_path / "resumed"
-    train(config(out, *extra))                              # four steps, checkpoints at 2 and 4
+    train(config(out, *extra))  # four steps, checkpoints at 2 and 4
     assert json.loads((out / "summary.json").read_text())["failed"]["llama-mistral"]
     train(config(out, *extra, "steps=6"), resume=True)
     assert comparable(records(out), mode) == comparable(records(whole), mode)

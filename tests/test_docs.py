@@ -27,23 +27,29 @@ MARKED = re.compile(r"<!-- docs-test -->\n```python\n(.*?)```", re.S)
 
 
 def _hook(name: str):
-    spec = importlib.util.spec_from_file_location(f"docs_hook_{name}", DOCS / "hooks" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(
+        f"docs_hook_{name}", DOCS / "hooks" / f"{name}.py"
+    )
     module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module      # dataclasses look their module up by name
+    sys.modules[spec.name] = module  # dataclasses look their module up by name
     spec.loader.exec_module(module)
     return module
 
 
 # ---- configuration reference -------------------------------------------------------------------
 
+
 def test_every_config_field_has_a_comment():
     missing = _hook("config_reference").undocumented()
-    assert not missing, (f"fields without a comment (write a trailing `# ...` on the field, or a "
-                         f"comment block above it; the configuration reference shows it): {missing}")
+    assert not missing, (
+        f"fields without a comment (write a trailing `# ...` on the field, or a "
+        f"comment block above it; the configuration reference shows it): {missing}"
+    )
 
 
 def test_undocumented_field_is_caught(tmp_path, monkeypatch):
-    (tmp_path / "doc_probe_cfg.py").write_text(textwrap.dedent('''
+    (tmp_path / "doc_probe_cfg.py").write_text(
+        textwrap.dedent('''
         import msgspec
 
         class Probe(msgspec.Struct, kw_only=True):
@@ -53,13 +59,17 @@ def test_undocumented_field_is_caught(tmp_path, monkeypatch):
             # a block above
             above: str = "x"
             silent: float = 0.5
-    '''))
+    ''')
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     from doc_probe_cfg import Probe
 
     ref = _hook("config_reference")
-    assert ref.field_comments(Probe) == {"said": ("a trailing comment", ""),
-                                         "above": ("", "a block above"), "silent": ("", "")}
+    assert ref.field_comments(Probe) == {
+        "said": ("a trailing comment", ""),
+        "above": ("", "a block above"),
+        "silent": ("", ""),
+    }
     docs = {f.path: f for f in ref.sections(Probe, "probe")[0].fields}
     assert docs["probe.said"].default == "`1`" and docs["probe.above"].type == "`str`"
     # the detector the test above relies on names the field without a comment, and only it
@@ -73,17 +83,26 @@ def test_configuration_page_shows_the_source_comments():
     page = ref.render()
     comments = ref.field_comments(GRPOConfig)
     assert "KL weight to the frozen reference" in comments["beta"][0]
-    row = next(line for line in page.splitlines() if line.startswith("| <code>grpo.<wbr>beta</code>"))
+    row = next(
+        line for line in page.splitlines() if line.startswith("| <code>grpo.<wbr>beta</code>")
+    )
     assert "`float`" in row and "`0.0`" in row and "KL weight to the frozen reference" in row
     # every top-level field and every section of the run config is on the page
     for name in RunConfig.__struct_fields__:
         assert f"<code>{name}</code>" in page, name
-    for header in ("`[grpo]`", "`[[policies]]`", "`[policies.lora]`", "`[allocation.memory]`",
-                   '`[allocation.workers."<name>"]`', "`[strategies.sgt]`"):
+    for header in (
+        "`[grpo]`",
+        "`[[policies]]`",
+        "`[policies.lora]`",
+        "`[allocation.memory]`",
+        '`[allocation.workers."<name>"]`',
+        "`[strategies.sgt]`",
+    ):
         assert f"## {header}" in page, header
 
 
 # ---- command-line reference --------------------------------------------------------------------
+
 
 def test_cli_page_lists_every_option_of_every_command():
     import argparse
@@ -93,13 +112,20 @@ def test_cli_page_lists_every_option_of_every_command():
     cli = _hook("cli_reference")
     page = cli.render()
     commands = list(cli.commands(build_parser()))
-    assert {p.prog for p in commands} >= {"mutualrl train", "mutualrl compare", "mutualrl plan",
-                                          "mutualrl exchange inspect", "mutualrl bench retokenize"}
+    assert {p.prog for p in commands} >= {
+        "mutualrl train",
+        "mutualrl compare",
+        "mutualrl plan",
+        "mutualrl exchange inspect",
+        "mutualrl bench retokenize",
+    }
     # each command's own section, from its heading to the next: an option must be listed under
     # its command (``--resume`` of train, not only of compare)
     heads = list(re.finditer(r"^## `([^`]+)`", page, re.M))
-    own = {m.group(1): page[m.end():nxt.start() if nxt else len(page)]
-           for m, nxt in zip(heads, [*heads[1:], None])}
+    own = {
+        m.group(1): page[m.end() : nxt.start() if nxt else len(page)]
+        for m, nxt in zip(heads, [*heads[1:], None])
+    }
     for parser in commands:
         assert parser.prog in own, parser.prog
         for action in parser._actions:
@@ -110,6 +136,7 @@ def test_cli_page_lists_every_option_of_every_command():
 
 
 # ---- code snippets -----------------------------------------------------------------------------
+
 
 def _check_strategy(out: Path, stdout: str) -> None:
     cfg = json.loads((out / "runs" / "echo" / "config.json").read_text())
@@ -148,15 +175,26 @@ def test_doc_snippets_run(page, tmp_path):
     code = "\n".join(MARKED.findall((DOCS / page).read_text()))
     assert code.strip(), f"{page} has no block marked <!-- docs-test -->"
     # from an empty folder: the snippets use the configs mutualrl ships, as a pip user has them
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=600)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(
+            [str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]
+        ),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, f"{page}:\n{proc.stderr[-4000:]}"
     PAGES[page](tmp_path, proc.stdout)
 
 
 # ---- Markdown ----------------------------------------------------------------------------------
+
 
 def test_nested_list_items_are_indented_four_spaces():
     # MkDocs' Markdown nests a list item only at 4 spaces; at 1-3 it runs into its parent's text.
@@ -173,6 +211,7 @@ def test_nested_list_items_are_indented_four_spaces():
 
 # ---- README ------------------------------------------------------------------------------------
 
+
 def test_readme_opening_names_every_registered_strategy():
     from mutualrl.strategies import STRATEGIES
 
@@ -183,7 +222,9 @@ def test_readme_opening_names_every_registered_strategy():
 
 def test_readme_is_at_most_150_lines():
     lines = (ROOT / "README.md").read_text().splitlines()
-    assert len(lines) <= 150, f"README.md has {len(lines)} lines; a newcomer's page holds at most 150"
+    assert len(lines) <= 150, (
+        f"README.md has {len(lines)} lines; a newcomer's page holds at most 150"
+    )
 
 
 COMMIT_HASH = re.compile(r"`[0-9a-f]{7,12}`")
@@ -193,8 +234,10 @@ def test_readme_and_docs_quote_no_commit_hash():
     # which commit measured a figure is recorded in its JSON under benchmarks/results/; the prose
     # links that file instead of quoting hashes, which date the page the moment it is committed
     pages = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
-    found = [f"{page.relative_to(ROOT)}:{number}: {m.group(0)}"
-             for page in pages
-             for number, line in enumerate(page.read_text().splitlines(), 1)
-             for m in COMMIT_HASH.finditer(line)]
+    found = [
+        f"{page.relative_to(ROOT)}:{number}: {m.group(0)}"
+        for page in pages
+        for number, line in enumerate(page.read_text().splitlines(), 1)
+        for m in COMMIT_HASH.finditer(line)
+    ]
     assert not found, f"backticked commit hashes (link the result's JSON instead): {found}"

@@ -28,8 +28,19 @@ TINY = str(ROOT / "configs" / "tiny.toml")
 
 
 def train(out: str | Path, *extra: str) -> int:
-    return main(["train", "--config", TINY, "--output-dir", str(out), "--no-progress",
-                 "--steps", "1", *extra])
+    return main(
+        [
+            "train",
+            "--config",
+            TINY,
+            "--output-dir",
+            str(out),
+            "--no-progress",
+            "--steps",
+            "1",
+            *extra,
+        ]
+    )
 
 
 def one_line_error(err: str) -> str:
@@ -70,7 +81,7 @@ def test_atomic_folder_never_replaces_its_parent_or_anything_outside(tmp_path):
         with atomic_folder(run / "policies" / ".", "policy '.'", within=run / "policies"):
             pass
     assert (run / "metrics.jsonl").read_text() == "{}\n"
-    assert sorted(p.name for p in (run / "policies").iterdir()) == []   # no temporary left
+    assert sorted(p.name for p in (run / "policies").iterdir()) == []  # no temporary left
     with atomic_folder(run / "policies" / "p", "policy 'p'") as tmp:
         (tmp / "w").write_text("1")
     assert (run / "policies" / "p" / "w").read_text() == "1"
@@ -100,7 +111,7 @@ def test_overwrite_never_deletes_run_named_files_no_run_wrote(tmp_path, capsys):
             claim(tmp_path, overwrite=overwrite)
     assert (tmp_path / "config.json").read_text() == '{"mine": true}'
     assert (tmp_path / "checkpoints" / "model.bin").read_text() == "weights"
-    assert not (tmp_path / LOCK_FILE).exists()     # a refusal marks nothing as a run's
+    assert not (tmp_path / LOCK_FILE).exists()  # a refusal marks nothing as a run's
 
 
 def test_overwrite_removes_a_linked_run_folder_entry_not_what_it_points_to(tmp_path):
@@ -116,30 +127,42 @@ def test_overwrite_removes_a_linked_run_folder_entry_not_what_it_points_to(tmp_p
 
 
 # ---- CLI paths reach the config as values -----------------------------------------------------------
-ODD = 'odd \\t "quoted" name'      # a backslash-t (not a tab), quotes and spaces
+ODD = 'odd \\t "quoted" name'  # a backslash-t (not a tab), quotes and spaces
 
 
 def test_every_cli_path_reaches_the_config_unchanged(tmp_path):
-    args = argparse.Namespace(set=[], strategy='no"ne', output_dir=str(tmp_path / ODD), steps=1,
-                              peer_log=[str(tmp_path / ODD), "tab\there\x7f"])
+    args = argparse.Namespace(
+        set=[],
+        strategy='no"ne',
+        output_dir=str(tmp_path / ODD),
+        steps=1,
+        peer_log=[str(tmp_path / ODD), "tab\there\x7f"],
+    )
     data = {}
     from mutualrl.config import apply_override
+
     for item in _overrides(args):
         apply_override(data, item)
-    assert data == {"strategy": 'no"ne', "output_dir": str(tmp_path / ODD), "steps": 1,
-                    "exchange": {"peer_logs": [str(tmp_path / ODD), "tab\there\x7f"]}}
+    assert data == {
+        "strategy": 'no"ne',
+        "output_dir": str(tmp_path / ODD),
+        "steps": 1,
+        "exchange": {"peer_logs": [str(tmp_path / ODD), "tab\there\x7f"]},
+    }
 
 
 def test_compare_paths_reach_the_config_unchanged(tmp_path):
     from mutualrl.compare import plan_runs
-    out = tmp_path / (ODD + "\udc8f")     # a byte that is not UTF-8, as Python reads a name
+
+    out = tmp_path / (ODD + "\udc8f")  # a byte that is not UTF-8, as Python reads a name
     [r] = plan_runs(TINY, ["none"], 1, out, [])
     assert r.cfg.output_dir == str(out / "runs" / "none-seed0")
     assert r.cfg.warmup.cache_dir == str(out / "warmstart")
 
 
-def test_a_run_folder_named_with_quotes_and_backslashes_trains_and_resumes(tmp_path, fast_run_builds,
-                                                                            capsys):
+def test_a_run_folder_named_with_quotes_and_backslashes_trains_and_resumes(
+    tmp_path, fast_run_builds, capsys
+):
     out = tmp_path / ODD
     assert train(out, "--set", "save_steps=1") == 0
     assert json.loads((out / "config.json").read_text())["output_dir"] == str(out)
@@ -159,28 +182,40 @@ def checkpointed(tmp_path, fast_run_builds):
 
 def _damage(path: Path, at: int, byte: bytes) -> None:
     data = bytearray(path.read_bytes())
-    data[at:at + 1] = byte
+    data[at : at + 1] = byte
     path.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("name, byte, what", [("metrics.jsonl", b"\x8f", "not valid UTF-8"),
-                                              ("heldout.jsonl", b"}", "not valid JSON"),
-                                              ("failures.jsonl", b"\xff", "not valid UTF-8")])
-def test_resume_names_damage_before_the_checkpoint_before_any_step(checkpointed, capsys, name,
-                                                                   byte, what):
+@pytest.mark.parametrize(
+    "name, byte, what",
+    [
+        ("metrics.jsonl", b"\x8f", "not valid UTF-8"),
+        ("heldout.jsonl", b"}", "not valid JSON"),
+        ("failures.jsonl", b"\xff", "not valid UTF-8"),
+    ],
+)
+def test_resume_names_damage_before_the_checkpoint_before_any_step(
+    checkpointed, capsys, name, byte, what
+):
     path = checkpointed / name
     if name == "failures.jsonl":
         path.write_text('{"policy": "a", "step": 0}\n{"policy": "b", "step": 1}\n')
     _damage(path, 20, byte)
-    before = {p.name: p.read_bytes() for p in checkpointed.iterdir() if p.is_file()
-              and p.name != LOCK_FILE}
+    before = {
+        p.name: p.read_bytes()
+        for p in checkpointed.iterdir()
+        if p.is_file() and p.name != LOCK_FILE
+    }
     capsys.readouterr()
     assert main(["train", "--resume", str(checkpointed), "--steps", "2", "--no-progress"]) == 2
     line = one_line_error(capsys.readouterr().err)
     assert f"{path}: byte 20 (line 1): {what}" in line and "--resume" in line
-    after = {p.name: p.read_bytes() for p in checkpointed.iterdir() if p.is_file()
-             and p.name != LOCK_FILE}
-    assert after == before       # no step ran, nothing was cut back or appended
+    after = {
+        p.name: p.read_bytes()
+        for p in checkpointed.iterdir()
+        if p.is_file() and p.name != LOCK_FILE
+    }
+    assert after == before  # no step ran, nothing was cut back or appended
 
 
 def test_reading_damaged_metrics_names_the_file_and_byte(tmp_path):
@@ -192,6 +227,7 @@ def test_reading_damaged_metrics_names_the_file_and_byte(tmp_path):
 
 def test_a_recorded_length_inside_a_line_is_damage(tmp_path):
     from mutualrl.run.jsonl import check_records
+
     (tmp_path / "metrics.jsonl").write_text('{"a": 1}\n{"b": 2}\n')
     check_records(tmp_path, {"metrics.jsonl": 9}, "step-000001")
     with pytest.raises(ConfigError, match="byte 9 .*runs past byte 12"):
@@ -235,8 +271,9 @@ def _read_only(monkeypatch, where: Path) -> None:
 
 
 @pytest.mark.parametrize("exists", [False, True])
-def test_a_read_only_output_folder_is_one_error_and_nothing_is_written(tmp_path, monkeypatch,
-                                                                      capsys, exists):
+def test_a_read_only_output_folder_is_one_error_and_nothing_is_written(
+    tmp_path, monkeypatch, capsys, exists
+):
     ro = tmp_path / "ro"
     ro.mkdir()
     out = ro / "new" / "run"

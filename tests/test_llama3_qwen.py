@@ -54,7 +54,9 @@ def short(out: Path, strategy: str):
 def test_the_config_pairs_llama3_and_qwen25():
     cfg = load_config(CONFIG)
     assert [(p.name, p.architecture, p.tokenizer) for p in cfg.policies] == [
-        ("llama-llama3", "llama", "llama-3"), ("qwen-qwen25", "qwen2", "qwen2.5")]
+        ("llama-llama3", "llama", "llama-3"),
+        ("qwen-qwen25", "qwen2", "qwen2.5"),
+    ]
     assert cfg.torch_threads == 1 and all(p.hidden_size == 32 for p in cfg.policies)
 
 
@@ -70,8 +72,9 @@ def test_the_config_as_shipped_trains(handles, tmp_path):
 @pytest.mark.parametrize("strategy", STRATEGIES.names())
 def test_trains_under_every_strategy(strategy, handles, tmp_path):
     train(short(tmp_path / strategy, strategy))
-    records = [r for r in read_metrics(tmp_path / strategy / "metrics.jsonl")
-               if r["phase"] == "train"]
+    records = [
+        r for r in read_metrics(tmp_path / strategy / "metrics.jsonl") if r["phase"] == "train"
+    ]
     assert [r["step"] for r in records] == [0, 1]
     for r in records:
         for name in POLICIES:

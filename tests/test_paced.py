@@ -29,7 +29,11 @@ from mutualrl.run.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.toml"
-COMMON = ("torch_threads=1", "allocation.inventory.cpus_per_node=2", "allocation.call_timeout_s=120")
+COMMON = (
+    "torch_threads=1",
+    "allocation.inventory.cpus_per_node=2",
+    "allocation.call_timeout_s=120",
+)
 NAMES = ("llama-mistral", "qwen-deepseek")
 
 
@@ -40,9 +44,18 @@ def run_tiny(out: Path, *overrides: str) -> dict:
 
 def policy_rows(out: Path) -> dict[int, dict]:
     """Each train step's per-policy numbers, timing and pace keys aside."""
-    return {r["step"]: {k: v for k, v in r.items() if k.startswith("policy/") and "/pace/" not in k
-                        and "/phase/" not in k and not k.endswith(("time_s", "tokens_per_s"))}
-            for r in read_metrics(out / "metrics.jsonl") if r["phase"] == "train"}
+    return {
+        r["step"]: {
+            k: v
+            for k, v in r.items()
+            if k.startswith("policy/")
+            and "/pace/" not in k
+            and "/phase/" not in k
+            and not k.endswith(("time_s", "tokens_per_s"))
+        }
+        for r in read_metrics(out / "metrics.jsonl")
+        if r["phase"] == "train"
+    }
 
 
 def experience(out: Path) -> dict[str, list[tuple]]:
@@ -63,8 +76,9 @@ def test_lock_step_is_the_default_and_of_every_embedded_config():
 
 def test_k0_builds_no_pace_and_k1_builds_one(tmp_path, fast_run_builds):
     for k in (0, 1):
-        cfg = load_config(TINY, [f'output_dir="{tmp_path / str(k)}"', *COMMON,
-                                 f"allocation.max_staleness={k}"])
+        cfg = load_config(
+            TINY, [f'output_dir="{tmp_path / str(k)}"', *COMMON, f"allocation.max_staleness={k}"]
+        )
         run = build_run(cfg)
         try:
             assert (run.pace is None) == (k == 0)
@@ -91,9 +105,15 @@ def independent(tmp_path_factory, fast_run_builds_module):
     root = tmp_path_factory.mktemp("paced")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(Policy, "update", slow)
-        return {k: (root / f"k{k}", run_tiny(root / f"k{k}", "steps=5", 'strategy="none"',
-                                             f"allocation.max_staleness={k}"))
-                for k in (0, 1, 2)}
+        return {
+            k: (
+                root / f"k{k}",
+                run_tiny(
+                    root / f"k{k}", "steps=5", 'strategy="none"', f"allocation.max_staleness={k}"
+                ),
+            )
+            for k in (0, 1, 2)
+        }
 
 
 @pytest.mark.parametrize("k", [1, 2])
@@ -111,11 +131,17 @@ def test_paced_policies_compute_what_they_compute_in_lock_step(independent, k):
 @pytest.mark.parametrize("k", [1, 2])
 def test_no_policy_starts_more_than_k_steps_ahead(independent, k):
     out, summary = independent[k]
-    leads = {n: [r[f"policy/{n}/pace/lead"] for r in read_metrics(out / "metrics.jsonl")
-                 if r["phase"] == "train"] for n in NAMES}
+    leads = {
+        n: [
+            r[f"policy/{n}/pace/lead"]
+            for r in read_metrics(out / "metrics.jsonl")
+            if r["phase"] == "train"
+        ]
+        for n in NAMES
+    }
     assert all(len(v) == 5 and max(v) <= k for v in leads.values())
     fast = next(n for n in NAMES if n != SLOW)
-    assert max(leads[fast]) == k     # it did run ahead, as far as the gate lets it
+    assert max(leads[fast]) == k  # it did run ahead, as far as the gate lets it
     for n in NAMES:
         s = summary["pace"][n]
         assert s["steps"] == 5 and 0 <= s["idle_fraction"] < 1 and s["steps_per_min"] > 0
@@ -128,35 +154,54 @@ def _assert_books_whole(books: dict, steps: int) -> None:
     for consumer, by in books.items():
         assert set(by) == set(NAMES) - {consumer}, consumer
         for producer, b in by.items():
-            seen = [s for how in ("consumed", "dropped", "queued") for a, z in b[how]
-                    for s in range(a, z + 1)]
+            seen = [
+                s
+                for how in ("consumed", "dropped", "queued")
+                for a, z in b[how]
+                for s in range(a, z + 1)
+            ]
             assert sorted(seen) == list(range(steps)), (consumer, producer, b)
 
 
 @pytest.mark.parametrize("strategy", ["sgt", "prp"])
 def test_paced_sharing_accounts_for_every_peer_record(tmp_path, fast_run_builds, strategy):
-    summary = run_tiny(tmp_path / strategy, "steps=6", "save_steps=2", f'strategy="{strategy}"',
-                       "allocation.max_staleness=1")
+    summary = run_tiny(
+        tmp_path / strategy,
+        "steps=6",
+        "save_steps=2",
+        f'strategy="{strategy}"',
+        "allocation.max_staleness=1",
+    )
     _assert_books_whole(summary["pace_books"], 6)
     rows = [r for r in read_metrics(tmp_path / strategy / "metrics.jsonl") if r["phase"] == "train"]
     assert [r["step"] for r in rows] == list(range(6))
     assert all(r["exchange/stale_dropped"] == 0 for r in rows)
     used = sum(r[f"policy/{n}/pace/experience_records"] for r in rows for n in NAMES)
-    assert used > 0   # the policies did take up each other's experience
+    assert used > 0  # the policies did take up each other's experience
 
 
 def test_a_strategy_that_needs_lock_step_is_refused_before_anything_is_written(tmp_path):
     out = tmp_path / "hacpo"
-    cfg = load_config(TINY, [f'output_dir="{out}"', 'strategy="hacpo"', "allocation.max_staleness=2"])
-    with pytest.raises(ConfigError, match=r"max_staleness = 2: strategy 'hacpo' needs every policy"):
+    cfg = load_config(
+        TINY, [f'output_dir="{out}"', 'strategy="hacpo"', "allocation.max_staleness=2"]
+    )
+    with pytest.raises(
+        ConfigError, match=r"max_staleness = 2: strategy 'hacpo' needs every policy"
+    ):
         prepare(cfg)
     assert not out.exists()
 
 
 def test_restart_is_refused_for_a_paced_run_naming_both_fields(tmp_path):
     with pytest.raises(ConfigError, match=r'max_staleness = 1: .*on_failure = "restart" needs'):
-        load_config(TINY, [f'output_dir="{tmp_path}"', "allocation.max_staleness=1",
-                           'allocation.on_failure="restart"'])
+        load_config(
+            TINY,
+            [
+                f'output_dir="{tmp_path}"',
+                "allocation.max_staleness=1",
+                'allocation.on_failure="restart"',
+            ],
+        )
 
 
 def test_async_generation_trains_on_samples_one_version_behind(tmp_path, fast_run_builds):
@@ -176,42 +221,68 @@ def test_async_generation_trains_on_samples_one_version_behind(tmp_path, fast_ru
 # ---- kill -9 and resume --------------------------------------------------------------------------
 def _command(out: Path, *extra: str) -> list[str]:
     sets = ["steps=8", "save_steps=4", 'strategy="sgt"', *COMMON, *extra]
-    return [sys.executable, "-m", "mutualrl.cli", "train", "--config", str(TINY), "--no-progress",
-            "--output-dir", str(out), *(a for s in sets for a in ("--set", s))]
+    return [
+        sys.executable,
+        "-m",
+        "mutualrl.cli",
+        "train",
+        "--config",
+        str(TINY),
+        "--no-progress",
+        "--output-dir",
+        str(out),
+        *(a for s in sets for a in ("--set", s)),
+    ]
 
 
 @pytest.mark.slow
 def test_a_paced_run_killed_and_resumed_loses_and_replays_nothing(tmp_path):
     out = tmp_path / "killed"
-    proc = subprocess.Popen(_command(out, "allocation.max_staleness=1"), cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        _command(out, "allocation.max_staleness=1"),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 300
-    while len([r for r in read_metrics(out / "metrics.jsonl") if r["phase"] == "train"]
-              if (out / "metrics.jsonl").exists() else []) < 5:
+    while (
+        len(
+            [r for r in read_metrics(out / "metrics.jsonl") if r["phase"] == "train"]
+            if (out / "metrics.jsonl").exists()
+            else []
+        )
+        < 5
+    ):
         assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
         assert time.monotonic() < deadline
         time.sleep(0.02)
-    os.killpg(proc.pid, signal.SIGKILL)   # mid-way through the second segment (steps 4-7)
+    os.killpg(proc.pid, signal.SIGKILL)  # mid-way through the second segment (steps 4-7)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL and not (out / "summary.json").exists()
     assert (out / "checkpoints" / "step-000004").is_dir()
-    done = subprocess.run([sys.executable, "-m", "mutualrl.cli", "train", "--resume", str(out),
-                           "--no-progress"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "mutualrl.cli", "train", "--resume", str(out), "--no-progress"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     summary = msgspec.json.decode((out / "summary.json").read_bytes())
     _assert_books_whole(summary["pace_books"], 8)
     steps = [r["step"] for r in read_metrics(out / "metrics.jsonl") if r["phase"] == "train"]
     assert steps == list(range(8))
     stats = ReadStats()
-    assert sum(1 for _ in read_log(out, stats=stats)) and stats.skipped == 0   # no damaged frame
-    for producer, records in experience(out).items():   # no seq lost or written twice
+    assert sum(1 for _ in read_log(out, stats=stats)) and stats.skipped == 0  # no damaged frame
+    for producer, records in experience(out).items():  # no seq lost or written twice
         assert [seq for _, _, seq, _ in records] == list(range(len(records))), producer
 
 
 # ---- a policy that fails or hangs ------------------------------------------------------------------
-def _breaking(monkeypatch, how: str, at_version: int = 2,
-              who: tuple[str, ...] = ("qwen-deepseek",)) -> threading.Event:
+def _breaking(
+    monkeypatch, how: str, at_version: int = 2, who: tuple[str, ...] = ("qwen-deepseek",)
+) -> threading.Event:
     """``who``'s updates raise, or hang until the returned event is set (the test's end)."""
     from mutualrl.policies.policy import Policy
 
@@ -223,19 +294,26 @@ def _breaking(monkeypatch, how: str, at_version: int = 2,
                 released.wait(300)
             raise RuntimeError("the learner fell over")
         return update(self, batches)
+
     monkeypatch.setattr(Policy, "update", broken)
     return released
 
 
 @pytest.mark.parametrize("how", ["raise", "hang"])
-def test_under_continue_a_failed_policy_leaves_and_the_other_goes_on(tmp_path, fast_run_builds,
-                                                                    monkeypatch, request, how,
-                                                                    capsys):
+def test_under_continue_a_failed_policy_leaves_and_the_other_goes_on(
+    tmp_path, fast_run_builds, monkeypatch, request, how, capsys
+):
     request.addfinalizer(_breaking(monkeypatch, how).set)
     out = tmp_path / how
     t0 = time.monotonic()
-    summary = run_tiny(out, "steps=6", 'strategy="sgt"', "allocation.max_staleness=1",
-                       'allocation.on_failure="continue"', "allocation.call_timeout_s=3")
+    summary = run_tiny(
+        out,
+        "steps=6",
+        'strategy="sgt"',
+        "allocation.max_staleness=1",
+        'allocation.on_failure="continue"',
+        "allocation.call_timeout_s=3",
+    )
     # a hung peer costs its step's time-out (3 calls of 3 s), not the run: the hang lasts
     # until the test ends
     assert time.monotonic() - t0 < 120
@@ -246,14 +324,16 @@ def test_under_continue_a_failed_policy_leaves_and_the_other_goes_on(tmp_path, f
     assert summary["pace"]["llama-mistral"]["steps"] == 6
     assert summary["pace"]["qwen-deepseek"]["steps"] < 6
     if how == "raise":
-        _assert_departure_said_and_kept(out, summary, capsys, "qwen-deepseek", "raised",
-                                        "the learner fell over")
+        _assert_departure_said_and_kept(
+            out, summary, capsys, "qwen-deepseek", "raised", "the learner fell over"
+        )
     else:
         _assert_departure_said_and_kept(out, summary, capsys, "qwen-deepseek", "timeout")
 
 
 def test_a_paced_step_that_verifies_past_its_calls_budget_is_not_declared_hung(
-        tmp_path, fast_run_builds, monkeypatch):
+    tmp_path, fast_run_builds, monkeypatch
+):
     # call_timeout_s = 1: a step is hung after 3 s of calls; each policy's 4 samples verify in
     # 3.6 s (0.9 s each, under verifier_timeout_s = 5), and the two policies take turns at the
     # verifier. Before, the watchdog counted that time and abandoned a healthy step.
@@ -272,11 +352,14 @@ def test_a_paced_step_that_verifies_past_its_calls_budget_is_not_declared_hung(
             return self.inner(prompt, completion)
 
     init = GuardedVerifier.__init__
-    monkeypatch.setattr(GuardedVerifier, "__init__",
-                        lambda self, verifier, *a, **kw: init(self, Slow(verifier), *a, **kw))
+    monkeypatch.setattr(
+        GuardedVerifier,
+        "__init__",
+        lambda self, verifier, *a, **kw: init(self, Slow(verifier), *a, **kw),
+    )
     segment = paced_loop._segment
 
-    def slowed(*args):   # the train steps only, not the warm start and evaluations around them
+    def slowed(*args):  # the train steps only, not the warm start and evaluations around them
         slow.set()
         try:
             return segment(*args)
@@ -285,8 +368,14 @@ def test_a_paced_step_that_verifies_past_its_calls_budget_is_not_declared_hung(
 
     monkeypatch.setattr(paced_loop, "_segment", slowed)
     out = tmp_path / "slow-verifier"
-    summary = run_tiny(out, "steps=1", "grpo.prompts_per_step=1", "allocation.max_staleness=1",
-                       'allocation.on_failure="continue"', "allocation.call_timeout_s=1")
+    summary = run_tiny(
+        out,
+        "steps=1",
+        "grpo.prompts_per_step=1",
+        "allocation.max_staleness=1",
+        'allocation.on_failure="continue"',
+        "allocation.call_timeout_s=1",
+    )
     assert not (out / "failures.jsonl").exists() and not summary.get("failed")
     assert {n: summary["pace"][n]["steps"] for n in NAMES} == {n: 1 for n in NAMES}
     rows = [r for r in read_metrics(out / "metrics.jsonl") if r["phase"] == "train"]
@@ -294,11 +383,14 @@ def test_a_paced_step_that_verifies_past_its_calls_budget_is_not_declared_hung(
 
 
 def _failures(out: Path) -> list[dict]:
-    return [msgspec.json.decode(line) for line in (out / "failures.jsonl").read_bytes().splitlines()]
+    return [
+        msgspec.json.decode(line) for line in (out / "failures.jsonl").read_bytes().splitlines()
+    ]
 
 
-def _assert_departure_said_and_kept(out: Path, summary: dict, capsys, name: str, kind: str,
-                                    message: str = "") -> None:
+def _assert_departure_said_and_kept(
+    out: Path, summary: dict, capsys, name: str, kind: str, message: str = ""
+) -> None:
     """The policy that left is named once on stderr, in failures.jsonl and in summary.json, with
     the kind of its failure and (where given) its message."""
     said = [line for line in capsys.readouterr().err.splitlines() if "left the run" in line]
@@ -311,48 +403,57 @@ def _assert_departure_said_and_kept(out: Path, summary: dict, capsys, name: str,
 
 
 @pytest.mark.parametrize("staleness", [0, 1])
-def test_under_continue_a_run_every_policy_left_stops_with_their_failures(tmp_path, fast_run_builds,
-                                                                          monkeypatch, capsys,
-                                                                          staleness):
+def test_under_continue_a_run_every_policy_left_stops_with_their_failures(
+    tmp_path, fast_run_builds, monkeypatch, capsys, staleness
+):
     # before: the run went on with no policy, logged empty steps, evaluated NaN and said "done"
     from mutualrl.allocation import WorkerFailedError
 
     _breaking(monkeypatch, "raise", at_version=0, who=NAMES)
     out = tmp_path / f"all-{staleness}"
     with pytest.raises(WorkerFailedError, match="the learner fell over") as exc:
-        run_tiny(out, "steps=4", 'strategy="sgt"', f"allocation.max_staleness={staleness}",
-                 'allocation.on_failure="continue"')
+        run_tiny(
+            out,
+            "steps=4",
+            'strategy="sgt"',
+            f"allocation.max_staleness={staleness}",
+            'allocation.on_failure="continue"',
+        )
     assert sorted(f.worker for f in exc.value.failures) == sorted(NAMES)
     assert not (out / "summary.json").exists()
     assert sorted(r["policy"] for r in _failures(out)) == sorted(NAMES)
     assert sum("left the run" in line for line in capsys.readouterr().err.splitlines()) == 2
 
 
-def test_under_continue_a_lock_step_policy_that_fails_is_said_and_kept(tmp_path, fast_run_builds,
-                                                                       monkeypatch, capsys):
+def test_under_continue_a_lock_step_policy_that_fails_is_said_and_kept(
+    tmp_path, fast_run_builds, monkeypatch, capsys
+):
     _breaking(monkeypatch, "raise")
     out = tmp_path / "lock-step"
     summary = run_tiny(out, "steps=4", 'strategy="sgt"', 'allocation.on_failure="continue"')
     rows = [r for r in read_metrics(out / "metrics.jsonl") if r["phase"] == "train"]
     assert "policy/qwen-deepseek/reward/mean" not in rows[-1]
     assert "policy/llama-mistral/reward/mean" in rows[-1]
-    _assert_departure_said_and_kept(out, summary, capsys, "qwen-deepseek", "raised",
-                                    "the learner fell over")
+    _assert_departure_said_and_kept(
+        out, summary, capsys, "qwen-deepseek", "raised", "the learner fell over"
+    )
 
 
-def test_under_stop_a_failed_policy_stops_the_run_with_its_traceback(tmp_path, fast_run_builds,
-                                                                     monkeypatch):
+def test_under_stop_a_failed_policy_stops_the_run_with_its_traceback(
+    tmp_path, fast_run_builds, monkeypatch
+):
     from mutualrl.allocation import WorkerFailedError
 
     _breaking(monkeypatch, "raise")
     with pytest.raises(WorkerFailedError, match="the learner fell over"):
         run_tiny(tmp_path / "stop", "steps=6", 'strategy="sgt"', "allocation.max_staleness=1")
     rows = [r for r in read_metrics(tmp_path / "stop" / "metrics.jsonl") if r["phase"] == "train"]
-    assert rows and len(rows) < 6     # what was finished is written
+    assert rows and len(rows) < 6  # what was finished is written
 
 
 def test_a_stop_asked_for_in_the_segment_before_an_evaluation_keeps_that_evaluation(
-        tmp_path, monkeypatch, fast_run_builds):
+    tmp_path, monkeypatch, fast_run_builds
+):
     """A signal during the last step before an evaluation step: the paced run evaluates there,
     then checkpoints and stops, as lock-step does; before, it stopped first, and the resumed run
     (which starts after that step) never evaluated it."""
@@ -367,7 +468,7 @@ def test_a_stop_asked_for_in_the_segment_before_an_evaluation_keeps_that_evaluat
 
     def stopped_in(run, steppers, end):
         segment(run, steppers, end)
-        if end == 2 and not asked:      # as if Ctrl-C came during the segment's last step
+        if end == 2 and not asked:  # as if Ctrl-C came during the segment's last step
             asked.append(end)
             run.stop.signum = signal.SIGINT
 
@@ -382,7 +483,8 @@ def test_a_stop_asked_for_in_the_segment_before_an_evaluation_keeps_that_evaluat
 
 
 def test_a_policy_whose_paced_loop_failed_is_not_evaluated_or_saved_after_it_left(
-        tmp_path, monkeypatch, fast_run_builds):
+    tmp_path, monkeypatch, fast_run_builds
+):
     """A paced policy whose step fails on the driver's side (here its strategy raises) leaves the
     run under ``continue`` with its worker still live; the run's later evaluations and its saved
     policies are of the policies still in it, as when a worker fails (before, the final
@@ -401,12 +503,18 @@ def test_a_policy_whose_paced_loop_failed_is_not_evaluated_or_saved_after_it_lef
 
     monkeypatch.setattr(Independent, "build_batches", failing)
     out = tmp_path / "run"
-    train(config(out, "allocation.max_staleness=1", 'allocation.on_failure="continue"',
-                 "save_steps=0"))
+    train(
+        config(
+            out, "allocation.max_staleness=1", 'allocation.on_failure="continue"', "save_steps=0"
+        )
+    )
     summary = json.loads((out / "summary.json").read_text())
     assert list(summary["failed"]) == ["llama-mistral"]
-    final = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()
-             if json.loads(line)["phase"] == "eval"][-1]
+    final = [
+        json.loads(line)
+        for line in (out / "metrics.jsonl").read_text().splitlines()
+        if json.loads(line)["phase"] == "eval"
+    ][-1]
     assert not any(k.startswith("policy/llama-mistral/") for k in final)
     assert any(k.startswith("policy/qwen-deepseek/heldout") for k in final)
     assert not (out / "policies" / "llama-mistral").exists()

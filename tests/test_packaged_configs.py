@@ -29,7 +29,7 @@ def test_every_config_in_the_repository_is_packaged_under_its_stem():
 
 @pytest.mark.parametrize("name", ["tiny", "default"])
 def test_a_bare_name_loads_the_packaged_config_from_any_folder(name, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)          # no configs/ here
+    monkeypatch.chdir(tmp_path)  # no configs/ here
     assert to_dict(load_config(name)) == to_dict(load_config(CONFIGS / f"{name}.toml"))
 
 
@@ -49,13 +49,12 @@ def test_an_unknown_name_is_one_line_listing_the_packaged_names(tmp_path, monkey
     assert all(name in msg for name in NAMES)
 
 
-def test_a_missing_toml_file_named_like_a_packaged_config_points_at_the_name(tmp_path,
-                                                                             monkeypatch):
+def test_a_missing_toml_file_named_like_a_packaged_config_points_at_the_name(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError, match="packaged config of that name is --config tiny"):
         load_config("tiny.toml")
     (tmp_path / "tiny.toml").write_text((CONFIGS / "tiny.toml").read_text())
-    assert load_config("tiny.toml").steps == 2     # a file that is there is read as before
+    assert load_config("tiny.toml").steps == 2  # a file that is there is read as before
 
 
 def test_configs_list_names_each_config_with_its_purpose(capsys):
@@ -80,11 +79,14 @@ def test_configs_show_of_an_unknown_name_exits_2_with_one_line(capsys):
     assert err.count("\n") == 1 and "tiny" in err
 
 
-def test_train_with_a_packaged_name_from_another_folder(tmp_path, monkeypatch, fast_run_builds,
-                                                        capsys):
+def test_train_with_a_packaged_name_from_another_folder(
+    tmp_path, monkeypatch, fast_run_builds, capsys
+):
     monkeypatch.chdir(tmp_path)
-    assert main(["train", "--config", "tiny", "--output-dir", "run", "--steps", "1",
-                 "--no-progress"]) == 0
+    assert (
+        main(["train", "--config", "tiny", "--output-dir", "run", "--steps", "1", "--no-progress"])
+        == 0
+    )
     assert (tmp_path / "run" / "summary.json").is_file()
 
 
@@ -94,43 +96,82 @@ def _source_tree(dest: Path) -> Path:
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(ROOT / name, dest / name)
     shutil.copytree(CONFIGS, dest / "configs")
-    shutil.copytree(ROOT / "src", dest / "src", symlinks=True,
-                    ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    shutil.copytree(
+        ROOT / "src",
+        dest / "src",
+        symlinks=True,
+        ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"),
+    )
     assert (dest / "src" / "mutualrl" / "configs").is_symlink()
     return dest
 
 
 def _build(args: list[str], cwd: Path) -> None:
-    done = subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True,
-                          check=False)
+    done = subprocess.run(
+        [sys.executable, *args], cwd=cwd, capture_output=True, text=True, check=False
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
 
 
 def test_a_wheel_and_an_sdist_hold_the_configs_as_files(tmp_path):
     src = _source_tree(tmp_path / "tree")
-    _build(["-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
-            "-w", str(tmp_path / "dist"), str(src)], tmp_path)
+    _build(
+        [
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-q",
+            "-w",
+            str(tmp_path / "dist"),
+            str(src),
+        ],
+        tmp_path,
+    )
     _build(["-c", "from setuptools import build_meta; build_meta.build_sdist('../sdist')"], src)
     wheel = next((tmp_path / "dist").glob("mutualrl-*.whl"))
     with zipfile.ZipFile(wheel) as zf:
         in_wheel = {n: zf.read(n) for n in zf.namelist() if n.startswith("mutualrl/configs/")}
-    assert in_wheel == {f"mutualrl/configs/{n}.toml": (CONFIGS / f"{n}.toml").read_bytes()
-                        for n in NAMES}
+    assert in_wheel == {
+        f"mutualrl/configs/{n}.toml": (CONFIGS / f"{n}.toml").read_bytes() for n in NAMES
+    }
     with tarfile.open(next((tmp_path / "sdist").glob("mutualrl-*.tar.gz"))) as tf:
         members = [m for m in tf.getmembers() if "/src/mutualrl/configs/" in m.name]
     assert sorted(Path(m.name).stem for m in members) == NAMES
-    assert all(m.isfile() for m in members)        # files, not the link
+    assert all(m.isfile() for m in members)  # files, not the link
 
     # Installed from the wheel (not editable), a bare name is found in site-packages.
     target = tmp_path / "site"
-    _build(["-m", "pip", "install", "--no-deps", "--no-index", "-q", "--target", str(target),
-            str(wheel)], tmp_path)
-    code = ("import mutualrl, mutualrl.config.packaged as p; from mutualrl.config import "
-            "load_config; print(mutualrl.__file__); print(load_config('default').steps);"
-            "print(p.packaged_folder().is_symlink())")
+    _build(
+        [
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-index",
+            "-q",
+            "--target",
+            str(target),
+            str(wheel),
+        ],
+        tmp_path,
+    )
+    code = (
+        "import mutualrl, mutualrl.config.packaged as p; from mutualrl.config import "
+        "load_config; print(mutualrl.__file__); print(load_config('default').steps);"
+        "print(p.packaged_folder().is_symlink())"
+    )
     env = {**os.environ, "PYTHONPATH": str(target)}
-    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     where, steps, link = done.stdout.split()
     assert Path(where).is_relative_to(target) and link == "False"
     assert int(steps) == load_config(CONFIGS / "default.toml").steps

@@ -44,19 +44,30 @@ def recorded(tmp_path_factory, fast_run_builds_module):
 def test_the_replay_carries_rollouts_and_group_statistics_under_log_names(recorded):
     pool = PeerLogPool([str(recorded)])
     kinds = {(d.kind, d.producer) for ds in pool.by_prompt.values() for d in ds}
-    assert kinds == {(k, f"log:{p}") for k in ("rollout", "group_stats")
-                     for p in ("llama-mistral", "qwen-deepseek")}
+    assert kinds == {
+        (k, f"log:{p}")
+        for k in ("rollout", "group_stats")
+        for p in ("llama-mistral", "qwen-deepseek")
+    }
 
 
 @pytest.mark.parametrize("estimator", ["zscore", "rank"])
-def test_a_frozen_peer_changes_what_xgrpo_trains_on(recorded, tmp_path, estimator,
-                                                    fast_run_builds):
+def test_a_frozen_peer_changes_what_xgrpo_trains_on(recorded, tmp_path, estimator, fast_run_builds):
     runs = {}
     for name, extra in (("alone", ()), ("frozen", (f'exchange.peer_logs=["{recorded}"]',))):
         out = tmp_path / name
-        train(config(out, "steps=2", "save_steps=0", 'strategy="xgrpo"',
-                     f'strategies.xgrpo.estimator="{estimator}"', *extra))
+        train(
+            config(
+                out,
+                "steps=2",
+                "save_steps=0",
+                'strategy="xgrpo"',
+                f'strategies.xgrpo.estimator="{estimator}"',
+                *extra,
+            )
+        )
         runs[name] = [r for r in records(out) if r["phase"] == "train"]
     losses = [{k: v for k, v in r.items() if k.endswith("/grpo_loss")} for r in runs["alone"]]
-    assert losses != [{k: v for k, v in r.items() if k.endswith("/grpo_loss")}
-                      for r in runs["frozen"]]
+    assert losses != [
+        {k: v for k, v in r.items() if k.endswith("/grpo_loss")} for r in runs["frozen"]
+    ]

@@ -30,18 +30,25 @@ def _dist_info(package: Path, site: Path) -> Path:
     info = site / f"{name.replace('-', '_')}-{version}.dist-info"
     info.mkdir(parents=True)
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
-    (info / "entry_points.txt").write_text("".join(
-        f"[{group}]\n" + "".join(f"{key} = {value}\n" for key, value in points.items()) + "\n"
-        for group, points in project["entry-points"].items()))
+    (info / "entry_points.txt").write_text(
+        "".join(
+            f"[{group}]\n" + "".join(f"{key} = {value}\n" for key, value in points.items()) + "\n"
+            for group, points in project["entry-points"].items()
+        )
+    )
     return package
 
 
 def _mutualrl(args: list[str], paths: list[Path], cwd: Path) -> subprocess.CompletedProcess:
     before = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1",
-           "PYTHONPATH": os.pathsep.join([*map(str, paths), *before])}
-    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300)
+    env = {
+        **os.environ,
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONPATH": os.pathsep.join([*map(str, paths), *before]),
+    }
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 @pytest.fixture(scope="module")
@@ -59,12 +66,14 @@ def test_broken_plugins_leave_help_working_with_one_named_line_each(installed, t
     done = _mutualrl(["-m", "mutualrl.cli", "train", "--help"], installed, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
-    assert "echo" in done.stdout and "sgt" in done.stdout          # the working plug-in is listed
+    assert "echo" in done.stdout and "sgt" in done.stdout  # the working plug-in is listed
     lines = {line.split("'")[1]: line for line in _warnings(done.stderr)}
     assert set(lines) == {"broken", "missing", "sgt"}, done.stderr
-    for name, why in [("broken", "failed to load (RuntimeError: broken on purpose"),
-                      ("missing", "failed to load (ModuleNotFoundError"),
-                      ("sgt", "already registered")]:
+    for name, why in [
+        ("broken", "failed to load (RuntimeError: broken on purpose"),
+        ("missing", "failed to load (ModuleNotFoundError"),
+        ("sgt", "already registered"),
+    ]:
         line = lines[name]
         assert why in line and "package mutualrl-broken-plugin 0.1" in line, line
         assert f"entry point {name} = broken_plugin." in line, line
@@ -72,9 +81,23 @@ def test_broken_plugins_leave_help_working_with_one_named_line_each(installed, t
 
 
 def test_using_a_broken_plugin_by_name_is_a_one_line_error(installed, tmp_path):
-    done = _mutualrl(["-m", "mutualrl.cli", "train", "--config", str(ROOT / "configs" / "tiny.toml"),
-                      "--strategy", "broken", "--steps", "1", "--output-dir", str(tmp_path / "run")],
-                     installed, tmp_path)
+    done = _mutualrl(
+        [
+            "-m",
+            "mutualrl.cli",
+            "train",
+            "--config",
+            str(ROOT / "configs" / "tiny.toml"),
+            "--strategy",
+            "broken",
+            "--steps",
+            "1",
+            "--output-dir",
+            str(tmp_path / "run"),
+        ],
+        installed,
+        tmp_path,
+    )
     assert done.returncode == 2, done.stderr[-3000:]
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     last = done.stderr.strip().splitlines()[-1]
@@ -114,18 +137,50 @@ def test_which_name_counts_and_every_registry_skips_what_fails(installed, tmp_pa
 
 def test_the_guides_package_layout_installs_with_pip_and_its_strategy_trains(tmp_path):
     pytest.importorskip("setuptools")
-    source = tmp_path / "echo_plugin"          # pip builds in the source folder: use a copy
+    source = tmp_path / "echo_plugin"  # pip builds in the source folder: use a copy
     shutil.copytree(PLUGINS / "echo_plugin", source)
     target = tmp_path / "site"
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index",
-                           "--no-deps", "--no-build-isolation", "--target", str(target),
-                           str(source)], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-index",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(target),
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     done = _mutualrl(["-m", "mutualrl.cli", "train", "--help"], [target], tmp_path)
     assert done.returncode == 0 and not _warnings(done.stderr), done.stderr[-3000:]
     assert "echo" in done.stdout.split("registered:")[1]
-    done = _mutualrl(["-m", "mutualrl.cli", "train", "--config", str(ROOT / "configs" / "tiny.toml"),
-                      "--strategy", "echo", "--set", "strategies.echo.scale=0.5", "--steps", "1",
-                      "--output-dir", str(tmp_path / "run"), "--no-progress"], [target], tmp_path)
+    done = _mutualrl(
+        [
+            "-m",
+            "mutualrl.cli",
+            "train",
+            "--config",
+            str(ROOT / "configs" / "tiny.toml"),
+            "--strategy",
+            "echo",
+            "--set",
+            "strategies.echo.scale=0.5",
+            "--steps",
+            "1",
+            "--output-dir",
+            str(tmp_path / "run"),
+            "--no-progress",
+        ],
+        [target],
+        tmp_path,
+    )
     assert done.returncode == 0 and not _warnings(done.stderr), done.stderr[-3000:]
     assert (tmp_path / "run" / "summary.json").is_file()

@@ -22,8 +22,8 @@ def test_finish_phase_sets_total_to_done_and_stops_the_clock():
         assert (task.completed, task.total, task.finished) == (50, 50, True)
         assert task.stop_time is not None and task.description.startswith("target accuracy 0.9")
         elapsed = task.elapsed
-        assert task.elapsed == elapsed         # the clock no longer runs
-        progress.advance("ignored")            # nothing to advance once the phase is finished
+        assert task.elapsed == elapsed  # the clock no longer runs
+        progress.advance("ignored")  # nothing to advance once the phase is finished
         assert task.completed == 50
 
 
@@ -31,13 +31,14 @@ def test_disabled_progress_finishes_quietly():
     progress = RunProgress(enabled=False)
     progress.start_phase("train", 3)
     progress.advance("step")
-    progress.finish_phase("3 steps done")       # no display: nothing drawn, nothing raised
+    progress.finish_phase("3 steps done")  # no display: nothing drawn, nothing raised
     assert progress._progress is None and progress._task is None
 
 
 def test_warm_start_end_messages():
     w = SimpleNamespace(max_steps=200, target_accuracy=0.9)
     assert end_message(w, 50, [], True) == "target accuracy 0.9 reached at step 50"
-    assert end_message(w, 200, ["qwen"], True) == ("max_steps 200 reached "
-                                                  "(qwen below target accuracy)")
+    assert end_message(w, 200, ["qwen"], True) == (
+        "max_steps 200 reached (qwen below target accuracy)"
+    )
     assert end_message(w, 7, [], False) == "stopped at step 7: a policy failed"

@@ -97,8 +97,9 @@ class _EntryPoint:
         return self._obj
 
 
-def test_entry_points_go_through_the_registrys_check_and_refused_ones_are_skipped(monkeypatch,
-                                                                                   caplog):
+def test_entry_points_go_through_the_registrys_check_and_refused_ones_are_skipped(
+    monkeypatch, caplog
+):
     """An experience type from an entry point is checked as the decorator checks it; one that is
     refused (not frozen, not a Struct, its name taken) is skipped with a one-line warning naming
     it, the registry's other names still work, and looking the refused name up fails with it."""
@@ -107,7 +108,7 @@ def test_entry_points_go_through_the_registrys_check_and_refused_ones_are_skippe
     import mutualrl.registry as registry
     from mutualrl.exchange.kinds import check_record_type
 
-    class Loose(msgspec.Struct):          # not frozen
+    class Loose(msgspec.Struct):  # not frozen
         text: str
 
     class Frozen(msgspec.Struct, frozen=True):
@@ -119,9 +120,11 @@ def test_entry_points_go_through_the_registrys_check_and_refused_ones_are_skippe
         reg.register("critique", Frozen)
         return reg
 
-    for point, why in [(_EntryPoint("loose", Loose), "must be declared frozen=True"),
-                       (_EntryPoint("bad", dict), "must be a msgspec.Struct"),
-                       (_EntryPoint("critique", Loose), "already registered")]:
+    for point, why in [
+        (_EntryPoint("loose", Loose), "must be declared frozen=True"),
+        (_EntryPoint("bad", dict), "must be a msgspec.Struct"),
+        (_EntryPoint("critique", Loose), "already registered"),
+    ]:
         caplog.clear()
         reg = fresh(point)
         assert reg.get("critique") is Frozen and reg.names() == ["critique"]
@@ -132,4 +135,4 @@ def test_entry_points_go_through_the_registrys_check_and_refused_ones_are_skippe
         if point.name != "critique":
             with pytest.raises(RegistryError, match=f"plug-in {point.name!r}.*{why}"):
                 reg.get(point.name)
-    assert fresh(_EntryPoint("critique", Frozen)).get("critique") is Frozen   # the same: fine
+    assert fresh(_EntryPoint("critique", Frozen)).get("critique") is Frozen  # the same: fine

@@ -28,8 +28,14 @@ TINY = ROOT / "configs" / "tiny.toml"
 TIMING = ("time_s", "tokens_per_s", "step_time_s")
 # Four steps, a checkpoint every two; one torch thread per policy on a described two-core
 # machine, so every executor computes the same numbers.
-COMMON = ("steps=4", "save_steps=2", "torch_threads=1", "allocation.inventory.cpus_per_node=2",
-          "allocation.call_timeout_s=120", 'allocation.local_mode="sequential"')
+COMMON = (
+    "steps=4",
+    "save_steps=2",
+    "torch_threads=1",
+    "allocation.inventory.cpus_per_node=2",
+    "allocation.call_timeout_s=120",
+    'allocation.local_mode="sequential"',
+)
 RESTART = ('allocation.on_failure="restart"',)
 
 
@@ -41,8 +47,11 @@ def records(out: Path) -> list[dict]:
     """The run's train and eval records, timings aside (none before the file exists)."""
     if not (out / "metrics.jsonl").exists():
         return []
-    return [{k: v for k, v in r.items() if not k.endswith(TIMING)}
-            for r in read_metrics(out / "metrics.jsonl") if r.get("phase") in ("train", "eval")]
+    return [
+        {k: v for k, v in r.items() if not k.endswith(TIMING)}
+        for r in read_metrics(out / "metrics.jsonl")
+        if r.get("phase") in ("train", "eval")
+    ]
 
 
 def failures(out: Path) -> list[dict]:
@@ -74,9 +83,10 @@ def fail_updates(monkeypatch, policy: str, calls: set[int]) -> None:
 
 
 def test_a_failed_update_restarts_the_run_from_its_checkpoint_to_the_same_records(
-        reference, tmp_path, monkeypatch, fast_run_builds, capfd):
+    reference, tmp_path, monkeypatch, fast_run_builds, capfd
+):
     out = tmp_path / "restarted"
-    fail_updates(monkeypatch, "llama-mistral", {3})     # step 2, after the checkpoint of step 2
+    fail_updates(monkeypatch, "llama-mistral", {3})  # step 2, after the checkpoint of step 2
     train(config(out, *RESTART, "save_total_limit=0"))  # every checkpoint kept, looked at below
     assert records(out) == records(reference)
     [restart] = failures(out)
@@ -96,7 +106,8 @@ def test_a_failed_update_restarts_the_run_from_its_checkpoint_to_the_same_record
 
 
 def test_a_failure_at_the_first_step_goes_back_to_the_warm_starts_checkpoint(
-        reference, tmp_path, monkeypatch, fast_run_builds):
+    reference, tmp_path, monkeypatch, fast_run_builds
+):
     out = tmp_path / "first"
     fail_updates(monkeypatch, "qwen-deepseek", {1})
     train(config(out, *RESTART))
@@ -105,13 +116,16 @@ def test_a_failure_at_the_first_step_goes_back_to_the_warm_starts_checkpoint(
 
 
 def test_a_policy_failing_again_after_max_restarts_stops_the_run(
-        reference, tmp_path, monkeypatch, fast_run_builds, capfd):
+    reference, tmp_path, monkeypatch, fast_run_builds, capfd
+):
     out = tmp_path / "again"
-    fail_updates(monkeypatch, "llama-mistral", {3, 4})   # the replayed step fails once more
+    fail_updates(monkeypatch, "llama-mistral", {3, 4})  # the replayed step fails once more
     with pytest.raises(WorkerFailedError, match="injected failure of update 4"):
         train(config(out, *RESTART))
     assert [f["restart"] for f in failures(out)] == [1]
-    assert "have failed again after 1 restart(s) (allocation.max_restarts)" in capfd.readouterr().err
+    assert (
+        "have failed again after 1 restart(s) (allocation.max_restarts)" in capfd.readouterr().err
+    )
     # what the run wrote before stays: the steps up to its checkpoint, and the replayed one's
     # records that were written before the second failure
     assert [r["step"] for r in records(out) if r["phase"] == "train"] == [0, 1]
@@ -125,8 +139,9 @@ def test_max_restarts_counts_per_policy(reference, tmp_path, monkeypatch, fast_r
     assert [(f["restart"], f["checkpoint_step"]) for f in failures(out)] == [(1, 0), (2, 2)]
 
 
-def test_a_failure_before_the_first_checkpoint_stops_the_run(tmp_path, monkeypatch,
-                                                            fast_run_builds, capfd):
+def test_a_failure_before_the_first_checkpoint_stops_the_run(
+    tmp_path, monkeypatch, fast_run_builds, capfd
+):
     def sft_step(self, examples, learning_rate=None):
         raise RuntimeError("injected warm-start failure")
 
@@ -147,13 +162,14 @@ def test_the_executor_stops_and_the_run_restarts():
 
     alloc = config(Path("unused"), *RESTART).allocation
     assert executor_allocation(alloc).on_failure == "stop"
-    assert executor_allocation(msgspec.structs.replace(alloc, on_failure="continue")) \
-        .on_failure == "continue"
+    assert (
+        executor_allocation(msgspec.structs.replace(alloc, on_failure="continue")).on_failure
+        == "continue"
+    )
 
 
 @pytest.mark.slow
-def test_a_worker_process_killed_mid_run_restarts_the_run_to_the_same_records(reference,
-                                                                              tmp_path):
+def test_a_worker_process_killed_mid_run_restarts_the_run_to_the_same_records(reference, tmp_path):
     """``mutualrl train`` as a user runs it, one process per policy; one of them SIGKILLed once
     three steps are logged, as the OOM killer would. The run goes back to its last checkpoint
     (step 2, or step 4 if the kill lands after the last step), ends with the uninterrupted run's
@@ -161,11 +177,20 @@ def test_a_worker_process_killed_mid_run_restarts_the_run_to_the_same_records(re
     psutil = pytest.importorskip("psutil")
     out = tmp_path / "killed"
     sets = [f'output_dir="{out}"', *COMMON, *RESTART, 'allocation.executor="process"']
-    cmd = [sys.executable, "-m", "mutualrl.cli", "train", "--config", str(TINY), "--no-progress",
-           *(a for s in sets for a in ("--set", s))]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mutualrl.cli",
+        "train",
+        "--config",
+        str(TINY),
+        "--no-progress",
+        *(a for s in sets for a in ("--set", s)),
+    ]
     log = tmp_path / "run.log"
     started = kill_one_worker_mid_run(
-        cmd, log, lambda: len([r for r in records(out) if r["phase"] == "train"]) >= 3)
+        cmd, log, lambda: len([r for r in records(out) if r["phase"] == "train"]) >= 3
+    )
     assert records(out) == records(reference)
     [restart] = failures(out)
     assert restart["checkpoint_step"] in (2, 4)

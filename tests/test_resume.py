@@ -26,10 +26,30 @@ TIMING = ("time_s", "tokens_per_s", "step_time_s")
 
 
 def shortened(out: Path, cache: Path, *extra: str) -> list[str]:
-    sets = ["save_steps=2", "warmup.max_steps=30", "eval.every=2", "eval.num_prompts=2",
-            "eval.k=1", "torch_threads=1", f'warmup.cache_dir="{cache}"', *extra]
-    return [sys.executable, "-m", "mutualrl.cli", "train", "--config", str(DEFAULT), "--steps", "5",
-            "--no-progress", "--output-dir", str(out), *(a for s in sets for a in ("--set", s))]
+    sets = [
+        "save_steps=2",
+        "warmup.max_steps=30",
+        "eval.every=2",
+        "eval.num_prompts=2",
+        "eval.k=1",
+        "torch_threads=1",
+        f'warmup.cache_dir="{cache}"',
+        *extra,
+    ]
+    return [
+        sys.executable,
+        "-m",
+        "mutualrl.cli",
+        "train",
+        "--config",
+        str(DEFAULT),
+        "--steps",
+        "5",
+        "--no-progress",
+        "--output-dir",
+        str(out),
+        *(a for s in sets for a in ("--set", s)),
+    ]
 
 
 def run(cmd: list[str]) -> None:
@@ -44,8 +64,9 @@ def train_rows(out: Path) -> int:
 
 def kill_mid_step(cmd: list[str], out: Path, after_rows: int) -> None:
     """Start the run and SIGKILL it while it trains the step after ``after_rows`` logged steps."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT, start_new_session=True
+    )
     deadline = time.monotonic() + 600
     while train_rows(out) < after_rows:
         assert proc.poll() is None, "the run ended before it could be interrupted"
@@ -56,9 +77,11 @@ def kill_mid_step(cmd: list[str], out: Path, after_rows: int) -> None:
 
 
 def per_step(out: Path, first_step: int) -> list[dict]:
-    return [{k: v for k, v in r.items() if not k.endswith(TIMING)}
-            for r in read_metrics(out / "metrics.jsonl")
-            if r["phase"] in ("train", "eval") and r["step"] >= first_step]
+    return [
+        {k: v for k, v in r.items() if not k.endswith(TIMING)}
+        for r in read_metrics(out / "metrics.jsonl")
+        if r["phase"] in ("train", "eval") and r["step"] >= first_step
+    ]
 
 
 def replay(out: Path) -> list[tuple]:
@@ -69,12 +92,13 @@ def replay(out: Path) -> list[tuple]:
 
 
 @pytest.mark.parametrize("local_mode", ["threads", "sequential"])
-def test_sigkill_mid_step_then_resume_equals_uninterrupted(uninterrupted_default, tmp_path,
-                                                           local_mode):
-    reference, cache, _ = uninterrupted_default   # conftest.py: the same command, not killed
+def test_sigkill_mid_step_then_resume_equals_uninterrupted(
+    uninterrupted_default, tmp_path, local_mode
+):
+    reference, cache, _ = uninterrupted_default  # conftest.py: the same command, not killed
     out = tmp_path / f"killed-{local_mode}"
     cmd = shortened(out, cache, f'allocation.local_mode="{local_mode}"')
-    kill_mid_step(cmd, out, after_rows=3)        # checkpoint at step 2; step 4 was running
+    kill_mid_step(cmd, out, after_rows=3)  # checkpoint at step 2; step 4 was running
     assert train_rows(out) == 3
     run([sys.executable, "-m", "mutualrl.cli", "train", "--resume", str(out), "--no-progress"])
 
@@ -87,7 +111,7 @@ def test_sigkill_mid_step_then_resume_equals_uninterrupted(uninterrupted_default
     assert '"step": 2' in (out / "metrics.discarded.jsonl").read_text()
 
     log = replay(out)
-    assert log == replay(reference)               # record for record, sequence numbers included
+    assert log == replay(reference)  # record for record, sequence numbers included
     by_producer: dict[str, list[int]] = {}
     for _, producer, seq, _ in log:
         by_producer.setdefault(producer, []).append(seq)

@@ -24,8 +24,19 @@ TINY = str(ROOT / "configs" / "tiny.toml")
 
 
 def train(out: Path, *extra: str) -> int:
-    return main(["train", "--config", TINY, "--output-dir", str(out), "--no-progress",
-                 "--set", "steps=1", *extra])
+    return main(
+        [
+            "train",
+            "--config",
+            TINY,
+            "--output-dir",
+            str(out),
+            "--no-progress",
+            "--set",
+            "steps=1",
+            *extra,
+        ]
+    )
 
 
 def test_a_second_writer_fails_at_once_naming_the_holder(tmp_path, capsys):
@@ -37,15 +48,21 @@ def test_a_second_writer_fails_at_once_naming_the_holder(tmp_path, capsys):
         assert "pid" in err
         assert main(["train", "--resume", str(out), "--config", TINY, "--no-progress"]) == 2
         assert "another mutualrl process" in capsys.readouterr().err
-    assert not (out / "metrics.jsonl").exists()        # the refused runs wrote nothing
+    assert not (out / "metrics.jsonl").exists()  # the refused runs wrote nothing
 
 
 def test_a_lock_in_another_process_blocks_and_a_dead_holders_lock_does_not(tmp_path):
     out = tmp_path / "run"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from mutualrl.run.folder import claim; "
-         f"c = claim({str(out)!r}); print('held', flush=True); time.sleep(60)"],
-        stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from mutualrl.run.folder import claim; "
+            f"c = claim({str(out)!r}); print('held', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(ConfigError, match=f"pid {holder.pid}"):
@@ -53,15 +70,15 @@ def test_a_lock_in_another_process_blocks_and_a_dead_holders_lock_does_not(tmp_p
     finally:
         holder.kill()
         holder.wait()
-    assert (out / LOCK_FILE).exists()        # the dead holder's note is still there ...
-    with claim(out):                          # ... and blocks nothing: the kernel dropped its lock
+    assert (out / LOCK_FILE).exists()  # the dead holder's note is still there ...
+    with claim(out):  # ... and blocks nothing: the kernel dropped its lock
         pass
 
 
 def test_a_fresh_run_refuses_a_folder_holding_a_run_and_overwrite_starts_afresh(tmp_path, capsys):
     out = tmp_path / "run"
     out.mkdir()
-    (out / LOCK_FILE).write_text("pid 1: mutualrl train\n")     # a run's note: it wrote here
+    (out / LOCK_FILE).write_text("pid 1: mutualrl train\n")  # a run's note: it wrote here
     (out / "metrics.jsonl").write_text('{"phase": "warmup", "step": 1}\n')
     before = (out / "metrics.jsonl").read_bytes()
     assert train(out) == 2
@@ -70,8 +87,8 @@ def test_a_fresh_run_refuses_a_folder_holding_a_run_and_overwrite_starts_afresh(
     assert (out / "metrics.jsonl").read_bytes() == before and not (out / "config.json").exists()
     assert train(out, "--overwrite") == 0
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert {"phase": "warmup", "step": 1} not in rows        # the old run's row is gone
-    assert sum(r["phase"] == "train" for r in rows) == 1     # one fresh run's rows
+    assert {"phase": "warmup", "step": 1} not in rows  # the old run's row is gone
+    assert sum(r["phase"] == "train" for r in rows) == 1  # one fresh run's rows
 
 
 def test_a_run_that_fails_validation_leaves_the_old_run_untouched(tmp_path, capsys):
@@ -89,21 +106,29 @@ def test_resume_of_a_folder_that_does_not_exist_creates_nothing(tmp_path, capsys
     assert "not a run folder" in capsys.readouterr().err and not out.exists()
 
 
-@pytest.mark.parametrize("override, expected", [
-    ('output_dir="runs/o3', "not a valid TOML value"),
-    ("grpo.beta=[0.1", "not a valid TOML value"),
-])
-def test_set_values_that_start_like_toml_must_parse(tmp_path, monkeypatch, capsys, override, expected):
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ('output_dir="runs/o3', "not a valid TOML value"),
+        ("grpo.beta=[0.1", "not a valid TOML value"),
+    ],
+)
+def test_set_values_that_start_like_toml_must_parse(
+    tmp_path, monkeypatch, capsys, override, expected
+):
     monkeypatch.chdir(tmp_path)
     assert main(["train", "--config", TINY, "--set", override, "--no-progress"]) == 2
     assert expected in capsys.readouterr().err
-    assert list(tmp_path.iterdir()) == []            # no folder named '"runs'
+    assert list(tmp_path.iterdir()) == []  # no folder named '"runs'
 
 
 @pytest.mark.parametrize("value", ["inf", "-inf", "nan"])
 def test_non_finite_numbers_are_refused_with_their_path(value):
-    with pytest.raises(ConfigError, match=rf"\$\.grpo\.temperature: {value.lstrip('-')}|"
-                                          rf"\$\.grpo\.temperature: -inf"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"\$\.grpo\.temperature: {value.lstrip('-')}|"
+        rf"\$\.grpo\.temperature: -inf",
+    ):
         load_config(TINY, [f"grpo.temperature={value}"])
 
 
@@ -118,12 +143,20 @@ def test_a_peer_log_of_a_newer_protocol_is_a_named_error(tmp_path, capsys):
     from mutualrl.exchange import Envelope
     from mutualrl.exchange.codec import RecordCodec
     from mutualrl.exchange.framing import encode_frame, make_compressor
+
     peer = tmp_path / "newer"
     (peer / "experience").mkdir(parents=True)
-    env = Envelope(schema_version=(9, 0), kind="rollout", producer="a", producer_version=0, seq=0,
-                   payload=msgspec.Raw(msgspec.msgpack.encode({})))
+    env = Envelope(
+        schema_version=(9, 0),
+        kind="rollout",
+        producer="a",
+        producer_version=0,
+        seq=0,
+        payload=msgspec.Raw(msgspec.msgpack.encode({})),
+    )
     (peer / "experience" / "0-1.mrlx").write_bytes(
-        encode_frame(RecordCodec().encode_batch([env]), make_compressor()))
+        encode_frame(RecordCodec().encode_batch([env]), make_compressor())
+    )
     assert train(tmp_path / "run", "--set", 'strategy="prp"', "--peer-log", str(peer)) == 2
     err = capsys.readouterr().err
     assert f"exchange.peer_logs (--peer-log): {peer} cannot be replayed" in err and "MAJOR 9" in err
@@ -135,7 +168,7 @@ def test_overwrite_deletes_the_failures_of_the_run_it_replaces(tmp_path):
     ``--overwrite`` deletes it (the new run would append to the old run's failures)."""
     from mutualrl.run.folder import holds_a_run
 
-    (tmp_path / LOCK_FILE).write_text("pid 1: mutualrl train\n")   # a run's note: it wrote here
+    (tmp_path / LOCK_FILE).write_text("pid 1: mutualrl train\n")  # a run's note: it wrote here
     (tmp_path / "failures.jsonl").write_text('{"policy": "a"}\n')
     assert holds_a_run(tmp_path) == ["failures.jsonl"]
     with pytest.raises(ConfigError, match="already holds a run"):
@@ -144,8 +177,9 @@ def test_overwrite_deletes_the_failures_of_the_run_it_replaces(tmp_path):
     assert not (tmp_path / "failures.jsonl").exists()
 
 
-def test_a_plan_with_generators_apart_is_refused_by_train_before_anything_is_written(tmp_path,
-                                                                                     capsys):
+def test_a_plan_with_generators_apart_is_refused_by_train_before_anything_is_written(
+    tmp_path, capsys
+):
     out = tmp_path / "run"
     assert train(out, "--set", "allocation.colocate=false") == 2
     err = capsys.readouterr().err
@@ -155,4 +189,6 @@ def test_a_plan_with_generators_apart_is_refused_by_train_before_anything_is_wri
 
 def test_resume_and_overwrite_together_are_refused(tmp_path, capsys):
     assert main(["train", "--resume", str(tmp_path), "--overwrite", "--no-progress"]) == 2
-    assert "--resume continues RUN_DIR and --overwrite deletes a run first" in capsys.readouterr().err
+    assert (
+        "--resume continues RUN_DIR and --overwrite deletes a run first" in capsys.readouterr().err
+    )

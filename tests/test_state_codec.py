@@ -20,28 +20,53 @@ from mutualrl.tasks.base import Prompt
 
 
 def rollout(prompt: str = "p") -> Rollout:
-    return Rollout.create(prompt=prompt, completion="c", producer="a", tokenizer_id="t",
-                          token_ids=[1, 2, 3], logprobs=[-0.1, -0.2, -0.3], reward=0.5,
-                          verifier_id="v", policy_version=1, finish_reason="length")
+    return Rollout.create(
+        prompt=prompt,
+        completion="c",
+        producer="a",
+        tokenizer_id="t",
+        token_ids=[1, 2, 3],
+        logprobs=[-0.1, -0.2, -0.3],
+        reward=0.5,
+        verifier_id="v",
+        policy_version=1,
+        finish_reason="length",
+    )
 
 
 def test_a_runs_parts_round_trip_exactly():
     delivery = Delivery(kind="rollout", producer="a", producer_version=2, seq=7, record=rollout())
-    sample = Sample(prompt=Prompt(text="first of a b:", answer="a", family="first"),
-                    prompt_ids=(1, 2), completion_ids=(3,), logprobs=(-0.5,), text="a",
-                    finish_reason="stop", group=0, reward=1.0, policy_version=None)
+    sample = Sample(
+        prompt=Prompt(text="first of a b:", answer="a", family="first"),
+        prompt_ids=(1, 2),
+        completion_ids=(3,),
+        logprobs=(-0.5,),
+        text="a",
+        finish_reason="stop",
+        group=0,
+        reward=1.0,
+        policy_version=None,
+    )
     state = {
-        "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
-                "python": random.getstate()},
+        "rng": {
+            "torch": torch.get_rng_state(),
+            "numpy": np.random.get_state(),
+            "python": random.getstate(),
+        },
         "history": {"p": [0.5, float("nan"), np.float64(0.25)]},
-        "counts": Counter(a=2), "streak": defaultdict(int, b=1),
+        "counts": Counter(a=2),
+        "streak": defaultdict(int, b=1),
         "bus": {"queued": {"strategy": [delivery]}, "seen": {"a": [3, [5, 6]]}},
-        "buffer": {"pid": [(delivery, 3, {"b": 1})]},                      # SGT's entries
-        "failed": {"a": {"x", "y"}}, "rows": {3: {"p": {"k": np.int64(4)}}},   # int keys
+        "buffer": {"pid": [(delivery, 3, {"b": 1})]},  # SGT's entries
+        "failed": {"a": {"x", "y"}},
+        "rows": {3: {"p": {"k": np.int64(4)}}},  # int keys
         "prefetched": {"p": (4, [sample], 0.5)},
         "pace": {"queued": {"b": [PacedRecord("a", 3, [delivery])]}},
-        "tensors": [torch.arange(6, dtype=torch.bfloat16).reshape(2, 3), torch.empty(0, 2),
-                    torch.tensor(True)],
+        "tensors": [
+            torch.arange(6, dtype=torch.bfloat16).reshape(2, 3),
+            torch.empty(0, 2),
+            torch.tensor(True),
+        ],
         "array": np.arange(4, dtype=np.uint32),
         "record": rollout("q"),
     }
@@ -67,30 +92,62 @@ def test_the_extension_codes_are_the_file_format():
     """Hand-written bytes (not this encoder's) decode: the codes below are a format, frozen."""
     ext = msgspec.msgpack.Ext
     enc = msgspec.msgpack.encode
-    data = enc({"format": 2, "what": "strategy", "state": {
-        "t": ext(1, enc([1, "x"])), "s": ext(2, enc([2, 1])),
-        "g": ext(3, enc(["uint8", [3], bytes([1, 2, 3])])),
-        "a": ext(4, enc(["<i2", [2], np.array([5, 6], "<i2").tobytes()])),
-        "n": ext(5, enc(["<f8", np.float64(1.5).tobytes()])),
-        "r": ext(7, enc(state_codec.RecordCodec().envelope(
-            rollout(), kind="rollout", producer="", version=0, seq=0))),
-        "p": ext(8, enc(["prompt", {"text": "t", "answer": "a", "family": "f"}]))}})
+    data = enc(
+        {
+            "format": 2,
+            "what": "strategy",
+            "state": {
+                "t": ext(1, enc([1, "x"])),
+                "s": ext(2, enc([2, 1])),
+                "g": ext(3, enc(["uint8", [3], bytes([1, 2, 3])])),
+                "a": ext(4, enc(["<i2", [2], np.array([5, 6], "<i2").tobytes()])),
+                "n": ext(5, enc(["<f8", np.float64(1.5).tobytes()])),
+                "r": ext(
+                    7,
+                    enc(
+                        state_codec.RecordCodec().envelope(
+                            rollout(), kind="rollout", producer="", version=0, seq=0
+                        )
+                    ),
+                ),
+                "p": ext(8, enc(["prompt", {"text": "t", "answer": "a", "family": "f"}])),
+            },
+        }
+    )
     got = decode(data, "strategy")
-    assert got["t"] == (1, "x") and got["s"] == {1, 2} and torch.equal(got["g"], torch.tensor(
-        [1, 2, 3], dtype=torch.uint8))
+    assert (
+        got["t"] == (1, "x")
+        and got["s"] == {1, 2}
+        and torch.equal(got["g"], torch.tensor([1, 2, 3], dtype=torch.uint8))
+    )
     assert got["a"].tolist() == [5, 6] and got["n"] == 1.5 and got["r"] == rollout()
     assert got["p"] == Prompt(text="t", answer="a", family="f")
 
 
-@pytest.mark.parametrize("data, says", [
-    (b"", "not a state file"),
-    (encode({}, "strategy"), "expected 'run' state"),
-    (msgspec.msgpack.encode({"format": 1, "what": "run", "state": {}}), "of format 2"),
-    (msgspec.msgpack.encode({"format": 2, "what": "run", "state": msgspec.msgpack.Ext(
-        4, msgspec.msgpack.encode(["|O", [1], b"x" * 8]))}), "without objects"),
-    (msgspec.msgpack.encode({"format": 2, "what": "run", "state": msgspec.msgpack.Ext(
-        99, b"")}), "unknown extension type 99"),
-])
+@pytest.mark.parametrize(
+    "data, says",
+    [
+        (b"", "not a state file"),
+        (encode({}, "strategy"), "expected 'run' state"),
+        (msgspec.msgpack.encode({"format": 1, "what": "run", "state": {}}), "of format 2"),
+        (
+            msgspec.msgpack.encode(
+                {
+                    "format": 2,
+                    "what": "run",
+                    "state": msgspec.msgpack.Ext(4, msgspec.msgpack.encode(["|O", [1], b"x" * 8])),
+                }
+            ),
+            "without objects",
+        ),
+        (
+            msgspec.msgpack.encode(
+                {"format": 2, "what": "run", "state": msgspec.msgpack.Ext(99, b"")}
+            ),
+            "unknown extension type 99",
+        ),
+    ],
+)
 def test_anything_else_is_a_decode_error_in_one_line(data, says):
     with pytest.raises(StateDecodeError, match=says) as caught:
         decode(data, "run", "RUN_DIR/x")

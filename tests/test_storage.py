@@ -35,9 +35,10 @@ def failing_write(after_bytes: int):
     def write(fd, data):
         if budget[0] <= 0:
             raise OSError(errno.ENOSPC, "No space left on device")
-        n = real(fd, bytes(data[:budget[0]]))
+        n = real(fd, bytes(data[: budget[0]]))
         budget[0] -= n
         return n
+
     return write
 
 
@@ -45,13 +46,16 @@ def test_a_metrics_record_is_whole_or_absent_on_a_full_disk(tmp_path, monkeypatc
     w = MetricsWriter(tmp_path / "metrics.jsonl")
     w.write({"phase": "train", "step": 0, "x": 1.0})
     before = (tmp_path / "metrics.jsonl").read_bytes()
-    monkeypatch.setattr(os, "write", failing_write(10))     # the next record tears after 10 bytes
-    with pytest.raises(StorageError, match="metrics.jsonl: no space left on device; this record "
-                                           r"\(train step 1\) was not written"):
+    monkeypatch.setattr(os, "write", failing_write(10))  # the next record tears after 10 bytes
+    with pytest.raises(
+        StorageError,
+        match="metrics.jsonl: no space left on device; this record "
+        r"\(train step 1\) was not written",
+    ):
         w.write({"phase": "train", "step": 1, "x": 2.0})
     monkeypatch.undo()
-    assert (tmp_path / "metrics.jsonl").read_bytes() == before      # cut back: no torn line
-    w.write({"phase": "train", "step": 1, "x": 2.0})                # and it goes on afterwards
+    assert (tmp_path / "metrics.jsonl").read_bytes() == before  # cut back: no torn line
+    w.write({"phase": "train", "step": 1, "x": 2.0})  # and it goes on afterwards
     w.close()
     assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [0, 1]
 
@@ -60,9 +64,16 @@ def test_an_experience_frame_is_whole_or_absent_on_a_full_disk(tmp_path, monkeyp
     import msgspec
 
     from mutualrl.exchange import Envelope
+
     log = ExperienceLog(tmp_path, batch_records=1)
-    env = Envelope(schema_version=(1, 0), kind="watermark", producer="p", producer_version=0, seq=0,
-                   payload=msgspec.Raw(msgspec.msgpack.encode({"producer": "p", "version": 0})))
+    env = Envelope(
+        schema_version=(1, 0),
+        kind="watermark",
+        producer="p",
+        producer_version=0,
+        seq=0,
+        payload=msgspec.Raw(msgspec.msgpack.encode({"producer": "p", "version": 0})),
+    )
     log.append(env)
     size = log.path.stat().st_size
     monkeypatch.setattr(os, "write", failing_write(7))
@@ -98,13 +109,17 @@ def small_fs(tmp_path):
     mnt.mkdir()
     if shutil.which("mount") is None or os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=110m", "tmpfs", str(mnt)],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=110m", "tmpfs", str(mnt)],
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
 
     def resize(size: str) -> None:
         subprocess.run(["mount", "-o", f"remount,size={size}", str(mnt)], check=True)
+
     try:
         yield mnt, resize
     finally:
@@ -114,8 +129,21 @@ def small_fs(tmp_path):
 def test_a_run_on_a_full_disk_stops_with_one_message_and_resumes_after_space_is_freed(small_fs):
     mnt, resize = small_fs
     out = mnt / "run"
-    cmd = [sys.executable, "-m", "mutualrl.cli", "train", "--config", TINY, "--output-dir", str(out),
-           "--no-progress", "--steps", "4", "--set", "save_steps=1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "mutualrl.cli",
+        "train",
+        "--config",
+        TINY,
+        "--output-dir",
+        str(out),
+        "--no-progress",
+        "--steps",
+        "4",
+        "--set",
+        "save_steps=1",
+    ]
     full = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert full.returncode == 1, full.stderr[-3000:]
     assert "no space left on device" in full.stderr and "Traceback" not in full.stderr
@@ -124,10 +152,16 @@ def test_a_run_on_a_full_disk_stops_with_one_message_and_resumes_after_space_is_
     assert checkpoints and all((c / "manifest.json").is_file() for c in checkpoints)
     assert not [p for p in (out / "checkpoints").iterdir() if p.name.startswith(".")]
     assert not (out / "policies").exists() or all(
-        any(p.glob("*.safetensors")) for p in (out / "policies").iterdir())
+        any(p.glob("*.safetensors")) for p in (out / "policies").iterdir()
+    )
     resize("1g")
-    resumed = subprocess.run([sys.executable, "-m", "mutualrl.cli", "train", "--resume", str(out),
-                              "--no-progress"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "mutualrl.cli", "train", "--resume", str(out), "--no-progress"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     steps = [r["step"] for r in read_metrics(out / "metrics.jsonl") if r["phase"] == "train"]
     assert steps == [0, 1, 2, 3] and len(rows) >= 1
@@ -150,20 +184,22 @@ def test_a_scratch_folder_is_removed_when_closed_or_collected(tmp_path):
     s.cleanup()
     s.cleanup()
     assert list(tmp_path.iterdir()) == []
-    path = ScratchFolder("mutualrl-p-", tmp_path).path     # collected at once
+    path = ScratchFolder("mutualrl-p-", tmp_path).path  # collected at once
     assert not path.exists()
 
 
 def test_a_killed_owners_scratch_folder_goes_with_the_next_one_and_a_live_owners_stays(tmp_path):
     """SIGKILL runs no clean-up: the folder stays until the next scratch folder made beside it
     finds its lock free. Another process's folder in use is left alone."""
+
     def owner():
-        p = subprocess.Popen([sys.executable, "-c", OWNER, str(tmp_path)], stdout=subprocess.PIPE,
-                             text=True)
+        p = subprocess.Popen(
+            [sys.executable, "-c", OWNER, str(tmp_path)], stdout=subprocess.PIPE, text=True
+        )
         return p, Path(p.stdout.readline().strip())
 
     (killed, gone), (alive, kept) = owner(), owner()
-    (tmp_path / "mutualrl-other").mkdir()                  # not a scratch folder: never touched
+    (tmp_path / "mutualrl-other").mkdir()  # not a scratch folder: never touched
     killed.send_signal(signal.SIGKILL)
     killed.wait()
     assert (gone / "weights").is_file()
@@ -196,6 +232,7 @@ def _killed_at_op(k: int, parent: Path) -> int:
                         os._exit(9)
                     ops[0] += 1
                     return real(*args, **kwargs)
+
                 return op
 
             os.unlink, os.rmdir, os.rename = map(dying, (os.unlink, os.rmdir, os.rename))
@@ -224,9 +261,9 @@ def test_a_scratch_folder_killed_at_any_point_of_its_removal_goes_with_the_next_
     assert killed >= 6 and list(tmp_path.iterdir()) == []
 
 
-
 def test_a_scratch_folder_that_cannot_be_renamed_is_removed_where_it_is_lock_file_last(
-        tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
     s = ScratchFolder("mutualrl-p-", tmp_path)
     (s.path / "sub").mkdir()
     for name in ("config.json", "sub/tokenizer.json", "weights"):

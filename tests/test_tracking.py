@@ -37,8 +37,16 @@ class ListTracker:
 
 
 def test_scalars_are_keyed_by_metric_name_at_the_record_step():
-    scalars, step = scalars_of({"phase": "train", "step": 3, "policy/a/reward/mean": 0.5,
-                                "policy/a/loss": float("nan"), "note": "text", "flag": True})
+    scalars, step = scalars_of(
+        {
+            "phase": "train",
+            "step": 3,
+            "policy/a/reward/mean": 0.5,
+            "policy/a/loss": float("nan"),
+            "note": "text",
+            "flag": True,
+        }
+    )
     assert step == 3 and scalars == {"policy/a/reward/mean": 0.5}
     scalars, step = scalars_of({"phase": "eval", "step": 10, "policy/a/heldout/pass@1": 0.25})
     assert (step, scalars) == (10, {"eval/policy/a/heldout/pass@1": 0.25})
@@ -60,8 +68,9 @@ def test_unknown_or_missing_tracker_names_report_to(monkeypatch):
     with pytest.raises(ConfigError, match=r"report_to: unknown tracker 'mlflow'"):
         check_trackers(["mlflow"])
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "wandb" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a)
+    )
     with pytest.raises(ConfigError, match=r"report_to: 'wandb'.*pip install mutualrl\[wandb\]"):
         check_trackers(["wandb"])
 
@@ -74,8 +83,10 @@ def test_tiny_run_writes_tensorboard_scalars(tmp_path, fast_run_builds):
     progress = RecordingProgress()
     train(load_config(TINY, [f'output_dir="{out}"', 'report_to=["tensorboard"]']), progress)
     # The tiny warm start (3 steps, target 0.5) ends at max_steps; each bar says why it closed.
-    assert progress.finished[0].startswith("max_steps 3 reached") or \
-        progress.finished[0] == "target accuracy 0.5 reached at step 3"
+    assert (
+        progress.finished[0].startswith("max_steps 3 reached")
+        or progress.finished[0] == "target accuracy 0.5 reached at step 3"
+    )
     assert progress.finished[1:] == ["2 steps done"]
     acc = EventAccumulator(str(out / "tensorboard"))
     acc.Reload()
@@ -93,6 +104,7 @@ def test_tiny_run_writes_tensorboard_scalars(tmp_path, fast_run_builds):
 def test_wandb_offline_writes_a_run_dir(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     from mutualrl.run.tracking import WandbTracker
+
     monkeypatch.delenv("WANDB_MODE", raising=False)
     tracker = WandbTracker(tmp_path, "t", {"seed": 0})
     tracker.log({"policy/a/kl": 0.1}, 0)

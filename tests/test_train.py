@@ -14,8 +14,16 @@ from mutualrl.run import train
 
 TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.toml"
 POLICIES = ("llama-mistral", "qwen-deepseek")
-PER_POLICY = ("reward/mean", "frac_reward_zero_std", "kl", "clip_ratio_low", "entropy",
-              "completion_length", "tokens_per_s", "step_time_s")
+PER_POLICY = (
+    "reward/mean",
+    "frac_reward_zero_std",
+    "kl",
+    "clip_ratio_low",
+    "entropy",
+    "completion_length",
+    "tokens_per_s",
+    "step_time_s",
+)
 TIMING = ("time_s", "tokens_per_s", "step_time_s")
 
 
@@ -50,13 +58,15 @@ def test_tiny_run_writes_metrics_for_both_policies(tiny_run):
             assert 0 <= r[f"policy/{name}/frac_reward_zero_std"] <= 1
             assert 1 <= r[f"policy/{name}/completion_length"] <= 4
             assert r[f"policy/{name}/entropy"] > 0
-            assert r[f"policy/{name}/kl"] == 0.0     # beta 0: no reference
+            assert r[f"policy/{name}/kl"] == 0.0  # beta 0: no reference
         assert r["verifier/errors"] == 0 and r["verifier/timeouts"] == 0
-        steps = [r[f"phase/{p}_time_s"] for p in ("generate", "verify", "publish", "strategy", "update")]
+        steps = [
+            r[f"phase/{p}_time_s"] for p in ("generate", "verify", "publish", "strategy", "update")
+        ]
         assert all(t >= 0 for t in steps) and sum(steps) <= r["time_s"]
     phases = [r["phase"] for r in read_metrics(out / "metrics.jsonl")]
-    assert phases.count("warmup_done") == 2          # the warm start is part of the run
-    assert phases[-1] == "eval"                      # eval every 0: only at the end
+    assert phases.count("warmup_done") == 2  # the warm start is part of the run
+    assert phases[-1] == "eval"  # eval every 0: only at the end
 
 
 def test_tiny_run_writes_summary_config_and_policies(tiny_run):
@@ -66,7 +76,7 @@ def test_tiny_run_writes_summary_config_and_policies(tiny_run):
     assert set(data["reward_first"]) == set(data["reward_last"]) == set(POLICIES)
     for name in POLICIES:
         assert f"policy/{name}/heldout/pass@1" in data["final_eval"]
-        assert f"policy/{name}/heldout/first/pass@2" in data["final_eval"]   # k = 2
+        assert f"policy/{name}/heldout/first/pass@2" in data["final_eval"]  # k = 2
         saved = out / "policies" / name
         assert (saved / "config.json").is_file() and (saved / "tokenizer.json").is_file()
         assert any(saved.glob("*.safetensors"))
@@ -104,9 +114,15 @@ def test_bad_warmup_family_fails_before_training(tmp_path):
 
 def test_tiny_run_on_the_lookup_task_evaluates_each_family(tmp_path, fast_run_builds):
     out = tmp_path / "lookup"
-    run_tiny(out, 'task.name="lookup"', 'task.families=["alpha", "beta"]', "task.num_keys=2",
-             'policies.0.warmup_families=["alpha"]', 'policies.1.warmup_families=["beta"]',
-             'strategy="sgt"')
+    run_tiny(
+        out,
+        'task.name="lookup"',
+        'task.families=["alpha", "beta"]',
+        "task.num_keys=2",
+        'policies.0.warmup_families=["alpha"]',
+        'policies.1.warmup_families=["beta"]',
+        'strategy="sgt"',
+    )
     final = read_metrics(out / "metrics.jsonl")[-1]
     for name in POLICIES:
         for family in ("alpha", "beta"):
@@ -115,14 +131,16 @@ def test_tiny_run_on_the_lookup_task_evaluates_each_family(tmp_path, fast_run_bu
 
 def test_a_run_that_retokenizes_reports_each_receivers_encoding_cache(tmp_path, fast_run_builds):
     out = tmp_path / "prp"
-    summary = run_tiny(out, 'strategy="prp"')   # each peer rollout retokenized for each receiver
+    summary = run_tiny(out, 'strategy="prp"')  # each peer rollout retokenized for each receiver
     cache = json.loads((out / "summary.json").read_text())["retokenize_cache"]
     assert cache == summary.retokenize_cache and set(cache) == set(POLICIES)
     assert all(c["lookups"] > 0 and 0 <= c["hits"] <= c["lookups"] for c in cache.values())
 
 
 def test_a_run_that_retokenizes_nothing_reports_an_unused_cache(tiny_run):
-    out, summary = tiny_run       # strategy none
+    out, summary = tiny_run  # strategy none
     assert summary.retokenize_cache == {n: {"lookups": 0, "hits": 0} for n in POLICIES}
-    assert json.loads((out / "summary.json").read_text())["retokenize_cache"] == \
-        summary.retokenize_cache
+    assert (
+        json.loads((out / "summary.json").read_text())["retokenize_cache"]
+        == summary.retokenize_cache
+    )

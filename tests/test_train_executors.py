@@ -27,22 +27,32 @@ from tests.policies.draws import assert_same_up_to_a_rounding_flip
 TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.toml"
 TIMING = ("time_s", "tokens_per_s", "step_time_s")
 # A described two-core machine: the same plan (one thread per policy) wherever the test runs.
-COMMON = ("torch_threads=1", "allocation.inventory.cpus_per_node=2", "allocation.call_timeout_s=120")
-LOCAL = {"sequential": ('allocation.local_mode="sequential"',),
-         "threads": ('allocation.local_mode="threads"',)}
+COMMON = (
+    "torch_threads=1",
+    "allocation.inventory.cpus_per_node=2",
+    "allocation.call_timeout_s=120",
+)
+LOCAL = {
+    "sequential": ('allocation.local_mode="sequential"',),
+    "threads": ('allocation.local_mode="threads"',),
+}
 
 
 def run_tiny(out: Path, strategy: str, *overrides: str) -> list[dict]:
     train(load_config(TINY, [f'output_dir="{out}"', f'strategy="{strategy}"', *COMMON, *overrides]))
-    return [{k: v for k, v in r.items() if not k.endswith(TIMING)}
-            for r in read_metrics(out / "metrics.jsonl")]
+    return [
+        {k: v for k, v in r.items() if not k.endswith(TIMING)}
+        for r in read_metrics(out / "metrics.jsonl")
+    ]
 
 
 def assert_same(a: list[dict], b: list[dict]) -> None:
     assert [r["phase"] for r in a] == [r["phase"] for r in b]
     for ra, rb in zip(a, b):
-        assert ra == rb, json.dumps({k: (ra.get(k), rb.get(k)) for k in ra.keys() | rb.keys()
-                                     if ra.get(k) != rb.get(k)}, default=str)
+        assert ra == rb, json.dumps(
+            {k: (ra.get(k), rb.get(k)) for k in ra.keys() | rb.keys() if ra.get(k) != rb.get(k)},
+            default=str,
+        )
 
 
 @pytest.fixture(scope="module")
@@ -54,21 +64,24 @@ def local_root(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def local_runs(local_root, fast_run_builds_module):
     root = local_root
-    return {(s, mode): run_tiny(root / f"{s}-{mode}", s, *LOCAL[mode])
-            for s in ("none", "prp") for mode in LOCAL}
+    return {
+        (s, mode): run_tiny(root / f"{s}-{mode}", s, *LOCAL[mode])
+        for s in ("none", "prp")
+        for mode in LOCAL
+    }
 
 
 def test_every_phase_is_recorded(local_runs):
     records = local_runs["prp", "sequential"]
     phases = [r["phase"] for r in records]
     assert phases.count("warmup_done") == 2 and phases.count("train") == 2
-    assert phases[-1] == "eval" and "eval" in phases[:-1]        # step 0 and the end
+    assert phases[-1] == "eval" and "eval" in phases[:-1]  # step 0 and the end
     train = [r for r in records if r["phase"] == "train"]
     for name in ("llama-mistral", "qwen-deepseek"):
         p = f"policy/{name}/"
         for key in ("reward/mean", "loss", "entropy", "grad_norm", "completion_length"):
             assert p + key in train[0], key
-        assert train[0][p + "prp/peer_samples"] > 0   # receiver-side log-probs were computed
+        assert train[0][p + "prp/peer_samples"] > 0  # receiver-side log-probs were computed
 
 
 @pytest.mark.parametrize("strategy", ["none", "prp"])
@@ -95,12 +108,14 @@ def test_ray_matches_local(local_runs, ray_cluster, tmp_path, strategy):
 
 
 @pytest.mark.ray
-def test_ray_places_a_sharded_learner_as_one_actor_per_rank(local_runs, local_root, ray_cluster,
-                                                            tmp_path):
+def test_ray_places_a_sharded_learner_as_one_actor_per_rank(
+    local_runs, local_root, ray_cluster, tmp_path
+):
     """One policy's learner on 2 ranks, each rank an actor of its placement group (gloo across
     the actors): the same records as one rank up to float rounding."""
-    records = run_tiny(tmp_path / "ray-sharded", "none", 'allocation.executor="ray"',
-                       "policies.0.learner_ranks=2")
+    records = run_tiny(
+        tmp_path / "ray-sharded", "none", 'allocation.executor="ray"', "policies.0.learner_ranks=2"
+    )
     flip = first_rounding_flip(local_root / "none-sequential", tmp_path / "ray-sharded")
     assert_close(local_runs["none", "sequential"], records, flip)
 
@@ -114,7 +129,11 @@ def test_process_executor_matches_local(local_runs, tmp_path, strategy):
         assert any((tmp_path / "process" / "policies" / name).glob("*.safetensors"))
 
 
-SHARDED = ('allocation.executor="process"', "policies.0.learner_ranks=2", "policies.1.learner_ranks=2")
+SHARDED = (
+    'allocation.executor="process"',
+    "policies.0.learner_ranks=2",
+    "policies.1.learner_ranks=2",
+)
 
 
 def _rollouts(folder: Path) -> dict:
@@ -124,7 +143,8 @@ def _rollouts(folder: Path) -> dict:
     for d in read_log(folder, kinds=["rollout"]):
         r = d.record
         out.setdefault((r.producer, r.policy_version, r.prompt_id), []).append(
-            (r.token_array.tolist(), r.logprob_array))
+            (r.token_array.tolist(), r.logprob_array)
+        )
     return out
 
 
@@ -190,4 +210,4 @@ def test_a_failed_call_kept_going_by_on_failure_is_unavailable_to_the_loop():
     ex.start({"a": _Flaky})
     with pytest.raises(WorkerUnavailable, match="no weights here"):
         call_one(ex, "a", SequenceLogprobs(prompts=[], completions=[]))
-    assert ex.live_workers() == []        # removed, as on_failure says
+    assert ex.live_workers() == []  # removed, as on_failure says

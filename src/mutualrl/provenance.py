@@ -21,10 +21,20 @@ def git_commit(where: Path | None = None) -> str:
     """The commit the code came from (``+dirty`` if tracked files differ); "unknown" outside git."""
     where = where or Path(__file__).resolve().parent
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True,
-                              text=True, timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--"], cwd=where,
-                               capture_output=True, timeout=10).returncode != 0
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=where,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        dirty = (
+            subprocess.run(
+                ["git", "diff", "--quiet", "HEAD", "--"], cwd=where, capture_output=True, timeout=10
+            ).returncode
+            != 0
+        )
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return head + ("+dirty" if dirty else "") if head else "unknown"
@@ -49,9 +59,15 @@ def machine_info(**versions: str) -> dict[str, object]:
     are only comparable between runs of similar load, ratios measured side by side much more so.
     """
     load = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
-    return {"platform": platform.platform(), "machine": platform.machine(),
-            "processor": platform.processor(), "cpu_count": os.cpu_count(), "loadavg": load,
-            "python": sys.version.split()[0], **versions}
+    return {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "processor": platform.processor(),
+        "cpu_count": os.cpu_count(),
+        "loadavg": load,
+        "python": sys.version.split()[0],
+        **versions,
+    }
 
 
 @contextlib.contextmanager
@@ -91,8 +107,9 @@ def time_alternating(fns: Sequence[Callable[[], object]], repeats: int) -> list[
     return time_turns(fns, repeats)[0]
 
 
-def time_turns(fns: Sequence[Callable[[], object]], repeats: int, min_turn_s: float = 0.0
-               ) -> tuple[list[list[float]], list[int]]:
+def time_turns(
+    fns: Sequence[Callable[[], object]], repeats: int, min_turn_s: float = 0.0
+) -> tuple[list[list[float]], list[int]]:
     """``time_alternating`` where each contender's turn is as many calls as fill ``min_turn_s``
     (counted from a second warm-up call): (seconds per call of each turn, per contender; calls per
     turn). With contenders of very unequal length, a one-call turn measures the short one
@@ -120,4 +137,3 @@ def time_turns(fns: Sequence[Callable[[], object]], repeats: int, min_turn_s: fl
                     fn()
                 out[i].append((time.perf_counter() - start) / k)
     return out, calls
-

@@ -43,21 +43,27 @@ class Registry(Generic[T]):
     applies to every registration, entry points included.
     """
 
-    def __init__(self, kind: str, entry_point_group: str | None = None,
-                 check: Callable[[str, T], None] | None = None) -> None:
+    def __init__(
+        self,
+        kind: str,
+        entry_point_group: str | None = None,
+        check: Callable[[str, T], None] | None = None,
+    ) -> None:
         self.kind = kind
         self.entry_point_group = entry_point_group
         self.check = check
         self._items: dict[str, T] = {}
-        self._failed: dict[str, str] = {}    # entry point name -> why it was skipped (one line)
+        self._failed: dict[str, str] = {}  # entry point name -> why it was skipped (one line)
         self._entry_points_loaded = entry_point_group is None
 
     def register(self, name: str, obj: T | None = None) -> Callable[[T], T] | T:
         """Register ``obj`` under ``name``; usable as ``@registry.register("name")``."""
         if obj is None:
+
             def decorator(o: T) -> T:
                 self._add(name, o)
                 return o
+
             return decorator
         self._add(name, obj)
         return obj
@@ -66,7 +72,9 @@ class Registry(Generic[T]):
         if not name or not isinstance(name, str):
             raise RegistryError(f"{self.kind} name must be a non-empty string, got {name!r}")
         if name in self._items and not _same(self._items[name], obj):
-            raise RegistryError(f"{self.kind} {name!r} is already registered ({self._items[name]!r})")
+            raise RegistryError(
+                f"{self.kind} {name!r} is already registered ({self._items[name]!r})"
+            )
         if self.check is not None:
             self.check(name, obj)
         self._items[name] = obj
@@ -78,8 +86,10 @@ class Registry(Generic[T]):
         for ep in entry_points(group=self.entry_point_group):
             problem = self._load_entry_point(ep)
             if problem is not None:
-                message = (f"{self.kind} plug-in {ep.name!r} (entry point {ep.name} = {ep.value} "
-                           f"in group {self.entry_point_group}, {_package(ep)}) {problem}")
+                message = (
+                    f"{self.kind} plug-in {ep.name!r} (entry point {ep.name} = {ep.value} "
+                    f"in group {self.entry_point_group}, {_package(ep)}) {problem}"
+                )
                 self._failed.setdefault(ep.name, message)
                 _PLUGIN_LOG.warning("mutualrl: warning: %s", message)
 
@@ -94,12 +104,14 @@ class Registry(Generic[T]):
             return f"failed to load ({_one_line(exc)}); skipped"
         registered = self._items.get(ep.name)
         if registered is not None and (ep.name not in before or _same(registered, obj)):
-            return None   # its module's decorator registered this name, or one plug-in twice
+            return None  # its module's decorator registered this name, or one plug-in twice
         other = next((n for n, o in self._items.items() if _same(o, obj)), None)
         if other is not None:
-            return (f"names an object already registered as {other!r} (by its decorator); "
-                    f"{other!r} is the name used, {ep.name!r} is not registered (give both the "
-                    f"same name)")
+            return (
+                f"names an object already registered as {other!r} (by its decorator); "
+                f"{other!r} is the name used, {ep.name!r} is not registered (give both the "
+                f"same name)"
+            )
         try:
             self._add(ep.name, obj)
         except RegistryError as exc:

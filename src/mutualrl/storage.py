@@ -36,8 +36,9 @@ class StorageError(OSError):
     """A write that failed; the message names the file, the reason and what was kept."""
 
 
-def storage_error(exc: BaseException, path: str | Path, kept: str,
-                  full: bool = False) -> StorageError:
+def storage_error(
+    exc: BaseException, path: str | Path, kept: str, full: bool = False
+) -> StorageError:
     """``exc`` (from writing ``path``) as a ``StorageError`` saying why and what is ``kept``;
     ``full``: the caller found the disk full when the write failed."""
     code = getattr(exc, "errno", None)
@@ -53,8 +54,11 @@ def disk_full(exc: BaseException, path: str | Path) -> bool:
     """Whether ``exc``, raised while writing ``path``, comes of a full disk: ENOSPC, or the disk
     nearly full now (ask before removing what the failed write left). A worker's failure arrives
     as its message, so ENOSPC is also recognised there."""
-    return (getattr(exc, "errno", None) == errno.ENOSPC or _low_space(Path(path))
-            or "No space left on device" in str(exc))
+    return (
+        getattr(exc, "errno", None) == errno.ENOSPC
+        or _low_space(Path(path))
+        or "No space left on device" in str(exc)
+    )
 
 
 def _low_space(path: Path) -> bool:
@@ -73,13 +77,14 @@ def append_whole(fd: int, data: bytes, path: str | Path, kept: str = "") -> None
     start = os.lseek(fd, 0, os.SEEK_END)
     view = memoryview(data)
     try:
-        while view:     # os.write may write less than asked; finish the same record
-            view = view[os.write(fd, view):]
+        while view:  # os.write may write less than asked; finish the same record
+            view = view[os.write(fd, view) :]
     except OSError as exc:
         with contextlib.suppress(OSError):
             os.ftruncate(fd, start)
-        raise storage_error(exc, path, kept or f"the record was not written; the {start} bytes "
-                                               "before it are kept") from exc
+        raise storage_error(
+            exc, path, kept or f"the record was not written; the {start} bytes before it are kept"
+        ) from exc
 
 
 class OutsideFolder(StorageError):
@@ -91,7 +96,7 @@ def strictly_inside(path: str | Path, folder: str | Path) -> bool:
     outside it), its parents' symbolic links followed as the OS would. ``path`` itself is not
     followed: a link inside ``folder`` is inside, and removing it removes the link only."""
     path = Path(path)
-    if path.name in ("", ".", ".."):          # "x/.." names x's parent: resolve it whole
+    if path.name in ("", ".", ".."):  # "x/.." names x's parent: resolve it whole
         real = Path(os.path.realpath(path))
     else:
         real = Path(os.path.realpath(path.parent)) / path.name
@@ -104,8 +109,11 @@ def remove_tree(path: str | Path, within: str | Path) -> None:
     outside it. A refusal is an ``OutsideFolder`` error naming both."""
     path = Path(path)
     if not strictly_inside(path, within):
-        err = OutsideFolder(errno.EINVAL, f"{path}: refused to remove it, it is not strictly "
-                                          f"inside {within} (only a run's own files are removed)")
+        err = OutsideFolder(
+            errno.EINVAL,
+            f"{path}: refused to remove it, it is not strictly "
+            f"inside {within} (only a run's own files are removed)",
+        )
         err.filename = str(path)
         raise err
     if path.is_dir() and not path.is_symlink():
@@ -123,8 +131,10 @@ def atomic_folder(final: str | Path, what: str, within: str | Path | None = None
     final = Path(final)
     within = Path(within) if within is not None else final.parent
     if not strictly_inside(final, within):
-        err = OutsideFolder(errno.EINVAL, f"{final}: {what} was not written: the path is not "
-                                          f"strictly inside {within}")
+        err = OutsideFolder(
+            errno.EINVAL,
+            f"{final}: {what} was not written: the path is not strictly inside {within}",
+        )
         err.filename = str(final)
         raise err
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -134,12 +144,15 @@ def atomic_folder(final: str | Path, what: str, within: str | Path | None = None
         remove_tree(final, within)
         os.rename(tmp, final)
     except BaseException as exc:
-        full = isinstance(exc, Exception) and not isinstance(exc, StorageError) and disk_full(exc, tmp)
+        full = (
+            isinstance(exc, Exception) and not isinstance(exc, StorageError) and disk_full(exc, tmp)
+        )
         shutil.rmtree(tmp, ignore_errors=True)
         if not full:
             raise
-        raise storage_error(exc, final, f"{what} was not written (nothing of it is kept)",
-                            full=True) from exc
+        raise storage_error(
+            exc, final, f"{what} was not written (nothing of it is kept)", full=True
+        ) from exc
 
 
 # The lock file of a ScratchFolder: held (flock) by the owning process for as long as it lives.
@@ -191,15 +204,15 @@ def _remove_folder(path: Path) -> None:
         try:
             os.rename(path, gone)
             path = gone
-        except FileNotFoundError:    # removed already (by a sweep)
+        except FileNotFoundError:  # removed already (by a sweep)
             return
-        except OSError:              # not renamed: removed where it is, its lock file still last
+        except OSError:  # not renamed: removed where it is, its lock file still last
             pass
     try:
         entries = list(os.scandir(path))
     except OSError:
         return
-    for entry in sorted(entries, key=lambda e: e.name == SCRATCH_LOCK):   # the lock file last
+    for entry in sorted(entries, key=lambda e: e.name == SCRATCH_LOCK):  # the lock file last
         if entry.is_dir(follow_symlinks=False):
             shutil.rmtree(entry.path, ignore_errors=True)
         else:
@@ -216,11 +229,11 @@ def sweep_scratch(parent: str | Path) -> list[Path]:
     for lock in Path(parent).glob(f"*/{SCRATCH_LOCK}"):
         try:
             fd = os.open(lock, os.O_RDWR)
-        except OSError:          # removed meanwhile, or not ours to open
+        except OSError:  # removed meanwhile, or not ours to open
             continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:          # held: its owner lives
+        except OSError:  # held: its owner lives
             os.close(fd)
             continue
         try:
@@ -228,7 +241,7 @@ def sweep_scratch(parent: str | Path) -> list[Path]:
             removed.append(lock.parent)
         finally:
             os.close(fd)
-    for left in Path(parent).glob(f"{REMOVING}*"):   # emptied by an owner killed at its end
+    for left in Path(parent).glob(f"{REMOVING}*"):  # emptied by an owner killed at its end
         with contextlib.suppress(OSError):
             os.rmdir(left)
     return removed

@@ -42,7 +42,9 @@ EFFECTS = {
 
 def test_every_allocation_field_names_a_test_of_its_effect():
     fields = {f.name for f in msgspec.structs.fields(AllocationConfig)}
-    assert set(EFFECTS) == fields, f"fields without a test of their effect: {sorted(fields - set(EFFECTS))}"
+    assert set(EFFECTS) == fields, (
+        f"fields without a test of their effect: {sorted(fields - set(EFFECTS))}"
+    )
     for field, node in EFFECTS.items():
         path, name = node.split("::")
         source = (TESTS / path).read_text()
@@ -56,21 +58,29 @@ def _body(source: str, name: str) -> str:
     tree = ast.parse(source)
     funcs = {f.name: f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)}
     fn = funcs[name]
-    called = {c.func.id for c in ast.walk(fn) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
+    called = {
+        c.func.id for c in ast.walk(fn) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)
+    }
     called |= {a.arg for a in fn.args.args}
-    return "\n".join(ast.get_source_segment(source, funcs[n]) for n in {name} | (called & set(funcs)))
+    return "\n".join(
+        ast.get_source_segment(source, funcs[n]) for n in {name} | (called & set(funcs))
+    )
 
 
 def _specs(**allocation):
-    return {s.name: s for s in worker_specs_from_config(_cfg(**allocation), count_params=_fake_count,
-                                                       vocab_size=_fake_vocab)}
+    return {
+        s.name: s
+        for s in worker_specs_from_config(
+            _cfg(**allocation), count_params=_fake_count, vocab_size=_fake_vocab
+        )
+    }
 
 
 def test_generation_batch_tokens_caps_the_planned_kv_cache():
     whole, capped = _specs(), _specs(generation_batch_tokens=8)
     for policy in ("a", "b"):
         w, c = whole[f"{policy}/generator"], capped[f"{policy}/generator"]
-        assert c.memory_bytes < w.memory_bytes          # the KV cache of 8 tokens, not of the step
+        assert c.memory_bytes < w.memory_bytes  # the KV cache of 8 tokens, not of the step
         assert whole[f"{policy}/learner"].memory_bytes == capped[f"{policy}/learner"].memory_bytes
 
 
@@ -78,8 +88,10 @@ def test_verifier_threads_reach_the_runs_verifier_and_its_plan(tmp_path, fast_ru
     from mutualrl.config import load_config
     from mutualrl.run.build import build_run
 
-    cfg = load_config(TESTS.parent / "configs" / "tiny.toml",
-                      [f'output_dir="{tmp_path}"', "allocation.verifier_threads=3"])
+    cfg = load_config(
+        TESTS.parent / "configs" / "tiny.toml",
+        [f'output_dir="{tmp_path}"', "allocation.verifier_threads=3"],
+    )
     run = build_run(cfg)
     try:
         assert run.verifier.threads == 3 and run.verifier._pool._max_workers == 3

@@ -57,7 +57,7 @@ def restart_beside(ex, failing: str, fail_call, other: str, other_call, timeout_
 
     t = threading.Thread(target=fail)
     t.start()
-    time.sleep(0.3)                  # the failed call is back and the restart has begun
+    time.sleep(0.3)  # the failed call is back and the restart has begun
     t0 = time.monotonic()
     out = ex.call({other: other_call}, timeout_s=timeout_s)[other]
     took, during = time.monotonic() - t0, not done.is_set()
@@ -127,8 +127,9 @@ def test_threads_and_sequential_give_the_same_results():
         out = ex.call({"a": Work(1), "b": Work(2), "c": Work(3)})
         results[mode] = {n: r.value for n, r in out.items()}
         ex.shutdown()
-    assert results["threads"] == results["sequential"] == {"a": ("a", 2), "b": ("b", 4),
-                                                           "c": ("c", 6)}
+    assert (
+        results["threads"] == results["sequential"] == {"a": ("a", 2), "b": ("b", 4), "c": ("c", 6)}
+    )
 
 
 def test_calls_run_concurrently_in_threads_mode():
@@ -205,7 +206,7 @@ def test_a_restart_does_not_hold_up_the_other_workers_calls():
         out, took, during = restart_beside(ex, "a", Boom(), "b", Work(3), timeout_s=1.0)
         assert out.value == ("b", 6), out.failure
         assert during and took < 0.75, took
-        assert ex.call({"a": Work(1)})["a"].value == ("a", 2)    # restarted, and it works
+        assert ex.call({"a": Work(1)})["a"].value == ("a", 2)  # restarted, and it works
     finally:
         ex.shutdown()
 
@@ -219,8 +220,8 @@ def test_a_call_in_flight_when_another_worker_restarts_is_not_timed_out():
     t = threading.Thread(target=lambda: got.update(ex.call({"b": Work(3)}, timeout_s=1.0)))
     try:
         t.start()
-        time.sleep(0.1)                                          # b's call is under way
-        assert ex.call({"a": Boom()})["a"].failure.kind == "raised"   # a restarts (2 s)
+        time.sleep(0.1)  # b's call is under way
+        assert ex.call({"a": Boom()})["a"].failure.kind == "raised"  # a restarts (2 s)
         t.join()
         assert got["b"].value == ("b", 6), got["b"].failure
     finally:
@@ -249,7 +250,7 @@ def test_shutdown_and_restart_close_each_worker_once_and_a_failed_close_is_a_war
         marks.mkdir()
         ex = _ex(mode, on_failure="restart", max_restarts=1)
         ex.start({n: (lambda n=n: Closes(n, str(marks))) for n in ("a", "b")})
-        assert ex.call({"a": Boom()})["a"].failure.kind == "raised"     # rebuilt
+        assert ex.call({"a": Boom()})["a"].failure.kind == "raised"  # rebuilt
         assert closes(marks) == {"a": 1}
         ex.shutdown()
         assert closes(marks) == {"a": 2, "b": 1}

@@ -91,8 +91,11 @@ def _assert_accounted(report):
 def test_fast_and_slow_workers_stay_within_the_bound_and_lose_nothing():
     gate = VersionGate(["fast", "slow", "mid"], max_staleness=1)
     seen: list = []
-    workers = {"fast": Sleeper("fast", 0.001, gate, seen), "slow": Sleeper("slow", 0.02, gate, seen),
-               "mid": Sleeper("mid", 0.005, gate, seen)}
+    workers = {
+        "fast": Sleeper("fast", 0.001, gate, seen),
+        "slow": Sleeper("slow", 0.02, gate, seen),
+        "mid": Sleeper("mid", 0.005, gate, seen),
+    }
     report = run_paced(workers, 12, gate, step_timeout_s=2.0)
     assert report.steps_completed == {"fast": 12, "slow": 12, "mid": 12}
     assert not report.failures and not report.stopped
@@ -108,9 +111,13 @@ def test_stale_records_are_dropped_and_counted():
     # The gate lets workers drift by up to 3 versions, the consumers accept only age 0.
     gate = VersionGate(["fast", "slow"], max_staleness=3)
     seen: list = []
-    report = run_paced({"fast": Sleeper("fast", 0.0, gate, seen),
-                        "slow": Sleeper("slow", 0.02, gate, seen)}, 8, gate, step_timeout_s=2.0,
-                       max_age=0)
+    report = run_paced(
+        {"fast": Sleeper("fast", 0.0, gate, seen), "slow": Sleeper("slow", 0.02, gate, seen)},
+        8,
+        gate,
+        step_timeout_s=2.0,
+        max_age=0,
+    )
     assert report.dropped_stale["fast"] > 0  # the slow one's records arrive too old for it
     _assert_accounted(report)
     for _, k, _, incoming in seen:
@@ -134,8 +141,11 @@ def test_consumption_drops_records_older_than_the_bound():
 def test_a_raising_worker_stops_the_run_cleanly_with_its_traceback():
     gate = VersionGate(["a", "b", "bad"], max_staleness=1)
     seen: list = []
-    workers = {"a": Sleeper("a", 0.002, gate, seen), "b": Sleeper("b", 0.005, gate, seen),
-               "bad": Raises("bad", 0.002, gate, seen, at=3)}
+    workers = {
+        "a": Sleeper("a", 0.002, gate, seen),
+        "b": Sleeper("b", 0.005, gate, seen),
+        "bad": Raises("bad", 0.002, gate, seen, at=3),
+    }
     t0 = time.monotonic()
     report = run_paced(workers, 50, gate, step_timeout_s=1.0, on_failure="stop")
     assert time.monotonic() - t0 < 3.0
@@ -150,8 +160,11 @@ def test_a_hung_worker_does_not_deadlock_the_others_under_continue():
     release = threading.Event()
     gate = VersionGate(["a", "b", "hung"], max_staleness=1)
     seen: list = []
-    workers = {"a": Sleeper("a", 0.001, gate, seen), "b": Sleeper("b", 0.003, gate, seen),
-               "hung": Hangs("hung", 0.001, gate, seen, release=release, at=2)}
+    workers = {
+        "a": Sleeper("a", 0.001, gate, seen),
+        "b": Sleeper("b", 0.003, gate, seen),
+        "hung": Hangs("hung", 0.001, gate, seen, release=release, at=2),
+    }
     t0 = time.monotonic()
     report = run_paced(workers, 10, gate, step_timeout_s=0.5, on_failure="continue")
     elapsed = time.monotonic() - t0
@@ -175,7 +188,7 @@ class Verifies:
 
     def step(self, k: int, incoming: list[PacedRecord]) -> list:
         ident, t0 = threading.get_ident(), time.monotonic()
-        self.clock[ident] = (self.clock.get(ident, (0.0, None))[0], t0)   # in progress
+        self.clock[ident] = (self.clock.get(ident, (0.0, None))[0], t0)  # in progress
         time.sleep(self.verify_s)
         self.clock[ident] = (self.clock[ident][0] + time.monotonic() - t0, None)
         return [k]
@@ -190,13 +203,20 @@ def test_a_step_timeout_sets_aside_the_time_its_thread_spends_in_self_bounded_wo
 
     clock: dict = {}
     gate = VersionGate(["v"], max_staleness=1)
-    report = run_paced({"v": Verifies(0.6, clock)}, 2, gate, step_timeout_s=0.3,
-                       on_failure="continue", set_aside=aside)
+    report = run_paced(
+        {"v": Verifies(0.6, clock)},
+        2,
+        gate,
+        step_timeout_s=0.3,
+        on_failure="continue",
+        set_aside=aside,
+    )
     assert report.steps_completed["v"] == 2 and not report.failures
     clock.clear()
     gate = VersionGate(["v"], max_staleness=1)
-    report = run_paced({"v": Verifies(0.6, clock)}, 2, gate, step_timeout_s=0.3,
-                       on_failure="continue")
+    report = run_paced(
+        {"v": Verifies(0.6, clock)}, 2, gate, step_timeout_s=0.3, on_failure="continue"
+    )
     assert [(f.worker, f.kind) for f in report.failures] == [("v", "timeout")]
 
 
@@ -210,10 +230,20 @@ def test_restart_rebuilds_a_failed_worker_which_resumes_after_its_last_step():
         w.load_checkpoint = lambda: built.append("loaded")
         return w
 
-    workers = {"a": Sleeper("a", 0.002, gate, seen), "flaky": Raises("flaky", 0.002, gate, seen, at=4)}
+    workers = {
+        "a": Sleeper("a", 0.002, gate, seen),
+        "flaky": Raises("flaky", 0.002, gate, seen, at=4),
+    }
     workers["flaky"].close = lambda: built.append("closed")
-    report = run_paced(workers, 8, gate, step_timeout_s=1.0, on_failure="restart",
-                       factories={"flaky": factory}, max_restarts=1)
+    report = run_paced(
+        workers,
+        8,
+        gate,
+        step_timeout_s=1.0,
+        on_failure="restart",
+        factories={"flaky": factory},
+        max_restarts=1,
+    )
     # the worker that raised is closed before its replacement is built and loads its checkpoint
     assert report.restarts == {"a": 0, "flaky": 1} and built == ["closed", "loaded"]
     assert report.steps_completed == {"a": 8, "flaky": 8} and not report.stopped
@@ -227,12 +257,16 @@ def test_restart_needs_factories():
 
 
 def test_starvation_report_compares_updates_and_time_with_the_plan():
-    rep = starvation_report(busy_s={"a": 3.0, "b": 1.0}, updates={"a": 5, "b": 5},
-                            planned_share={"a": 0.75, "b": 0.25}, wait_s={"a": 0.0, "b": 2.0},
-                            wall_s=4.0)
+    rep = starvation_report(
+        busy_s={"a": 3.0, "b": 1.0},
+        updates={"a": 5, "b": 5},
+        planned_share={"a": 0.75, "b": 0.25},
+        wait_s={"a": 0.0, "b": 2.0},
+        wall_s=4.0,
+    )
     assert rep["a"]["wall_share"] == 0.75 and rep["a"]["update_share"] == 0.5
     assert rep["a"]["update_ratio"] == pytest.approx(0.5 / 0.75)  # starved vs. its plan
-    assert rep["b"]["update_ratio"] == pytest.approx(2.0)          # ran ahead of its plan
+    assert rep["b"]["update_ratio"] == pytest.approx(2.0)  # ran ahead of its plan
     assert rep["b"]["wait_fraction"] == 0.5
 
 
@@ -254,11 +288,15 @@ class Phased:
 def test_phased_workers_use_a_peers_step_at_their_own_step_when_the_peer_is_ahead():
     gate = VersionGate(["fast", "slow"], max_staleness=2)
     seen: list = []
-    report = run_paced({"fast": Phased("fast", 0.001, seen), "slow": Phased("slow", 0.02, seen)},
-                       10, gate, step_timeout_s=2.0)
+    report = run_paced(
+        {"fast": Phased("fast", 0.001, seen), "slow": Phased("slow", 0.02, seen)},
+        10,
+        gate,
+        step_timeout_s=2.0,
+    )
     assert report.balanced() and not report.failures
     for name, k, incoming in seen:
-        assert all(step <= k for _, step in incoming)        # nothing from a step ahead of it
+        assert all(step <= k for _, step in incoming)  # nothing from a step ahead of it
     slow = {k: [s for _, s in incoming] for name, k, incoming in seen if name == "slow"}
-    assert all(slow[k] == [k] for k in range(10))           # the fast one's step k, at step k
+    assert all(slow[k] == [k] for k in range(10))  # the fast one's step k, at step k
     assert sum(report.dropped_stale.values()) == 0

@@ -14,12 +14,25 @@ from pathlib import Path
 
 import pytest
 
-from mutualrl.allocation import (EXECUTORS, AllocationConfig, ProcessExecutor, WorkerFailedError,
-                                 make_executor)
+from mutualrl.allocation import (
+    EXECUTORS,
+    AllocationConfig,
+    ProcessExecutor,
+    WorkerFailedError,
+    make_executor,
+)
 from mutualrl.allocation.planner import Assignment, GpuSlot
 from mutualrl.allocation.processes import worker_env
-from tests.allocation.test_local_executor import (Boom, Closes, Echo, Nope, SlowToRestore, Work,
-                                                  closes, restart_beside)
+from tests.allocation.test_local_executor import (
+    Boom,
+    Closes,
+    Echo,
+    Nope,
+    SlowToRestore,
+    Work,
+    closes,
+    restart_beside,
+)
 
 
 class Facts:
@@ -30,9 +43,13 @@ class Facts:
 
     def facts(self) -> dict:
         import torch
-        return {"pid": os.getpid(), "threads": torch.get_num_threads(),
-                "omp": os.environ.get("OMP_NUM_THREADS"),
-                "gpus": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+        return {
+            "pid": os.getpid(),
+            "threads": torch.get_num_threads(),
+            "omp": os.environ.get("OMP_NUM_THREADS"),
+            "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        }
 
     def sleep(self, s: float) -> str:
         time.sleep(s)
@@ -59,6 +76,7 @@ class Sleep:
 @dataclass(frozen=True)
 class Snooze:
     """Any worker, asleep for ``s`` seconds."""
+
     s: float
 
     def __call__(self, worker):
@@ -76,13 +94,24 @@ def _ex(**kw) -> ProcessExecutor:
 
 
 def _assignment(worker: str, threads: int, gpus=()) -> Assignment:
-    return Assignment(worker=worker, role="learner", policy=worker, group=worker, num_parameters=1,
-                      tokens_per_step=1, cost=1.0, cost_share=0.5, memory_bytes=0, node=0,
-                      gpus=gpus, threads=threads)
+    return Assignment(
+        worker=worker,
+        role="learner",
+        policy=worker,
+        group=worker,
+        num_parameters=1,
+        tokens_per_step=1,
+        cost=1.0,
+        cost_share=0.5,
+        memory_bytes=0,
+        node=0,
+        gpus=gpus,
+        threads=threads,
+    )
 
 
 def _plan(*assignments: Assignment):
-    return types.SimpleNamespace(assignments=assignments)   # all the executor reads of a plan
+    return types.SimpleNamespace(assignments=assignments)  # all the executor reads of a plan
 
 
 @pytest.fixture
@@ -113,7 +142,9 @@ def test_results_and_raised_errors_come_back_with_their_tracebacks():
     ex = _ex(on_failure="stop")
     ex.start({n: functools.partial(Echo, n) for n in ("a", "b")})
     assert {n: r.value for n, r in ex.call({"a": Work(1), "b": Work(2)}).items()} == {
-        "a": ("a", 2), "b": ("b", 4)}
+        "a": ("a", 2),
+        "b": ("b", 4),
+    }
     with pytest.raises(WorkerFailedError) as err:
         ex.call({"a": Boom()})
     f = err.value.failures[0]
@@ -131,7 +162,7 @@ def test_a_hung_worker_is_killed_at_its_timeout_and_the_others_go_on():
     assert time.monotonic() - t0 < 5.0
     assert out["fast"].value == "fast" and out["hung"].failure.kind == "timeout"
     assert "killed" in out["hung"].failure.message
-    with pytest.raises(ProcessLookupError):   # really gone, not abandoned
+    with pytest.raises(ProcessLookupError):  # really gone, not abandoned
         os.kill(pid, 0)
     again = ex.call({"fast": Sleep(0.0), "hung": Sleep(0.0)})
     assert again["fast"].value == "fast" and again["hung"].failure.kind == "unavailable"
@@ -146,7 +177,7 @@ def test_a_worker_process_that_dies_is_that_workers_failure_and_restart_rebuilds
     before = ex.call({"a": Ask()})["a"].value["pid"]
     out = ex.call({"a": Die()})
     assert out["a"].failure.exc_type == "WorkerDied" and "code 7" in out["a"].failure.message
-    assert ex.call({"a": Ask()})["a"].value["pid"] != before     # a new process
+    assert ex.call({"a": Ask()})["a"].value["pid"] != before  # a new process
     ex.shutdown()
 
 
@@ -156,7 +187,7 @@ def test_a_restart_does_not_hold_up_the_other_workers_calls():
     try:
         out, took, during = restart_beside(ex, "a", Boom(), "b", Work(3), timeout_s=30.0)
         assert out.value == ("b", 6), out.failure
-        assert during and took < 1.5, took   # a new process alone takes seconds to start
+        assert during and took < 1.5, took  # a new process alone takes seconds to start
         assert ex.call({"a": Work(1)})["a"].value == ("a", 2)
     finally:
         ex.shutdown()
@@ -192,7 +223,7 @@ def test_a_worker_process_closes_its_worker_before_it_ends(tmp_path):
     never gets to close, and ``continue`` drops it without waiting for it."""
     ex = _ex(on_failure="restart", max_restarts=1)
     ex.start({n: functools.partial(Closes, n, str(tmp_path)) for n in ("a", "b")})
-    assert ex.call({"a": Boom()})["a"].failure.kind == "raised"     # a new process
+    assert ex.call({"a": Boom()})["a"].failure.kind == "raised"  # a new process
     assert closes(tmp_path) == {"a": 1}
     ex.call({"a": Work(1), "b": Work(2)})
     ex.shutdown()
@@ -201,7 +232,7 @@ def test_a_worker_process_closes_its_worker_before_it_ends(tmp_path):
     marks.mkdir()
     ex = _ex(on_failure="continue")
     ex.start({n: functools.partial(Closes, n, str(marks)) for n in ("a", "b", "c")})
-    try:   # worker processes are not daemonic: a failed assertion must not leave them running
+    try:  # worker processes are not daemonic: a failed assertion must not leave them running
         t0 = time.monotonic()
         out = ex.call({"a": Boom(), "b": Snooze(60.0), "c": Work(1)}, timeout_s=2.0)
         assert [out[n].failure.kind for n in "ab"] == ["raised", "timeout"] and out["c"].ok
@@ -219,6 +250,7 @@ class HoldsScratch(Echo):
 
     def __init__(self, name: str, close_s: float) -> None:
         from mutualrl.storage import ScratchFolder
+
         super().__init__(name)
         self.scratch, self.close_s = ScratchFolder(f"mutualrl-{name}-"), close_s
 
@@ -239,21 +271,28 @@ def test_a_worker_killed_before_it_could_close_leaves_no_scratch_folder(tmp_path
     executor removes them once their processes are gone. The folder of a worker still running
     is kept, and one that closed in time removed its own."""
     from mutualrl.allocation import processes
-    monkeypatch.setenv("TMPDIR", str(tmp_path))          # the worker processes' TMPDIR
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the worker processes' TMPDIR
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.setattr(processes, "_EXIT_GRACE_S", 0.5)
     ex = _ex(on_failure="continue")
-    ex.start({"slow": functools.partial(HoldsScratch, "slow", 60.0),
-              "hung": functools.partial(HoldsScratch, "hung", 0.0),
-              "quick": functools.partial(HoldsScratch, "quick", 0.0)})
+    ex.start(
+        {
+            "slow": functools.partial(HoldsScratch, "slow", 60.0),
+            "hung": functools.partial(HoldsScratch, "hung", 0.0),
+            "quick": functools.partial(HoldsScratch, "quick", 0.0),
+        }
+    )
     try:
-        paths = {n: Path(r.value) for n, r in ex.call({n: ScratchPath() for n in
-                                                        ("slow", "hung", "quick")}).items()}
+        paths = {
+            n: Path(r.value)
+            for n, r in ex.call({n: ScratchPath() for n in ("slow", "hung", "quick")}).items()
+        }
         assert all(p.is_dir() and p.parent == tmp_path for p in paths.values())
         out = ex.call({"hung": Snooze(60.0)}, timeout_s=1.0)
         assert out["hung"].failure.kind == "timeout"
-        assert not paths["hung"].exists()               # killed at its timeout: removed
-        assert paths["slow"].is_dir() and paths["quick"].is_dir()   # still running: kept
+        assert not paths["hung"].exists()  # killed at its timeout: removed
+        assert paths["slow"].is_dir() and paths["quick"].is_dir()  # still running: kept
     finally:
         ex.shutdown()
     assert not paths["slow"].exists() and not paths["quick"].exists()

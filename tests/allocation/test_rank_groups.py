@@ -14,11 +14,22 @@ from dataclasses import dataclass
 
 import pytest
 
-from mutualrl.allocation import (AllocationConfig, LocalExecutor, ProcessExecutor,
-                                 WorkerFailedError, call_one)
+from mutualrl.allocation import (
+    AllocationConfig,
+    LocalExecutor,
+    ProcessExecutor,
+    WorkerFailedError,
+    call_one,
+)
 from mutualrl.allocation.planner import Assignment, GpuSlot
-from mutualrl.allocation.ranks import (RANK_FAILURE_GRACE_S, ProcessGroupError, RankGroup,
-                                       free_port, join_group, rank_env)
+from mutualrl.allocation.ranks import (
+    RANK_FAILURE_GRACE_S,
+    ProcessGroupError,
+    RankGroup,
+    free_port,
+    join_group,
+    rank_env,
+)
 
 
 class Member:
@@ -28,13 +39,20 @@ class Member:
         self.ctx = ctx
 
     def who(self) -> dict:
-        return {"rank": self.ctx.rank, "world": self.ctx.world_size, "pid": os.getpid(),
-                "env": {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK",
-                                                        "MASTER_ADDR", "CUDA_VISIBLE_DEVICES")}}
+        return {
+            "rank": self.ctx.rank,
+            "world": self.ctx.world_size,
+            "pid": os.getpid(),
+            "env": {
+                k: os.environ.get(k)
+                for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "CUDA_VISIBLE_DEVICES")
+            },
+        }
 
     def total(self) -> float:
         import torch
         import torch.distributed as dist
+
         t = torch.tensor([float(self.ctx.rank + 1)])
         dist.all_reduce(t)
         return float(t)
@@ -79,14 +97,27 @@ def _group(ranks: int = 2) -> RankGroup:
 
 
 def _ex(**kw) -> ProcessExecutor:
-    return ProcessExecutor(AllocationConfig(**{"call_timeout_s": 60.0, "process_group_timeout_s": 20.0,
-                                               **kw}))
+    return ProcessExecutor(
+        AllocationConfig(**{"call_timeout_s": 60.0, "process_group_timeout_s": 20.0, **kw})
+    )
 
 
 def _plan(gpus=()):
-    a = Assignment(worker="g", role="learner", policy="g", group="g", num_parameters=1,
-                   tokens_per_step=1, cost=1.0, cost_share=1.0, memory_bytes=0, node=0,
-                   gpus=gpus, threads=2, ranks=2)
+    a = Assignment(
+        worker="g",
+        role="learner",
+        policy="g",
+        group="g",
+        num_parameters=1,
+        tokens_per_step=1,
+        cost=1.0,
+        cost_share=1.0,
+        memory_bytes=0,
+        node=0,
+        gpus=gpus,
+        threads=2,
+        ranks=2,
+    )
     return types.SimpleNamespace(assignments=(a,))
 
 
@@ -100,10 +131,10 @@ def group():
 
 def test_a_group_is_one_worker_of_processes_in_one_process_group(group):
     me = call_one(group, "g", Who())
-    assert me["rank"] == 0 and me["world"] == 2       # rank 0 answers
+    assert me["rank"] == 0 and me["world"] == 2  # rank 0 answers
     assert me["env"]["RANK"] == "0" and me["env"]["MASTER_ADDR"] == "127.0.0.1"
-    assert me["env"]["CUDA_VISIBLE_DEVICES"] == "3"   # each rank sees its own planned GPU
-    assert call_one(group, "g", Total()) == 3.0       # 1 + 2: an all-reduce over both ranks
+    assert me["env"]["CUDA_VISIBLE_DEVICES"] == "3"  # each rank sees its own planned GPU
+    assert call_one(group, "g", Total()) == 3.0  # 1 + 2: an all-reduce over both ranks
     procs = group._procs["g"]
     assert len(procs) == 2 and all(p.process.is_alive() for p in procs)
     assert len({p.process.pid for p in procs}) == 2
@@ -116,11 +147,11 @@ def test_a_rank_that_dies_mid_call_fails_its_worker_and_ends_the_group():
     t0 = time.monotonic()
     with pytest.raises(WorkerFailedError) as err:
         call_one(ex, "g", DieOn(1))
-    assert time.monotonic() - t0 < 30          # not the collective's or the call's timeout
+    assert time.monotonic() - t0 < 30  # not the collective's or the call's timeout
     f = err.value.failures[0]
     assert f.worker == "g" and f.method == "DieOn"
     assert "rank 1 of 2" in f.message and "exited with code 7" in f.message
-    for p in procs:                            # rank 0, waiting in its all-reduce, was ended too
+    for p in procs:  # rank 0, waiting in its all-reduce, was ended too
         p.process.join(10)
         assert not p.process.is_alive()
     ex.shutdown()
@@ -133,7 +164,7 @@ def test_on_failure_restart_rebuilds_the_whole_group():
     results = ex.call({"g": DieOn(0)})
     assert not results["g"].ok and "rank 0 of 2" in results["g"].failure.message
     assert {p.process.pid for p in ex._procs["g"]}.isdisjoint(before)
-    assert call_one(ex, "g", Total()) == 3.0   # a new process group formed
+    assert call_one(ex, "g", Total()) == 3.0  # a new process group formed
     ex.shutdown()
 
 
@@ -147,7 +178,7 @@ def test_a_rank_that_reports_after_another_failed_is_still_named():
         call_one(ex, "g", FailLate())
     msg = err.value.failures[0].message
     assert "rank 1 of 2: cause on rank 1" in msg and "rank 0 of 2: cause on rank 0" in msg
-    assert msg.index("rank 0 of 2") < msg.index("rank 1 of 2")        # in rank order
+    assert msg.index("rank 0 of 2") < msg.index("rank 1 of 2")  # in rank order
     assert time.monotonic() - t0 < RANK_FAILURE_GRACE_S + 5
     ex.shutdown()
 
@@ -171,7 +202,9 @@ def test_a_rank_that_never_joins_times_out_naming_the_bound():
     os.environ.update(rank_env(0, 2, "127.0.0.1", port))
     try:
         t0 = time.monotonic()
-        with pytest.raises(ProcessGroupError, match=r"rank 0 of 2 .*not every rank joined within 2 s"):
+        with pytest.raises(
+            ProcessGroupError, match=r"rank 0 of 2 .*not every rank joined within 2 s"
+        ):
             join_group(0, 2, "gloo", timeout_s=2.0, collective_timeout_s=10.0)
         assert time.monotonic() - t0 < 15
     finally:
@@ -193,7 +226,7 @@ def test_a_group_that_does_not_form_fails_at_process_group_timeout_s():
     t0 = time.monotonic()
     with pytest.raises(WorkerFailedError) as err:
         ex.start({"g": MissingRank(2, Member)})
-    assert time.monotonic() - t0 < 30          # the field's bound, not the call's 60 s
+    assert time.monotonic() - t0 < 30  # the field's bound, not the call's 60 s
     assert "not every rank joined within 2 s (allocation.process_group_timeout_s)" in str(err.value)
     ex.shutdown()
 

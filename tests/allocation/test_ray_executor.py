@@ -14,8 +14,13 @@ GIB = 1024**3
 
 @pytest.fixture(scope="module")
 def cluster():
-    ray.init(num_cpus=2, resources={"GPU_fake": 2}, include_dashboard=False,
-             log_to_driver=False, configure_logging=False)
+    ray.init(
+        num_cpus=2,
+        resources={"GPU_fake": 2},
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+    )
     yield
     ray.shutdown()
 
@@ -35,7 +40,7 @@ def _classes():
 
     @dataclass(frozen=True)
     class Consume:
-        items: object   # a list, or an ObjectRef the actor resolves (a top-level field)
+        items: object  # a list, or an ObjectRef the actor resolves (a top-level field)
 
         def __call__(self, worker):
             return worker.consume(self.items)
@@ -56,7 +61,7 @@ def _classes():
         def __init__(self, name: str, marks: str | None = None) -> None:
             self.name, self.marks = name, marks
 
-        def close(self) -> None:   # the run is done with it: record it as a file in marks
+        def close(self) -> None:  # the run is done with it: record it as a file in marks
             if self.marks is not None:
                 open(f"{self.marks}/{self.name.replace('/', '-')}", "w").close()
 
@@ -79,18 +84,36 @@ def _classes():
 
 
 def _plan(cpus: int = 2, gpus: int = 2):
-    specs = [WorkerSpec(name=f"{p}/{r}", role=r, policy=p, num_parameters=1000, tokens_per_step=10,
-                        memory_bytes=GIB, group=p)
-             for p in ("a", "b") for r in ("learner", "generator")]
-    inv = Inventory(nodes=1, gpus_per_node=gpus, gpu_memory_bytes=80 * GIB, cpus_per_node=cpus,
-                    host_memory_bytes=8 * GIB)
+    specs = [
+        WorkerSpec(
+            name=f"{p}/{r}",
+            role=r,
+            policy=p,
+            num_parameters=1000,
+            tokens_per_step=10,
+            memory_bytes=GIB,
+            group=p,
+        )
+        for p in ("a", "b")
+        for r in ("learner", "generator")
+    ]
+    inv = Inventory(
+        nodes=1,
+        gpus_per_node=gpus,
+        gpu_memory_bytes=80 * GIB,
+        cpus_per_node=cpus,
+        host_memory_bytes=8 * GIB,
+    )
     return plan(specs, inv)
 
 
 def _executor(**kw):
     from mutualrl.allocation.ray_executor import RayExecutor
-    opts = dict(executor="ray", gpu_resource="GPU_fake", placement_timeout_s=5.0,
-                call_timeout_s=30.0) | kw
+
+    opts = (
+        dict(executor="ray", gpu_resource="GPU_fake", placement_timeout_s=5.0, call_timeout_s=30.0)
+        | kw
+    )
     return RayExecutor(AllocationConfig(**opts))
 
 
@@ -117,14 +140,19 @@ def test_actors_in_placement_groups_call_results_failures_and_refs(cluster, tmp_
         assert 0.3 <= busy["a/generator"] - before["a/generator"] < 5.0
         assert busy["b/learner"] == before["b/learner"] < 0.3
         bad = ex.call({"a/learner": Boom(), "b/learner": Boom()})
-        assert all(r.failure.kind == "raised" and "refuses" in r.failure.message for r in bad.values())
+        assert all(
+            r.failure.kind == "raised" and "refuses" in r.failure.message for r in bad.values()
+        )
         assert "in boom" in bad["a/learner"].failure.traceback
         slow = ex.call({"b/generator": Sleep(30.0), "a/generator": Sleep(0.0)}, timeout_s=1.0)
         assert slow["b/generator"].failure.kind == "timeout" and slow["a/generator"].ok
         assert set(ex.live_workers()) == {"a/generator"}
-        removed = ex.removed()                                 # each with the failure that did it
+        removed = ex.removed()  # each with the failure that did it
         assert {n: f.kind for n, f in removed.items()} == {
-            "a/learner": "raised", "b/learner": "raised", "b/generator": "timeout"}
+            "a/learner": "raised",
+            "b/learner": "raised",
+            "b/generator": "timeout",
+        }
     finally:
         ex.shutdown()
     assert all(t["state"] == "REMOVED" for t in ray.util.placement_group_table().values())
@@ -176,6 +204,7 @@ def _rank_classes():
         def total(self) -> float:
             import torch
             import torch.distributed as dist
+
             t = torch.tensor([float(self.ctx.rank + 1)])
             dist.all_reduce(t)
             return float(t)
@@ -208,23 +237,39 @@ def test_a_rank_group_is_one_actor_per_rank_in_one_process_group(cluster):
     from mutualrl.allocation.ranks import RankGroup
 
     Member, Who, Total, DieOn = _rank_classes()
-    spec = WorkerSpec(name="g", role="learner", policy="g", num_parameters=1000, tokens_per_step=10,
-                      memory_bytes=GIB, group="g", ranks=2)
-    p = plan([spec], Inventory(nodes=1, gpus_per_node=2, gpu_memory_bytes=80 * GIB,
-                               cpus_per_node=2, host_memory_bytes=8 * GIB))
+    spec = WorkerSpec(
+        name="g",
+        role="learner",
+        policy="g",
+        num_parameters=1000,
+        tokens_per_step=10,
+        memory_bytes=GIB,
+        group="g",
+        ranks=2,
+    )
+    p = plan(
+        [spec],
+        Inventory(
+            nodes=1,
+            gpus_per_node=2,
+            gpu_memory_bytes=80 * GIB,
+            cpus_per_node=2,
+            host_memory_bytes=8 * GIB,
+        ),
+    )
     assert len(p["g"].gpus) == 2
     ex = _executor(on_failure="continue", call_timeout_s=90.0, process_group_timeout_s=60.0)
     ex.start({"g": RankGroup(2, Member)}, p)
     try:
         me = ex.call({"g": Who()})["g"].value
-        assert me["rank"] == 0 and me["env"] == "0"            # rank 0 answers
+        assert me["rank"] == 0 and me["env"] == "0"  # rank 0 answers
         assert len({ray.get(a.invoke.remote(Who))[1]["pid"] for a in ex._actors["g"]}) == 2
-        assert ex.call({"g": Total()})["g"].value == 3.0       # an all-reduce across the actors
+        assert ex.call({"g": Total()})["g"].value == 3.0  # an all-reduce across the actors
         t0 = time.monotonic()
         dead = ex.call({"g": DieOn(1)})["g"]
         assert time.monotonic() - t0 < 60
         assert dead.failure.kind == "raised" and "rank 1 of 2" in dead.failure.message
-        assert ex.live_workers() == []                         # on_failure = "continue"
+        assert ex.live_workers() == []  # on_failure = "continue"
         assert "rank 1 of 2" in ex.removed()["g"].message
     finally:
         ex.shutdown()
@@ -242,6 +287,7 @@ def _scratch_classes():
 
         def __init__(self, name: str, close_s: float) -> None:
             from mutualrl.storage import ScratchFolder
+
             self.scratch, self.close_s = ScratchFolder(f"mutualrl-raytest-{name}-"), close_s
 
         def close(self) -> None:
@@ -271,18 +317,23 @@ def test_an_actor_killed_before_it_could_close_leaves_no_scratch_folder(cluster,
     from pathlib import Path
 
     from mutualrl.allocation import ray_executor
+
     monkeypatch.setattr(ray_executor, "CLOSE_TIMEOUT_S", 1.0)
     HoldsScratch, ScratchPath, Snooze = _scratch_classes()
     ex = _executor(on_failure="continue")
-    ex.start({"slow": lambda: HoldsScratch("slow", 60.0), "hung": lambda: HoldsScratch("hung", 0.0)})
+    ex.start(
+        {"slow": lambda: HoldsScratch("slow", 60.0), "hung": lambda: HoldsScratch("hung", 0.0)}
+    )
     try:
-        paths = {n: Path(r.value) for n, r in ex.call({n: ScratchPath() for n in
-                                                        ("slow", "hung")}).items()}
+        paths = {
+            n: Path(r.value)
+            for n, r in ex.call({n: ScratchPath() for n in ("slow", "hung")}).items()
+        }
         assert all(p.is_dir() for p in paths.values())
         out = ex.call({"hung": Snooze(60.0)}, timeout_s=2.0)
         assert out["hung"].failure.kind == "timeout"
-        assert not paths["hung"].exists()               # killed at its timeout: removed
-        assert paths["slow"].is_dir()                   # still running: kept
+        assert not paths["hung"].exists()  # killed at its timeout: removed
+        assert paths["slow"].is_dir()  # still running: kept
     finally:
-        ex.shutdown()                                   # slow to close: killed, then removed
+        ex.shutdown()  # slow to close: killed, then removed
     assert not paths["slow"].exists()

@@ -25,14 +25,28 @@ CLUSTER_CONFIGS = sorted((ROOT / "configs").glob("cluster-*.toml"))
 
 
 def _cfg(**allocation):
-    return config_from_dict({
-        "policies": [{"name": "a", "hidden_size": 64, "num_layers": 2},
-                     {"name": "b", "hidden_size": 128, "num_layers": 4, "tokenizer": "deepseek-v3",
-                      "lora": {}}],
-        "grpo": {"prompts_per_step": 4, "num_generations": 8, "max_completion_length": 6,
-                 "beta": 0.1, "num_iterations": 2},
-        "allocation": allocation,
-    })
+    return config_from_dict(
+        {
+            "policies": [
+                {"name": "a", "hidden_size": 64, "num_layers": 2},
+                {
+                    "name": "b",
+                    "hidden_size": 128,
+                    "num_layers": 4,
+                    "tokenizer": "deepseek-v3",
+                    "lora": {},
+                },
+            ],
+            "grpo": {
+                "prompts_per_step": 4,
+                "num_generations": 8,
+                "max_completion_length": 6,
+                "beta": 0.1,
+                "num_iterations": 2,
+            },
+            "allocation": allocation,
+        }
+    )
 
 
 def _fake_count(policy, vocab):
@@ -59,8 +73,13 @@ def test_worker_specs_follow_the_documented_estimates():
     cfg = _cfg(prompt_length_estimate=10)
     alloc = cfg.allocation
     specs = worker_specs_from_config(cfg, alloc, count_params=_fake_count, vocab_size=_fake_vocab)
-    assert [s.name for s in specs] == ["a/learner", "a/generator", "b/learner", "b/generator",
-                                       "verifier"]
+    assert [s.name for s in specs] == [
+        "a/learner",
+        "a/generator",
+        "b/learner",
+        "b/generator",
+        "verifier",
+    ]
     tokens = tokens_per_step(4, 8, 10, 6)
     assert tokens == 4 * 8 * 16
     a_learn, a_gen, b_learn, b_gen, ver = specs
@@ -71,24 +90,38 @@ def test_worker_specs_follow_the_documented_estimates():
     act_b = activation_bytes(dims_from_policy(cfg.policies[1], 129_280), 32, 16, 6, 4, False)
     assert a_learn.memory_bytes == n_a * (4 + 4 + 8 + 4) + act_a  # beta > 0: a frozen reference too
     assert a_gen.memory_bytes == n_a * 4 + kv_cache_bytes(2, 64, tokens, alloc.memory)
-    assert b_learn.memory_bytes == learner_memory_bytes(b_learn.num_parameters, alloc.memory,
-                                                        reference=True, lora=True) + act_b
+    assert (
+        b_learn.memory_bytes
+        == learner_memory_bytes(b_learn.num_parameters, alloc.memory, reference=True, lora=True)
+        + act_b
+    )
     assert b_learn.memory_bytes == b_learn.num_parameters * 4 + act_b  # LoRA: frozen base only
     assert a_learn.cost == 6 * n_a * 2 * tokens and a_gen.cost == 2 * n_a * tokens
     assert a_learn.group == a_gen.group == "a" and ver.cost == 0 and not ver.uses_accelerator
 
 
 def test_hints_and_overrides_replace_estimates_and_split_groups():
-    cfg = _cfg(colocate=False, num_parameters={"b": 7_000_000_000},
-               architectures={"b": {"num_hidden_layers": 4, "hidden_size": 128,
-                                    "num_attention_heads": 4, "vocab_size": 129_280}},
-               workers={"a/generator": {"memory_gb": 2.0, "tokens_per_step": 5}})
+    cfg = _cfg(
+        colocate=False,
+        num_parameters={"b": 7_000_000_000},
+        architectures={
+            "b": {
+                "num_hidden_layers": 4,
+                "hidden_size": 128,
+                "num_attention_heads": 4,
+                "vocab_size": 129_280,
+            }
+        },
+        workers={"a/generator": {"memory_gb": 2.0, "tokens_per_step": 5}},
+    )
+
     def vocab(name):  # b has a hint: its tokenizer need not be loaded
         assert name != "deepseek-v3", "a num_parameters hint must skip loading the tokenizer"
         return _fake_vocab(name)
 
-    specs = {s.name: s for s in worker_specs_from_config(cfg, count_params=_fake_count,
-                                                         vocab_size=vocab)}
+    specs = {
+        s.name: s for s in worker_specs_from_config(cfg, count_params=_fake_count, vocab_size=vocab)
+    }
     assert specs["b/learner"].num_parameters == 7_000_000_000
     assert specs["a/generator"].memory_bytes == 2 * 1024**3
     assert specs["a/generator"].tokens_per_step == 5
@@ -120,8 +153,13 @@ def _run_cli(argv) -> int:
 def test_plan_cli_prints_every_worker_of_the_4_policy_cluster(capsys):
     assert _run_cli(["--config", str(ROOT / "configs/cluster-2x8-4policy.toml")]) == 0
     out = capsys.readouterr().out
-    for name in ("llama31-8b/learner", "qwen25-7b/generator", "mistral-7b/learner",
-                 "llama32-3b/generator", "verifier"):
+    for name in (
+        "llama31-8b/learner",
+        "qwen25-7b/generator",
+        "mistral-7b/learner",
+        "llama32-3b/generator",
+        "verifier",
+    ):
         assert name in out
     assert "cost share" in out and "n0:g" in out and "n1:g" in out
 

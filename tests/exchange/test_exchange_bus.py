@@ -21,9 +21,18 @@ from mutualrl.registry import RegistryError
 
 
 def rollout(prompt: str = "p", producer: str = "a", version: int = 0) -> Rollout:
-    return Rollout.create(prompt=prompt, completion="c", producer=producer, tokenizer_id="t",
-                          token_ids=[1, 2, 3], logprobs=[-0.1, -0.2, -0.3], reward=0.5,
-                          verifier_id="v", policy_version=version, finish_reason="length")
+    return Rollout.create(
+        prompt=prompt,
+        completion="c",
+        producer=producer,
+        tokenizer_id="t",
+        token_ids=[1, 2, 3],
+        logprobs=[-0.1, -0.2, -0.3],
+        reward=0.5,
+        verifier_id="v",
+        policy_version=version,
+        finish_reason="length",
+    )
 
 
 def test_publish_assigns_seq_per_producer_and_hands_the_same_object() -> None:
@@ -139,8 +148,9 @@ def test_closed_subscription_keeps_reporting_and_stops_receiving() -> None:
 
 def test_attached_log_gets_every_record_and_replays(tmp_path) -> None:
     bus = ExperienceBus(log=ExperienceLog(tmp_path, batch_records=4))
-    stats = GroupStats.from_rewards(prompt_id=prompt_id("p"), producer="b", policy_version=1,
-                                    rewards=[0.0, 1.0])
+    stats = GroupStats.from_rewards(
+        prompt_id=prompt_id("p"), producer="b", policy_version=1, rewards=[0.0, 1.0]
+    )
     for v in range(6):
         bus.publish(rollout(version=v), producer="a", version=v)
     bus.publish(stats, producer="b", version=1)
@@ -151,7 +161,8 @@ def test_attached_log_gets_every_record_and_replays(tmp_path) -> None:
     assert s["frames_written"] == 2 and s["records_written"] == 7 and s["bytes_written"] > 0
     replayed = list(read_log(tmp_path))
     assert [(d.kind, d.producer, d.seq) for d in replayed] == (
-        [("rollout", "a", i) for i in range(6)] + [("group_stats", "b", 0)])
+        [("rollout", "a", i) for i in range(6)] + [("group_stats", "b", 0)]
+    )
     assert replayed[6].record == stats
     with pytest.raises(BusClosedError, match="after ExperienceBus.close"):
         bus.publish(stats, producer="b", version=2)
@@ -170,8 +181,11 @@ def test_a_record_readers_would_refuse_is_refused_at_publish(tmp_path) -> None:
     from mutualrl.exchange import RecordDecodeError
 
     bus = ExperienceBus(log=ExperienceLog(tmp_path))
-    with pytest.raises(RecordDecodeError, match=r"'watermark' record seq 0 from 'a' would not be "
-                                                r"readable: .*\$\.version"):
+    with pytest.raises(
+        RecordDecodeError,
+        match=r"'watermark' record seq 0 from 'a' would not be "
+        r"readable: .*\$\.version",
+    ):
         bus.publish(Watermark(producer="a", version=-1), producer="a", version=0)
     assert bus.publish(Watermark(producer="a", version=1), producer="a", version=1) == 0
     assert bus.stats()["published"] == 1
@@ -184,22 +198,22 @@ def test_queued_deliveries_survive_the_state_and_come_back_first() -> None:
     sub = bus.subscribe(name="strategy")
     for i in range(3):
         bus.publish(rollout(prompt=f"p{i}"), producer="a", version=i)
-    sub.drain_deliveries(1)                          # the first was read before the checkpoint
+    sub.drain_deliveries(1)  # the first was read before the checkpoint
     # as a checkpoint keeps it: the records through the exchange's own codec
     state = state_codec.decode(state_codec.encode(bus.state_dict(), "run"), "run")
     assert state["queued"]["strategy"] == sub.queued()
     assert [d.seq for d in state["queued"]["strategy"]] == [1, 2]
-    assert len(sub) == 2                             # taking the state leaves them queued
+    assert len(sub) == 2  # taking the state leaves them queued
 
     resumed = ExperienceBus()
     again = resumed.subscribe(name="strategy")
     other = resumed.subscribe(name="other")
     resumed.load_state_dict(state)
     assert len(other) == 0
-    assert again.delivered == 3 and again.dropped == 0    # counted once, when first delivered
+    assert again.delivered == 3 and again.dropped == 0  # counted once, when first delivered
     resumed.publish(rollout(prompt="p3"), producer="a", version=3)
     got = again.drain_deliveries()
-    assert [d.seq for d in got] == [1, 2, 3]         # the restored ones first, then the new one
+    assert [d.seq for d in got] == [1, 2, 3]  # the restored ones first, then the new one
     assert [d.record.prompt for d in got] == ["p1", "p2", "p3"]
 
 
@@ -209,6 +223,9 @@ def test_queued_deliveries_for_a_subscription_the_bus_lacks_are_refused() -> Non
     bus.publish(rollout(), producer="a", version=0)
     fresh = ExperienceBus()
     fresh.subscribe(name="strategy")
-    with pytest.raises(ValueError, match=r"queued for subscriptions \['paced:a'\].*"
-                                         r"it has \['strategy'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"queued for subscriptions \['paced:a'\].*"
+        r"it has \['strategy'\]",
+    ):
         fresh.load_state_dict(bus.state_dict())

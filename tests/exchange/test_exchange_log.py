@@ -17,8 +17,9 @@ from mutualrl.exchange.codec import RecordCodec
 
 
 def env(codec: RecordCodec, seq: int):
-    return codec.envelope(Watermark(producer="a", version=seq), kind="watermark", producer="a",
-                          version=seq, seq=seq)
+    return codec.envelope(
+        Watermark(producer="a", version=seq), kind="watermark", producer="a", version=seq, seq=seq
+    )
 
 
 def write(run_dir, seqs, **kw) -> ExperienceLog:

@@ -25,9 +25,18 @@ from mutualrl.registry import Registry, RegistryError
 
 
 def make_rollout(**over: object) -> Rollout:
-    fields = dict(prompt="2+2=", completion="4", producer="a", tokenizer_id="tok", token_ids=[7, 8],
-                  logprobs=[-0.5, -0.25], reward=1.0, verifier_id="exact", policy_version=0,
-                  finish_reason="stop")
+    fields = dict(
+        prompt="2+2=",
+        completion="4",
+        producer="a",
+        tokenizer_id="tok",
+        token_ids=[7, 8],
+        logprobs=[-0.5, -0.25],
+        reward=1.0,
+        verifier_id="exact",
+        policy_version=0,
+        finish_reason="stop",
+    )
     fields.update(over)
     return Rollout.create(**fields)
 
@@ -58,14 +67,16 @@ def test_rollout_rejects_mismatched_arrays() -> None:
 
 def test_group_stats_match_numpy_population_variance() -> None:
     rewards = [1.0, 0.0, 0.5, 0.25, 1.0]
-    g = GroupStats.from_rewards(prompt_id=prompt_id("p"), producer="a", policy_version=1,
-                                rewards=rewards)
+    g = GroupStats.from_rewards(
+        prompt_id=prompt_id("p"), producer="a", policy_version=1, rewards=rewards
+    )
     assert g.count == 5
     assert g.mean == pytest.approx(np.mean(rewards))
     assert g.variance == pytest.approx(np.var(rewards))
     assert g.std == pytest.approx(np.std(rewards))
-    empty = GroupStats.from_rewards(prompt_id=prompt_id("p"), producer="a", policy_version=1,
-                                    rewards=[])
+    empty = GroupStats.from_rewards(
+        prompt_id=prompt_id("p"), producer="a", policy_version=1, rewards=[]
+    )
     assert (empty.count, empty.variance) == (0, 0.0)
 
 
@@ -88,17 +99,20 @@ def test_merge_equals_stats_of_the_union(a: list[float], b: list[float]) -> None
 
 
 def test_merge_refuses_different_prompts() -> None:
-    ga = GroupStats.from_rewards(prompt_id=prompt_id("p"), producer="a", policy_version=1,
-                                 rewards=[1.0])
-    gb = GroupStats.from_rewards(prompt_id=prompt_id("q"), producer="a", policy_version=1,
-                                 rewards=[1.0])
+    ga = GroupStats.from_rewards(
+        prompt_id=prompt_id("p"), producer="a", policy_version=1, rewards=[1.0]
+    )
+    gb = GroupStats.from_rewards(
+        prompt_id=prompt_id("q"), producer="a", policy_version=1, rewards=[1.0]
+    )
     with pytest.raises(ValueError, match="prompt_id differs"):
         merge(ga, gb)
 
 
 def test_builtin_kinds_are_registered() -> None:
     assert {"rollout", "group_stats", "verified_success", "watermark"} <= set(
-        EXPERIENCE_TYPES.names())
+        EXPERIENCE_TYPES.names()
+    )
     assert EXPERIENCE_TYPES.get("rollout") is Rollout
 
 
@@ -154,8 +168,9 @@ def test_records_are_frozen_and_finite_stats() -> None:
     r = make_rollout()
     with pytest.raises(AttributeError):
         r.reward = 0.0  # type: ignore[misc]
-    g = GroupStats.from_rewards(prompt_id=r.prompt_id, producer="a", policy_version=0,
-                                rewards=[0.0, 0.0])
+    g = GroupStats.from_rewards(
+        prompt_id=r.prompt_id, producer="a", policy_version=0, rewards=[0.0, 0.0]
+    )
     assert g.std == 0.0 and math.isfinite(g.std)
 
 
@@ -169,10 +184,14 @@ def test_entry_point_registered_type_decodes(monkeypatch) -> None:
     import mutualrl.registry as registry_module
     from mutualrl.exchange.codec import RecordCodec
 
-    ep = EntryPoint(name="plugin.score", group="mutualrl.experience_types",
-                    value=f"{__name__}:PluginRecord")
-    monkeypatch.setattr(registry_module, "entry_points",
-                        lambda group: [ep] if group == "mutualrl.experience_types" else [])
+    ep = EntryPoint(
+        name="plugin.score", group="mutualrl.experience_types", value=f"{__name__}:PluginRecord"
+    )
+    monkeypatch.setattr(
+        registry_module,
+        "entry_points",
+        lambda group: [ep] if group == "mutualrl.experience_types" else [],
+    )
     reg: Registry = Registry("experience type", entry_point_group="mutualrl.experience_types")
     codec = RecordCodec(reg)
     rec = PluginRecord(score=0.5)
@@ -185,6 +204,14 @@ def test_frame_codec_refuses_a_kind_that_does_not_match_the_record() -> None:
     from mutualrl.exchange import Delivery
 
     with pytest.raises(ValueError, match="kind 'rollout' but record is a Residuals"):
-        FrameCodec().encode([Delivery(kind="rollout", producer="p", producer_version=0, seq=0,
-                                      record=Residuals(prompt_id="x", mismatch_bytes=0,
-                                                       length_ratio=1.0))])
+        FrameCodec().encode(
+            [
+                Delivery(
+                    kind="rollout",
+                    producer="p",
+                    producer_version=0,
+                    seq=0,
+                    record=Residuals(prompt_id="x", mismatch_bytes=0, length_ratio=1.0),
+                )
+            ]
+        )

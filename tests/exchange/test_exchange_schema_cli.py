@@ -18,15 +18,21 @@ def test_checked_in_schema_matches_code() -> None:
     assert SCHEMA_FILE.read_text() == render(build_schema()), (
         "protocols/experience.schema.json is stale: run "
         "`python -m mutualrl.exchange.schema --write` and review the diff against "
-        "protocols/experience.md's compatibility rules")
+        "protocols/experience.md's compatibility rules"
+    )
 
 
 def test_schema_covers_envelope_and_every_builtin_kind() -> None:
     schema = json.loads(SCHEMA_FILE.read_text())
     assert schema["$ref"] == "#/$defs/Envelope"
     assert "schema_version" in schema["$defs"]["Envelope"]["required"]  # no default, always sent
-    assert set(schema["x-kinds"]) == {"rollout", "group_stats", "verified_success", "watermark",
-                                      "alignment_residuals"}
+    assert set(schema["x-kinds"]) == {
+        "rollout",
+        "group_stats",
+        "verified_success",
+        "watermark",
+        "alignment_residuals",
+    }
     assert schema["x-schema-version"] == "1.0"
 
 
@@ -45,9 +51,22 @@ def inspect(argv: list[str]) -> int:
 
 def make_run(run_dir: Path) -> None:
     bus = ExperienceBus(log=ExperienceLog(run_dir, batch_records=2))
-    bus.publish(Rollout.create(prompt="p", completion="c", producer="a", tokenizer_id="t",
-                               token_ids=[1], logprobs=[-1.0], reward=1.0, verifier_id="v",
-                               policy_version=0, finish_reason="stop"), producer="a", version=0)
+    bus.publish(
+        Rollout.create(
+            prompt="p",
+            completion="c",
+            producer="a",
+            tokenizer_id="t",
+            token_ids=[1],
+            logprobs=[-1.0],
+            reward=1.0,
+            verifier_id="v",
+            policy_version=0,
+            finish_reason="stop",
+        ),
+        producer="a",
+        version=0,
+    )
     for v in range(3):
         bus.publish(Watermark(producer="b", version=v), producer="b", version=v)
     bus.close()
@@ -67,7 +86,8 @@ def test_inspect_dump_json_lines_filtered_by_kind(tmp_path, capsys) -> None:
     captured = capsys.readouterr()
     lines = [json.loads(line) for line in captured.out.splitlines()]
     assert [(d["kind"], d["seq"], d["record"]["version"]) for d in lines] == [
-        ("watermark", i, i) for i in range(3)]
+        ("watermark", i, i) for i in range(3)
+    ]
     assert "records by kind" in captured.err  # summary kept off stdout
 
 

@@ -32,8 +32,13 @@ from exchange_golden import GOLDEN_DIR, v1_deliveries
 
 
 def mark(seq: int, producer: str = "a") -> Delivery:
-    return Delivery(kind="watermark", producer=producer, producer_version=seq, seq=seq,
-                    record=Watermark(producer=producer, version=seq))
+    return Delivery(
+        kind="watermark",
+        producer=producer,
+        producer_version=seq,
+        seq=seq,
+        record=Watermark(producer=producer, version=seq),
+    )
 
 
 def three_frames() -> tuple[bytes, list[int]]:
@@ -48,10 +53,21 @@ def frame_of(envelopes: list[Envelope]) -> bytes:
     return encode_frame(RecordCodec().encode_batch(envelopes), make_compressor())
 
 
-def envelope(payload: object, *, kind: str = "watermark", version: tuple[int, int] = SCHEMA_VERSION,
-             seq: int = 0) -> Envelope:
-    return Envelope(schema_version=version, kind=kind, producer="a", producer_version=0, seq=seq,
-                    payload=msgspec.Raw(msgspec.msgpack.encode(payload)))
+def envelope(
+    payload: object,
+    *,
+    kind: str = "watermark",
+    version: tuple[int, int] = SCHEMA_VERSION,
+    seq: int = 0,
+) -> Envelope:
+    return Envelope(
+        schema_version=version,
+        kind=kind,
+        producer="a",
+        producer_version=0,
+        seq=seq,
+        payload=msgspec.Raw(msgspec.msgpack.encode(payload)),
+    )
 
 
 def seqs(data: bytes, **kw: object) -> list[int]:
@@ -108,7 +124,7 @@ def test_truncated_tail(cut: int) -> None:
 
 def test_garbage_between_frames_is_skipped_and_counted() -> None:
     data, offsets = three_frames()
-    spliced = data[: offsets[1]] + b"\x00junk\x00" + data[offsets[1]:]
+    spliced = data[: offsets[1]] + b"\x00junk\x00" + data[offsets[1] :]
     with pytest.raises(DamagedFrameError, match="expected frame magic"):
         seqs(spliced)
     stats = ReadStats()
@@ -131,8 +147,9 @@ def test_oversize_frame_is_refused_or_skipped() -> None:
 def test_future_major_version_is_refused_even_when_skipping() -> None:
     future = frame_of([envelope({"producer": "a", "version": 1}, version=(2, 0))])
     for mode in ("raise", "skip"):
-        with pytest.raises(UnsupportedVersionError, match="MAJOR 2; this reader understands "
-                                                          "MAJOR 1"):
+        with pytest.raises(
+            UnsupportedVersionError, match="MAJOR 2; this reader understands MAJOR 1"
+        ):
             seqs(future, on_error=mode)
 
 
@@ -162,16 +179,24 @@ def test_newer_minor_with_extra_fields_is_read() -> None:
 
 
 def test_unknown_kind_is_skipped_and_counted() -> None:
-    data = frame_of([envelope({"x": 1}, kind="from.the.future", seq=0),
-                     envelope({"producer": "a", "version": 1}, seq=1)])
+    data = frame_of(
+        [
+            envelope({"x": 1}, kind="from.the.future", seq=0),
+            envelope({"producer": "a", "version": 1}, seq=1),
+        ]
+    )
     stats = ReadStats()
     assert seqs(data, stats=stats) == [1]  # even in raise mode: skipping kinds is by design
     assert stats.unknown_kinds == {"from.the.future": 1}
 
 
 def test_wrong_field_type_names_kind_seq_and_field() -> None:
-    data = frame_of([envelope({"producer": "a", "version": "seven"}, seq=0),
-                     envelope({"producer": "a", "version": 1}, seq=1)])
+    data = frame_of(
+        [
+            envelope({"producer": "a", "version": "seven"}, seq=0),
+            envelope({"producer": "a", "version": 1}, seq=1),
+        ]
+    )
     with pytest.raises(RecordDecodeError, match=r"'watermark' record seq 0 .*\$\.version"):
         seqs(data)
     stats = ReadStats()

@@ -7,8 +7,14 @@ import math
 import pytest
 import torch
 
-from mutualrl.grpo import (STD_DDOF, group_advantages, group_moments, normalize, std_from_m2,
-                           within_group_ranks)
+from mutualrl.grpo import (
+    STD_DDOF,
+    group_advantages,
+    group_moments,
+    normalize,
+    std_from_m2,
+    within_group_ranks,
+)
 
 
 def t(*values, dtype=torch.float32):
@@ -47,11 +53,14 @@ def test_sample_std_in_groups_of_different_sizes_and_the_whole_batch():
     s0, s1 = math.sqrt(2.0), float(g1.std(correction=1))
     expected = [-1 / (s0 + 1e-4), 1 / (s0 + 1e-4), *((g1 - g1.mean()) / (s1 + 1e-4)).tolist()]
     torch.testing.assert_close(adv, t(*expected), atol=1e-6, rtol=1e-6)
-    batch = group_advantages(t(*values), groups, 2, scale="batch", advantage_std="sample").advantages
+    batch = group_advantages(
+        t(*values), groups, 2, scale="batch", advantage_std="sample"
+    ).advantages
     sb = float(torch.tensor(values, dtype=torch.float64).std(correction=1))
     means = [1.0, 1.0, *[float(g1.mean())] * 3]
-    torch.testing.assert_close(batch, t(*[(v - m) / (sb + 1e-4) for v, m in zip(values, means)]),
-                               atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(
+        batch, t(*[(v - m) / (sb + 1e-4) for v, m in zip(values, means)]), atol=1e-6, rtol=1e-6
+    )
 
 
 def test_a_singleton_group_has_zero_std_and_advantage_under_either_std():
@@ -141,8 +150,16 @@ def test_groups_of_different_sizes_via_group_index():
     torch.testing.assert_close(m.count, torch.tensor([3.0, 5.0], dtype=torch.float64))
     torch.testing.assert_close(m.mean, torch.tensor([2 / 3, 1 / 5], dtype=torch.float64))
     s0, s1 = math.sqrt(2 / 9), math.sqrt(0.16)
-    expected = t((1 - 2 / 3) / s0, (0 - .2) / s1, (0 - 2 / 3) / s0, (1 - .2) / s1,
-                 (1 - 2 / 3) / s0, -.2 / s1, -.2 / s1, -.2 / s1)
+    expected = t(
+        (1 - 2 / 3) / s0,
+        (0 - 0.2) / s1,
+        (0 - 2 / 3) / s0,
+        (1 - 0.2) / s1,
+        (1 - 2 / 3) / s0,
+        -0.2 / s1,
+        -0.2 / s1,
+        -0.2 / s1,
+    )
     torch.testing.assert_close(adv.advantages, expected, atol=1e-3, rtol=0)
     # advantages sum to zero within each group
     for k in range(2):

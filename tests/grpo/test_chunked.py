@@ -41,7 +41,7 @@ def test_bf16_autocast_keeps_fp32_log_softmax():
     logp.sum().backward()
     assert h.grad.dtype == w.grad.dtype == torch.float32
     full, _ = token_logprobs((h @ w.T).detach(), t)
-    assert not torch.equal(logp.detach(), full)                  # the matmul ran in bf16
+    assert not torch.equal(logp.detach(), full)  # the matmul ran in bf16
     torch.testing.assert_close(logp.detach(), full, atol=0.1, rtol=0.02)
 
 

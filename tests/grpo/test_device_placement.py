@@ -36,10 +36,20 @@ def test_normalisers_stay_on_the_device(loss_type):
 def test_the_clipped_surrogate_stays_on_the_device(loss_type, micro_batch):
     mask = meta(B, T, dtype=torch.bool)
     share = LossShare(row_scale=row_scales(mask, loss_type, T)) if micro_batch else LossShare()
-    settings = SurrogateSettings(epsilon=0.2, epsilon_high=0.28, loss_type=loss_type,
-                                 max_completion_length=T, beta=0.04)
-    out = clipped_surrogate(meta(B, T), meta(B, T), meta(B), mask, settings, ref_logp=meta(B, T),
-                            sample_weight=meta(B), sampler_weight=meta(B, T), share=share)
+    settings = SurrogateSettings(
+        epsilon=0.2, epsilon_high=0.28, loss_type=loss_type, max_completion_length=T, beta=0.04
+    )
+    out = clipped_surrogate(
+        meta(B, T),
+        meta(B, T),
+        meta(B),
+        mask,
+        settings,
+        ref_logp=meta(B, T),
+        sample_weight=meta(B),
+        sampler_weight=meta(B, T),
+        share=share,
+    )
     assert {t.device for t in (out.loss, out.clip_low_frac, out.clip_high_frac, out.kl)} == {META}
 
 

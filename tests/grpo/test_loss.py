@@ -7,17 +7,23 @@ import math
 import pytest
 import torch
 
-from mutualrl.grpo import (LossShare, SurrogateSettings, aggregate, clipped_surrogate, completion_mask,
-                           entropy_from_logits, entropy_from_logprobs, k3_kl, row_scales,
-                           selective_log_softmax, token_logprobs)
+from mutualrl.grpo import (
+    LossShare,
+    SurrogateSettings,
+    aggregate,
+    clipped_surrogate,
+    completion_mask,
+    entropy_from_logits,
+    entropy_from_logprobs,
+    k3_kl,
+    row_scales,
+    selective_log_softmax,
+    token_logprobs,
+)
 
 # A ragged (B=3, T=4) per-token loss with lengths 1, 3, 4.
-PER_TOKEN = torch.tensor([[1.0, 9.0, 9.0, 9.0],
-                          [2.0, 4.0, 6.0, 9.0],
-                          [1.0, 1.0, 1.0, 5.0]])
-MASK = torch.tensor([[1, 0, 0, 0],
-                     [1, 1, 1, 0],
-                     [1, 1, 1, 1]])
+PER_TOKEN = torch.tensor([[1.0, 9.0, 9.0, 9.0], [2.0, 4.0, 6.0, 9.0], [1.0, 1.0, 1.0, 5.0]])
+MASK = torch.tensor([[1, 0, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]])
 
 
 def test_aggregate_grpo_is_mean_of_per_sequence_means():
@@ -53,17 +59,29 @@ def test_aggregate_unknown_loss_type():
         aggregate(PER_TOKEN, MASK, "ppo", 4)
 
 
-def surrogate(logp, old, adv, mask, *, ref_logp=None, sample_weight=None, share=LossShare(), **settings):
+def surrogate(
+    logp, old, adv, mask, *, ref_logp=None, sample_weight=None, share=LossShare(), **settings
+):
     settings.setdefault("epsilon", 0.2)
     settings.setdefault("epsilon_high", None)
     settings.setdefault("loss_type", "dapo")
     settings.setdefault("max_completion_length", logp.shape[1])
-    return clipped_surrogate(logp, old, adv, mask, SurrogateSettings(**settings), ref_logp=ref_logp,
-                             sample_weight=sample_weight, share=share)
+    return clipped_surrogate(
+        logp,
+        old,
+        adv,
+        mask,
+        SurrogateSettings(**settings),
+        ref_logp=ref_logp,
+        sample_weight=sample_weight,
+        share=share,
+    )
 
 
 def test_settings_reject_an_unknown_loss_type_naming_the_allowed_ones():
-    with pytest.raises(ValueError, match="loss_type must be 'grpo', 'dr_grpo' or 'dapo', got 'ppo'"):
+    with pytest.raises(
+        ValueError, match="loss_type must be 'grpo', 'dr_grpo' or 'dapo', got 'ppo'"
+    ):
         SurrogateSettings(epsilon=0.2, epsilon_high=None, loss_type="ppo", max_completion_length=4)
 
 
@@ -75,8 +93,18 @@ def test_micro_batch_shares_of_the_surrogate_sum_to_the_whole_batch_loss(loss_ty
     mask = torch.arange(4).unsqueeze(0) < torch.tensor([4, 1, 3, 0, 2]).unsqueeze(-1)
     whole = surrogate(logp, old, adv, mask, loss_type=loss_type, max_completion_length=6)
     scales = row_scales(mask, loss_type, 6)
-    parts = [surrogate(logp[s], old[s], adv[s], mask[s], loss_type=loss_type, max_completion_length=6,
-                       share=LossShare(row_scale=scales[s])) for s in (slice(0, 2), slice(2, 5))]
+    parts = [
+        surrogate(
+            logp[s],
+            old[s],
+            adv[s],
+            mask[s],
+            loss_type=loss_type,
+            max_completion_length=6,
+            share=LossShare(row_scale=scales[s]),
+        )
+        for s in (slice(0, 2), slice(2, 5))
+    ]
     assert float(sum(p.loss for p in parts)) == pytest.approx(float(whole.loss), rel=1e-6)
 
 
@@ -122,10 +150,10 @@ def test_epsilon_high_differs_from_epsilon():
     logp = torch.log(torch.tensor([[1.3]]))
     adv = torch.tensor([1.0])
     symmetric = surrogate(logp, old, adv, torch.ones(1, 1), epsilon=0.2, epsilon_high=None)
-    assert symmetric.loss.item() == pytest.approx(-1.2)       # clipped at 1 + epsilon
+    assert symmetric.loss.item() == pytest.approx(-1.2)  # clipped at 1 + epsilon
     assert symmetric.clip_high_frac.item() == 1.0
     higher = surrogate(logp, old, adv, torch.ones(1, 1), epsilon=0.2, epsilon_high=0.4)
-    assert higher.loss.item() == pytest.approx(-1.3)          # within 1 + epsilon_high
+    assert higher.loss.item() == pytest.approx(-1.3)  # within 1 + epsilon_high
     assert higher.clip_high_frac.item() == 0.0
 
 
@@ -134,7 +162,7 @@ def test_clipped_tokens_get_no_gradient():
     logp = torch.log(torch.tensor([[2.0, 1.1]])).requires_grad_()
     out = surrogate(logp, old, torch.tensor([1.0]), torch.ones(1, 2), epsilon=0.2)
     out.loss.backward()
-    assert logp.grad[0, 0].item() == 0.0                     # clipped at 1.2
+    assert logp.grad[0, 0].item() == 0.0  # clipped at 1.2
     assert logp.grad[0, 1].item() == pytest.approx(-1.1 / 2)  # -A * ratio / 2 tokens
 
 
@@ -176,16 +204,28 @@ def test_bias_corrected_kl_is_the_k3_estimate_times_the_importance_ratio(level):
     # r = 1 the gradient differs from that of beta * k3: d(k r)/dlogp = dk/dlogp + k
     g = torch.Generator().manual_seed(5)
     logp0 = torch.randn(2, 3, generator=g) - 1
-    old, ref = logp0 + 0.1 * torch.randn(2, 3, generator=g), logp0 + 0.3 * torch.randn(2, 3, generator=g)
+    old, ref = (
+        logp0 + 0.1 * torch.randn(2, 3, generator=g),
+        logp0 + 0.3 * torch.randn(2, 3, generator=g),
+    )
     adv, mask = torch.zeros(2), torch.tensor([[1, 1, 1], [1, 1, 0]])
     grads, losses = {}, {}
     for corrected in (True, False):
         logp = logp0.clone().requires_grad_()
-        out = surrogate(logp, old, adv, mask, ref_logp=ref, beta=0.1, use_bias_correction_kl=corrected,
-                        importance_sampling_level=level)
+        out = surrogate(
+            logp,
+            old,
+            adv,
+            mask,
+            ref_logp=ref,
+            beta=0.1,
+            use_bias_correction_kl=corrected,
+            importance_sampling_level=level,
+        )
         out.loss.backward()
         grads[corrected], losses[corrected] = logp.grad, out.loss
     from mutualrl.grpo import importance_ratio
+
     r = importance_ratio(logp0, old, mask, level)
     k = k3_kl(logp0, ref)
     m = mask.float()
@@ -197,7 +237,9 @@ def test_bias_corrected_kl_is_the_k3_estimate_times_the_importance_ratio(level):
         on = {}
         for corrected in (True, False):
             logp = logp0.clone().requires_grad_()
-            out = surrogate(logp, logp0, adv, mask, ref_logp=ref, beta=0.1, use_bias_correction_kl=corrected)
+            out = surrogate(
+                logp, logp0, adv, mask, ref_logp=ref, beta=0.1, use_bias_correction_kl=corrected
+            )
             out.loss.backward()
             on[corrected] = (out.loss.item(), logp.grad)
         assert on[True][0] == pytest.approx(on[False][0], rel=1e-6)
@@ -210,18 +252,22 @@ def test_sample_weight_scales_each_sequence():
     mask = torch.ones(2, 2)
     base = surrogate(logp, logp.clone(), adv, mask, loss_type="grpo")
     assert base.loss.item() == pytest.approx(-1.0)
-    weighted = surrogate(logp, logp.clone(), adv, mask, loss_type="grpo",
-                         sample_weight=torch.tensor([0.5, 0.0]))
+    weighted = surrogate(
+        logp, logp.clone(), adv, mask, loss_type="grpo", sample_weight=torch.tensor([0.5, 0.0])
+    )
     assert weighted.loss.item() == pytest.approx(-0.25)
-    doubled = surrogate(logp, logp.clone(), adv, mask, loss_type="grpo",
-                        sample_weight=torch.tensor([2.0, 2.0]))
+    doubled = surrogate(
+        logp, logp.clone(), adv, mask, loss_type="grpo", sample_weight=torch.tensor([2.0, 2.0])
+    )
     assert doubled.loss.item() == pytest.approx(2 * base.loss.item())
 
 
 def test_sample_weight_is_not_differentiated():
     w = torch.tensor([0.5], requires_grad=True)
     logp = torch.zeros(1, 1, requires_grad=True)
-    out = surrogate(logp, logp.detach().clone(), torch.tensor([1.0]), torch.ones(1, 1), sample_weight=w)
+    out = surrogate(
+        logp, logp.detach().clone(), torch.tensor([1.0]), torch.ones(1, 1), sample_weight=w
+    )
     out.loss.backward()
     assert w.grad is None
     assert logp.grad.item() == pytest.approx(-0.5)
@@ -274,6 +320,7 @@ def test_completion_mask_lengths_and_truncation():
 # ---- GSPO: importance_sampling_level = "sequence" --------------------------------------------
 def test_sequence_ratio_is_the_length_normalised_mean_of_token_log_ratios():
     from mutualrl.grpo import importance_ratio
+
     logp = torch.tensor([[-1.0, -2.0, -9.0], [-0.5, -0.5, -0.5]])
     old = torch.tensor([[-1.5, -1.0, 0.0], [-0.5, -0.5, -0.5]])
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
@@ -308,7 +355,12 @@ def test_sequence_level_gradient_at_ratio_one_is_the_token_mean():
     # d/dlogp_t of -A * exp(mean(logp - old)) at ratio 1: -A / n_tokens per token; dapo over
     # 2 tokens then halves it: loss = mean over tokens of the same sequence value
     logp = torch.log(torch.tensor([[0.5, 0.25]])).requires_grad_()
-    out = surrogate(logp, logp.detach().clone(), torch.tensor([3.0]), torch.ones(1, 2),
-                    importance_sampling_level="sequence")
+    out = surrogate(
+        logp,
+        logp.detach().clone(),
+        torch.tensor([3.0]),
+        torch.ones(1, 2),
+        importance_sampling_level="sequence",
+    )
     out.loss.backward()
     torch.testing.assert_close(logp.grad, torch.tensor([[-1.5, -1.5]]))

@@ -38,11 +38,16 @@ def test_skipped_rows_count_alike_in_both_forms(loss_type, skipped):
     mask = torch.arange(3).unsqueeze(0) < torch.tensor([3, 1, 2, 0]).unsqueeze(-1)
     scales = row_scales(mask, loss_type, 5, *skipped)
     assert float(scaled_sum(per_token, mask, scales)) == pytest.approx(
-        float(aggregate(per_token, mask, loss_type, 5, *skipped)), rel=1e-6)
+        float(aggregate(per_token, mask, loss_type, 5, *skipped)), rel=1e-6
+    )
 
 
 def test_unknown_loss_type_names_the_allowed_values():
-    for fn in (lambda: aggregate(torch.ones(1, 1), torch.ones(1, 1), "sum", 1),
-               lambda: row_scales(torch.ones(1, 1), "sum", 1)):
-        with pytest.raises(ValueError, match="loss_type must be 'grpo', 'dr_grpo' or 'dapo', got 'sum'"):
+    for fn in (
+        lambda: aggregate(torch.ones(1, 1), torch.ones(1, 1), "sum", 1),
+        lambda: row_scales(torch.ones(1, 1), "sum", 1),
+    ):
+        with pytest.raises(
+            ValueError, match="loss_type must be 'grpo', 'dr_grpo' or 'dapo', got 'sum'"
+        ):
             fn()

@@ -62,7 +62,7 @@ class FakeLLM:
         self.ignore_loads, self.logprob_shift = ignore_loads, logprob_shift
         self.weight_loads = self.prefix_resets = 0
         self.asleep, self.sleeps = False, 0
-        self.adapters: dict[int, dict] = {}          # lora_int_id -> adapter state, cached
+        self.adapters: dict[int, dict] = {}  # lora_int_id -> adapter state, cached
         self.removed: list[int] = []
         self.llm_engine = SimpleNamespace(remove_lora=self._remove_lora)
 
@@ -70,9 +70,14 @@ class FakeLLM:
     def generate(self, prompts, sampling_params, lora_request=None, use_tqdm=True):
         assert not self.asleep, "generate called on a sleeping engine (wake_up first)"
         self._use_adapter(lora_request)
-        params = (sampling_params if isinstance(sampling_params, list)
-                  else [sampling_params] * len(prompts))
-        return [self._request(list(item["prompt_token_ids"]), p) for item, p in zip(prompts, params)]
+        params = (
+            sampling_params
+            if isinstance(sampling_params, list)
+            else [sampling_params] * len(prompts)
+        )
+        return [
+            self._request(list(item["prompt_token_ids"]), p) for item, p in zip(prompts, params)
+        ]
 
     def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
         """``reload_weights`` from ``weights_iterator`` (an engine in the caller's process) or
@@ -81,6 +86,7 @@ class FakeLLM:
         assert method == "reload_weights", method
         if "weights_path" in kwargs:
             from safetensors.torch import load_file
+
             pairs = {}
             for file in sorted(Path(kwargs["weights_path"]).glob("*.safetensors")):
                 pairs.update(load_file(str(file)))
@@ -88,7 +94,7 @@ class FakeLLM:
             pairs = dict(kwargs["weights_iterator"])
         self.weight_loads += 1
         if not self.ignore_loads:
-            self.model.load_state_dict(pairs)   # strict: a name left out is an error
+            self.model.load_state_dict(pairs)  # strict: a name left out is an error
         return [None]
 
     def reset_prefix_cache(self) -> bool:
@@ -111,7 +117,8 @@ class FakeLLM:
             return
         from peft import set_peft_model_state_dict
         from safetensors.torch import load_file
-        if request.lora_int_id not in self.adapters:   # cached by id, as vLLM does
+
+        if request.lora_int_id not in self.adapters:  # cached by id, as vLLM does
             state = load_file(str(Path(request.lora_path) / "adapter_model.safetensors"))
             self.adapters[request.lora_int_id] = state
         set_peft_model_state_dict(self.model, self.adapters[request.lora_int_id])
@@ -131,20 +138,32 @@ class FakeLLM:
         prompt_logprobs = None
         if p.prompt_logprobs is not None:
             lp = self._logp(prompt, p)
-            prompt_logprobs = [None] + [{t: Logprob(float(lp[i, t]))} for i, t in enumerate(prompt[1:])]
-        return SimpleNamespace(prompt_token_ids=prompt, prompt_logprobs=prompt_logprobs,
-                               outputs=[self._completion(prompt, p, torch.Generator().manual_seed((p.seed or 0) + i), i)
-                                        for i in range(p.n)])
+            prompt_logprobs = [None] + [
+                {t: Logprob(float(lp[i, t]))} for i, t in enumerate(prompt[1:])
+            ]
+        return SimpleNamespace(
+            prompt_token_ids=prompt,
+            prompt_logprobs=prompt_logprobs,
+            outputs=[
+                self._completion(prompt, p, torch.Generator().manual_seed((p.seed or 0) + i), i)
+                for i in range(p.n)
+            ],
+        )
 
     def _completion(self, prompt, p, gen, index):
         ids, logps = [], []
         for _ in range(p.max_tokens):
             lp = self._logp(prompt + ids, p)[-1]
-            tok = int(lp.argmax()) if p.temperature == 0 else int(sample_tokens(lp[None] - self.logprob_shift, gen)[0])
+            tok = (
+                int(lp.argmax())
+                if p.temperature == 0
+                else int(sample_tokens(lp[None] - self.logprob_shift, gen)[0])
+            )
             ids.append(tok)
             logps.append({tok: Logprob(float(lp[tok]))})
             if tok in p.stop_token_ids:
                 break
         reason = "stop" if ids and ids[-1] in p.stop_token_ids else "length"
-        return SimpleNamespace(index=index, token_ids=ids, logprobs=logps, text="",
-                               finish_reason=reason)
+        return SimpleNamespace(
+            index=index, token_ids=ids, logprobs=logps, text="", finish_reason=reason
+        )

@@ -27,31 +27,50 @@ from tests.policies.fake_vllm import API, FakeLLM
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-PROMPTS = [Prompt(text="first: cat dog sun tree =", answer=" cat", family="first"),
-           Prompt(text="last: red blue car =", answer=" car", family="last")]
+PROMPTS = [
+    Prompt(text="first: cat dog sun tree =", answer=" cat", family="first"),
+    Prompt(text="last: red blue car =", answer=" car", family="last"),
+]
 
 
 def make_policy(handles, *, grpo=None, tok="mistral-v1", **kw) -> Policy:
-    grpo = grpo or GRPOConfig(num_generations=4, max_completion_length=4, temperature=0.7,
-                              learning_rate=1e-2)
-    cfg = PolicyConfig(name="p", architecture="llama", tokenizer=tok, hidden_size=32,
-                       num_layers=1, num_heads=4, **kw)
+    grpo = grpo or GRPOConfig(
+        num_generations=4, max_completion_length=4, temperature=0.7, learning_rate=1e-2
+    )
+    cfg = PolicyConfig(
+        name="p",
+        architecture="llama",
+        tokenizer=tok,
+        hidden_size=32,
+        num_layers=1,
+        num_heads=4,
+        **kw,
+    )
     return Policy(cfg, grpo, seed=0, handle=handles[tok])
 
 
 def trainer_logprobs(policy, samples) -> list[torch.Tensor]:
     c = collate([s.prompt_ids for s in samples], [s.completion_ids for s in samples], policy.pad_id)
     with torch.no_grad():
-        lp = selective_log_softmax(policy.learner.logprobs.completion_logits(policy.model, c),
-                                   c.completion_ids)
-    return [lp[i, :len(s.completion_ids)] for i, s in enumerate(samples)]
+        lp = selective_log_softmax(
+            policy.learner.logprobs.completion_logits(policy.model, c), c.completion_ids
+        )
+    return [lp[i, : len(s.completion_ids)] for i, s in enumerate(samples)]
 
 
 def batch_of(samples, advantages=None) -> TrainBatch:
     advantages = advantages or [1.0, -1.0] * (len(samples) // 2)
-    return TrainBatch(sequences=tuple(
-        TrainSequence(prompt_ids=s.prompt_ids, completion_ids=s.completion_ids, advantage=a,
-                      old_logprobs=s.logprobs) for s, a in zip(samples, advantages)))
+    return TrainBatch(
+        sequences=tuple(
+            TrainSequence(
+                prompt_ids=s.prompt_ids,
+                completion_ids=s.completion_ids,
+                advantage=a,
+                old_logprobs=s.logprobs,
+            )
+            for s, a in zip(samples, advantages)
+        )
+    )
 
 
 # ---- the KV cache keyword ---------------------------------------------------------------------
@@ -63,24 +82,41 @@ class OldStyleLM(torch.nn.Module):
         super().__init__()
         self.inner, self.key = inner, cache_keyword(inner)
 
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
-                use_cache=None, logits_to_keep=0):
-        out = self.inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         use_cache=use_cache, logits_to_keep=logits_to_keep, **{self.key: past_key_values})
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        position_ids=None,
+        past_key_values=None,
+        use_cache=None,
+        logits_to_keep=0,
+    ):
+        out = self.inner(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=use_cache,
+            logits_to_keep=logits_to_keep,
+            **{self.key: past_key_values},
+        )
         return types.SimpleNamespace(logits=out.logits, past_key_values=getattr(out, self.key))
 
 
 def test_the_kv_cache_keyword_is_the_models_own_on_old_and_new_transformers(tokenizer_handles):
     from packaging.version import Version
     import transformers
+
     pol = make_policy(tokenizer_handles)
     new = "cache" if Version(transformers.__version__) >= Version("5.24") else "past_key_values"
     assert cache_keyword(pol.model) == pol.backend.cache_key == new
     from mutualrl.config import LoraConfig
+
     assert cache_keyword(make_policy(tokenizer_handles, lora=LoraConfig(r=4, alpha=8)).model) == new
     settings = SamplingSettings(num_generations=2, max_new_tokens=4, temperature=0.7)
     ids = [pol.encode_prompt(p.text) for p in PROMPTS]
-    want = TorchBackend(pol, pol.learner, torch.Generator().manual_seed(5)).generate(PROMPTS, ids, settings)
+    want = TorchBackend(pol, pol.learner, torch.Generator().manual_seed(5)).generate(
+        PROMPTS, ids, settings
+    )
     real, pol.learner.model = pol.learner.model, OldStyleLM(pol.learner.model)
     try:
         old = TorchBackend(pol, pol.learner, torch.Generator().manual_seed(5))
@@ -90,7 +126,7 @@ def test_the_kv_cache_keyword_is_the_models_own_on_old_and_new_transformers(toke
         pol.learner.model = real
     assert [s.completion_ids for s in got] == [s.completion_ids for s in want]
     assert [s.logprobs for s in got] == [s.logprobs for s in want]
-    assert max(len(s.completion_ids) for s in want) > 1          # the cache was used
+    assert max(len(s.completion_ids) for s in want) > 1  # the cache was used
 
 
 # ---- truncation -------------------------------------------------------------------------------
@@ -110,14 +146,17 @@ def test_truncate_logits_keeps_top_k_then_nucleus():
 def test_truncated_sampling_logprobs_match_the_trainer(tokenizer_handles, top_k, top_p):
     """Behaviour log-probs are those of the truncated distribution, and the trainer takes its
     log-probs under the same truncation: the on-policy ratio is 1."""
-    grpo = GRPOConfig(num_generations=4, max_completion_length=4, temperature=0.7, top_k=top_k,
-                      top_p=top_p)
+    grpo = GRPOConfig(
+        num_generations=4, max_completion_length=4, temperature=0.7, top_k=top_k, top_p=top_p
+    )
     pol = make_policy(tokenizer_handles, grpo=grpo)
     samples = pol.generate(PROMPTS, 4, 4, 0.7)
     for s, lp in zip(samples, trainer_logprobs(pol, samples)):
         torch.testing.assert_close(torch.tensor(s.logprobs), lp, atol=1e-4, rtol=0)
-    if top_k:   # every sampled token is among the top-k of its step
-        c = collate([s.prompt_ids for s in samples], [s.completion_ids for s in samples], pol.pad_id)
+    if top_k:  # every sampled token is among the top-k of its step
+        c = collate(
+            [s.prompt_ids for s in samples], [s.completion_ids for s in samples], pol.pad_id
+        )
         with torch.no_grad():
             logits = pol.learner.logprobs.completion_logits(pol.model, c, temperature=1.0)
         rank = (logits > logits.gather(-1, c.completion_ids.unsqueeze(-1))).sum(-1)
@@ -132,17 +171,28 @@ def test_the_sampler_runs_one_forward_per_drawn_token_and_none_after_the_last(to
     pol.learner.model.forward = lambda *a, **kw: calls.append(1) or real(*a, **kw)
     samples = pol.generate(PROMPTS, 3, 6, 1.0)
     longest = max(len(s.completion_ids) for s in samples)
-    assert len(calls) == longest          # the prompt's forward draws the first token
+    assert len(calls) == longest  # the prompt's forward draws the first token
 
 
 def test_generation_batch_size_splits_the_group(tokenizer_handles):
     whole = make_policy(tokenizer_handles).generate(PROMPTS, 4, 4, 0.7)
-    same = make_policy(tokenizer_handles, grpo=GRPOConfig(
-        num_generations=4, max_completion_length=4, temperature=0.7, learning_rate=1e-2,
-        generation_batch_size=8)).generate(PROMPTS, 4, 4, 0.7)
-    assert same == whole          # one pass of 8 is the whole group: identical draws
-    pol = make_policy(tokenizer_handles, grpo=GRPOConfig(
-        num_generations=4, max_completion_length=4, temperature=0.7, generation_batch_size=3))
+    same = make_policy(
+        tokenizer_handles,
+        grpo=GRPOConfig(
+            num_generations=4,
+            max_completion_length=4,
+            temperature=0.7,
+            learning_rate=1e-2,
+            generation_batch_size=8,
+        ),
+    ).generate(PROMPTS, 4, 4, 0.7)
+    assert same == whole  # one pass of 8 is the whole group: identical draws
+    pol = make_policy(
+        tokenizer_handles,
+        grpo=GRPOConfig(
+            num_generations=4, max_completion_length=4, temperature=0.7, generation_batch_size=3
+        ),
+    )
     split = pol.generate(PROMPTS, 4, 4, 0.7)
     assert [s.group for s in split] == [s.group for s in whole]
     for s, lp in zip(split, trainer_logprobs(pol, split)):
@@ -173,8 +223,9 @@ def test_vllm_backend_samples_and_keeps_the_engine_in_sync(tokenizer_handles):
     assert pol.backend.sync_check()["sync/probe_gap"] < 1e-4
 
 
-def test_an_engine_in_a_process_of_its_own_reloads_every_tensor_from_a_folder(tokenizer_handles,
-                                                                              tmp_path):
+def test_an_engine_in_a_process_of_its_own_reloads_every_tensor_from_a_folder(
+    tokenizer_handles, tmp_path
+):
     """A sharded learner's rank 0 runs its engine in a process of its own (``api.in_process``
     False): the weights go through a checkpoint folder. The policy's LM head is tied to its
     embeddings, which ``save_pretrained`` leaves out and the engine then never reloads."""
@@ -186,7 +237,9 @@ def test_an_engine_in_a_process_of_its_own_reloads_every_tensor_from_a_folder(to
     samples = pol.generate(PROMPTS, 4, 4, 0.7)
     pol.train_step(batch_of(samples))
     assert llm.weight_loads == 2 and (tmp_path / "weights" / "model.safetensors").is_file()
-    for (name, mine), theirs in zip(pol.model.state_dict().items(), llm.model.state_dict().values()):
+    for (name, mine), theirs in zip(
+        pol.model.state_dict().items(), llm.model.state_dict().values()
+    ):
         assert torch.equal(mine, theirs), name
     assert pol.backend.sync_check()["sync/probe_gap"] < 1e-4
 
@@ -200,33 +253,47 @@ def test_the_default_tolerance_follows_the_engines_precision(tokenizer_handles, 
     assert pol.backend.tolerance == tolerance
     refused = pytest.raises(WeightSyncError, match=r"by 0.05 on average.*sync_tolerance = 0.01\)")
     with refused if dtype == "fp32" else contextlib.nullcontext():
-        with_fake(pol, logprob_shift=0.05)       # the first load is probed
+        with_fake(pol, logprob_shift=0.05)  # the first load is probed
 
 
 def test_a_missed_sync_is_caught_by_the_probe(tokenizer_handles):
-    pol = make_policy(tokenizer_handles, grpo=GRPOConfig(
-        num_generations=4, max_completion_length=4, temperature=0.7, learning_rate=0.5))
+    pol = make_policy(
+        tokenizer_handles,
+        grpo=GRPOConfig(
+            num_generations=4, max_completion_length=4, temperature=0.7, learning_rate=0.5
+        ),
+    )
     with_fake(pol, ignore_loads=True)
     samples = pol.generate(PROMPTS, 4, 4, 0.7)
-    with pytest.raises(WeightSyncError, match=r"policy 'p'.*differ from the trainer's by \S+ on average.*sync_tolerance = 0.01\)"):
+    with pytest.raises(
+        WeightSyncError,
+        match=r"policy 'p'.*differ from the trainer's by \S+ on average.*sync_tolerance = 0.01\)",
+    ):
         pol.train_step(batch_of(samples))
 
 
 def test_a_stale_engine_within_tolerance_is_caught(tokenizer_handles):
     """A tiny update moves the probe less than the tolerance; the engine not moving at all is
     still reported."""
-    pol = make_policy(tokenizer_handles, grpo=GRPOConfig(
-        num_generations=4, max_completion_length=4, temperature=0.7, learning_rate=1e-4),
-        generation=GenerationConfig(sync_tolerance=0.1))
+    pol = make_policy(
+        tokenizer_handles,
+        grpo=GRPOConfig(
+            num_generations=4, max_completion_length=4, temperature=0.7, learning_rate=1e-4
+        ),
+        generation=GenerationConfig(sync_tolerance=0.1),
+    )
     with_fake(pol, ignore_loads=True)
     samples = pol.generate(PROMPTS, 4, 4, 0.7)
-    with pytest.raises(WeightSyncError, match=r"policy 'p'.*moved by (\S+) .*engine's did not change") as err:
+    with pytest.raises(
+        WeightSyncError, match=r"policy 'p'.*moved by (\S+) .*engine's did not change"
+    ) as err:
         pol.train_step(batch_of(samples))
     assert 1e-3 < float(err.value.args[0].split("moved by ")[1].split()[0]) < 0.1
 
 
 def test_lora_policy_sends_only_a_fresh_adapter(tokenizer_handles, tmp_path):
     from mutualrl.config import LoraConfig
+
     pol = make_policy(tokenizer_handles, lora=LoraConfig(r=4, alpha=8))
     llm = FakeLLM(pol)
     pol.backend = VLLMBackend(pol, pol.learner, pol.generator, llm, API, work_dir=tmp_path)
@@ -234,11 +301,14 @@ def test_lora_policy_sends_only_a_fresh_adapter(tokenizer_handles, tmp_path):
     samples = pol.generate(PROMPTS, 4, 4, 0.7)
     pol.train_step(batch_of(samples))
     second = pol.backend.lora
-    assert llm.weight_loads == 0                             # the base never moves
+    assert llm.weight_loads == 0  # the base never moves
     assert second.lora_int_id != first.lora_int_id and llm.removed == [first.lora_int_id]
     assert sorted(p.name for p in (tmp_path / "adapter-2").iterdir()) == [
-        "README.md", "adapter_config.json", "adapter_model.safetensors"]
-    assert [p.name for p in tmp_path.iterdir()] == ["adapter-2"]    # not one folder per update
+        "README.md",
+        "adapter_config.json",
+        "adapter_model.safetensors",
+    ]
+    assert [p.name for p in tmp_path.iterdir()] == ["adapter-2"]  # not one folder per update
     assert pol.backend.sync_check()["sync/probe_gap"] < 1e-4
 
 
@@ -248,15 +318,15 @@ def test_the_engines_scratch_folder_goes_when_the_policy_is_closed(tokenizer_han
     scale each is a whole copy of the model, and every run used to leave its own in TMPDIR. A
     folder the caller gave it stays."""
     from mutualrl.config import LoraConfig
+
     pol = make_policy(tokenizer_handles, lora=LoraConfig(r=4, alpha=8))
     with_fake(pol)
     scratch = pol.backend.work_dir
     assert scratch.name.startswith("mutualrl-p-") and any(scratch.iterdir())
     pol.close()
     assert not scratch.exists()
-    pol.close()                                              # closing twice is harmless
-    pol.backend = VLLMBackend(pol, pol.learner, pol.generator, FakeLLM(pol), API,
-                              work_dir=tmp_path)
+    pol.close()  # closing twice is harmless
+    pol.backend = VLLMBackend(pol, pol.learner, pol.generator, FakeLLM(pol), API, work_dir=tmp_path)
     pol.close()
     assert [p.name for p in tmp_path.iterdir()] == ["adapter-1"]
 
@@ -266,32 +336,50 @@ def test_sleep_mode_frees_the_engine_between_generations(tokenizer_handles):
     llm = with_fake(pol)
     samples = pol.generate(PROMPTS, 2, 3, 0.7)
     assert llm.asleep and llm.sleeps == 1
-    pol.train_step(batch_of(samples))                        # wakes it to load the weights
+    pol.train_step(batch_of(samples))  # wakes it to load the weights
     pol.generate(PROMPTS, 2, 3, 0.7)
     assert llm.sleeps == 2
 
 
 def test_mismatch_is_corrected_and_logged(tokenizer_handles):
     """An engine whose log-probs sit 0.05 above the trainer's: every token ratio is exp(-0.05)."""
-    pol = make_policy(tokenizer_handles, grpo=GRPOConfig(
-        num_generations=4, max_completion_length=4, temperature=0.7,
-        vllm_importance_sampling_mode="token_truncate"), generation=GenerationConfig(sync_tolerance=0.2))
+    pol = make_policy(
+        tokenizer_handles,
+        grpo=GRPOConfig(
+            num_generations=4,
+            max_completion_length=4,
+            temperature=0.7,
+            vllm_importance_sampling_mode="token_truncate",
+        ),
+        generation=GenerationConfig(sync_tolerance=0.2),
+    )
     with_fake(pol, logprob_shift=0.05)
     samples = pol.generate(PROMPTS, 4, 4, 0.7)
     # the same policy before the update, on the same tokens, with ratio 1 and no weights
     twin = make_policy(tokenizer_handles, grpo=pol.grpo)
-    plain = twin.train_step(TrainBatch(sequences=tuple(
-        TrainSequence(prompt_ids=s.prompt_ids, completion_ids=s.completion_ids, advantage=a)
-        for s, a in zip(samples, [1.0, -0.5] * 4))))
+    plain = twin.train_step(
+        TrainBatch(
+            sequences=tuple(
+                TrainSequence(prompt_ids=s.prompt_ids, completion_ids=s.completion_ids, advantage=a)
+                for s, a in zip(samples, [1.0, -0.5] * 4)
+            )
+        )
+    )
     stats = pol.train_step(batch_of(samples, [1.0, -0.5] * 4))
     assert abs(plain["grpo_loss"]) > 0.1
     # the ratio is taken against the trainer's log-probs (1), the loss weighted by exp(-0.05)
     assert stats["grpo_loss"] == pytest.approx(math.exp(-0.05) * plain["grpo_loss"], rel=1e-4)
     assert stats["mismatch/logp_abs_diff_mean"] == pytest.approx(0.05, abs=1e-4)
-    assert stats["mismatch/is_ratio_min"] == pytest.approx(torch.exp(torch.tensor(-0.05)).item(), abs=1e-4)
-    assert stats["mismatch/is_ratio_max"] == pytest.approx(torch.exp(torch.tensor(-0.05)).item(), abs=1e-4)
+    assert stats["mismatch/is_ratio_min"] == pytest.approx(
+        torch.exp(torch.tensor(-0.05)).item(), abs=1e-4
+    )
+    assert stats["mismatch/is_ratio_max"] == pytest.approx(
+        torch.exp(torch.tensor(-0.05)).item(), abs=1e-4
+    )
     # per-token weights also split into own/peer gradient diagnostics
-    diag = pol.train_step(replace(batch_of(pol.generate(PROMPTS, 4, 4, 0.7)), diagnose_sources=True))
+    diag = pol.train_step(
+        replace(batch_of(pol.generate(PROMPTS, 4, 4, 0.7)), diagnose_sources=True)
+    )
     assert diag["grad/own_norm"] > 0 and diag["grad/peer_norm"] == 0
 
 
@@ -299,18 +387,31 @@ def test_mismatch_weights_leave_the_kl_term_alone(tokenizer_handles):
     """As TRL's: the sampler weights multiply the policy term only, not beta * KL. With zero
     advantages only the KL term is left, and it equals that of an uncorrected twin with the same
     weights and reference (weighted, it would be exp(-0.05) = 0.95 of it)."""
-    grpo = GRPOConfig(num_generations=4, max_completion_length=4, temperature=0.7, learning_rate=1e-2,
-                      beta=0.5, vllm_importance_sampling_mode="token_truncate")
+    grpo = GRPOConfig(
+        num_generations=4,
+        max_completion_length=4,
+        temperature=0.7,
+        learning_rate=1e-2,
+        beta=0.5,
+        vllm_importance_sampling_mode="token_truncate",
+    )
     pol = make_policy(tokenizer_handles, grpo=grpo, generation=GenerationConfig(sync_tolerance=0.2))
     with_fake(pol, logprob_shift=0.05)
-    pol.train_step(batch_of(pol.generate(PROMPTS, 4, 4, 0.7)))   # off its reference: KL > 0
+    pol.train_step(batch_of(pol.generate(PROMPTS, 4, 4, 0.7)))  # off its reference: KL > 0
     twin = make_policy(tokenizer_handles, grpo=grpo)
     twin.learner.load_state_dict(pol.learner.state_dict())
     twin.learner.reference.load_state_dict(pol.learner.reference.state_dict())
     samples = pol.generate(PROMPTS, 4, 4, 0.7)
-    plain = twin.train_step(TrainBatch(sequences=tuple(
-        TrainSequence(prompt_ids=s.prompt_ids, completion_ids=s.completion_ids, advantage=0.0)
-        for s in samples)))
+    plain = twin.train_step(
+        TrainBatch(
+            sequences=tuple(
+                TrainSequence(
+                    prompt_ids=s.prompt_ids, completion_ids=s.completion_ids, advantage=0.0
+                )
+                for s in samples
+            )
+        )
+    )
     stats = pol.train_step(batch_of(samples, [0.0] * len(samples)))
     assert stats["mismatch/is_ratio_max"] == pytest.approx(math.exp(-0.05), abs=1e-4)
     assert plain["kl"] > 0 and plain["grpo_loss"] > 0
@@ -357,26 +458,46 @@ def test_a_failed_push_says_the_engine_must_be_rebuilt(tokenizer_handles):
         raise AttributeError("'Parameter' object has no attribute 'weight_loader'")
 
     llm.collective_rpc = broken
-    with pytest.raises(WeightSyncError, match=r"policy 'p': pushing version 1.*weight_loader.*rebuilt"):
+    with pytest.raises(
+        WeightSyncError, match=r"policy 'p': pushing version 1.*weight_loader.*rebuilt"
+    ):
         pol.train_step(batch_of(pol.generate(PROMPTS, 4, 4, 0.7)))
 
 
 def test_engine_settings_are_checked_for_the_platform(tokenizer_handles):
-    from mutualrl.policies.generation.vllm_engine import (VLLMStartError, check_version,
-                                                          engine_kwargs, lora_rank)
+    from mutualrl.policies.generation.vllm_engine import (
+        VLLMStartError,
+        check_version,
+        engine_kwargs,
+        lora_rank,
+    )
     from mutualrl.config import LoraConfig
+
     view = make_policy(tokenizer_handles, generation=GenerationConfig(backend="torch"))
     cpu = msgspec.structs.replace(view.cfg, generation=GenerationConfig(backend="vllm"))
-    with pytest.raises(VLLMStartError, match=r"policy 'p'.*policies\[p\]\.generation\.kv_cache_memory_bytes"):
+    with pytest.raises(
+        VLLMStartError, match=r"policy 'p'.*policies\[p\]\.generation\.kv_cache_memory_bytes"
+    ):
         engine_kwargs(types.SimpleNamespace(cfg=cpu, name="p"), True, "cpu")
-    asleep = msgspec.structs.replace(cpu, generation=GenerationConfig(backend="vllm", kv_cache_memory_bytes=1 << 26,
-                                                      enable_sleep_mode=True))
-    with pytest.raises(VLLMStartError, match="enable_sleep_mode: vLLM's CPU build has no sleep mode"):
+    asleep = msgspec.structs.replace(
+        cpu,
+        generation=GenerationConfig(
+            backend="vllm", kv_cache_memory_bytes=1 << 26, enable_sleep_mode=True
+        ),
+    )
+    with pytest.raises(
+        VLLMStartError, match="enable_sleep_mode: vLLM's CPU build has no sleep mode"
+    ):
         engine_kwargs(types.SimpleNamespace(cfg=asleep, name="p"), True, "cpu")
-    with pytest.raises(VLLMStartError, match=r"planned on cuda:1.*allocation.executor = \"process\""):
+    with pytest.raises(
+        VLLMStartError, match=r"planned on cuda:1.*allocation.executor = \"process\""
+    ):
         engine_kwargs(types.SimpleNamespace(cfg=cpu, name="p"), False, "cuda:1")
-    lora = msgspec.structs.replace(cpu, lora=LoraConfig(r=4, alpha=8),
-                   generation=GenerationConfig(backend="vllm", kv_cache_memory_bytes=1 << 26))
+    lora = msgspec.structs.replace(
+        cpu,
+        lora=LoraConfig(r=4, alpha=8),
+        generation=GenerationConfig(backend="vllm", kv_cache_memory_bytes=1 << 26),
+    )
     kw = engine_kwargs(types.SimpleNamespace(cfg=lora, name="p"), True, "cpu")
     assert kw["max_lora_rank"] == 8 and kw["kv_cache_memory_bytes"] == 1 << 26
     assert "gpu_memory_utilization" not in kw
@@ -389,13 +510,20 @@ def test_engine_settings_are_checked_for_the_platform(tokenizer_handles):
 def test_two_vllm_policies_in_one_process_are_refused_before_anything_starts(tmp_path):
     from mutualrl.config import ConfigError, load_config
     from mutualrl.run.build import prepare
+
     tiny = Path(__file__).resolve().parents[2] / "configs" / "tiny.toml"
-    both = [f'output_dir="{tmp_path / "run"}"', 'policies.0.generation.backend="vllm"',
-            'policies.1.generation.backend="vllm"']
-    with pytest.raises(ConfigError, match=r"\['llama-mistral', 'qwen-deepseek'\].*allocation.executor = \"process\""):
+    both = [
+        f'output_dir="{tmp_path / "run"}"',
+        'policies.0.generation.backend="vllm"',
+        'policies.1.generation.backend="vllm"',
+    ]
+    with pytest.raises(
+        ConfigError,
+        match=r"\['llama-mistral', 'qwen-deepseek'\].*allocation.executor = \"process\"",
+    ):
         prepare(load_config(tiny, both))
     assert not (tmp_path / "run").exists()
-    prepare(load_config(tiny, [*both, 'allocation.executor="process"']))   # accepted
+    prepare(load_config(tiny, [*both, 'allocation.executor="process"']))  # accepted
 
 
 @pytest.mark.gpu
@@ -404,8 +532,14 @@ def test_real_vllm_engine_generates_and_syncs(tokenizer_handles):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     grpo = GRPOConfig(num_generations=4, max_completion_length=8, temperature=0.7)
-    cfg = PolicyConfig(name="gpu", architecture="llama", hidden_size=256, num_layers=2, num_heads=4,
-                       generation=GenerationConfig(backend="vllm", gpu_memory_utilization=0.2))
+    cfg = PolicyConfig(
+        name="gpu",
+        architecture="llama",
+        hidden_size=256,
+        num_layers=2,
+        num_heads=4,
+        generation=GenerationConfig(backend="vllm", gpu_memory_utilization=0.2),
+    )
     pol = Policy(cfg, grpo, seed=0, device="cuda", handle=tokenizer_handles["mistral-v1"])
     samples = pol.generate(PROMPTS, 4, 8, 0.7)
     assert len(samples) == 8
@@ -416,6 +550,7 @@ def test_real_vllm_engine_generates_and_syncs(tokenizer_handles):
 def test_torch_samples_carry_the_version_into_the_rollout(tokenizer_handles):
     from mutualrl.exchange import ExperienceBus
     from mutualrl.run.experience import publish_step
+
     pol = make_policy(tokenizer_handles)
     pol.train_step(batch_of(pol.generate(PROMPTS, 2, 3, 0.7)))
     samples = pol.generate(PROMPTS, 2, 3, 0.7)

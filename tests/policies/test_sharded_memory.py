@@ -30,8 +30,15 @@ from mutualrl.policies.worker import Update
 
 pytestmark = pytest.mark.slow
 GIB = 1024**3
-QWEN05 = {"name": "qwen05", "architecture": "qwen2", "tokenizer": "qwen2.5", "hidden_size": 896,
-          "num_layers": 24, "num_heads": 14, "intermediate_size": 4864}
+QWEN05 = {
+    "name": "qwen05",
+    "architecture": "qwen2",
+    "tokenizer": "qwen2.5",
+    "hidden_size": 896,
+    "num_layers": 24,
+    "num_heads": 14,
+    "intermediate_size": 4864,
+}
 
 
 @dataclass(frozen=True)
@@ -42,6 +49,7 @@ class PeakRSS:
         import resource
 
         import torch.distributed as dist
+
         peaks: list = [None] * dist.get_world_size()
         dist.all_gather_object(peaks, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
         return peaks
@@ -49,9 +57,11 @@ class PeakRSS:
 
 def baseline_rss() -> int:
     """A rank process's peak before it builds a model: the imports a rank makes."""
-    code = ("import resource, torch.distributed, mutualrl.policies.sharded.worker, "
-            "mutualrl.allocation.processes; "
-            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)")
+    code = (
+        "import resource, torch.distributed, mutualrl.policies.sharded.worker, "
+        "mutualrl.allocation.processes; "
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     return int(done.stdout.strip())
@@ -69,26 +79,51 @@ def test_two_rank_peak_memory_is_within_the_sharded_plan(record_property, monkey
     handle = load_tokenizer("qwen2.5")
 
     def specs(ranks: int):
-        cfg = config_from_dict({
-            "policies": [{**QWEN05, "learner_ranks": ranks}],
-            "grpo": {"prompts_per_step": 2, "num_generations": 4, "max_completion_length": 16},
-            "allocation": {"prompt_length_estimate": 16, "executor": "process"}})
-        return cfg, {s.role: s for s in worker_specs_from_config(
-            cfg, vocab_size=lambda t: len(handle.tokenizer))}
+        cfg = config_from_dict(
+            {
+                "policies": [{**QWEN05, "learner_ranks": ranks}],
+                "grpo": {"prompts_per_step": 2, "num_generations": 4, "max_completion_length": 16},
+                "allocation": {"prompt_length_estimate": 16, "executor": "process"},
+            }
+        )
+        return cfg, {
+            s.role: s
+            for s in worker_specs_from_config(cfg, vocab_size=lambda t: len(handle.tokenizer))
+        }
 
     cfg, two = specs(2)
     one_rank_learner = specs(1)[1]["learner"].memory_bytes
-    plan = [two["learner"].memory_bytes + two["generator"].memory_bytes, two["learner"].memory_bytes]
+    plan = [
+        two["learner"].memory_bytes + two["generator"].memory_bytes,
+        two["learner"].memory_bytes,
+    ]
     p = cfg.policies[0]
     ex = ProcessExecutor(AllocationConfig(call_timeout_s=900, process_group_timeout_s=300))
-    ex.start({"q": RankGroup(2, functools.partial(build_rank, p, cfg.grpo, 0,
-                                                  TokenizerFacts.of(handle.tokenizer), "cpu", None,
-                                                  cfg.training))})
+    ex.start(
+        {
+            "q": RankGroup(
+                2,
+                functools.partial(
+                    build_rank,
+                    p,
+                    cfg.grpo,
+                    0,
+                    TokenizerFacts.of(handle.tokenizer),
+                    "cpu",
+                    None,
+                    cfg.training,
+                ),
+            )
+        }
+    )
     try:
         prompt = tuple(range(1000, 1016))
-        batch = TrainBatch(sequences=tuple(
-            TrainSequence(prompt, tuple(range(2000 + i, 2016 + i)), advantage=(-1) ** i * 0.5)
-            for i in range(8)))
+        batch = TrainBatch(
+            sequences=tuple(
+                TrainSequence(prompt, tuple(range(2000 + i, 2016 + i)), advantage=(-1) ** i * 0.5)
+                for i in range(8)
+            )
+        )
         call_one(ex, "q", Update([batch]))
         peaks = call_one(ex, "q", PeakRSS())
     finally:
@@ -98,8 +133,10 @@ def test_two_rank_peak_memory_is_within_the_sharded_plan(record_property, monkey
     for rank, (u, want) in enumerate(zip(used, plan)):
         record_property(f"rank{rank}_peak_rss_gib", peaks[rank] / GIB)
         record_property(f"rank{rank}_plan_gib", want / GIB)
-        print(f"\nrank {rank}: peak RSS {peaks[rank] / GIB:.2f} GiB, less the {base / GIB:.2f} GiB "
-              f"a rank holds before building: {u / GIB:.2f} GiB; plan {want / GIB:.2f} GiB")
+        print(
+            f"\nrank {rank}: peak RSS {peaks[rank] / GIB:.2f} GiB, less the {base / GIB:.2f} GiB "
+            f"a rank holds before building: {u / GIB:.2f} GiB; plan {want / GIB:.2f} GiB"
+        )
     for rank, (u, want) in enumerate(zip(used, plan)):
         assert u <= want * 1.10, (rank, u / GIB, want / GIB)
     print(f"one rank's learner plan: {one_rank_learner / GIB:.2f} GiB")

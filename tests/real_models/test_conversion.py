@@ -27,7 +27,8 @@ EXPECTED = {
 def test_the_recorded_digests_are_the_packages(converted):
     gemma = PACKAGED_MODELS.get("gemma-3-270m")
     assert recorded_sha256(gemma, locate(gemma)) == (
-        "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818")
+        "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+    )
     assert len(locate(gemma)) == 4
 
 
@@ -41,7 +42,10 @@ def test_converted_into_an_ordinary_folder(converted, name):
     config = json.loads((folder / "config.json").read_text())
     assert "quantization_config" not in config
     assert (config["model_type"], config["vocab_size"], config["tie_word_embeddings"]) == (
-        model_type, vocab, True)
+        model_type,
+        vocab,
+        True,
+    )
     assert (folder / "model.safetensors").is_file()
     t0 = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(folder)
@@ -52,8 +56,9 @@ def test_converted_into_an_ordinary_folder(converted, name):
     assert len(tokenizer) == vocab
     assert bool(tokenizer.chat_template) == template
     if template:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
-                                             add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+        )
         assert "<|im_start|>user\nhi<|im_end|>" in text
 
 
@@ -67,13 +72,15 @@ def test_a_second_request_reuses_the_cache(converted, monkeypatch):
 
 
 def test_names_resolve_to_their_folders_with_their_own_tokenizers(converted):
-    policies = [PolicyConfig(name="smol", checkpoint="smollm2-135m-instruct"),
-                PolicyConfig(name="gemma", checkpoint="gemma-3-270m")]
+    policies = [
+        PolicyConfig(name="smol", checkpoint="smollm2-135m-instruct"),
+        PolicyConfig(name="gemma", checkpoint="gemma-3-270m"),
+    ]
     smol, gemma = resolve_policies(policies)
     for p, name in ((smol, "smollm2-135m-instruct"), (gemma, "gemma-3-270m")):
         folder = str(converted[name][0])
         assert (p.checkpoint, p.tokenizer) == (folder, folder)
-        assert check_checkpoint(p)["model_type"] == EXPECTED[name][0]   # gemma3_text accepted
+        assert check_checkpoint(p)["model_type"] == EXPECTED[name][0]  # gemma3_text accepted
 
 
 def test_a_corrupt_cache_is_rebuilt_not_loaded(converted):

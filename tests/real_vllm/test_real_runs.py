@@ -33,8 +33,18 @@ POLICIES = ("llama-mistral", "qwen-deepseek")
 
 def command(out: Path, *extra: str) -> list[str]:
     sets = ["steps=4", "save_steps=1", *extra]
-    return [sys.executable, "-m", "mutualrl.cli", "train", "--config", str(CONFIG), "--no-progress",
-            "--output-dir", str(out), *(a for s in sets for a in ("--set", s))]
+    return [
+        sys.executable,
+        "-m",
+        "mutualrl.cli",
+        "train",
+        "--config",
+        str(CONFIG),
+        "--no-progress",
+        "--output-dir",
+        str(out),
+        *(a for s in sets for a in ("--set", s)),
+    ]
 
 
 def run(cmd: list[str], tmp: Path | None = None) -> None:
@@ -50,8 +60,9 @@ def run(cmd: list[str], tmp: Path | None = None) -> None:
 
 def scratch(tmp: Path) -> list[str]:
     """The engines' scratch folders in ``tmp``, those half removed (renamed) by their name."""
-    return sorted(p.name.removeprefix(REMOVING) for p in (*tmp.glob("mutualrl-*"),
-                                                          *tmp.glob(f"{REMOVING}*")))
+    return sorted(
+        p.name.removeprefix(REMOVING) for p in (*tmp.glob("mutualrl-*"), *tmp.glob(f"{REMOVING}*"))
+    )
 
 
 def assert_no_scratch(tmp: Path) -> None:
@@ -63,8 +74,11 @@ def rows(out: Path, phase: str = "train") -> list[dict]:
     path = out / "metrics.jsonl"
     if not path.exists():
         return []
-    return [{k: v for k, v in r.items() if not k.endswith(TIMING)}
-            for r in map(json.loads, path.read_text().splitlines()) if r.get("phase") == phase]
+    return [
+        {k: v for k, v in r.items() if not k.endswith(TIMING)}
+        for r in map(json.loads, path.read_text().splitlines())
+        if r.get("phase") == phase
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +109,7 @@ def close(a: list[dict], b: list[dict]) -> None:
     assert [sorted(r) for r in a] == [sorted(r) for r in b]
     for ra, rb in zip(a, b):
         for k, va in ra.items():
-            if k == "exchange/bytes":      # the records' log-probs compress to other sizes
+            if k == "exchange/bytes":  # the records' log-probs compress to other sizes
                 continue
             if not isinstance(va, float):
                 assert va == rb[k], (ra["step"], k, va, rb[k])
@@ -131,21 +145,27 @@ def test_a_killed_driver_leaves_no_engine_and_resume_gives_the_same_run(referenc
     shown by the restart test below."""
     out, tmp = tmp_path / "killed", tmp_path / "tmp"
     tmp.mkdir()
-    proc = subprocess.Popen(command(out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            cwd=ROOT, start_new_session=True, env={**os.environ, "TMPDIR": str(tmp)})
+    proc = subprocess.Popen(
+        command(out),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=ROOT,
+        start_new_session=True,
+        env={**os.environ, "TMPDIR": str(tmp)},
+    )
     deadline = time.monotonic() + 900
     while len(rows(out)) < 2:
         assert proc.poll() is None, "the run ended before it could be interrupted"
         assert time.monotonic() < deadline
         time.sleep(0.05)
     workers = psutil.Process(proc.pid).children(recursive=True)
-    assert len(workers) >= 2                     # one process per policy, engine inside
-    os.kill(proc.pid, signal.SIGKILL)            # the driver only: its workers must notice
+    assert len(workers) >= 2  # one process per policy, engine inside
+    os.kill(proc.pid, signal.SIGKILL)  # the driver only: its workers must notice
     proc.wait()
     gone, alive = psutil.wait_procs(workers, timeout=60)
     assert not alive, f"worker processes outlived their driver: {alive}"
     names = [p["name"] for p in json.loads((out / "config.json").read_text())["policies"]]
-    left = scratch(tmp)                                     # the engines' folders, one at most each
+    left = scratch(tmp)  # the engines' folders, one at most each
     owners = [n for f in left for n in names if f.startswith(f"mutualrl-{n}-")]
     assert len(owners) == len(left) and len(set(owners)) == len(owners), (left, names)
     # run() checks that the resumed run leaves none: its engines removed what the kill left
@@ -154,8 +174,9 @@ def test_a_killed_driver_leaves_no_engine_and_resume_gives_the_same_run(referenc
     assert rows(out, "eval") == rows(reference, "eval")
 
 
-def test_a_worker_killed_mid_run_restarts_the_run_on_new_engines_to_the_same_numbers(reference,
-                                                                                    tmp_path):
+def test_a_worker_killed_mid_run_restarts_the_run_on_new_engines_to_the_same_numbers(
+    reference, tmp_path
+):
     """``allocation.on_failure = "restart"`` (``run.restarts``): one policy's worker process,
     engine inside, SIGKILLed once two steps are logged (in the checkpoint of step 2 or the third
     step), as the OOM killer would. The run goes back to its last complete checkpoint on new
@@ -163,11 +184,17 @@ def test_a_worker_killed_mid_run_restarts_the_run_on_new_engines_to_the_same_num
     killed engine's scratch folder is removed by the new engines, and no process is left."""
     out, tmp, log = tmp_path / "restarted", tmp_path / "tmp", tmp_path / "run.log"
     tmp.mkdir()
-    seen = kill_one_worker_mid_run(command(out, 'allocation.on_failure="restart"'), log,
-                                   lambda: len(rows(out)) >= 2,
-                                   env={**os.environ, "TMPDIR": str(tmp)})
-    assert re.search(r"policy '[a-z-]+' failed: \w+\(\): raised: WorkerDied: .* restarting the "
-                     r"run from its checkpoint after step [12] ", log.read_text())
+    seen = kill_one_worker_mid_run(
+        command(out, 'allocation.on_failure="restart"'),
+        log,
+        lambda: len(rows(out)) >= 2,
+        env={**os.environ, "TMPDIR": str(tmp)},
+    )
+    assert re.search(
+        r"policy '[a-z-]+' failed: \w+\(\): raised: WorkerDied: .* restarting the "
+        r"run from its checkpoint after step [12] ",
+        log.read_text(),
+    )
     assert rows(out) == rows(reference)
     assert rows(out, "eval") == rows(reference, "eval")
     _, alive = psutil.wait_procs(seen, timeout=60)
@@ -196,9 +223,11 @@ def _engine_apart(seen: dict, driver: int) -> bool:
     worker's guard is forked: it keeps its worker's command line, where a spawned process has
     one of its own."""
     cmds = {pid: cmd for pid, (_, cmd, _) in seen.items()}
-    return any("EngineCore" in cmd or ("multiprocessing.spawn" in cmd and parent != driver
-                                       and cmd != cmds.get(parent))
-               for _, cmd, parent in seen.values())
+    return any(
+        "EngineCore" in cmd
+        or ("multiprocessing.spawn" in cmd and parent != driver and cmd != cmds.get(parent))
+        for _, cmd, parent in seen.values()
+    )
 
 
 def _alive(seen: dict[int, tuple[psutil.Process, str, int]], timeout: float = 60.0) -> list[str]:
@@ -229,8 +258,14 @@ def test_a_sharded_learner_samples_from_an_engine_in_a_process_of_its_own(tmp_pa
     out, seen, tmp = tmp_path / "sharded", {}, tmp_path / "tmp"
     tmp.mkdir()
     with open(tmp_path / "sharded.log", "w") as log:
-        proc = subprocess.Popen(command(out, sharded, "steps=2"), stdout=log, stderr=log, cwd=ROOT,
-                                start_new_session=True, env={**os.environ, "TMPDIR": str(tmp)})
+        proc = subprocess.Popen(
+            command(out, sharded, "steps=2"),
+            stdout=log,
+            stderr=log,
+            cwd=ROOT,
+            start_new_session=True,
+            env={**os.environ, "TMPDIR": str(tmp)},
+        )
         while proc.poll() is None:
             _descendants(proc.pid, seen)
             time.sleep(0.2)
@@ -246,15 +281,20 @@ def test_a_sharded_learner_samples_from_an_engine_in_a_process_of_its_own(tmp_pa
     assert_no_scratch(tmp)
 
     killed, seen = tmp_path / "killed", {}
-    proc = subprocess.Popen(command(killed, sharded), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, cwd=ROOT, start_new_session=True,
-                            env={**os.environ, "TMPDIR": str(tmp)})
+    proc = subprocess.Popen(
+        command(killed, sharded),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=ROOT,
+        start_new_session=True,
+        env={**os.environ, "TMPDIR": str(tmp)},
+    )
     deadline = time.monotonic() + 900
-    while not any("EngineCore" in cmd for _, cmd, _ in seen.values()):   # the engine is up
+    while not any("EngineCore" in cmd for _, cmd, _ in seen.values()):  # the engine is up
         assert proc.poll() is None and time.monotonic() < deadline
         _descendants(proc.pid, seen)
         time.sleep(0.2)
-    os.kill(proc.pid, signal.SIGKILL)            # the driver only: its workers must notice
+    os.kill(proc.pid, signal.SIGKILL)  # the driver only: its workers must notice
     proc.wait()
     assert not _alive(seen), "processes outlived their killed driver"
     # The scratch folders the kill left are the next engine's to remove (its sweep), whatever

@@ -26,13 +26,20 @@ def _heldout(cfg, step: int, policy: str, gain: float) -> dict:
     """Per-prompt results: every prompt of family 'first' right; 'last' right for a share that
     grows with the step by ``gain`` per step (the same prompts for every run of a seed)."""
     rng = np.random.default_rng([cfg.seed, 9])
-    difficulty = rng.permutation((np.arange(PROMPTS // 2) + 0.5) / (PROMPTS // 2))   # evenly spread
+    difficulty = rng.permutation((np.arange(PROMPTS // 2) + 0.5) / (PROMPTS // 2))  # evenly spread
     last = (difficulty < min(1.0, 0.1 + gain * step)).astype(int)
     fams = ["first"] * (PROMPTS // 2) + ["last"] * (PROMPTS // 2)
     greedy = [1] * (PROMPTS // 2) + last.tolist()
-    return {"step": step, "policy": policy, "k": 4, "prompt_ids": [f"p{i}" for i in range(PROMPTS)],
-            "families": fams, "greedy": greedy, "sampled": [3 * g for g in greedy],
-            "greedy_text": [" yes" if g else " no" for g in greedy]}
+    return {
+        "step": step,
+        "policy": policy,
+        "k": 4,
+        "prompt_ids": [f"p{i}" for i in range(PROMPTS)],
+        "families": fams,
+        "greedy": greedy,
+        "sampled": [3 * g for g in greedy],
+        "greedy_text": [" yes" if g else " no" for g in greedy],
+    }
 
 
 def fake_train(cfg, progress) -> RunSummary:
@@ -47,21 +54,30 @@ def fake_train(cfg, progress) -> RunSummary:
     for step in range(cfg.steps):
         rec = {"phase": "train", "step": step, "exchange/bytes": 100 * (step + 1)}
         for n in names:
-            rec.update({f"policy/{n}/reward/mean": 0.5 + gain * step, f"policy/{n}/entropy": 1.0,
-                        f"policy/{n}/completion_length": 2.0, f"policy/{n}/kl": 0.0})
-            if gain:   # the strategy's own importance-weight variance, and extra sampling
+            rec.update(
+                {
+                    f"policy/{n}/reward/mean": 0.5 + gain * step,
+                    f"policy/{n}/entropy": 1.0,
+                    f"policy/{n}/completion_length": 2.0,
+                    f"policy/{n}/kl": 0.0,
+                }
+            )
+            if gain:  # the strategy's own importance-weight variance, and extra sampling
                 rec[f"policy/{n}/{cfg.strategy}/density_ratio_var"] = 0.25
                 rec[f"policy/{n}/strategy/generated_tokens"] = 5.0
         writer.write(rec)
     final = {}
     for step in range(0, cfg.steps + 1, cfg.eval.every):
         append_heldout(out, [_heldout(cfg, step, n, gain) for n in names])
-        final = {f"policy/{n}/heldout/pass@1": float(np.mean(_heldout(cfg, step, n, gain)["greedy"]))
-                 for n in names}
+        final = {
+            f"policy/{n}/heldout/pass@1": float(np.mean(_heldout(cfg, step, n, gain)["greedy"]))
+            for n in names
+        }
         writer.write({"phase": "eval", "step": step, **final})
     writer.close()
-    summary = RunSummary(str(out), {n: 0.0 for n in names}, {n: 0.5 for n in names}, final, 1.0,
-                         {"train": 1.0})
+    summary = RunSummary(
+        str(out), {n: 0.0 for n in names}, {n: 0.5 for n in names}, final, 1.0, {"train": 1.0}
+    )
     (out / "summary.json").write_bytes(msgspec.json.encode(summary))
     return summary
 
@@ -70,41 +86,60 @@ def test_the_report_tells_a_known_difference_from_none(tmp_path):
     out = tmp_path / "c"
     compare(TINY, ["none", "xgrpo", "sgt"], 3, out, overrides=SETS, train_fn=fake_train)
     data = json.loads((out / "report.json").read_text())["analysis"]
-    verdicts = {(r["strategy"], r["metric"]): r for r in data["significance"]
-                if r["policy"] == "llama-mistral"}
+    verdicts = {
+        (r["strategy"], r["metric"]): r
+        for r in data["significance"]
+        if r["policy"] == "llama-mistral"
+    }
     # llama-mistral's own family is 'first', its peer family 'last' (tiny.toml's warm start).
     peer = verdicts[("sgt", "pass@1 end (peer)")]
-    assert peer["verdict"] == "better" and peer["lo"] > 0 and (peer["n_seeds"], peer["n_prompts"]) == (3, 20)
+    assert (
+        peer["verdict"] == "better"
+        and peer["lo"] > 0
+        and (peer["n_seeds"], peer["n_prompts"]) == (3, 20)
+    )
     assert verdicts[("sgt", "pass@1 end (own)")]["verdict"] == "no difference at 95%"
-    assert {r["verdict"] for (s, _), r in verdicts.items() if s == "xgrpo"} == {"no difference at 95%"}
+    assert {r["verdict"] for (s, _), r in verdicts.items() if s == "xgrpo"} == {
+        "no difference at 95%"
+    }
     eff = {(r["policy"], r["strategy"]): r for r in data["efficiency"]}
     # step 2: two steps of 2 prompts x 4 samples x 2 tokens, plus 5 tokens of extra sampling each
     assert eff[("llama-mistral", "sgt")]["tokens_to_target"] == [(2 * 4 * 2 + 5) * 2] * 3
     assert eff[("llama-mistral", "none")]["tokens_to_target"] == [None] * 3
-    assert np.mean(eff[("llama-mistral", "sgt")]["area"]) > np.mean(eff[("llama-mistral", "none")]["area"])
+    assert np.mean(eff[("llama-mistral", "sgt")]["area"]) > np.mean(
+        eff[("llama-mistral", "none")]["area"]
+    )
     trade = {(r["policy"], r["strategy"]): r["values"] for r in data["tradeoff"]}
     assert trade[("llama-mistral", "none")]["rescued"] == [0.0] * 3
     assert min(trade[("llama-mistral", "sgt")]["rescued"]) > 0
-    assert trade[("llama-mistral", "none")]["kl_to_start"] == [None] * 3      # beta = 0
+    assert trade[("llama-mistral", "none")]["kl_to_start"] == [None] * 3  # beta = 0
     start = {(r["policy"], r["family"]): r for r in data["starting_point"]}
     assert start[("llama-mistral", "first")]["greedy"] == [1.0] * 3
     assert start[("llama-mistral", "first")]["sampled"] == [0.75] * 3
     md = (out / "report.md").read_text()
-    for heading in ("## Starting point (scenario `disjoint`)", "## Paired differences against `none`",
-                    "## Sample efficiency", "## Trade-off"):
+    for heading in (
+        "## Starting point (scenario `disjoint`)",
+        "## Paired differences against `none`",
+        "## Sample efficiency",
+        "## Trade-off",
+    ):
         assert heading in md
     assert "**better**" in md and "| IS-weight var |" in md and "0.250 ± 0.000" in md
     glance = md.split("## At a glance", 1)[1].split("\n## ", 1)[0]
-    rows = {line.split(" | ")[1]: line for line in glance.splitlines() if line.startswith("| llama-mistral")}
+    rows = {
+        line.split(" | ")[1]: line
+        for line in glance.splitlines()
+        if line.startswith("| llama-mistral")
+    }
     assert set(rows) == {"`xgrpo`", "`sgt`"}
-    assert rows["`sgt`"].split(" | ")[3].endswith("**better**")              # peer pass@1 end
+    assert rows["`sgt`"].split(" | ")[3].endswith("**better**")  # peer pass@1 end
     assert rows["`xgrpo`"].count("no difference") == 4
-    assert rows["`xgrpo`"].endswith("| 1.00× | 1.00× |")                       # same time, tokens
+    assert rows["`xgrpo`"].endswith("| 1.00× | 1.00× |")  # same time, tokens
     assert trade[("llama-mistral", "sgt")]["is_weight_var"] == [0.25] * 3
     assert trade[("llama-mistral", "none")]["is_weight_var"] == [None] * 3
     # extra sampling counts: 5 tokens per step on top of the groups' 2.0 x prompts x generations
     own = trade[("llama-mistral", "none")]["tokens"][0]
-    assert trade[("llama-mistral", "sgt")]["tokens"] == [own + 5.0 * 4] * 3       # steps=4
+    assert trade[("llama-mistral", "sgt")]["tokens"] == [own + 5.0 * 4] * 3  # steps=4
     assert "first 1.00/0.75" in starting_point_line(out / "runs" / "none-seed0")
 
 
@@ -137,12 +172,19 @@ def test_heldout_changes_give_each_end_its_interval_and_say_whether_it_rose(tmp_
 
     def rec(step, policy, greedy):
         n = len(greedy)
-        return {"step": step, "policy": policy, "k": 1, "prompt_ids": [f"p{i}" for i in range(n)],
-                "families": ["add"] * n, "greedy": greedy, "sampled": greedy,
-                "greedy_text": ["x"] * n}
+        return {
+            "step": step,
+            "policy": policy,
+            "k": 1,
+            "prompt_ids": [f"p{i}" for i in range(n)],
+            "families": ["add"] * n,
+            "greedy": greedy,
+            "sampled": greedy,
+            "greedy_text": ["x"] * n,
+        }
 
     n = 100
-    up = rec(0, "a", [1] * 20 + [0] * 80), rec(30, "a", [1] * 45 + [0] * 55)     # 0.20 -> 0.45
+    up = rec(0, "a", [1] * 20 + [0] * 80), rec(30, "a", [1] * 45 + [0] * 55)  # 0.20 -> 0.45
     flat = rec(0, "b", [1] * 50 + [0] * 50), rec(30, "b", [0] * 2 + [1] * 52 + [0] * 46)
     append_heldout(tmp_path, [up[0], flat[0]])
     append_heldout(tmp_path, [up[1], flat[1]])

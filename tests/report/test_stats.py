@@ -6,8 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mutualrl.report.stats import (NO_DIFFERENCE, bootstrap_means, cost_to_target, curve_area,
-                                   paired_difference, verdict)
+from mutualrl.report.stats import (
+    NO_DIFFERENCE,
+    bootstrap_means,
+    cost_to_target,
+    curve_area,
+    paired_difference,
+    verdict,
+)
 
 
 def test_identical_runs_are_no_difference():
@@ -21,7 +27,7 @@ def test_identical_runs_are_no_difference():
 def test_a_known_difference_is_detected_both_ways():
     rng = np.random.default_rng(1)
     control = (rng.random((3, 128)) < 0.3).astype(float)
-    treat = (rng.random((3, 128)) < 0.7).astype(float)   # +0.4 on every seed
+    treat = (rng.random((3, 128)) < 0.7).astype(float)  # +0.4 on every seed
     up = paired_difference(treat, control)
     assert up.verdict == "better" and up.lo > 0.2 and up.hi < 0.6 and up.lo < up.mean < up.hi
     assert paired_difference(control, treat).verdict == "worse"
@@ -87,11 +93,13 @@ def test_curve_area_and_cost_to_target():
 
 def test_wilson_interval_matches_its_formula_and_stays_inside_0_1():
     from mutualrl.report.stats import wilson_interval
+
     # 20 of 100 at 95%: the textbook values (Newcombe 1998): [0.1333, 0.2888]
     lo, hi = wilson_interval(20, 100)
     assert abs(lo - 0.1333) < 5e-4 and abs(hi - 0.2888) < 5e-4
     assert wilson_interval(0, 64)[0] == 0.0 and 0.0 < wilson_interval(0, 64)[1] < 0.06
     assert wilson_interval(64, 64)[1] == 1.0 and wilson_interval(64, 64)[0] > 0.94
     import pytest
+
     with pytest.raises(ValueError):
         wilson_interval(0, 0)

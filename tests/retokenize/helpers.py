@@ -23,9 +23,11 @@ def check_tiling(out: RetokenizedTrajectory, n_src: int, n_bytes: int, eos_group
     body = len(g) - int(eos_group)
     if n_bytes == 0 and body == 0:
         return
-    for start, end, total in ((g.byte_start, g.byte_end, n_bytes),
-                              (g.src_start, g.src_end, n_src),
-                              (g.tgt_start, g.tgt_end, out.target_ids.size - int(eos_group))):
+    for start, end, total in (
+        (g.byte_start, g.byte_end, n_bytes),
+        (g.src_start, g.src_end, n_src),
+        (g.tgt_start, g.tgt_end, out.target_ids.size - int(eos_group)),
+    ):
         assert start[0] == 0
         assert np.array_equal(start[1:body], end[: body - 1])
         assert end[body - 1] == total
@@ -46,8 +48,13 @@ def wordpiece_surface(rt: Retokenizer, ids) -> str | None:
     return "".join(t[2:] if t.startswith("##") else t for t in tokens)
 
 
-def group_text_equal(rt_src: Retokenizer, rt_tgt: Retokenizer, out: RetokenizedTrajectory,
-                     src: np.ndarray, data: bytes) -> None:
+def group_text_equal(
+    rt_src: Retokenizer,
+    rt_tgt: Retokenizer,
+    out: RetokenizedTrajectory,
+    src: np.ndarray,
+    data: bytes,
+) -> None:
     """Each group's source and target tokens spell the group's bytes of the text.
 
     Lossless sides spell them byte for byte; a WordPiece side spells the group text after its own
@@ -56,14 +63,22 @@ def group_text_equal(rt_src: Retokenizer, rt_tgt: Retokenizer, out: RetokenizedT
     g = out.groups
     # A SentencePiece side cannot tell a literal '▁' from a space: that side is then flagged as
     # a mismatch (residual) and its spans come from offsets, so only tiling is checked for it.
-    sides = [(rt, ids) for rt, ids, bad in ((rt_src, src, out.residuals.source_mismatch),
-                                            (rt_tgt, out.target_ids, out.residuals.roundtrip_mismatch))
-             if not (bad and rt.profile.lossless)]
+    sides = [
+        (rt, ids)
+        for rt, ids, bad in (
+            (rt_src, src, out.residuals.source_mismatch),
+            (rt_tgt, out.target_ids, out.residuals.roundtrip_mismatch),
+        )
+        if not (bad and rt.profile.lossless)
+    ]
     for k in range(len(g)):
-        chunk = data[g.byte_start[k]: g.byte_end[k]]
+        chunk = data[g.byte_start[k] : g.byte_end[k]]
         for rt, ids in sides:
-            ids = ids[(g.src_start if ids is src else g.tgt_start)[k]:
-                      (g.src_end if ids is src else g.tgt_end)[k]]
+            ids = ids[
+                (g.src_start if ids is src else g.tgt_start)[k] : (
+                    g.src_end if ids is src else g.tgt_end
+                )[k]
+            ]
             if rt.profile.lossless:
                 assert rt.profile.text_bytes(ids.tolist()) == chunk, (k, chunk)
                 continue

@@ -25,8 +25,14 @@ def _by_binary_search(src: np.ndarray, tgt: np.ndarray) -> list[tuple[int, ...]]
 
 
 def _rows(g: AlignmentGroups) -> list[tuple[int, ...]]:
-    return list(zip(*(a.tolist() for a in (g.src_start, g.src_end, g.tgt_start, g.tgt_end,
-                                            g.byte_start, g.byte_end))))
+    return list(
+        zip(
+            *(
+                a.tolist()
+                for a in (g.src_start, g.src_end, g.tgt_start, g.tgt_end, g.byte_start, g.byte_end)
+            )
+        )
+    )
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -37,19 +43,21 @@ def test_strictly_increasing_ends_group_as_the_two_pointer_walk(seed):
     tgt = _random_ends(rng, total, int(rng.integers(1, total + 1)), duplicates=False)
     g = align_ends(src, tgt, total)
     assert [r[:4] for r in _rows(g)] == two_pointer_walk(src.tolist(), tgt.tolist())
-    assert _rows(g) == _by_binary_search(src, tgt)       # byte ranges too
+    assert _rows(g) == _by_binary_search(src, tgt)  # byte ranges too
     assert all(a.dtype == np.int64 for a in g.columns())
 
 
-@pytest.mark.parametrize(("src", "tgt"), [([0, 3, 5], [0, 5]), ([0, 5], [2, 5]),
-                                          ([1, 2, 3, 4, 5], [5]), ([2, 4, 5], [1, 3, 5])])
+@pytest.mark.parametrize(
+    ("src", "tgt"),
+    [([0, 3, 5], [0, 5]), ([0, 5], [2, 5]), ([1, 2, 3, 4, 5], [5]), ([2, 4, 5], [1, 3, 5])],
+)
 def test_marking_and_counting_paths_agree_at_the_edges(src, tgt):
     """Strictly increasing ends, and ends with a repeat (zero-length tokens: the last of each run
     counts), take the marking path; a token ending at offset 0 and one-token sides group as the
     binary-search formulation does either way."""
     src, tgt = np.array(src, dtype=np.int64), np.array(tgt, dtype=np.int64)
     assert _rows(align_ends(src, tgt, 5)) == _by_binary_search(src, tgt)
-    dup = np.insert(src, 0, src[0])                       # a zero-length first token
+    dup = np.insert(src, 0, src[0])  # a zero-length first token
     assert _rows(align_ends(dup, tgt, 5)) == _by_binary_search(dup, tgt)
 
 
@@ -67,7 +75,7 @@ def test_a_batch_aligns_each_text_as_alone():
     totals = [int(t) for t in rng.integers(1, 120, size=30)] + [0, 5]
     src = [_random_ends(rng, t, int(rng.integers(1, t + 1)), duplicates=True) for t in totals[:-2]]
     tgt = [_random_ends(rng, t, int(rng.integers(1, t + 1)), duplicates=True) for t in totals[:-2]]
-    src += [np.zeros(0, np.int64), np.zeros(0, np.int64)]          # an empty text; a side without tokens
+    src += [np.zeros(0, np.int64), np.zeros(0, np.int64)]  # an empty text; a side without tokens
     tgt += [np.zeros(0, np.int64), np.array([2, 5])]
     batch = align_many(src, tgt, totals)
     for s, t, total, g in zip(src, tgt, totals, batch):
@@ -96,12 +104,14 @@ def test_batch_spelling_check_and_ends_equal_the_per_text_ones(name):
 
     prof = Retokenizer(load_tokenizer(name)).profile
     texts = ["the cat sat", "naïve café ✓", "x = 1 + 2\n", "", "  two  spaces", "漢字 and ascii"]
-    ids = [np.array(e.ids, dtype=np.int64)
-           for e in prof.continuation.encode_batch(texts, add_special_tokens=False)]
+    ids = [
+        np.array(e.ids, dtype=np.int64)
+        for e in prof.continuation.encode_batch(texts, add_special_tokens=False)
+    ]
     datas = [t.encode() for t in texts]
-    ids[0] = ids[0][::-1].copy()                 # same bytes in another order: wrong spelling
-    ids[2] = ids[2][:-1].copy()                  # one token short
-    ids.append(np.zeros(0, np.int64))            # no ids for a non-empty text
+    ids[0] = ids[0][::-1].copy()  # same bytes in another order: wrong spelling
+    ids[2] = ids[2][:-1].copy()  # one token short
+    ids.append(np.zeros(0, np.int64))  # no ids for a non-empty text
     datas.append(b"x")
     sizes = np.array([a.size for a in ids])
     spells, ends = spelled_ends(prof, np.concatenate(ids), sizes, datas)
@@ -110,5 +120,5 @@ def test_batch_spelling_check_and_ends_equal_the_per_text_ones(name):
     assert not ends.flags.writeable
     lo = 0
     for a in ids:
-        assert ends[lo:lo + a.size].tolist() == np.cumsum(prof.piece_len[a]).tolist()
+        assert ends[lo : lo + a.size].tolist() == np.cumsum(prof.piece_len[a]).tolist()
         lo += a.size

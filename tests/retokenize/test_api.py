@@ -18,11 +18,17 @@ def test_batch_matches_single(retokenizers, handles):
     ids = [source_ids(retokenizers, "deepseek-v3", t) for t in TEXTS]
     lps = [-np.arange(1, i.size + 1) / 10 for i in ids]
     eos = [True, False, True, False]
-    batch = rt.retokenize_batch(TEXTS, source=handles["deepseek-v3"], source_ids=ids,
-                                source_logprobs=lps, ends_with_eos=eos)
+    batch = rt.retokenize_batch(
+        TEXTS, source=handles["deepseek-v3"], source_ids=ids, source_logprobs=lps, ends_with_eos=eos
+    )
     for k, text in enumerate(TEXTS):
-        one = rt.retokenize(text, source=handles["deepseek-v3"], source_ids=ids[k],
-                            source_logprobs=lps[k], ends_with_eos=eos[k])
+        one = rt.retokenize(
+            text,
+            source=handles["deepseek-v3"],
+            source_ids=ids[k],
+            source_logprobs=lps[k],
+            ends_with_eos=eos[k],
+        )
         assert np.array_equal(one.target_ids, batch[k].target_ids)
         assert np.array_equal(one.group_logprob_sums, batch[k].group_logprob_sums)
         assert one.residuals == batch[k].residuals
@@ -52,15 +58,20 @@ def test_encode_prompt_uses_receiver_format(retokenizers):
         retokenizers["mistral-v1"].encode_prompt([{"role": "user", "content": "hi"}])
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [
-    ({"source_ids": [1, 2, 3], "source_logprobs": [-1.0]}, r"source_logprobs\[0\]: expected 3"),
-    ({"source_ids": [1, 2, 3], "source_logprobs": [-1.0, float("nan"), -0.5]},
-     r"source_logprobs\[0\]: log-prob at position 1 is nan"),
-    ({"source_logprobs": [float("nan")]}, r"source_logprobs\[0\]: .*position 0 is nan"),
-    ({"source_ids": [1, 2], "source_logprobs": [float("inf"), -1.0]}, r"position 0 is inf"),
-    ({"source_ids": [10**9]}, r"source_ids\[0\]: expected ids in \[0, "),
-    ({"source_ids": [[1, 2]]}, r"source_ids\[0\]: expected a 1-D sequence"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"source_ids": [1, 2, 3], "source_logprobs": [-1.0]}, r"source_logprobs\[0\]: expected 3"),
+        (
+            {"source_ids": [1, 2, 3], "source_logprobs": [-1.0, float("nan"), -0.5]},
+            r"source_logprobs\[0\]: log-prob at position 1 is nan",
+        ),
+        ({"source_logprobs": [float("nan")]}, r"source_logprobs\[0\]: .*position 0 is nan"),
+        ({"source_ids": [1, 2], "source_logprobs": [float("inf"), -1.0]}, r"position 0 is inf"),
+        ({"source_ids": [10**9]}, r"source_ids\[0\]: expected ids in \[0, "),
+        ({"source_ids": [[1, 2]]}, r"source_ids\[0\]: expected a 1-D sequence"),
+    ],
+)
 def test_errors_name_the_field(retokenizers, handles, kwargs, match):
     with pytest.raises(ValueError, match=match):
         retokenizers["deepseek-v3"].retokenize("abc", source=handles["mistral-v1"], **kwargs)
@@ -69,22 +80,35 @@ def test_errors_name_the_field(retokenizers, handles, kwargs, match):
 def test_nan_logprob_in_a_batch_names_the_text_and_position(retokenizers, handles):
     with pytest.raises(ValueError, match=r"source_logprobs\[1\]: log-prob at position 0 is nan"):
         retokenizers["deepseek-v3"].retokenize_batch(
-            ["ab", "cd"], source=handles["mistral-v1"], source_ids=[[1], [2]],
-            source_logprobs=[[-1.0], [float("nan")]])
+            ["ab", "cd"],
+            source=handles["mistral-v1"],
+            source_ids=[[1], [2]],
+            source_logprobs=[[-1.0], [float("nan")]],
+        )
 
 
 def test_batch_errors_name_the_offending_text(retokenizers, handles):
     """The whole-batch id and log-prob checks trace a failure back to its text and position."""
     rt = retokenizers["deepseek-v3"]
-    with pytest.raises(ValueError, match=r"source_ids\[2\]: expected ids in \[0, .*got range "
-                                         r"\[-1, 5\]"):
-        rt.retokenize_batch(["a", "", "c"], source=handles["mistral-v1"],
-                            source_ids=[[1], [], [5, -1]])
-    with pytest.raises(ValueError, match=r"source_logprobs\[2\]: log-prob at position 1 is inf;"
-                                         r".*\(2 such"):
-        rt.retokenize_batch(["a", "", "cd"], source=handles["mistral-v1"],
-                            source_ids=[[1], [], [2, 3, 4]],
-                            source_logprobs=[[-1.0], [], [-1.0, float("inf"), float("nan")]])
+    with pytest.raises(
+        ValueError,
+        match=r"source_ids\[2\]: expected ids in \[0, .*got range "
+        r"\[-1, 5\]",
+    ):
+        rt.retokenize_batch(
+            ["a", "", "c"], source=handles["mistral-v1"], source_ids=[[1], [], [5, -1]]
+        )
+    with pytest.raises(
+        ValueError,
+        match=r"source_logprobs\[2\]: log-prob at position 1 is inf;"
+        r".*\(2 such",
+    ):
+        rt.retokenize_batch(
+            ["a", "", "cd"],
+            source=handles["mistral-v1"],
+            source_ids=[[1], [], [2, 3, 4]],
+            source_logprobs=[[-1.0], [], [-1.0, float("inf"), float("nan")]],
+        )
 
 
 def test_ids_and_logprobs_of_any_integer_and_float_type_give_the_same_batch(retokenizers, handles):
@@ -95,15 +119,22 @@ def test_ids_and_logprobs_of_any_integer_and_float_type_give_the_same_batch(reto
     texts = TEXTS[:2] + TEXTS[3:]
     ids = [source_ids(retokenizers, "deepseek-v3", t) for t in texts]
     lps = [-np.linspace(0.1, 1.0, i.size) for i in ids]
-    want = rt.retokenize_batch(texts, source=handles["deepseek-v3"], source_ids=ids,
-                               source_logprobs=lps)
-    for as_ids, as_lps in ((lambda a: a.tolist(), lambda a: a.tolist()),
-                           (lambda a: a.astype(np.int32), lambda a: a.astype(np.float32)),
-                           (lambda a: a.astype(np.uint32), lambda a: a)):
+    want = rt.retokenize_batch(
+        texts, source=handles["deepseek-v3"], source_ids=ids, source_logprobs=lps
+    )
+    for as_ids, as_lps in (
+        (lambda a: a.tolist(), lambda a: a.tolist()),
+        (lambda a: a.astype(np.int32), lambda a: a.astype(np.float32)),
+        (lambda a: a.astype(np.uint32), lambda a: a),
+    ):
         mixed = [as_ids(ids[0]), *ids[1:]]
         for got_ids in ([as_ids(i) for i in ids], mixed):
-            got = rt.retokenize_batch(texts, source=handles["deepseek-v3"], source_ids=got_ids,
-                                      source_logprobs=[as_lps(lp) for lp in lps])
+            got = rt.retokenize_batch(
+                texts,
+                source=handles["deepseek-v3"],
+                source_ids=got_ids,
+                source_logprobs=[as_lps(lp) for lp in lps],
+            )
             for a, b in zip(got, want):
                 assert np.array_equal(a.target_ids, b.target_ids)
                 assert np.allclose(a.group_logprob_sums, b.group_logprob_sums, atol=1e-6)
@@ -113,8 +144,9 @@ def test_ids_and_logprobs_of_any_integer_and_float_type_give_the_same_batch(reto
         rt.retokenize_batch(texts, source=handles["deepseek-v3"], source_ids=bad)
     short = [lps[0], lps[1][:-1], lps[2]]
     with pytest.raises(ValueError, match=r"source_logprobs\[1\]: expected"):
-        rt.retokenize_batch(texts, source=handles["deepseek-v3"], source_ids=ids,
-                            source_logprobs=short)
+        rt.retokenize_batch(
+            texts, source=handles["deepseek-v3"], source_ids=ids, source_logprobs=short
+        )
 
 
 def test_batch_target_ids_are_the_callers(handles):
@@ -122,8 +154,10 @@ def test_batch_target_ids_are_the_callers(handles):
     other results nor the cached encodings."""
     rt = Retokenizer(handles["mistral-v1"])
     texts = ["one two", "three four", "one two"]
-    ids = [rt.profile_for(handles["deepseek-v3"]).continuation.encode(t, add_special_tokens=False)
-           .ids for t in texts]
+    ids = [
+        rt.profile_for(handles["deepseek-v3"]).continuation.encode(t, add_special_tokens=False).ids
+        for t in texts
+    ]
     first = rt.retokenize_batch(texts, source=handles["deepseek-v3"], source_ids=ids)
     want = [r.target_ids.copy() for r in first]
     first[0].target_ids[:] = -1
@@ -162,8 +196,9 @@ def test_residuals_serialise_and_aggregate(retokenizers, handles):
     agg = aggregate_residuals(res)
     assert agg["count"] == 4.0
     assert 0.0 <= agg["boundary_iou_mean"] <= 1.0
-    assert agg["frac_groups_1_1"] + agg["frac_groups_1_n"] + agg["frac_groups_n_1"] + \
-        agg["frac_groups_n_m"] == pytest.approx(1.0)
+    assert agg["frac_groups_1_1"] + agg["frac_groups_1_n"] + agg["frac_groups_n_1"] + agg[
+        "frac_groups_n_m"
+    ] == pytest.approx(1.0)
     assert all(isinstance(v, float) for v in agg.values())
     assert aggregate_residuals([]) == {"count": 0.0}
 
@@ -178,8 +213,15 @@ def test_group_index_views(retokenizers, handles):
     assert sgi[-1] == tgi[-1] == len(out.groups) - 1
 
 
-@pytest.mark.parametrize("pair", [("bert-wordpiece", "mistral-v1"), ("mistral-v1", "bert-wordpiece"),
-                                  ("deepseek-v3", "bert-wordpiece"), ("bert-wordpiece", "deepseek-v3")])
+@pytest.mark.parametrize(
+    "pair",
+    [
+        ("bert-wordpiece", "mistral-v1"),
+        ("mistral-v1", "bert-wordpiece"),
+        ("deepseek-v3", "bert-wordpiece"),
+        ("bert-wordpiece", "deepseek-v3"),
+    ],
+)
 def test_batch_matches_single_on_the_benchmark_corpus(handles, pair):
     """The batched path (one encode/decode/normalise per side) equals text-by-text calls."""
     from mutualrl.bench.retokenize import load_corpus
@@ -192,11 +234,17 @@ def test_batch_matches_single_on_the_benchmark_corpus(handles, pair):
     ids = [np.append(i, sprof.eos_id) if k % 3 == 0 else i for k, i in enumerate(ids)]
     lps = [-np.linspace(0.1, 2.0, i.size) for i in ids]
     eos = [k % 2 == 0 for k in range(len(texts))]
-    batch = rt.retokenize_batch(texts, source=handles[src], source_ids=ids, source_logprobs=lps,
-                                ends_with_eos=eos)
+    batch = rt.retokenize_batch(
+        texts, source=handles[src], source_ids=ids, source_logprobs=lps, ends_with_eos=eos
+    )
     for k, text in enumerate(texts):
-        one = rt.retokenize(text, source=handles[src], source_ids=ids[k], source_logprobs=lps[k],
-                            ends_with_eos=eos[k])
+        one = rt.retokenize(
+            text,
+            source=handles[src],
+            source_ids=ids[k],
+            source_logprobs=lps[k],
+            ends_with_eos=eos[k],
+        )
         assert np.array_equal(one.target_ids, batch[k].target_ids)
         for a, b in zip(one.groups.columns(), batch[k].groups.columns()):
             assert np.array_equal(a, b)
@@ -208,16 +256,32 @@ def test_batched_normaliser_check_matches_per_text(retokenizers):
     from mutualrl.retokenize.normalize import _SEP, normalizer_changes
 
     prof = retokenizers["bert-wordpiece"].profile
-    texts = ["already lower", "Mixed Case", "café", "\u0301leading mark", "tab\there", "中文",
-             "", "ΣΑΣ", "ok", f"has the separator {_SEP} inside"]
+    texts = [
+        "already lower",
+        "Mixed Case",
+        "café",
+        "\u0301leading mark",
+        "tab\there",
+        "中文",
+        "",
+        "ΣΑΣ",
+        "ok",
+        f"has the separator {_SEP} inside",
+    ]
     norm = prof.continuation.normalizer
     want = [norm.normalize_str(t) != t for t in texts]
     assert normalizer_changes(prof, texts) == want
     assert normalizer_changes(prof, texts[:-1]) == want[:-1]
 
 
-@pytest.mark.parametrize("pair", [("deepseek-v3", "mistral-v1"), ("mistral-v1", "bert-wordpiece"),
-                                  ("bert-wordpiece", "deepseek-v3")])
+@pytest.mark.parametrize(
+    "pair",
+    [
+        ("deepseek-v3", "mistral-v1"),
+        ("mistral-v1", "bert-wordpiece"),
+        ("bert-wordpiece", "deepseek-v3"),
+    ],
+)
 @pytest.mark.parametrize("variant", ["logprobs", "no_logprobs", "encoded_source"])
 def test_vectorised_batch_residuals_match_single_on_the_corpus(handles, pair, variant):
     """The whole-batch segment reductions (texts without specials, EOS group or truncation) give
@@ -228,18 +292,23 @@ def test_vectorised_batch_residuals_match_single_on_the_corpus(handles, pair, va
     src, tgt = pair
     rt = Retokenizer(handles[tgt], cache_size=0)
     sprof = rt.profile_for(handles[src])
-    ids = [np.array(sprof.continuation.encode(t, add_special_tokens=False).ids, dtype=np.int64)
-           for t in texts]
+    ids = [
+        np.array(sprof.continuation.encode(t, add_special_tokens=False).ids, dtype=np.int64)
+        for t in texts
+    ]
     if sprof.eos_id is not None:  # a few texts keep the per-text path: a special in the middle
-        ids = [np.insert(i, i.size // 2, sprof.eos_id) if k % 5 == 0 else i
-               for k, i in enumerate(ids)]
-    lps = [-np.linspace(0.1, 2.0, i.size) ** 1.5 for i in ids]
-    kw = {"logprobs": dict(source_ids=ids, source_logprobs=lps),
-          "no_logprobs": dict(source_ids=ids), "encoded_source": {}}[variant]
+        ids = [
+            np.insert(i, i.size // 2, sprof.eos_id) if k % 5 == 0 else i for k, i in enumerate(ids)
+        ]
+    lps = [-(np.linspace(0.1, 2.0, i.size) ** 1.5) for i in ids]
+    kw = {
+        "logprobs": dict(source_ids=ids, source_logprobs=lps),
+        "no_logprobs": dict(source_ids=ids),
+        "encoded_source": {},
+    }[variant]
     batch = rt.retokenize_batch(texts, source=handles[src], **kw)
     for k, text in enumerate(texts):
-        one = rt.retokenize(text, source=handles[src],
-                            **{key: v[k] for key, v in kw.items()})
+        one = rt.retokenize(text, source=handles[src], **{key: v[k] for key, v in kw.items()})
         assert np.array_equal(one.target_ids, batch[k].target_ids)
         for a, b in zip(one.groups.columns(), batch[k].groups.columns()):
             assert np.array_equal(a, b) and a.dtype == b.dtype

@@ -29,11 +29,11 @@ def write_corpus(tmp_path, texts: list[str]):
 def test_time_alternating_takes_the_contenders_in_turn_each_round_starting_one_later():
     calls = []
     a, b = time_alternating((lambda: calls.append("a"), lambda: calls.append("b")), 3)
-    assert calls == list("ab" "ab" "ba" "ab")   # one warm-up of each, then A B, B A, A B
+    assert calls == list("ababbaab")  # one warm-up of each, then A B, B A, A B
     assert len(a) == len(b) == 3 and all(t >= 0 for t in a + b)
     calls.clear()
     times = time_alternating([lambda c=c: calls.append(c) for c in "xyz"], 4)
-    assert calls == list("xyz" "xyz" "yzx" "zxy" "xyz") and [len(t) for t in times] == [4] * 3
+    assert calls == list("xyzxyzyzxzxyxyz") and [len(t) for t in times] == [4] * 3
 
 
 def test_each_contenders_times_are_its_own_whatever_the_round_order():
@@ -43,14 +43,17 @@ def test_each_contenders_times_are_its_own_whatever_the_round_order():
 
 def test_time_turns_fills_each_turn_with_calls_and_reports_time_per_call():
     calls = []
-    (slow, fast), per_turn = time_turns((lambda: (calls.append("s"), time.sleep(0.004)),
-                                         lambda: calls.append("f")), 3, min_turn_s=0.004)
+    (slow, fast), per_turn = time_turns(
+        (lambda: (calls.append("s"), time.sleep(0.004)), lambda: calls.append("f")),
+        3,
+        min_turn_s=0.004,
+    )
     k = per_turn[1]
-    assert per_turn[0] == 1 and k > 1          # one call fills the slow side's turn
+    assert per_turn[0] == 1 and k > 1  # one call fills the slow side's turn
     turn_s, turn_f = ["s"], ["f"] * k
     assert calls == ["s", "s", "f", "f"] + turn_s + turn_f + turn_f + turn_s + turn_s + turn_f
     assert len(slow) == len(fast) == 3 and min(slow) >= 0.004 > max(fast)
-    assert time_turns((lambda: None,), 2)[1] == [1]   # no minimum: one call a turn
+    assert time_turns((lambda: None,), 2)[1] == [1]  # no minimum: one call a turn
 
 
 def test_the_timers_pause_the_garbage_collector_while_they_time():
@@ -61,29 +64,52 @@ def test_the_timers_pause_the_garbage_collector_while_they_time():
 
 
 def test_benchmark_reports_paired_goal_ratios(handles, tmp_path):
-    corpus = write_corpus(tmp_path, ["The answer is 42.", "Второй ответ 😀",
-                                     "def f(x):\n    return x + 1\n"])
-    out = run_benchmark([("deepseek-v3", "mistral-v1")], corpus=corpus, repeats=2, naive_texts=0,
-                        peers=False, handles=dict(handles))
+    corpus = write_corpus(
+        tmp_path, ["The answer is 42.", "Второй ответ 😀", "def f(x):\n    return x + 1\n"]
+    )
+    out = run_benchmark(
+        [("deepseek-v3", "mistral-v1")],
+        corpus=corpus,
+        repeats=2,
+        naive_texts=0,
+        peers=False,
+        handles=dict(handles),
+    )
     (pair,) = out["pairs"]
-    for key in ("end_to_end_batch_over_encode_batch", "floor_over_encode_batch",
-                "end_to_end_batch_over_floor", "floor_results_over_encode_batch",
-                "end_to_end_batch_over_floor_results"):
+    for key in (
+        "end_to_end_batch_over_encode_batch",
+        "floor_over_encode_batch",
+        "end_to_end_batch_over_floor",
+        "floor_results_over_encode_batch",
+        "end_to_end_batch_over_floor_results",
+    ):
         paired = pair["paired"][key]
         assert paired["pairs"] == 2 and 0 < paired["min"] <= paired["median"] <= paired["max"]
-    assert "align_speedup_vs_trl" not in pair["paired"]     # peers off: no TRL contender
+    assert "align_speedup_vs_trl" not in pair["paired"]  # peers off: no TRL contender
     assert set(pair["end_to_end_batch_parts_over_encode_batch"]) == {
-        "target_side", "source_side", "align_and_assemble"}
+        "target_side",
+        "source_side",
+        "align_and_assemble",
+    }
     assert pair["residuals"]["logprob_mass_error_max"] < 1e-9
 
 
 def test_the_cache_is_timed_with_every_text_a_miss_then_a_hit(handles, tmp_path):
-    texts = ["The Answer is 42.", "Второй ответ 😀", "def f(x):\n    return x + 1\n",
-             "ok \U00030000"]
+    texts = [
+        "The Answer is 42.",
+        "Второй ответ 😀",
+        "def f(x):\n    return x + 1\n",
+        "ok \U00030000",
+    ]
     corpus = write_corpus(tmp_path, texts)
-    out = run_benchmark([("deepseek-v3", "mistral-v1"), ("bert-wordpiece", "mistral-v1")],
-                        corpus=corpus, repeats=2, naive_texts=0, peers=False,
-                        handles=dict(handles))
+    out = run_benchmark(
+        [("deepseek-v3", "mistral-v1"), ("bert-wordpiece", "mistral-v1")],
+        corpus=corpus,
+        repeats=2,
+        naive_texts=0,
+        peers=False,
+        handles=dict(handles),
+    )
     # The receiver encodes every text; a WordPiece sender only those its ids do not walk along
     # (``wordpiece.folded_ends``): the one with a character past its fold table.
     for pair, encoded in zip(out["pairs"], (len(texts), len(texts) + 1)):
@@ -108,8 +134,14 @@ def test_the_floor_aligns_as_the_retokenizer_does(handles):
 def test_the_floor_aligns_as_the_retokenizer_does_with_wordpiece(handles):
     """With a WordPiece side the floor takes that side's byte ends from its encoding's offsets
     (the ids do not spell the text), as the retokenizer does: the same alignment."""
-    texts = ["The Answer is 42.", "Второй ответ 😀", "def f(x):\n    return x + 1\n", "x",
-             "  spaced   out  ", "Ünïcödé ÀÉÎ"]
+    texts = [
+        "The Answer is 42.",
+        "Второй ответ 😀",
+        "def f(x):\n    return x + 1\n",
+        "x",
+        "  spaced   out  ",
+        "Ünïcödé ÀÉÎ",
+    ]
     for src_name, tgt_name in (("bert-wordpiece", "mistral-v1"), ("deepseek-v3", "bert-wordpiece")):
         src = Retokenizer(handles[src_name], cache_size=0)
         tgt = Retokenizer(handles[tgt_name], cache_size=0)
@@ -121,15 +153,20 @@ def test_the_floor_aligns_as_the_retokenizer_does_with_wordpiece(handles):
 
 def test_a_wordpiece_receiver_also_gets_the_floor_with_its_rendering(handles, tmp_path):
     corpus = write_corpus(tmp_path, ["The Answer is 42.", "Второй ответ 😀"])
-    out = run_benchmark([("deepseek-v3", "bert-wordpiece"), ("bert-wordpiece", "mistral-v1")],
-                        corpus=corpus, repeats=2, naive_texts=0, peers=False,
-                        handles=dict(handles))
+    out = run_benchmark(
+        [("deepseek-v3", "bert-wordpiece"), ("bert-wordpiece", "mistral-v1")],
+        corpus=corpus,
+        repeats=2,
+        naive_texts=0,
+        peers=False,
+        handles=dict(handles),
+    )
     wordpiece, lossless = (p["paired"] for p in out["pairs"])
     assert wordpiece["floor_rendered_over_encode_batch"]["pairs"] == 2
     assert wordpiece["end_to_end_batch_over_floor_rendered"]["min"] > 0
     assert wordpiece["end_to_end_batch_over_floor_residuals"]["pairs"] == 2
     assert "floor_residuals_over_encode_batch" not in lossless
-    assert "floor_rendered_over_encode_batch" not in lossless    # a lossless receiver: no decode
+    assert "floor_rendered_over_encode_batch" not in lossless  # a lossless receiver: no decode
     # ... but its encode as the retokenizer calls it (no offsets), timed and paired
     assert lossless["end_to_end_batch_over_encode_batch_fast"]["pairs"] == 2
     # WordPiece is encoded without offsets too (its ids walked): timed, its round already full
@@ -141,15 +178,22 @@ def test_a_wordpiece_receiver_also_gets_the_floor_with_its_rendering(handles, tm
 def test_with_trl_the_aligners_alternate_call_by_call_and_in_turns(handles, tmp_path):
     if baselines.trl_align_fn() is None:
         pytest.skip("TRL is not installed")
-    corpus = write_corpus(tmp_path, ["The answer is 42.", "Второй ответ 😀",
-                                     "def f(x):\n    return x + 1\n"])
-    out = run_benchmark([("deepseek-v3", "mistral-v1")], corpus=corpus, repeats=2, naive_texts=0,
-                        peers=True, handles=dict(handles))
+    corpus = write_corpus(
+        tmp_path, ["The answer is 42.", "Второй ответ 😀", "def f(x):\n    return x + 1\n"]
+    )
+    out = run_benchmark(
+        [("deepseek-v3", "mistral-v1")],
+        corpus=corpus,
+        repeats=2,
+        naive_texts=0,
+        peers=True,
+        handles=dict(handles),
+    )
     paired = out["pairs"][0]["paired"]
     assert paired["align_speedup_vs_trl"]["pairs"] == 2
     turns = paired["align_speedup_vs_trl_turns"]
     assert turns["pairs"] == 2 and turns["min"] > 0 and len(turns["calls_per_turn"]) == 2
-    assert all(k >= 1 for k in turns["calls_per_turn"])   # each side fills its 20 ms turn
+    assert all(k >= 1 for k in turns["calls_per_turn"])  # each side fills its 20 ms turn
 
 
 @pytest.mark.parametrize("pair", DEFAULT_PAIRS)
@@ -162,8 +206,9 @@ def test_the_results_floor_builds_exactly_the_retokenizers_results(handles, pair
     tgt = Retokenizer(handles[pair[1]], cache_size=0)
     d = PairData.build(src, tgt, texts)
     got = floor_results(d)()
-    want = tgt.retokenize_batch(texts, source=src.target, source_ids=d.src_ids,
-                                source_logprobs=d.src_lps)
+    want = tgt.retokenize_batch(
+        texts, source=src.target, source_ids=d.src_ids, source_logprobs=d.src_lps
+    )
     assert len(got) == len(want) == len(texts)
     for a, b in zip(got, want):
         assert a.text == b.text and np.array_equal(a.target_ids, b.target_ids)
@@ -173,7 +218,7 @@ def test_the_results_floor_builds_exactly_the_retokenizers_results(handles, pair
         for f in AlignmentResiduals.__struct_fields__:
             x, y = getattr(a.residuals, f), getattr(b.residuals, f)
             assert type(x) is type(y) and x == y, (f, x, y)
-    if "mistral-v1" in pair:   # the '▁' text: Mistral's ids do not spell it, on either side
+    if "mistral-v1" in pair:  # the '▁' text: Mistral's ids do not spell it, on either side
         assert any(r.residuals.roundtrip_mismatch or r.residuals.source_mismatch for r in got)
 
 
@@ -182,10 +227,10 @@ def test_the_results_floor_refuses_what_it_does_not_handle(handles):
     src = Retokenizer(handles["deepseek-v3"], cache_size=0)
     tgt = Retokenizer(handles["mistral-v1"], cache_size=0)
     d = PairData.build(src, tgt, texts)
-    d.src_ids[0] = np.append(d.src_ids[0], src.profile.eos_id)        # a special
+    d.src_ids[0] = np.append(d.src_ids[0], src.profile.eos_id)  # a special
     with pytest.raises(ValueError, match="no specials"):
         floor_results(d)()
     d = PairData.build(src, tgt, texts)
-    d.src_lps[1] = d.src_lps[1][:-1]                                   # a log-prob short
+    d.src_lps[1] = d.src_lps[1][:-1]  # a log-prob short
     with pytest.raises(ValueError, match="one finite float64 log-prob per id"):
         floor_results(d)()

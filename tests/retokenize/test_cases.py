@@ -28,8 +28,9 @@ def test_hand_cases(retokenizers, handles, src, tgt, case):
     text = CASES[case]
     ids = source_ids(retokenizers, src, text)
     lps = -np.linspace(0.1, 2.0, ids.size)
-    out = retokenizers[tgt].retokenize(text, source=handles[src], source_ids=ids,
-                                       source_logprobs=lps)
+    out = retokenizers[tgt].retokenize(
+        text, source=handles[src], source_ids=ids, source_logprobs=lps
+    )
     check_tiling(out, ids.size, len(text.encode()), eos_group=False)
     group_text_equal(retokenizers[src], retokenizers[tgt], out, ids, text.encode())
     assert out.group_logprob_sums.sum() == pytest.approx(lps.sum(), abs=1e-9)
@@ -44,8 +45,9 @@ def test_emoji_split_inside_a_character_stays_in_one_group(retokenizers, handles
     # DeepSeek spells "😀" as two byte-level tokens that split its 4 UTF-8 bytes.
     text = "ok 😀"
     ids = source_ids(retokenizers, "deepseek-v3", text)
-    out = retokenizers["bert-wordpiece"].retokenize(text, source=handles["deepseek-v3"],
-                                                    source_ids=ids)
+    out = retokenizers["bert-wordpiece"].retokenize(
+        text, source=handles["deepseek-v3"], source_ids=ids
+    )
     g = out.groups
     last = len(g) - 1
     assert (g.byte_start[last], g.byte_end[last]) == (2, len(text.encode()))
@@ -86,13 +88,22 @@ def test_specials_by_role(retokenizers, handles):
     body = source_ids(retokenizers, "mistral-v1", "The answer is 42.")
     ids = np.concatenate([[1], body, [2]])  # <s> ... </s>
     lps = np.concatenate([[-9.0], np.full(body.size, -0.5), [-0.25]])
-    out = rt.retokenize("The answer is 42.", source=handles["mistral-v1"], source_ids=ids,
-                        source_logprobs=lps, ends_with_eos=True)
+    out = rt.retokenize(
+        "The answer is 42.",
+        source=handles["mistral-v1"],
+        source_ids=ids,
+        source_logprobs=lps,
+        ends_with_eos=True,
+    )
     g, r = out.groups, out.residuals
     assert out.target_ids[-1] == rt.profile.eos_id and src.eos_id == 2
     assert g.src_start[0] == 1, "BOS is stripped, not aligned"
     assert (g.src_start[-1], g.src_end[-1], g.byte_start[-1], g.byte_end[-1]) == (
-        ids.size - 1, ids.size, len(b"The answer is 42."), len(b"The answer is 42."))
+        ids.size - 1,
+        ids.size,
+        len(b"The answer is 42."),
+        len(b"The answer is 42."),
+    )
     assert out.group_logprob_sums[-1] == -0.25
     assert r.eos_paired and r.specials_stripped == 1 and r.specials_added == 0
     assert r.logprob_mass_unassigned == pytest.approx(9.0)
@@ -101,8 +112,9 @@ def test_specials_by_role(retokenizers, handles):
 
 def test_eos_added_without_source_eos_is_a_residual(retokenizers, handles):
     ids = source_ids(retokenizers, "deepseek-v3", "done")
-    out = retokenizers["bert-wordpiece"].retokenize("done", source=handles["deepseek-v3"],
-                                                    source_ids=ids, ends_with_eos=True)
+    out = retokenizers["bert-wordpiece"].retokenize(
+        "done", source=handles["deepseek-v3"], source_ids=ids, ends_with_eos=True
+    )
     assert out.target_ids[-1] == retokenizers["bert-wordpiece"].profile.eos_id  # [SEP] by role
     assert out.residuals.specials_added == 1 and not out.residuals.eos_paired
     check_tiling(out, ids.size, 4, eos_group=True)
@@ -115,8 +127,9 @@ def test_truncation_cuts_on_a_group_boundary(handles):
     rt = Retokenizer(handles["mistral-v1"], max_length=10)
     src = Retokenizer(handles["deepseek-v3"]).encode_completion(text)
     lps = np.full(src.size, -1.0)
-    out = rt.retokenize(text, source=handles["deepseek-v3"], source_ids=src, source_logprobs=lps,
-                        ends_with_eos=True)
+    out = rt.retokenize(
+        text, source=handles["deepseek-v3"], source_ids=src, source_logprobs=lps, ends_with_eos=True
+    )
     r = out.residuals
     assert out.target_ids.size <= 10 and out.target_ids.size == out.groups.tgt_end[-1]
     assert r.truncated_tokens == r.n_target_tokens + 1 - out.target_ids.size > 0
@@ -130,8 +143,7 @@ def test_source_ids_cut_inside_a_character(retokenizers, handles):
     # A length-capped generation can stop mid-character; its decode ends in U+FFFD.
     ids = source_ids(retokenizers, "deepseek-v3", "ab 😀")[:-1]
     text = retokenizers["deepseek-v3"].profile.text_bytes(ids.tolist()).decode(errors="replace")
-    out = retokenizers["mistral-v1"].retokenize(text, source=handles["deepseek-v3"],
-                                                source_ids=ids)
+    out = retokenizers["mistral-v1"].retokenize(text, source=handles["deepseek-v3"], source_ids=ids)
     assert out.residuals.source_mismatch and out.residuals.source_edit_distance > 0
     check_tiling(out, ids.size, len(text.encode()), eos_group=False)
 
@@ -140,6 +152,7 @@ def test_text_only_source_is_encoded_with_the_source(retokenizers, handles):
     text = "Mixed text: 漢字 and code `x += 1`"
     a = retokenizers["deepseek-v3"].retokenize(text, source=handles["mistral-v1"])
     b = retokenizers["deepseek-v3"].retokenize(
-        text, source=handles["mistral-v1"], source_ids=source_ids(retokenizers, "mistral-v1", text))
+        text, source=handles["mistral-v1"], source_ids=source_ids(retokenizers, "mistral-v1", text)
+    )
     assert np.array_equal(a.target_ids, b.target_ids)
     assert np.array_equal(a.groups.src_end, b.groups.src_end)

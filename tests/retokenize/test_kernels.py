@@ -29,8 +29,10 @@ def every_batch(monkeypatch):
 @pytest.fixture
 def numpy_only(monkeypatch):
     """Run the callers' numpy passes, as without numba."""
+
     def off():
         monkeypatch.setenv("MUTUALRL_KERNELS", "numpy")
+
     return off
 
 
@@ -50,7 +52,7 @@ def batches(draw, pinned: bool = True):
     totals = [draw(st.integers(0, 30)) for _ in range(k)]
     src = [_ends(draw, t, pinned) for t in totals]
     tgt = [_ends(draw, t, pinned) for t in totals]
-    for i in draw(st.lists(st.integers(0, k - 1), max_size=2)):   # texts with an empty side
+    for i in draw(st.lists(st.integers(0, k - 1), max_size=2)):  # texts with an empty side
         (src if draw(st.booleans()) else tgt)[i] = np.zeros(0, dtype=np.int64)
     return src, tgt, totals
 
@@ -110,21 +112,35 @@ def test_ends_short_of_the_text_take_the_numpy_pass(batch):
     full = [k for k in range(len(totals)) if src[k].size and tgt[k].size]
     if not full or all(src[k][-1] == totals[k] == tgt[k][-1] for k in full):
         return
-    cat = lambda ends: (np.concatenate([ends[k] for k in full]),  # noqa: E731
-                        np.array([ends[k].size for k in full]))
+    cat = lambda ends: (
+        np.concatenate([ends[k] for k in full]),  # noqa: E731
+        np.array([ends[k].size for k in full]),
+    )
     assert kernels.align(*cat(src), *cat(tgt), np.array([totals[k] for k in full])) is None
 
 
 def test_ends_out_of_order_or_past_the_text_take_the_numpy_pass():
     s = [np.array([3, 1, 5], dtype=np.int64), np.array([2, 4], dtype=np.int64)]
     t = [np.array([1, 3, 5], dtype=np.int64), np.array([4], dtype=np.int64)]
-    assert kernels.align(np.concatenate(s), np.array([3, 2]), np.concatenate(t), np.array([3, 1]),
-                         np.array([5, 4])) is None
+    assert (
+        kernels.align(
+            np.concatenate(s),
+            np.array([3, 2]),
+            np.concatenate(t),
+            np.array([3, 1]),
+            np.array([5, 4]),
+        )
+        is None
+    )
     batch = align_batch(s, t, [5, 4])
-    assert batch.stats is None and batch.src_all is not None       # aligned by the numpy pass
+    assert batch.stats is None and batch.src_all is not None  # aligned by the numpy pass
     past = [np.array([2, 9], dtype=np.int64)]
-    assert kernels.align(past[0], np.array([2]), np.array([9], dtype=np.int64), np.array([1]),
-                         np.array([5])) is None
+    assert (
+        kernels.align(
+            past[0], np.array([2]), np.array([9], dtype=np.int64), np.array([1]), np.array([5])
+        )
+        is None
+    )
 
 
 @pytest.mark.parametrize("name", ["qwen2.5", "mistral-v1"])
@@ -135,14 +151,16 @@ def test_walked_spelling_check_equals_the_numpy_passes(name, numpy_only):
     prof = Retokenizer(load_tokenizer(name)).profile
     rng = np.random.default_rng(0)
     texts = ["the cat sat", "naïve café ✓", "x = 1 + 2\n", "", "  two  spaces", "漢字 and ascii"]
-    ids = [np.array(e.ids, dtype=np.int64)
-           for e in prof.continuation.encode_batch(texts, add_special_tokens=False)]
+    ids = [
+        np.array(e.ids, dtype=np.int64)
+        for e in prof.continuation.encode_batch(texts, add_special_tokens=False)
+    ]
     datas = [t.encode() for t in texts]
-    ids[0] = ids[0][::-1].copy()                      # the same bytes in another order
-    ids[2] = ids[2][:-1].copy()                       # one token short
-    ids.append(np.zeros(0, np.int64))                 # no ids for a non-empty text
+    ids[0] = ids[0][::-1].copy()  # the same bytes in another order
+    ids[2] = ids[2][:-1].copy()  # one token short
+    ids.append(np.zeros(0, np.int64))  # no ids for a non-empty text
     datas.append(b"x")
-    for _ in range(40):                               # random ids, their own bytes, one changed
+    for _ in range(40):  # random ids, their own bytes, one changed
         a = rng.integers(0, prof.piece_len.size, size=int(rng.integers(1, 30)))
         d = bytearray(prof.text_bytes(a.tolist()))
         if d and rng.random() < 0.5:
@@ -174,9 +192,9 @@ def test_auto_uses_the_kernels_from_a_batch_size_on(monkeypatch):
     monkeypatch.setenv("MUTUALRL_KERNELS", "auto")
     half = kernels.MIN_TOKENS // 2
     small = [np.arange(1, half // 2 + 1, dtype=np.int64)]
-    assert align_batch(small, small, [half // 2]).stats is None             # numpy passes
+    assert align_batch(small, small, [half // 2]).stats is None  # numpy passes
     big = [np.arange(1, half + 1, dtype=np.int64)]
-    assert align_batch(big, big, [half]).stats is not None                  # the kernel
+    assert align_batch(big, big, [half]).stats is not None  # the kernel
     monkeypatch.setenv("MUTUALRL_KERNELS", "numpy")
     assert align_batch(big, big, [half]).stats is None
     monkeypatch.setenv("MUTUALRL_KERNELS", "fast")
@@ -187,7 +205,8 @@ def test_auto_uses_the_kernels_from_a_batch_size_on(monkeypatch):
 def test_the_environment_turns_the_kernels_off():
     code = "from mutualrl.retokenize import kernels; print(kernels.available())"
     env = {**os.environ, "MUTUALRL_KERNELS": "numpy"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "False"

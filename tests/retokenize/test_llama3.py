@@ -23,13 +23,17 @@ TEXTS = {
     "arabic": "التعلم الآلي فرع من الذكاء الاصطناعي، والعدد ١٢٣ هنا.",
     "emoji": "Nice 😀👍🏽 and a family 👨‍👩‍👧 and a flag 🇯🇵!",
     "code": "def fib(n: int) -> int:\n    if n < 2:\n        return n\n"
-            "    return fib(n - 1) + fib(n - 2)  # 1234567\n\n\tprint({'k': [1, 2]})\n",
+    "    return fib(n - 1) + fib(n - 2)  # 1234567\n\n\tprint({'k': [1, 2]})\n",
     "numbers": "12345678 + 0.5 = 12345678.5",
     "specials_as_text": "a model wrote <|eot_id|> and <|im_end|> as plain text",
 }
 ALL_TEXTS = {**CASES, **TEXTS}
-PAIRS = [("llama-3", "qwen2.5"), ("qwen2.5", "llama-3"),
-         ("llama-3", "deepseek-v3"), ("deepseek-v3", "llama-3")]
+PAIRS = [
+    ("llama-3", "qwen2.5"),
+    ("qwen2.5", "llama-3"),
+    ("llama-3", "deepseek-v3"),
+    ("deepseek-v3", "llama-3"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -58,22 +62,35 @@ def test_ids_match_meta_reference(llama3, reference):
     tok = llama3.tokenizer
     assert llama3.vocab_size == 128_256 and llama3.family == "bpe"
     assert tok("The quick brown fox", add_special_tokens=False)["input_ids"] == [
-        791, 4062, 14198, 39935]
+        791,
+        4062,
+        14198,
+        39935,
+    ]
     for name, text in ALL_TEXTS.items():
         ids = tok(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
         assert ids == reference.encode(text, bos=False, eos=False), name
         assert tok.decode(ids) == text, name
     # Llama 3's regex keeps numbers in runs of at most three digits.
     assert tok.convert_ids_to_tokens(tok("12345", add_special_tokens=False)["input_ids"]) == [
-        "123", "45"]
+        "123",
+        "45",
+    ]
 
 
 def test_special_tokens_have_llama3_names_and_ids(llama3):
     tok = llama3.tokenizer
-    named = {"<|begin_of_text|>": 128000, "<|end_of_text|>": 128001, "<|start_header_id|>": 128006,
-             "<|end_header_id|>": 128007, "<|eot_id|>": 128009,
-             "<|reserved_special_token_0|>": 128002, "<|reserved_special_token_3|>": 128005,
-             "<|reserved_special_token_4|>": 128008, "<|reserved_special_token_250|>": 128255}
+    named = {
+        "<|begin_of_text|>": 128000,
+        "<|end_of_text|>": 128001,
+        "<|start_header_id|>": 128006,
+        "<|end_header_id|>": 128007,
+        "<|eot_id|>": 128009,
+        "<|reserved_special_token_0|>": 128002,
+        "<|reserved_special_token_3|>": 128005,
+        "<|reserved_special_token_4|>": 128008,
+        "<|reserved_special_token_250|>": 128255,
+    }
     assert {t: tok.convert_tokens_to_ids(t) for t in named} == named
     specials = tok.backend_tokenizer.get_added_tokens_decoder()
     assert sorted(specials) == list(range(128000, 128256))
@@ -84,12 +101,12 @@ def test_bos_is_prepended_and_eos_ends_a_turn(llama3, rts):
     tok = llama3.tokenizer
     assert (tok.bos_token, tok.bos_token_id) == ("<|begin_of_text|>", 128000)
     assert (tok.eos_token, tok.eos_token_id) == ("<|eot_id|>", 128009)  # Instruct's config
-    assert tok.pad_token_id == 128009                                    # none shipped: EOS
+    assert tok.pad_token_id == 128009  # none shipped: EOS
     assert tok("Hi")["input_ids"] == [128000, 13347]
     assert tok("Hi", add_special_tokens=False)["input_ids"] == [13347]
     rt = rts["llama-3"]
     assert rt.encode_prompt("Hi").tolist() == [128000, 13347]
-    assert rt.encode_completion("Hi").tolist() == [13347]       # a completion has no BOS
+    assert rt.encode_completion("Hi").tolist() == [13347]  # a completion has no BOS
     assert rt.profile.eos_id == 128009 and rt.profile.lossless
     assert rt.profile.special[[128000, 128001, 128009]].all()
 
@@ -99,15 +116,22 @@ def test_chat_template_renders_roles_as_meta_reference(llama3, reference, rts):
     from llama_models.llama3.chat_format import ChatFormat
 
     tok = llama3.tokenizer
-    msgs = [{"role": "system", "content": "Answer briefly."},
-            {"role": "user", "content": "What is 2 + 2? 用中文回答。"}]
+    msgs = [
+        {"role": "system", "content": "Answer briefly."},
+        {"role": "user", "content": "What is 2 + 2? 用中文回答。"},
+    ]
     text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-    assert text == ("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
-                    "Answer briefly.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n"
-                    "What is 2 + 2? 用中文回答。<|eot_id|>"
-                    "<|start_header_id|>assistant<|end_header_id|>\n\n")
-    want = ChatFormat(reference).encode_dialog_prompt(
-        [RawMessage(role=m["role"], content=m["content"]) for m in msgs]).tokens
+    assert text == (
+        "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
+        "Answer briefly.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n"
+        "What is 2 + 2? 用中文回答。<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    )
+    want = (
+        ChatFormat(reference)
+        .encode_dialog_prompt([RawMessage(role=m["role"], content=m["content"]) for m in msgs])
+        .tokens
+    )
     assert rts["llama-3"].encode_prompt(msgs).tolist() == want  # one BOS, from the template
     assert tok(text, add_special_tokens=False)["input_ids"] == want
 
@@ -116,13 +140,17 @@ def test_chat_template_true_in_a_policy_config(llama3):
     from mutualrl.config import PolicyConfig
     from mutualrl.policies.policy import PolicyView
 
-    view = PolicyView(PolicyConfig(name="p", tokenizer="llama-3", chat_template=True,
-                                   system_prompt="Be brief."), llama3)
+    view = PolicyView(
+        PolicyConfig(name="p", tokenizer="llama-3", chat_template=True, system_prompt="Be brief."),
+        llama3,
+    )
     ids = view.encode_prompt("2 + 2 =")
     assert ids[:2] == (128000, 128006) and ids.count(128000) == 1
     text = llama3.tokenizer.decode(ids)
-    assert text.endswith("Be brief.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n2 + 2 ="
-                         "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")
+    assert text.endswith(
+        "Be brief.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n2 + 2 ="
+        "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+    )
 
 
 def test_missing_package_names_the_tokenizer_and_the_install(monkeypatch):
@@ -130,9 +158,12 @@ def test_missing_package_names_the_tokenizer_and_the_install(monkeypatch):
     from mutualrl.policies.policy import load_handles
 
     monkeypatch.setitem(sys.modules, "llama_models", None)  # import llama_models -> ImportError
-    with pytest.raises(TokenizerLoadError, match=r"packaged tokenizer 'llama-3': the Python "
-                       r"package 'llama_models' \(llama-models\) is not installed; install it "
-                       r"with: pip install llama-models \(or: pip install 'mutualrl\[llama\]'\)"):
+    with pytest.raises(
+        TokenizerLoadError,
+        match=r"packaged tokenizer 'llama-3': the Python "
+        r"package 'llama_models' \(llama-models\) is not installed; install it "
+        r"with: pip install llama-models \(or: pip install 'mutualrl\[llama\]'\)",
+    ):
         load_tokenizer("llama-3")
     with pytest.raises(ConfigError, match=r"policies\.p\.tokenizer: packaged tokenizer 'llama-3'"):
         load_handles([PolicyConfig(name="p", tokenizer="llama-3")])
@@ -187,8 +218,9 @@ def test_bos_eos_asymmetry_llama3_to_qwen(rts):
     body = llama.encode_completion(text)
     ids = np.concatenate([[128000], body, [128009]])
     lps = np.concatenate([[-7.0], np.full(body.size, -0.5), [-0.25]])
-    out = qwen.retokenize(text, source=llama.target, source_ids=ids, source_logprobs=lps,
-                          ends_with_eos=True)
+    out = qwen.retokenize(
+        text, source=llama.target, source_ids=ids, source_logprobs=lps, ends_with_eos=True
+    )
     r, g = out.residuals, out.groups
     assert out.target_ids[-1] == qwen.profile.eos_id == 151643
     assert not np.isin(out.target_ids, [128000, 128009]).any() and out.target_ids[0] != 151643

@@ -36,7 +36,11 @@ def test_ids_and_specials_match_meta_reference(llama4, reference):
     tok = llama4.tokenizer
     assert llama4.vocab_size == 202_048 == reference.n_words and llama4.family == "bpe"
     assert tok("The quick brown fox", add_special_tokens=False)["input_ids"] == [
-        954, 7202, 27756, 92637]
+        954,
+        7202,
+        27756,
+        92637,
+    ]
     for name, text in ALL_TEXTS.items():
         ids = tok(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
         assert ids == reference.encode(text, bos=False, eos=False), name
@@ -48,8 +52,11 @@ def test_ids_and_specials_match_meta_reference(llama4, reference):
 
 def test_bos_eos_pad_and_chat_format(llama4, reference, rts):
     tok = llama4.tokenizer
-    assert (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id) == (
-        reference.bos_id, reference.eot_id, reference.pad_id) == (200000, 200008, 200018)
+    assert (
+        (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id)
+        == (reference.bos_id, reference.eot_id, reference.pad_id)
+        == (200000, 200008, 200018)
+    )
     assert tok("Hi")["input_ids"][0] == 200000
     assert tok("Hi", add_special_tokens=False)["input_ids"][0] != 200000
     msgs = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "2+2?"}]
@@ -72,8 +79,7 @@ def test_thl_round_trips_with_llama3(rts, src, tgt):
     for name, text in ALL_TEXTS.items():
         ids = rts[src].encode_completion(text)
         lps = -np.linspace(0.1, 2.0, ids.size)
-        out = rts[tgt].retokenize(text, source=rts[src].target, source_ids=ids,
-                                  source_logprobs=lps)
+        out = rts[tgt].retokenize(text, source=rts[src].target, source_ids=ids, source_logprobs=lps)
         check_tiling(out, ids.size, len(text.encode()), eos_group=False)
         group_text_equal(rts[src], rts[tgt], out, ids, text.encode())
         assert out.group_logprob_sums.sum() == pytest.approx(lps.sum(), abs=1e-9)

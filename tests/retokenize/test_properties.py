@@ -11,13 +11,18 @@ from hypothesis import strategies as st
 
 from .helpers import PAIRS, check_tiling, group_text_equal, source_ids
 
-TRICKY = list(" \n\t\r\u00a0\u3000aZ9é\u0301ñ漢字かな한글😀👍🏽🇫🇷\u200dمرحبا١٢३ंĞİß\u2581{}();=+-*/#\"'<>_.,!?")
+TRICKY = list(
+    " \n\t\r\u00a0\u3000aZ9é\u0301ñ漢字かな한글😀👍🏽🇫🇷\u200dمرحبا١٢३ंĞİß\u2581{}();=+-*/#\"'<>_.,!?"
+)
 TEXTS = st.one_of(st.text(max_size=60), st.text(alphabet=st.sampled_from(TRICKY), max_size=60))
 # Modest by default so the folder stays fast; raise it for a soak run.
 EXAMPLES = int(os.environ.get("MUTUALRL_HYPOTHESIS_EXAMPLES", "60"))
-SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                           HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 
 @pytest.mark.parametrize(("src", "tgt"), PAIRS, ids=[f"{s}->{t}" for s, t in PAIRS])
@@ -26,8 +31,9 @@ SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
 def test_groups_tile_text_and_spell_it(retokenizers, handles, src, tgt, text, seed):
     ids = source_ids(retokenizers, src, text)
     lps = -np.random.default_rng(seed).exponential(size=ids.size)
-    out = retokenizers[tgt].retokenize(text, source=handles[src], source_ids=ids,
-                                       source_logprobs=lps)
+    out = retokenizers[tgt].retokenize(
+        text, source=handles[src], source_ids=ids, source_logprobs=lps
+    )
     data = text.encode()
     check_tiling(out, ids.size, len(data), eos_group=False)
     group_text_equal(retokenizers[src], retokenizers[tgt], out, ids, data)
@@ -44,8 +50,9 @@ def test_groups_tile_text_and_spell_it(retokenizers, handles, src, tgt, text, se
 def test_identity_pair_is_one_to_one(retokenizers, handles, name, text):
     rt = retokenizers[name]
     ids = source_ids(retokenizers, name, text)
-    out = rt.retokenize(text, source=handles[name], source_ids=ids,
-                        source_logprobs=np.full(ids.size, -0.5))
+    out = rt.retokenize(
+        text, source=handles[name], source_ids=ids, source_logprobs=np.full(ids.size, -0.5)
+    )
     g, r = out.groups, out.residuals
     assert np.array_equal(out.target_ids, ids)
     assert np.array_equal(g.src_start, g.tgt_start) and np.array_equal(g.src_end, g.tgt_end)
@@ -77,8 +84,10 @@ def test_numpy_edit_distance_matches_reference(a, b):
 
 
 @SETTINGS
-@given(pairs=st.lists(st.tuples(st.binary(max_size=60), st.binary(max_size=60)), max_size=8),
-       workers=st.sampled_from([1, 2]))
+@given(
+    pairs=st.lists(st.tuples(st.binary(max_size=60), st.binary(max_size=60)), max_size=8),
+    workers=st.sampled_from([1, 2]),
+)
 def test_batched_edit_distances_equal_the_per_pair_ones(pairs, workers):
     from mutualrl.retokenize.residuals import byte_edit_distance, byte_edit_distances
 
@@ -87,8 +96,13 @@ def test_batched_edit_distances_equal_the_per_pair_ones(pairs, workers):
 
 
 @SETTINGS
-@given(rows=st.lists(st.tuples(st.lists(st.integers(0, 3), max_size=5),
-                               st.lists(st.integers(0, 3), max_size=5)), min_size=1, max_size=8))
+@given(
+    rows=st.lists(
+        st.tuples(st.lists(st.integers(0, 3), max_size=5), st.lists(st.integers(0, 3), max_size=5)),
+        min_size=1,
+        max_size=8,
+    )
+)
 def test_row_by_row_id_equality_in_whole_batch_passes(rows):
     from mutualrl.retokenize.sources import _equal_rows
 

@@ -15,8 +15,17 @@ from mutualrl.bench.retokenize import load_corpus
 from mutualrl.retokenize import kernels, wordpiece
 from mutualrl.retokenize.encoding import offset_ends_batch, rust_encode, utf8
 
-TRICKY = [*"aAbZ ,.-'\t\n\x00\x0bé É中国한ΣΑς\u0301\u0308İﬁ½—✓×−\u2028\u3000ا्ाท😀",
-          "##", "[UNK]", "  ", "don't", "Hello", "xylophone", "unaffable", "a" * 120]
+TRICKY = [
+    *"aAbZ ,.-'\t\n\x00\x0bé É中国한ΣΑς\u0301\u0308İﬁ½—✓×−\u2028\u3000ا्ाท😀",
+    "##",
+    "[UNK]",
+    "  ",
+    "don't",
+    "Hello",
+    "xylophone",
+    "unaffable",
+    "a" * 120,
+]
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +43,7 @@ def _texts() -> list[str]:
 def _walk(prof, texts, mode, monkeypatch):
     monkeypatch.setenv("MUTUALRL_KERNELS", mode)
     datas = [utf8(t) for t in texts]
-    encs = prof.continuation.encode_batch(texts, add_special_tokens=False)   # with offsets
+    encs = prof.continuation.encode_batch(texts, add_special_tokens=False)  # with offsets
     flat, ends, sizes = offset_ends_batch(prof, encs, texts, datas)
     spells, walked = wordpiece.folded_ends(prof, flat, sizes, texts, datas)
     return spells, walked, ends, sizes, flat
@@ -72,17 +81,28 @@ def test_characters_are_classed_by_the_normaliser_and_pre_tokeniser(bert, retoke
     table.learn(np.frombuffer(chars.encode("utf-32-le"), np.uint32))
     idx = np.minimum([ord(c) for c in chars], wordpiece.TABLE_SIZE - 1)
     t = table.tables
-    got = {c: (int(t.cls[i]), "".join(map(chr, t.chars[t.off[i]:t.off[i] + t.count[i]])))
-           for c, i in zip(chars, idx.tolist())}
+    got = {
+        c: (int(t.cls[i]), "".join(map(chr, t.chars[t.off[i] : t.off[i] + t.count[i]])))
+        for c, i in zip(chars, idx.tolist())
+    }
     w = wordpiece
-    assert got == {"A": (w.KEEP, "a"), "é": (w.KEEP, "e"), ",": (w.ALONE, ","),
-                   "中": (w.ALONE, "中"), "\t": (w.SPACE, ""), "\x00": (w.REMOVED, ""),
-                   "\u0301": (w.REMOVED, ""), "한": (w.KEEP, "\u1112\u1161\u11ab"),
-                   "\U00030000": (w.COMPLEX, "")}
+    assert got == {
+        "A": (w.KEEP, "a"),
+        "é": (w.KEEP, "e"),
+        ",": (w.ALONE, ","),
+        "中": (w.ALONE, "中"),
+        "\t": (w.SPACE, ""),
+        "\x00": (w.REMOVED, ""),
+        "\u0301": (w.REMOVED, ""),
+        "한": (w.KEEP, "\u1112\u1161\u11ab"),
+        "\U00030000": (w.COMPLEX, ""),
+    }
     lossless = retokenizers["deepseek-v3"].profile
-    assert wordpiece.fold_table(lossless) is None   # only WordPiece walks
-    assert wordpiece.folded_ends(lossless, np.zeros(0, np.int64), np.zeros(1, np.int64),
-                                 [""], [b""]) is None
+    assert wordpiece.fold_table(lossless) is None  # only WordPiece walks
+    assert (
+        wordpiece.folded_ends(lossless, np.zeros(0, np.int64), np.zeros(1, np.int64), [""], [b""])
+        is None
+    )
 
 
 def _ids(prof, *tokens: str) -> np.ndarray:
@@ -98,23 +118,24 @@ def test_other_splits_of_a_word_walk_and_misshapen_ids_do_not(bert, mode, monkey
     cases = [  # (text, tokens, walks, byte ends where it walks)
         ("Playing now", ["play", "##ing", "now"], True, [4, 7, 11]),
         ("Playing now", ["playing", "now"], True, [7, 11]),
-        ("✓✓ ok.", ["[UNK]", "ok", "."], True, [6, 9, 10]),   # [UNK]: the whole word
+        ("✓✓ ok.", ["[UNK]", "ok", "."], True, [6, 9, 10]),  # [UNK]: the whole word
         ("Café au lait", ["cafe", "au", "lai", "##t"], True, [5, 8, 12, 13]),
-        ("play ing", ["play", "##ing"], False, None),         # '##' at a word start
-        ("playing", ["play", "ing"], False, None),             # a word start inside a word
-        ("a b", ["ab"], False, None),                          # a token across whitespace
-        ("ok ✓✓", ["ok", "[UNK]", "[UNK]"], False, None),     # [UNK] inside a word
-        ("playing", ["play", "##in"], False, None),            # the text not spelled
-        ("ok", ["ok", "[UNK]"], False, None),                  # a token past the text
-        ("한국 ok", ["[UNK]", "ok"], True, [6, 9]),            # jamo, in one word
+        ("play ing", ["play", "##ing"], False, None),  # '##' at a word start
+        ("playing", ["play", "ing"], False, None),  # a word start inside a word
+        ("a b", ["ab"], False, None),  # a token across whitespace
+        ("ok ✓✓", ["ok", "[UNK]", "[UNK]"], False, None),  # [UNK] inside a word
+        ("playing", ["play", "##in"], False, None),  # the text not spelled
+        ("ok", ["ok", "[UNK]"], False, None),  # a token past the text
+        ("한국 ok", ["[UNK]", "ok"], True, [6, 9]),  # jamo, in one word
         ("한 ok", ["ᄒ", "##ᅡ", "##ᆫ", "ok"], True, [3, 3, 3, 6]),  # one syllable's bytes
-        ("ok \U00030000", ["ok", "[UNK]"], False, None),       # past the fold table
+        ("ok \U00030000", ["ok", "[UNK]"], False, None),  # past the fold table
     ]
     texts = [c[0] for c in cases]
     id_rows = [_ids(bert, *c[1]) for c in cases]
     sizes = np.array([r.size for r in id_rows])
-    spells, ends = wordpiece.folded_ends(bert, np.concatenate(id_rows), sizes, texts,
-                                         [utf8(t) for t in texts])
+    spells, ends = wordpiece.folded_ends(
+        bert, np.concatenate(id_rows), sizes, texts, [utf8(t) for t in texts]
+    )
     assert spells.tolist() == [c[2] for c in cases]
     stops = np.cumsum(sizes)
     for (_, _, walks, want), lo, hi in zip(cases, stops - sizes, stops):
@@ -127,16 +148,19 @@ def test_a_wordpiece_sender_gets_exact_ends_for_another_split(retokenizers):
     rt = retokenizers["deepseek-v3"]
     source = retokenizers["bert-wordpiece"].target
     prof = rt.profile_for(source)
-    out = rt.retokenize("Playing now", source=source,
-                        source_ids=_ids(prof, "play", "##ing", "now"),
-                        source_logprobs=[-0.5, -0.25, -1.0])
+    out = rt.retokenize(
+        "Playing now",
+        source=source,
+        source_ids=_ids(prof, "play", "##ing", "now"),
+        source_logprobs=[-0.5, -0.25, -1.0],
+    )
     assert not out.residuals.source_mismatch
     assert out.groups.byte_end.tolist()[-1] == 11
     assert out.group_logprob_sums.sum() == pytest.approx(-1.75)
     # A sender's ids that do not walk still take its encoding, as before.
     odd = rt.retokenize("play ing", source=source, source_ids=_ids(prof, "play", "##ing"))
     assert odd.residuals.source_mismatch
-    for text in ("한국어 ok", "ok \U00030000 ok"):   # walked; the encoding path
+    for text in ("한국어 ok", "ok \U00030000 ok"):  # walked; the encoding path
         ids = prof.continuation.encode(text, add_special_tokens=False).ids
         out = rt.retokenize(text, source=source, source_ids=ids)
         assert not out.residuals.source_mismatch
@@ -176,7 +200,7 @@ def test_both_walks_agree_on_ids_out_of_shape(bert, monkeypatch):
         got[mode] = wordpiece.folded_ends(bert, flat, sizes, texts, datas)
     assert np.array_equal(got["numpy"][0], got["numba"][0])
     assert np.array_equal(got["numpy"][1], got["numba"][1])
-    assert 0 < got["numpy"][0].sum() < len(texts)   # some still walk, some do not
+    assert 0 < got["numpy"][0].sum() < len(texts)  # some still walk, some do not
 
 
 @pytest.mark.parametrize("mode", ["numpy", "numba"])
@@ -212,6 +236,8 @@ def test_threads_learning_at_once_leave_one_consistent_table(bert):
         t.join()
     a, b = alone.tables, shared.tables
     assert np.array_equal(a.cls, b.cls) and np.array_equal(a.n_folded, b.n_folded)
-    for cp in np.flatnonzero(a.count).tolist():   # the same folded characters, wherever stored
-        assert (a.chars[a.off[cp]:a.off[cp] + a.count[cp]].tolist()
-                == b.chars[b.off[cp]:b.off[cp] + b.count[cp]].tolist())
+    for cp in np.flatnonzero(a.count).tolist():  # the same folded characters, wherever stored
+        assert (
+            a.chars[a.off[cp] : a.off[cp] + a.count[cp]].tolist()
+            == b.chars[b.off[cp] : b.off[cp] + b.count[cp]].tolist()
+        )

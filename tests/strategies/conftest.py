@@ -28,5 +28,3 @@ def _fast_builds(fast_run_builds):
 @pytest.fixture
 def handles(tokenizer_handles):
     return {name: tokenizer_handles[tok] for name, tok in TOKENIZER_OF.items()}
-
-

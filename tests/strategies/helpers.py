@@ -28,15 +28,33 @@ PC = Prompt(text="first: king ship gold door =", answer=" king", family="first")
 PD = Prompt(text="last: hand road wind fire =", answer=" fire", family="last")
 
 
-def sample(prompt: Prompt, group: int, reward: float, *, ids=(5, 6, 2), lps=(-0.5, -0.25, -0.125),
-           text=" x", finish="stop") -> Sample:
-    return Sample(prompt=prompt, prompt_ids=(1, 100 + group), completion_ids=tuple(ids),
-                  logprobs=tuple(lps), text=text, finish_reason=finish, group=group, reward=reward)
+def sample(
+    prompt: Prompt,
+    group: int,
+    reward: float,
+    *,
+    ids=(5, 6, 2),
+    lps=(-0.5, -0.25, -0.125),
+    text=" x",
+    finish="stop",
+) -> Sample:
+    return Sample(
+        prompt=prompt,
+        prompt_ids=(1, 100 + group),
+        completion_ids=tuple(ids),
+        logprobs=tuple(lps),
+        text=text,
+        finish_reason=finish,
+        group=group,
+        reward=reward,
+    )
 
 
 def group(prompt: Prompt, g: int, rewards, **kw) -> list[Sample]:
-    return [sample(prompt, g, r, ids=(5 + i, 2), lps=(-0.1 * (i + 1), -0.05), **kw)
-            for i, r in enumerate(rewards)]
+    return [
+        sample(prompt, g, r, ids=(5 + i, 2), lps=(-0.1 * (i + 1), -0.05), **kw)
+        for i, r in enumerate(rewards)
+    ]
 
 
 def peer_tokens(handle, text: str, stop: bool = True) -> list[int]:
@@ -44,21 +62,40 @@ def peer_tokens(handle, text: str, stop: bool = True) -> list[int]:
     return list(ids) + ([handle.tokenizer.eos_token_id] if stop else [])
 
 
-def rollout(producer: str, handle, prompt: Prompt, completion: str, reward: float, *,
-            logprob_total: float = -1.0, finish: str = "stop", seq: int = 0) -> Delivery:
+def rollout(
+    producer: str,
+    handle,
+    prompt: Prompt,
+    completion: str,
+    reward: float,
+    *,
+    logprob_total: float = -1.0,
+    finish: str = "stop",
+    seq: int = 0,
+) -> Delivery:
     """A peer's rollout as the exchange delivers it; its log-probs sum to ``logprob_total``."""
     ids = peer_tokens(handle, completion, finish == "stop")
     lps = [logprob_total] + [0.0] * (len(ids) - 1)
-    rec = Rollout.create(prompt=prompt.text, completion=completion, producer=producer,
-                         tokenizer_id=handle.fingerprint, token_ids=ids, logprobs=lps,
-                         reward=float(reward), verifier_id="exact-match", policy_version=0,
-                         finish_reason=finish, family=prompt.family)
+    rec = Rollout.create(
+        prompt=prompt.text,
+        completion=completion,
+        producer=producer,
+        tokenizer_id=handle.fingerprint,
+        token_ids=ids,
+        logprobs=lps,
+        reward=float(reward),
+        verifier_id="exact-match",
+        policy_version=0,
+        finish_reason=finish,
+        family=prompt.family,
+    )
     return Delivery(kind="rollout", producer=producer, producer_version=0, seq=seq, record=rec)
 
 
 def stats(producer: str, prompt: Prompt, rewards, seq: int = 0) -> Delivery:
-    rec = GroupStats.from_rewards(prompt_id=hash_prompt(prompt.text), producer=producer,
-                                  policy_version=0, rewards=rewards)
+    rec = GroupStats.from_rewards(
+        prompt_id=hash_prompt(prompt.text), producer=producer, policy_version=0, rewards=rewards
+    )
     return Delivery(kind="group_stats", producer=producer, producer_version=0, seq=seq, record=rec)
 
 
@@ -68,7 +105,10 @@ def encoder(handle):
 
     def encode(text: str) -> tuple[int, ...]:
         bos = tok.bos_token_id
-        return tuple(([bos] if bos is not None else []) + tok(text, add_special_tokens=False)["input_ids"])
+        return tuple(
+            ([bos] if bos is not None else []) + tok(text, add_special_tokens=False)["input_ids"]
+        )
+
     return encode
 
 
@@ -82,24 +122,34 @@ class LogprobStub:
     def __call__(self, prompts, completions):
         self.calls.append((list(prompts), list(completions)))
         assert len(prompts) == len(completions) <= len(self.values)
-        return torch.tensor(self.values[:len(prompts)], dtype=torch.float32)
+        return torch.tensor(self.values[: len(prompts)], dtype=torch.float32)
 
 
 def refuse(prompts, completions):
     raise AssertionError("sequence_logprobs must not be called here")
 
 
-def make_ctx(handles: dict, peer_experience=(), *, grpo: GRPOConfig | None = None, step: int = 0,
-             logprobs: dict | None = None, max_length: int = 8) -> StrategyContext:
+def make_ctx(
+    handles: dict,
+    peer_experience=(),
+    *,
+    grpo: GRPOConfig | None = None,
+    step: int = 0,
+    logprobs: dict | None = None,
+    max_length: int = 8,
+) -> StrategyContext:
     names = list(handles)
     return StrategyContext(
-        step=step, grpo=grpo or GRPOConfig(num_generations=2), policy_names=names,
+        step=step,
+        grpo=grpo or GRPOConfig(num_generations=2),
+        policy_names=names,
         rng=np.random.default_rng([0, 4, step]),
         encode_prompt={n: encoder(h) for n, h in handles.items()},
         sequence_logprobs=logprobs or {n: refuse for n in names},
         retokenizers={n: Retokenizer(h, max_length=max_length) for n, h in handles.items()},
         tokenizers={h.fingerprint: h for h in handles.values()},
-        peer_experience=list(peer_experience))
+        peer_experience=list(peer_experience),
+    )
 
 
 def zscores(rewards, eps: float = 1e-4, ddof: int = 0) -> np.ndarray:

@@ -21,15 +21,36 @@ from mutualrl.run.phases import generate, make_context, publish, sample_prompts,
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny.toml"
 NAMES = STRATEGIES.names()
-THIRD = {"name": "mistral-third", "architecture": "mistral", "tokenizer": "mistral-v1",
-         "hidden_size": 32, "num_layers": 2, "num_heads": 4}
-COMPARED = ("reward/mean", "reward/std", "loss", "grpo_loss", "entropy", "grad_norm",
-            "completion_length", "frac_reward_zero_std")
+THIRD = {
+    "name": "mistral-third",
+    "architecture": "mistral",
+    "tokenizer": "mistral-v1",
+    "hidden_size": 32,
+    "num_layers": 2,
+    "num_heads": 4,
+}
+COMPARED = (
+    "reward/mean",
+    "reward/std",
+    "loss",
+    "grpo_loss",
+    "entropy",
+    "grad_norm",
+    "completion_length",
+    "frac_reward_zero_std",
+)
 TIMING = ("time_s", "tokens_per_s", "step_time_s")
 
 
-def tiny(out: Path, strategy: str, *, policies: int = 2, third: bool = False, steps: int = 2,
-         strategies: dict | None = None):
+def tiny(
+    out: Path,
+    strategy: str,
+    *,
+    policies: int = 2,
+    third: bool = False,
+    steps: int = 2,
+    strategies: dict | None = None,
+):
     data = tomllib.loads(TINY.read_text())
     data.update(output_dir=str(out), strategy=strategy, steps=steps, torch_threads=1)
     data["warmup"]["max_steps"] = 0
@@ -69,13 +90,22 @@ def test_a_single_policy_trains_exactly_as_independent_grpo(name, solo_none, tmp
 
 
 # ---- (b) + three policies: deterministic, and the strategy's metrics are logged ------------
-STRATEGY_KEYS = {"none": (), "prp": ("prp/density_ratio_var", "prp/peer_share", "thl/count"),
-                 "xgrpo": ("xgrpo/frac_pooled_zero_std", "xgrpo/groups_with_signal_from_peers"),
-                 "sgt": ("sgt/buffer_size", "sgt/duplicates_dropped", "sgt/sft_examples"),
-                 "hacpo": ("hacpo/peer_samples", "hacpo/ratio_mean", "hacpo/ratio_var",
-                           "hacpo/clamped_frac", "hacpo/coef_mean", "thl/count"),
-                 "hint": ("hint/candidates", "hint/rescued_prompts", "hint/generated"),
-                 "codistill": ("codistill/is_larger",)}
+STRATEGY_KEYS = {
+    "none": (),
+    "prp": ("prp/density_ratio_var", "prp/peer_share", "thl/count"),
+    "xgrpo": ("xgrpo/frac_pooled_zero_std", "xgrpo/groups_with_signal_from_peers"),
+    "sgt": ("sgt/buffer_size", "sgt/duplicates_dropped", "sgt/sft_examples"),
+    "hacpo": (
+        "hacpo/peer_samples",
+        "hacpo/ratio_mean",
+        "hacpo/ratio_var",
+        "hacpo/clamped_frac",
+        "hacpo/coef_mean",
+        "thl/count",
+    ),
+    "hint": ("hint/candidates", "hint/rescued_prompts", "hint/generated"),
+    "codistill": ("codistill/is_larger",),
+}
 POLICIES3 = ("llama-mistral", "qwen-deepseek", "mistral-third")
 
 
@@ -113,8 +143,11 @@ def test_three_policies_log_their_strategy_metrics(three_policy_runs):
             if name == "sgt" and r[p + "sgt/sft_examples"] > 0:
                 assert r[p + "thl/count"] == r[p + "sgt/sft_examples"]
             if name == "none":
-                assert not any(k.startswith(p + ns) for k in r
-                               for ns in ("prp/", "xgrpo/", "sgt/", "thl/", "hacpo/", "hint/", "codistill/"))
+                assert not any(
+                    k.startswith(p + ns)
+                    for k in r
+                    for ns in ("prp/", "xgrpo/", "sgt/", "thl/", "hacpo/", "hint/", "codistill/")
+                )
             if name == "hacpo":
                 assert r[p + "hacpo/peer_samples"] == 2 * 2 * 4
                 assert 0 <= r[p + "hacpo/clamped_frac"] <= 1 and r[p + "hacpo/ratio_var"] >= 0
@@ -134,20 +167,31 @@ def test_three_policies_log_their_strategy_metrics(three_policy_runs):
 def one_step(request, tmp_path_factory, fast_run_builds_module):
     """One step of the loop, phase by phase; for sgt every other sample is made a success."""
     name = request.param
-    params = {"sgt": {"gate": "always"}, "prp": {"grad_diagnostic": True}, "hacpo": {}, "codistill": {}, "hint": {}}
-    run = build_run(tiny(tmp_path_factory.mktemp(f"step-{name}") / "run", name,
-                         strategies={name: params[name]}))
+    params = {
+        "sgt": {"gate": "always"},
+        "prp": {"grad_diagnostic": True},
+        "hacpo": {},
+        "codistill": {},
+        "hint": {},
+    }
+    run = build_run(
+        tiny(tmp_path_factory.mktemp(f"step-{name}") / "run", name, strategies={name: params[name]})
+    )
     try:
         prompts = sample_prompts(run, 0)
         samples, _ = generate(run, prompts)
         samples = verify(run, samples)
-        if name == "hint":   # the first policy solves every other sample, the second nothing
+        if name == "hint":  # the first policy solves every other sample, the second nothing
             first = next(iter(samples))
-            samples = {n: [replace(s, reward=float(n == first and i % 2 == 0)) for i, s in enumerate(ss)]
-                       for n, ss in samples.items()}
+            samples = {
+                n: [replace(s, reward=float(n == first and i % 2 == 0)) for i, s in enumerate(ss)]
+                for n, ss in samples.items()
+            }
         if name == "sgt":
-            samples = {n: [replace(s, reward=float(i % 2 == 0)) for i, s in enumerate(ss)]
-                       for n, ss in samples.items()}
+            samples = {
+                n: [replace(s, reward=float(i % 2 == 0)) for i, s in enumerate(ss)]
+                for n, ss in samples.items()
+            }
         publish(run, samples)
         ctx = make_context(run, 0, prompts)
         run.strategy.observe(ctx, samples)
@@ -163,7 +207,7 @@ def one_step(request, tmp_path_factory, fast_run_builds_module):
 
 def test_adapted_sequences_fit_the_receiver(one_step):
     name, run, samples, batches, _, _ = one_step
-    limit = run.cfg.grpo.max_completion_length      # EOS is one of the generated tokens
+    limit = run.cfg.grpo.max_completion_length  # EOS is one of the generated tokens
     for receiver, bs in batches.items():
         policy = run.policies[receiver]
         vocab = policy.model.get_input_embeddings().weight.shape[0]
@@ -199,7 +243,9 @@ def test_adapted_batches_train(one_step):
             assert st["sft_loss"] > 0
         if name == "prp":
             # untrained policies mostly get reward 0 (zero advantages): presence, not size
-            assert all(math.isfinite(st[f"grad/{k}"]) for k in ("own_norm", "peer_norm", "own_peer_cosine"))
+            assert all(
+                math.isfinite(st[f"grad/{k}"]) for k in ("own_norm", "peer_norm", "own_peer_cosine")
+            )
 
 
 def test_hints_are_sampled_on_the_receiver_and_scored_by_the_task(one_step):

@@ -7,8 +7,15 @@ import torch
 
 from mutualrl.config import GRPOConfig
 from mutualrl.strategies import STRATEGIES
-from mutualrl.strategies.common import (batch_of, group_count, kept_rows, mixed_group, own_sequences,
-                                        receive_peers, sequences_from_samples)
+from mutualrl.strategies.common import (
+    batch_of,
+    group_count,
+    kept_rows,
+    mixed_group,
+    own_sequences,
+    receive_peers,
+    sequences_from_samples,
+)
 
 from .helpers import PA, PB, PC, PEER, RECV, encoder, group, make_ctx, rollout
 
@@ -22,8 +29,9 @@ def test_kept_rows_drop_zero_std_rows_only_when_asked():
 def test_sequences_from_samples_keep_own_behaviour_logprobs():
     own = group(PA, 0, [1.0, 0.0]) + group(PB, 1, [1.0, 1.0])
     grpo = GRPOConfig(skip_zero_std_groups=True)
-    seqs = sequences_from_samples(own, torch.tensor([1.0, -1.0, 0.0, 0.0]),
-                                  torch.tensor([False, False, True, True]), grpo)
+    seqs = sequences_from_samples(
+        own, torch.tensor([1.0, -1.0, 0.0, 0.0]), torch.tensor([False, False, True, True]), grpo
+    )
     assert [s.advantage for s in seqs] == [1.0, -1.0]
     assert [s.old_logprobs for s in seqs] == [own[0].logprobs, own[1].logprobs]
     assert own_sequences([], grpo) == [] and batch_of([]) == [] and group_count([]) == 0
@@ -33,11 +41,15 @@ def test_sequences_from_samples_keep_own_behaviour_logprobs():
 def test_mixed_group_joins_peers_to_the_receivers_groups(handles):
     own = group(PA, 0, [1.0, 0.0]) + group(PB, 1, [0.0, 0.0])
     hp = handles[PEER]
-    exp = [rollout(PEER, hp, PB, " fish", 1.0, seq=0), rollout(PEER, hp, PA, " cat", 0.5, seq=1),
-           rollout(PEER, hp, PA, " dog", 0.0, seq=2), rollout(PEER, hp, PC, " king", 1.0, seq=3)]
+    exp = [
+        rollout(PEER, hp, PB, " fish", 1.0, seq=0),
+        rollout(PEER, hp, PA, " cat", 0.5, seq=1),
+        rollout(PEER, hp, PA, " dog", 0.0, seq=2),
+        rollout(PEER, hp, PC, " king", 1.0, seq=3),
+    ]
     ctx = make_ctx(handles, exp)
     mixed = mixed_group(ctx, RECV, own, max_per_group=None)
-    assert mixed.n_own == 4 and len(mixed.peers) == 3 and mixed.num_groups == 2   # C is not ours
+    assert mixed.n_own == 4 and len(mixed.peers) == 3 and mixed.num_groups == 2  # C is not ours
     assert mixed.rewards.dtype == torch.float32 and mixed.groups.dtype == torch.long
     assert mixed.rewards.tolist() == [1.0, 0.0, 0.0, 0.0, 1.0, 0.5, 0.0]
     assert mixed.groups.tolist() == [0, 0, 1, 1, 1, 0, 0]
@@ -51,17 +63,30 @@ def test_mixed_group_joins_peers_to_the_receivers_groups(handles):
     w = torch.tensor([0.5, 1.0, 2.0])
     seqs = mixed.peer_sequences(adv, zero, w, GRPOConfig(skip_zero_std_groups=True))
     assert [(s.advantage, s.weight, s.old_logprobs, s.source) for s in seqs] == [
-        (4.0, 0.5, None, PEER), (6.0, 2.0, None, PEER)]
-    picked = mixed.peer_sequences(adv, zero, w, GRPOConfig(), select=torch.tensor([False, True, True]))
+        (4.0, 0.5, None, PEER),
+        (6.0, 2.0, None, PEER),
+    ]
+    picked = mixed.peer_sequences(
+        adv, zero, w, GRPOConfig(), select=torch.tensor([False, True, True])
+    )
     assert [s.advantage for s in picked] == [5.0, 6.0]
-    assert [s.advantage for s in mixed.own_sequences(adv, zero, GRPOConfig())] == [0.0, 1.0, 2.0, 3.0]
+    assert [s.advantage for s in mixed.own_sequences(adv, zero, GRPOConfig())] == [
+        0.0,
+        1.0,
+        2.0,
+        3.0,
+    ]
 
 
 def test_received_peers_as_sft_examples(handles):
     exp = [rollout(PEER, handles[PEER], PA, " cat", 1.0)]
     peers = receive_peers(make_ctx(handles, exp), RECV, exp)
     [ex] = peers.sft_examples()
-    assert (ex.prompt_ids, ex.completion_ids, ex.source) == (peers.prompts[0], peers.completions[0], PEER)
+    assert (ex.prompt_ids, ex.completion_ids, ex.source) == (
+        peers.prompts[0],
+        peers.completions[0],
+        PEER,
+    )
     assert receive_peers(make_ctx(handles), RECV, []).sft_examples() == ()
 
 
@@ -69,7 +94,9 @@ def test_received_peers_as_sft_examples(handles):
 @pytest.mark.parametrize("name", ["none", "prp", "xgrpo", "sgt", "hacpo", "codistill", "hint"])
 def test_a_receiver_without_samples_gets_no_batch(handles, name, estimator):
     spec = STRATEGIES.get(name)
-    params = spec.params(**({"larger_trains_on": "both", "larger": RECV} if name == "codistill" else {}))
+    params = spec.params(
+        **({"larger_trains_on": "both", "larger": RECV} if name == "codistill" else {})
+    )
     strategy = spec.factory(params, None)
     ctx = make_ctx(handles, grpo=GRPOConfig(advantage_estimator=estimator))
     assert [b for b in strategy.build_batches(ctx, RECV, []) if b.sequences] == []

@@ -16,22 +16,33 @@ GRPO = GRPOConfig(num_generations=2, max_completion_length=4, temperature=0.7, l
 
 @pytest.fixture(scope="module")
 def policy(tokenizer_handles):
-    cfg = PolicyConfig(name="llama-test", architecture="llama", tokenizer="mistral-v1",
-                       hidden_size=32, num_layers=1, num_heads=4)
+    cfg = PolicyConfig(
+        name="llama-test",
+        architecture="llama",
+        tokenizer="mistral-v1",
+        hidden_size=32,
+        num_layers=1,
+        num_heads=4,
+    )
     return Policy(cfg, GRPO, seed=3, handle=tokenizer_handles["mistral-v1"])
 
 
 def sequences(policy) -> list[TrainSequence]:
     a, b = policy.encode_prompt("first: cat dog ="), policy.encode_prompt("last: sun tree =")
-    own = [TrainSequence(a, (5255, 2), 1.0, (-1.2, -0.7)),
-           TrainSequence(a, (8006, 2), -1.0, (-2.0, -0.4)),
-           TrainSequence(b, (5255, 8006, 2), 0.0, (-1.0, -1.5, -0.3))]   # own rows always stay
-    peer = [TrainSequence(a, (5255, 2), 0.8, None, weight=1.7, source="q"),
-            TrainSequence(b, (8006, 5255, 8006, 2), -0.6, None, weight=0.0, source="q"),  # w == 0
-            TrainSequence(a, (8006,), 0.0, None, weight=0.9, source="q"),             # A == 0
-            TrainSequence(b, (5255, 5255, 8006), 0.5, None, weight=1e-46, source="q",
-                          truncated=True),                                            # w -> 0 in f32
-            TrainSequence(b, (8006, 2), -0.3, None, weight=0.4, source="q", truncated=True)]
+    own = [
+        TrainSequence(a, (5255, 2), 1.0, (-1.2, -0.7)),
+        TrainSequence(a, (8006, 2), -1.0, (-2.0, -0.4)),
+        TrainSequence(b, (5255, 8006, 2), 0.0, (-1.0, -1.5, -0.3)),
+    ]  # own rows always stay
+    peer = [
+        TrainSequence(a, (5255, 2), 0.8, None, weight=1.7, source="q"),
+        TrainSequence(b, (8006, 5255, 8006, 2), -0.6, None, weight=0.0, source="q"),  # w == 0
+        TrainSequence(a, (8006,), 0.0, None, weight=0.9, source="q"),  # A == 0
+        TrainSequence(
+            b, (5255, 5255, 8006), 0.5, None, weight=1e-46, source="q", truncated=True
+        ),  # w -> 0 in f32
+        TrainSequence(b, (8006, 2), -0.3, None, weight=0.4, source="q", truncated=True),
+    ]
     return own + peer
 
 
@@ -41,10 +52,14 @@ def loss_and_grad(policy, batch: TrainBatch):
     policy.learner.optimizer.zero_grad(set_to_none=True)
     objective = policy.learner.objective
     parts = objective.grpo_parts(policy.model, policy.learner.reference, batch)
-    loss = sum(objective.grpo_loss(policy.model, parts, k, parts.collated.seq.weights)[0].loss
-               for k in range(len(parts.slices)))
+    loss = sum(
+        objective.grpo_loss(policy.model, parts, k, parts.collated.seq.weights)[0].loss
+        for k in range(len(parts.slices))
+    )
     loss.backward()
-    grad = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in params])
+    grad = torch.cat(
+        [(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in params]
+    )
     policy.learner.optimizer.zero_grad(set_to_none=True)
     return loss.detach(), grad.detach().clone()
 
@@ -52,20 +67,25 @@ def loss_and_grad(policy, batch: TrainBatch):
 @pytest.mark.parametrize("micro_batch", [None, 2])
 @pytest.mark.parametrize("mask_truncated", [False, True])
 @pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
-def test_skipping_inert_peers_keeps_loss_and_gradient(policy, loss_type, mask_truncated, micro_batch):
+def test_skipping_inert_peers_keeps_loss_and_gradient(
+    policy, loss_type, mask_truncated, micro_batch
+):
     policy.grpo = policy.learner.grpo = policy.learner.objective.grpo = msgspec.structs.replace(
-        GRPO, loss_type=loss_type, mask_truncated_completions=mask_truncated)
+        GRPO, loss_type=loss_type, mask_truncated_completions=mask_truncated
+    )
     policy.learner.training = policy.learner.objective.training = TrainingConfig(
-        per_device_train_batch_size=micro_batch)
+        per_device_train_batch_size=micro_batch
+    )
     policy.model.train()
     seqs = sequences(policy)
     kept, rows, tokens = drop_inert_peers(seqs, 3, policy.grpo)
     assert rows == 3 and len(kept) == len(seqs) - 3
     assert tokens == 4 + 1 + (0 if mask_truncated else 3)
-    assert kept[:3] == seqs[:3]                                # own rows untouched, even with A == 0
+    assert kept[:3] == seqs[:3]  # own rows untouched, even with A == 0
     full_loss, full_grad = loss_and_grad(policy, TrainBatch(sequences=tuple(seqs)))
-    loss, grad = loss_and_grad(policy, TrainBatch(sequences=tuple(kept), skipped_rows=rows,
-                                                  skipped_tokens=tokens))
+    loss, grad = loss_and_grad(
+        policy, TrainBatch(sequences=tuple(kept), skipped_rows=rows, skipped_tokens=tokens)
+    )
     assert full_grad.norm() > 0
     torch.testing.assert_close(loss, full_loss, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(grad, full_grad, atol=1e-6, rtol=1e-5)

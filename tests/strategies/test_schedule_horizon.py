@@ -16,10 +16,18 @@ from tests.test_restarts import TINY
 
 @pytest.mark.parametrize("per_step", [1, 2])
 def test_the_schedule_spans_every_update_of_the_run(per_step, tmp_path, monkeypatch):
-    cfg = load_config(TINY, [f'output_dir="{tmp_path / "run"}"', "steps=3", 'strategy="hacpo"',
-                             f"strategies.hacpo.updates_per_step={per_step}",
-                             'training.lr_scheduler_type="linear"', "grpo.num_iterations=2",
-                             'allocation.local_mode="sequential"'])
+    cfg = load_config(
+        TINY,
+        [
+            f'output_dir="{tmp_path / "run"}"',
+            "steps=3",
+            'strategy="hacpo"',
+            f"strategies.hacpo.updates_per_step={per_step}",
+            'training.lr_scheduler_type="linear"',
+            "grpo.num_iterations=2",
+            'allocation.local_mode="sequential"',
+        ],
+    )
     assert optimizer_steps(cfg, build_strategy(cfg)) == 3 * per_step * 2
     used: list[float] = []
     advance = Learner._advance_schedule

@@ -18,20 +18,32 @@ GRPO = GRPOConfig(num_generations=2, max_completion_length=4, temperature=0.7, l
 
 @pytest.fixture
 def policy(tokenizer_handles):
-    cfg = PolicyConfig(name="llama-test", architecture="llama", tokenizer="mistral-v1",
-                       hidden_size=32, num_layers=1, num_heads=4)
+    cfg = PolicyConfig(
+        name="llama-test",
+        architecture="llama",
+        tokenizer="mistral-v1",
+        hidden_size=32,
+        num_layers=1,
+        num_heads=4,
+    )
     return Policy(cfg, GRPO, seed=3, handle=tokenizer_handles["mistral-v1"])
 
 
 def pooled_batch(policy, with_peers: bool = True) -> TrainBatch:
     enc = policy.encode_prompt
-    own = (TrainSequence(enc("first: cat dog ="), (5255, 2), 1.0, (-1.2, -0.7)),
-           TrainSequence(enc("first: cat dog ="), (8006, 2), -1.0, (-2.0, -0.4)),
-           TrainSequence(enc("last: sun tree ="), (5255, 8006, 2), 0.5, (-1.0, -1.5, -0.3),
-                         truncated=False))
-    peer = (TrainSequence(enc("first: cat dog ="), (5255, 2), 0.8, None, weight=1.7, source="qwen"),
-            TrainSequence(enc("last: sun tree ="), (8006,), -0.6, None, weight=0.4, source="qwen",
-                          truncated=True))
+    own = (
+        TrainSequence(enc("first: cat dog ="), (5255, 2), 1.0, (-1.2, -0.7)),
+        TrainSequence(enc("first: cat dog ="), (8006, 2), -1.0, (-2.0, -0.4)),
+        TrainSequence(
+            enc("last: sun tree ="), (5255, 8006, 2), 0.5, (-1.0, -1.5, -0.3), truncated=False
+        ),
+    )
+    peer = (
+        TrainSequence(enc("first: cat dog ="), (5255, 2), 0.8, None, weight=1.7, source="qwen"),
+        TrainSequence(
+            enc("last: sun tree ="), (8006,), -0.6, None, weight=0.4, source="qwen", truncated=True
+        ),
+    )
     return TrainBatch(sequences=own + (peer if with_peers else ()), diagnose_sources=True)
 
 
@@ -41,7 +53,9 @@ def flat_grad(policy, c, mask, old, weights) -> torch.Tensor:
     parts = GRPOParts(c, mask, old, [None], None, [slice(0, len(weights))])
     out, _ = policy.learner.objective.grpo_loss(policy.model, parts, 0, weights)
     out.loss.backward()
-    g = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in params])
+    g = torch.cat(
+        [(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in params]
+    )
     policy.learner.optimizer.zero_grad(set_to_none=True)
     return g.detach().clone()
 
@@ -58,7 +72,7 @@ def test_own_and_peer_gradients_sum_to_the_full_gradient_and_are_reported(policy
     peer = flat_grad(policy, c, mask, old, w * is_peer.float())
     assert own.norm() > 0 and peer.norm() > 0
     torch.testing.assert_close(own + peer, full, atol=1e-5, rtol=0)
-    assert (own - full).abs().max() > 1e-4            # the peer part is not negligible
+    assert (own - full).abs().max() > 1e-4  # the peer part is not negligible
 
     before = [p.detach().clone() for p in policy.model.parameters()]
     stats = policy.train_step(batch)

@@ -10,8 +10,14 @@ import pytest
 
 from mutualrl.config import TaskConfig
 from mutualrl.tasks import TaskError, build_task
-from mutualrl.tasks.answers import (extract_hash_answer, fallback_equal, gsm8k_equal, last_boxed,
-                                    math_equal, normalise)
+from mutualrl.tasks.answers import (
+    extract_hash_answer,
+    fallback_equal,
+    gsm8k_equal,
+    last_boxed,
+    math_equal,
+    normalise,
+)
 from mutualrl.tasks.base import Prompt
 
 DATA = Path(__file__).resolve().parents[2] / "examples" / "data"
@@ -34,8 +40,9 @@ def test_gsm8k_sample_loads_from_jsonl_and_parquet_alike(suffix):
 
 
 def test_math_sample_defaults_to_problem_solution_columns(tmp_path):
-    task = build_task(TaskConfig(name="math", path=str(DATA / "math_sample.jsonl"),
-                                 family_column="type"))
+    task = build_task(
+        TaskConfig(name="math", path=str(DATA / "math_sample.jsonl"), family_column="type")
+    )
     assert "Algebra" in task.families and "Prealgebra" in task.families
     every = [p for s in task.splits.values() for p in s]
     assert all(task.verifier(p, task.demonstration(p)) == 1.0 for p in every)
@@ -47,10 +54,20 @@ def test_math_sample_defaults_to_problem_solution_columns(tmp_path):
 
 def test_split_column_and_renamed_columns(tmp_path):
     path = tmp_path / "d.jsonl"
-    rows = [{"q": f"{i} + 1?", "a": f"#### {i + 1}", "part": "test" if i < 2 else "train"} for i in range(6)]
+    rows = [
+        {"q": f"{i} + 1?", "a": f"#### {i + 1}", "part": "test" if i < 2 else "train"}
+        for i in range(6)
+    ]
     path.write_text("\n".join(json.dumps(r) for r in rows))
-    task = build_task(TaskConfig(name="gsm8k", path=str(path), question_column="q",
-                                 answer_column="a", split_column="part"))
+    task = build_task(
+        TaskConfig(
+            name="gsm8k",
+            path=str(path),
+            question_column="q",
+            answer_column="a",
+            split_column="part",
+        )
+    )
     assert [p.text for p in task.splits["heldout"]] == ["0 + 1?", "1 + 1?"]
     assert len(task.splits["train"]) == 4 and task.families == ("default",)
 
@@ -58,12 +75,16 @@ def test_split_column_and_renamed_columns(tmp_path):
 def test_missing_column_names_file_column_and_columns_present(tmp_path):
     path = tmp_path / "d.jsonl"
     path.write_text(json.dumps({"prompt": "x", "answer": "#### 1"}) + "\n")
-    with pytest.raises(TaskError, match=r"task.question_column: column 'question' not found in "
-                                        r".*d.jsonl; columns present: \['prompt', 'answer'\]"):
+    with pytest.raises(
+        TaskError,
+        match=r"task.question_column: column 'question' not found in "
+        r".*d.jsonl; columns present: \['prompt', 'answer'\]",
+    ):
         build_task(TaskConfig(name="gsm8k", path=str(path)))
     with pytest.raises(TaskError, match=r"task.family_column: column 'kind' not found"):
-        build_task(TaskConfig(name="gsm8k", path=str(path), question_column="prompt",
-                              family_column="kind"))
+        build_task(
+            TaskConfig(name="gsm8k", path=str(path), question_column="prompt", family_column="kind")
+        )
 
 
 def test_bad_sources_fail_with_the_field(tmp_path):
@@ -77,9 +98,16 @@ def test_bad_sources_fail_with_the_field(tmp_path):
         build_task(TaskConfig(name="gsm8k", path=str(bad)))
 
 
-@pytest.mark.parametrize("text, want", [
-    ("7 + 5 = 12\n#### 12", "12"), ("#### 1,250", "1250"), ("no marker, last is 9", "9"),
-    ("#### 3 then 4", "4"), ("nothing", None)])
+@pytest.mark.parametrize(
+    "text, want",
+    [
+        ("7 + 5 = 12\n#### 12", "12"),
+        ("#### 1,250", "1250"),
+        ("no marker, last is 9", "9"),
+        ("#### 3 then 4", "4"),
+        ("nothing", None),
+    ],
+)
 def test_extract_hash_answer(text, want):
     assert extract_hash_answer(text) == want
 
@@ -89,19 +117,41 @@ def test_gsm8k_equal_is_numeric():
     assert not gsm8k_equal("", "#### 12")
 
 
-@pytest.mark.parametrize("text, want", [
-    (r"so \boxed{\frac{1}{2}}.", r"\frac{1}{2}"), (r"\boxed{a} then \boxed{b}", "b"),
-    (r"\boxed{\{1, 2\}}", r"\{1, 2\}"), (r"\fbox{3}", "3"), ("no box", None), (r"\boxed{1", None)])
+@pytest.mark.parametrize(
+    "text, want",
+    [
+        (r"so \boxed{\frac{1}{2}}.", r"\frac{1}{2}"),
+        (r"\boxed{a} then \boxed{b}", "b"),
+        (r"\boxed{\{1, 2\}}", r"\{1, 2\}"),
+        (r"\fbox{3}", "3"),
+        ("no box", None),
+        (r"\boxed{1", None),
+    ],
+)
 def test_last_boxed(text, want):
     assert last_boxed(text) == want
 
 
-@pytest.mark.parametrize("a, b, equal", [
-    (r"\dfrac{3}{4}", r"\frac{3}{4}", True), (r"\frac34", r"\frac{3}{4}", True),
-    ("0.75", r"\frac{3}{4}", True), ("3/4", "0.75", True), (r"\left(1, 2\right)", "(1,2)", True),
-    ("5.", "5", True), ("1,000", "1000", True), (r"50\%", "0.5", True),
-    (r"\text{12 }", "12", True), ("12^\\circ", "12", True), ("-0.5", r"-\frac{1}{2}", True),
-    ("2", "3", False), (r"\frac{1}{0}", "1", False), ("x+1", "1+x", False), ("", "", False)])
+@pytest.mark.parametrize(
+    "a, b, equal",
+    [
+        (r"\dfrac{3}{4}", r"\frac{3}{4}", True),
+        (r"\frac34", r"\frac{3}{4}", True),
+        ("0.75", r"\frac{3}{4}", True),
+        ("3/4", "0.75", True),
+        (r"\left(1, 2\right)", "(1,2)", True),
+        ("5.", "5", True),
+        ("1,000", "1000", True),
+        (r"50\%", "0.5", True),
+        (r"\text{12 }", "12", True),
+        ("12^\\circ", "12", True),
+        ("-0.5", r"-\frac{1}{2}", True),
+        ("2", "3", False),
+        (r"\frac{1}{0}", "1", False),
+        ("x+1", "1+x", False),
+        ("", "", False),
+    ],
+)
 def test_fallback_normaliser(a, b, equal):
     assert fallback_equal(a, b) is equal
 
@@ -122,6 +172,7 @@ def test_math_verify_when_installed_accepts_equivalent_expressions():
 
 def test_math_verifier_in_a_thread():
     import concurrent.futures as cf
+
     task_kind_check = build_task(TaskConfig(name="math", path=str(DATA / "math_sample.jsonl")))
     p = Prompt(text="q", answer=r"\boxed{\frac{5}{6}}", family="default")
     with cf.ThreadPoolExecutor(1) as pool:
@@ -133,8 +184,9 @@ def test_save_to_disk_folder_and_arrow_file(tmp_path):
 
     rows = [{"question": f"{i} + 2?", "answer": f"#### {i + 2}"} for i in range(4)]
     held = [{"question": "9 + 2?", "answer": "#### 11"}]
-    dd = datasets.DatasetDict({"train": datasets.Dataset.from_list(rows),
-                               "test": datasets.Dataset.from_list(held)})
+    dd = datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list(rows), "test": datasets.Dataset.from_list(held)}
+    )
     dd.save_to_disk(str(tmp_path / "folder"))
     task = build_task(TaskConfig(name="gsm8k", path=str(tmp_path / "folder"), dataset_split="test"))
     assert [p.text for p in task.splits["train"]] == ["9 + 2?"]
@@ -158,6 +210,7 @@ def test_unreadable_data_files_name_the_file_and_line(tmp_path):
         build_task(TaskConfig(name="gsm8k", path=str(empty)))
     no_rows = tmp_path / "none.parquet"
     import datasets
+
     datasets.Dataset.from_dict({"question": [], "answer": []}).to_parquet(str(no_rows))
     with pytest.raises(TaskError, match="holds no rows"):
         build_task(TaskConfig(name="gsm8k", path=str(no_rows)))

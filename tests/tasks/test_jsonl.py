@@ -18,15 +18,18 @@ def write_jsonl(path, rows):
     return path
 
 
-@pytest.mark.parametrize("text, want", [
-    ("The answer is 1,234.", "1234"),
-    ("... is 1,234.", "1234"),
-    ("3 apples and 4 pears make 7", "7"),
-    ("it is -12 degrees", "-12"),
-    ("pi is about 3.14", "3.14"),
-    ("#### 42", "42"),
-    ("no number here", None),
-])
+@pytest.mark.parametrize(
+    "text, want",
+    [
+        ("The answer is 1,234.", "1234"),
+        ("... is 1,234.", "1234"),
+        ("3 apples and 4 pears make 7", "7"),
+        ("it is -12 degrees", "-12"),
+        ("pi is about 3.14", "3.14"),
+        ("#### 42", "42"),
+        ("no number here", None),
+    ],
+)
 def test_extract_final_number(text, want):
     assert extract_final_number(text) == want
 
@@ -42,14 +45,16 @@ def test_numeric_verifier_compares_final_numbers():
 
 
 def test_parsing_families_and_splits(tmp_path):
-    rows = [{"question": f"q{i}", "answer": f"#### {i}", "family": "add" if i % 2 else "mul"}
-            for i in range(1, 17)]
-    rows[2]["split"] = "heldout"     # line 3 fixed to held-out
+    rows = [
+        {"question": f"q{i}", "answer": f"#### {i}", "family": "add" if i % 2 else "mul"}
+        for i in range(1, 17)
+    ]
+    rows[2]["split"] = "heldout"  # line 3 fixed to held-out
     path = write_jsonl(tmp_path / "d.jsonl", rows)
     task = JsonlTask(path)
     assert task.families == ("add", "mul")
     held = {p.text for p in task.splits["heldout"]}
-    assert held == {"q3", "q8", "q16"}            # explicit split plus every 8th line
+    assert held == {"q3", "q8", "q16"}  # explicit split plus every 8th line
     assert len(task.splits["train"]) == 13
     p = task.splits["train"][0]
     assert p == Prompt(text="q1", answer="#### 1", family="add")
@@ -61,8 +66,10 @@ def test_parsing_families_and_splits(tmp_path):
 
 
 def test_blank_lines_are_skipped_and_default_family(tmp_path):
-    path = write_jsonl(tmp_path / "d.jsonl", [{"question": "a", "answer": "#### 1"}, "",
-                                              {"question": "b", "answer": "#### 2"}])
+    path = write_jsonl(
+        tmp_path / "d.jsonl",
+        [{"question": "a", "answer": "#### 1"}, "", {"question": "b", "answer": "#### 2"}],
+    )
     task = JsonlTask(path)
     assert task.families == ("default",)
     assert [p.text for p in task.splits["train"]] == ["a", "b"]
@@ -93,8 +100,9 @@ def test_unknown_family_and_no_training_prompts(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", [{"question": "a", "answer": "1", "family": "x"}])
     with pytest.raises(TaskError, match=r"\['y'\] not found"):
         JsonlTask(path, families=["y"])
-    only_held = write_jsonl(tmp_path / "h.jsonl",
-                            [{"question": "a", "answer": "1", "split": "heldout"}])
+    only_held = write_jsonl(
+        tmp_path / "h.jsonl", [{"question": "a", "answer": "1", "split": "heldout"}]
+    )
     with pytest.raises(TaskError, match="no training prompts"):
         JsonlTask(only_held)
 

@@ -57,8 +57,12 @@ def test_heldout_and_train_splits_are_disjoint_and_cover_every_key():
 
 def test_sampling_is_deterministic_in_the_rng():
     task = LookupTask()
-    assert task.sample(np.random.default_rng(7), 30, "train") == task.sample(np.random.default_rng(7), 30, "train")
-    assert task.sample(np.random.default_rng(7), 30, "train") != task.sample(np.random.default_rng(8), 30, "train")
+    assert task.sample(np.random.default_rng(7), 30, "train") == task.sample(
+        np.random.default_rng(7), 30, "train"
+    )
+    assert task.sample(np.random.default_rng(7), 30, "train") != task.sample(
+        np.random.default_rng(8), 30, "train"
+    )
 
 
 @pytest.mark.parametrize("name", ["mistral-v1", "deepseek-v3"])
@@ -67,7 +71,7 @@ def test_every_fact_word_is_one_token_with_a_leading_space(tokenizer_handles, na
     base = tok("=", add_special_tokens=False)["input_ids"]
     for word in (w for ws in FACT_WORDS.values() for w in ws):
         both = tok("= " + word, add_special_tokens=False)["input_ids"]
-        assert both[:len(base)] == base and len(both) - len(base) == 1, (name, word, both)
+        assert both[: len(base)] == base and len(both) - len(base) == 1, (name, word, both)
 
 
 def test_bad_parameters_raise_naming_the_field():
@@ -78,7 +82,9 @@ def test_bad_parameters_raise_naming_the_field():
     with pytest.raises(TaskError, match="num_words"):
         LookupTask(num_words=1)
     with pytest.raises(TaskError, match="not in this task"):
-        LookupTask(families=("alpha",)).sample(np.random.default_rng(0), 2, "train", families=["beta"])
+        LookupTask(families=("alpha",)).sample(
+            np.random.default_rng(0), 2, "train", families=["beta"]
+        )
 
 
 def test_built_from_config():

@@ -36,7 +36,7 @@ def test_hand_example():
     p = Prompt(text="last: cat dog sun tree =", answer=" tree", family="last")
     v = ExactMatchVerifier()
     assert v(p, " tree") == 1.0
-    assert v(p, "tree\n") == 1.0   # surrounding white space is ignored
+    assert v(p, "tree\n") == 1.0  # surrounding white space is ignored
     assert v(p, " Tree") == 0.0
     assert v(p, " tree dog") == 0.0
     assert v(p, " cat") == 0.0
@@ -55,7 +55,7 @@ def test_heldout_and_train_splits_are_disjoint():
     task = PointerTask(num_words=3)
     train = {words_of(p) for p in task.sample(np.random.default_rng(2), 3000, "train")}
     heldout = {words_of(p) for p in task.sample(np.random.default_rng(3), 400, "heldout")}
-    assert len(heldout) > 100 and len(train) > 1000   # many distinct tuples were compared
+    assert len(heldout) > 100 and len(train) > 1000  # many distinct tuples were compared
     assert not train & heldout
 
 
@@ -75,7 +75,7 @@ def test_every_word_is_one_token_with_a_leading_space(tokenizer_handles, name):
     for word in WORDS:
         base = tok("=", add_special_tokens=False)["input_ids"]
         both = tok("=" + " " + word, add_special_tokens=False)["input_ids"]
-        assert both[:len(base)] == base, word
+        assert both[: len(base)] == base, word
         assert len(both) - len(base) == 1, (name, word, both)
         ids = tok(" " + word, add_special_tokens=False)["input_ids"]
         assert tok.decode(ids).strip() == word

@@ -26,14 +26,23 @@ class _Right:
 
 
 def test_builtins_are_registered():
-    assert {"correctness", "boxed_format", "hash_format", "think_format"} <= set(REWARD_FUNCS.names())
+    assert {"correctness", "boxed_format", "hash_format", "think_format"} <= set(
+        REWARD_FUNCS.names()
+    )
 
 
-@pytest.mark.parametrize("name, completion, want", [
-    ("boxed_format", r"so \boxed{4}", 1.0), ("boxed_format", r"\boxed{4", 0.0),
-    ("hash_format", "#### 4", 1.0), ("hash_format", "####", 0.0),
-    ("think_format", "<think>2+2</think> 4", 1.0), ("think_format", "<think>2+2</think>", 0.0),
-    ("think_format", "4 <think>x</think> 4", 0.0)])
+@pytest.mark.parametrize(
+    "name, completion, want",
+    [
+        ("boxed_format", r"so \boxed{4}", 1.0),
+        ("boxed_format", r"\boxed{4", 0.0),
+        ("hash_format", "#### 4", 1.0),
+        ("hash_format", "####", 0.0),
+        ("think_format", "<think>2+2</think> 4", 1.0),
+        ("think_format", "<think>2+2</think>", 0.0),
+        ("think_format", "4 <think>x</think> 4", 0.0),
+    ],
+)
 def test_format_rewards(name, completion, want):
     assert REWARD_FUNCS.get(name)(_Task(_Right()))(P, completion) == want
 
@@ -49,8 +58,9 @@ def test_weighted_sum_and_parts():
 
 
 def test_score_many_is_score_of_each_pair_with_threads():
-    r = WeightedReward(_Task(_Right()), ["correctness", "hash_format"], [1.0, 0.25], timeout_s=5,
-                       threads=3)
+    r = WeightedReward(
+        _Task(_Right()), ["correctness", "hash_format"], [1.0, 0.25], timeout_s=5, threads=3
+    )
     items = [(P, c) for c in ("#### 4", "#### 5", "4", "5", "#### 44")]
     assert r.score_many(items) == [r.score(p, c) for p, c in items]
     assert r.score_many(items)[0] == (1.25, {"correctness": 1.0, "hash_format": 1.0})
@@ -68,9 +78,12 @@ def test_failures_give_zero_and_are_counted():
 
 
 def test_config_errors_name_the_field():
-    with pytest.raises(ConfigError, match=r"task.reward_funcs: unknown reward function 'nope'; known:"):
+    with pytest.raises(
+        ConfigError, match=r"task.reward_funcs: unknown reward function 'nope'; known:"
+    ):
         build_rewards(TaskConfig(reward_funcs=["nope"]), _Task(_Right()))
     with pytest.raises(ValueError, match="reward_weights must have one weight per reward_funcs"):
         import msgspec
+
         msgspec.convert({"reward_funcs": ["correctness"], "reward_weights": [1.0, 2.0]}, TaskConfig)
-    assert build_rewards(TaskConfig(), _Task(_Right())) is None   # default: the verifier alone
+    assert build_rewards(TaskConfig(), _Task(_Right())) is None  # default: the verifier alone

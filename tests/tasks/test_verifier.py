@@ -65,10 +65,10 @@ def test_slow_verifier_gives_zero_counts_a_timeout_and_later_calls_are_not_stuck
     try:
         t0 = time.perf_counter()
         assert v(PROMPT, " cat") == 0.0
-        assert time.perf_counter() - t0 < 1.0   # returned at the limit, not after the sleep
+        assert time.perf_counter() - t0 < 1.0  # returned at the limit, not after the sleep
         assert v.counters.timeouts == 1 and v.counters.errors == 0
         slow.seconds = 0.0
-        assert v(PROMPT, " cat") == 1.0          # a fresh worker, not queued behind the hung one
+        assert v(PROMPT, " cat") == 1.0  # a fresh worker, not queued behind the hung one
         assert v.counters.calls == 2 and v.counters.timeouts == 1
     finally:
         v.close()
@@ -103,6 +103,7 @@ class ByText:
 
     def __init__(self, barrier=None, release=None):
         import threading
+
         self.barrier, self.release = barrier, release or threading.Event()
 
     def __call__(self, prompt, completion):
@@ -130,8 +131,9 @@ def test_score_many_gives_what_one_by_one_gives_in_order_with_the_same_counts():
 
 def test_score_many_verifies_threads_samples_at_once():
     import threading
+
     v = GuardedVerifier(ByText(barrier=threading.Barrier(4)), 10, threads=4)
-    try:   # the barrier breaks (an error, reward 0) unless four calls run at the same time
+    try:  # the barrier breaks (an error, reward 0) unless four calls run at the same time
         assert v.score_many([(PROMPT, "meet")] * 4) == [4.0] * 4
         assert v.counters.errors == 0
     finally:
@@ -145,7 +147,7 @@ def test_a_hung_call_times_out_alone_and_the_rest_are_verified():
         items = [(PROMPT, t) for t in ("hang", "a", "ab", "abc", "hang", "abcd")]
         assert v.score_many(items) == [0.0, 1.0, 2.0, 3.0, 0.0, 4.0]
         assert v.counters.timeouts == 2 and v.counters.calls == 6
-        assert v.score_many([(PROMPT, "xy")]) == [2.0]   # later calls are not stuck behind it
+        assert v.score_many([(PROMPT, "xy")]) == [2.0]  # later calls are not stuck behind it
     finally:
         verifier.release.set()
         v.close()
@@ -194,12 +196,12 @@ def test_seconds_in_calls_count_each_callers_time_its_wait_and_the_call_in_progr
         assert (0.19 if threads <= 1 else 0.09) < mine < 1.5
         other: list = []
         t = threading.Thread(target=lambda: other.append(g(PROMPT, " cat")))
-        with g._turn:        # the other caller waits for its turn, and that wait counts
+        with g._turn:  # the other caller waits for its turn, and that wait counts
             t.start()
             time.sleep(0.15)
-            assert 0.1 < g.seconds_in_calls(t.ident) < 1.0   # in progress, counted so far
+            assert 0.1 < g.seconds_in_calls(t.ident) < 1.0  # in progress, counted so far
         t.join()
         assert 0.2 < g.seconds_in_calls(t.ident) < 1.5 and other == [1.0]
-        assert g.seconds_in_calls(me) == mine               # one thread's time is its own
+        assert g.seconds_in_calls(me) == mine  # one thread's time is its own
     finally:
         g.close()

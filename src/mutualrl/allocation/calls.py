@@ -71,7 +71,9 @@ class WorkerFailure(msgspec.Struct, frozen=True, kw_only=True):
     kind: FailureKind
 
     def __str__(self) -> str:
-        return f"worker {self.worker!r} {self.method}(): {self.kind}: {self.exc_type}: {self.message}"
+        return (
+            f"worker {self.worker!r} {self.method}(): {self.kind}: {self.exc_type}: {self.message}"
+        )
 
 
 @dataclass(frozen=True)
@@ -105,8 +107,9 @@ class WorkerUnavailable(RuntimeError):
 class Executor(Protocol):
     def start(self, factories: dict[str, Callable[[], object]], plan: Any = None) -> None: ...
 
-    def call(self, calls: dict[str, WorkerCall], timeout_s: float | None = None, *,
-             fetch: bool = True) -> dict[str, CallResult]: ...
+    def call(
+        self, calls: dict[str, WorkerCall], timeout_s: float | None = None, *, fetch: bool = True
+    ) -> dict[str, CallResult]: ...
 
     def put(self, obj: Any) -> Any: ...
 
@@ -123,8 +126,14 @@ class Executor(Protocol):
 
 def failure_from_exception(worker: str, method: str, exc: BaseException) -> WorkerFailure:
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    return WorkerFailure(worker=worker, method=method, exc_type=type(exc).__name__,
-                         message=str(exc), traceback=tb, kind="raised")
+    return WorkerFailure(
+        worker=worker,
+        method=method,
+        exc_type=type(exc).__name__,
+        message=str(exc),
+        traceback=tb,
+        kind="raised",
+    )
 
 
 def check_names(method: str, calls: dict[str, Any], known: dict) -> None:
@@ -150,8 +159,11 @@ def close_worker(name: str, obj: object) -> None:
     try:
         close()
     except Exception as exc:
-        warnings.warn(f"worker {name!r}: close() failed ({type(exc).__name__}: {exc})",
-                      RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"worker {name!r}: close() failed ({type(exc).__name__}: {exc})",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
 
 class FailurePolicy:
@@ -165,14 +177,29 @@ class FailurePolicy:
 
     def unavailable(self, worker: str, method: str) -> CallResult:
         why = self.removed[worker]
-        return CallResult(worker, failure=WorkerFailure(
-            worker=worker, method=method, exc_type="WorkerRemoved", traceback=why.traceback,
-            message=f"removed after {why.kind} in {why.method}(): {why.message}", kind="unavailable"))
+        return CallResult(
+            worker,
+            failure=WorkerFailure(
+                worker=worker,
+                method=method,
+                exc_type="WorkerRemoved",
+                traceback=why.traceback,
+                message=f"removed after {why.kind} in {why.method}(): {why.message}",
+                kind="unavailable",
+            ),
+        )
 
-    def apply(self, results: dict[str, CallResult], restart: Callable[[str], None],
-              remove: Callable[[str], None]) -> None:
-        failures = [r.failure for r in results.values()
-                    if r.failure is not None and r.failure.kind != "unavailable"]
+    def apply(
+        self,
+        results: dict[str, CallResult],
+        restart: Callable[[str], None],
+        remove: Callable[[str], None],
+    ) -> None:
+        failures = [
+            r.failure
+            for r in results.values()
+            if r.failure is not None and r.failure.kind != "unavailable"
+        ]
         fatal = []
         for f in failures:
             if self.mode == "restart" and self.restarts.get(f.worker, 0) < self.max_restarts:

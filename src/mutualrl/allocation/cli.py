@@ -9,10 +9,18 @@ from mutualrl.config import GIB
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", required=True, help="TOML run config file, or a packaged "
-                        "config's name (mutualrl configs list)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="dotted override, e.g. --set allocation.inventory.nodes=4 (repeatable)")
+    parser.add_argument(
+        "--config",
+        required=True,
+        help="TOML run config file, or a packaged config's name (mutualrl configs list)",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="dotted override, e.g. --set allocation.inventory.nodes=4 (repeatable)",
+    )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON instead")
 
 
@@ -27,7 +35,11 @@ def format_devices(gpus: tuple[GpuSlot, ...]) -> str:
     for node, slots in sorted(by_node.items()):
         idx = sorted(s.gpu for s in slots)
         contiguous = idx == list(range(idx[0], idx[-1] + 1))
-        span = f"g{idx[0]}-{idx[-1]}" if contiguous and len(idx) > 1 else ",".join(f"g{i}" for i in idx)
+        span = (
+            f"g{idx[0]}-{idx[-1]}"
+            if contiguous and len(idx) > 1
+            else ",".join(f"g{i}" for i in idx)
+        )
         frac = slots[0].fraction
         parts.append(f"n{node}:{span}" + (f" ({frac:.0%})" if frac < 1 else ""))
     return " + ".join(parts)
@@ -41,9 +53,17 @@ def _params(n: int) -> str:
 
 
 def _row(a: Assignment) -> list[str]:
-    return [a.worker, a.role, a.policy or "-", _params(a.num_parameters) if a.num_parameters else "-",
-            f"{a.tokens_per_step:,}", f"{a.cost_share:.1%}", format_devices(a.gpus),
-            str(a.threads) if a.threads else "driver", _memory(a)]
+    return [
+        a.worker,
+        a.role,
+        a.policy or "-",
+        _params(a.num_parameters) if a.num_parameters else "-",
+        f"{a.tokens_per_step:,}",
+        f"{a.cost_share:.1%}",
+        format_devices(a.gpus),
+        str(a.threads) if a.threads else "driver",
+        _memory(a),
+    ]
 
 
 def _memory(a: Assignment) -> str:
@@ -57,13 +77,23 @@ def plan_table(p: Plan):
     from rich.table import Table
 
     inv = p.inventory
-    what = (f"{inv.nodes} node(s) x {inv.gpus_per_node} GPU(s) of {inv.gpu_memory_bytes / GIB:.0f} "
-            f"GiB" if inv.gpus_per_node else f"{inv.nodes} node(s), CPU only, "
-            f"{inv.host_memory_bytes / GIB:.0f} GiB RAM")
+    what = (
+        f"{inv.nodes} node(s) x {inv.gpus_per_node} GPU(s) of {inv.gpu_memory_bytes / GIB:.0f} GiB"
+        if inv.gpus_per_node
+        else f"{inv.nodes} node(s), CPU only, {inv.host_memory_bytes / GIB:.0f} GiB RAM"
+    )
     table = Table(title=f"plan ({p.mode}): {what}, {inv.cpus_per_node} cores/node ({inv.source})")
-    for col, justify in (("worker", "left"), ("role", "left"), ("policy", "left"),
-                         ("params", "right"), ("tokens/step", "right"), ("cost share", "right"),
-                         ("devices", "left"), ("threads", "right"), ("memory", "right")):
+    for col, justify in (
+        ("worker", "left"),
+        ("role", "left"),
+        ("policy", "left"),
+        ("params", "right"),
+        ("tokens/step", "right"),
+        ("cost share", "right"),
+        ("devices", "left"),
+        ("threads", "right"),
+        ("memory", "right"),
+    ):
         table.add_column(col, justify=justify)
     for a in p.assignments:
         table.add_row(*_row(a))
@@ -96,9 +126,11 @@ def run(args) -> int:
         console.print(f"note: {note}")
     caps = memory_caps(cfg, p)
     if caps:
-        console.print("note: processes that share a GPU are capped at their planned memory over "
-                      "usable_memory_fraction (allocation.memory.cap_shared_gpus): " + ", ".join(
-                          f"{name} {cap / GIB:.2f} GiB" for name, cap in caps.items()))
+        console.print(
+            "note: processes that share a GPU are capped at their planned memory over "
+            "usable_memory_fraction (allocation.memory.cap_shared_gpus): "
+            + ", ".join(f"{name} {cap / GIB:.2f} GiB" for name, cap in caps.items())
+        )
     return 0
 
 
@@ -108,6 +140,10 @@ def memory_caps(cfg, p: Plan) -> dict[str, int]:
     from mutualrl.allocation.placement import policy_device, process_memory_cap
 
     alloc = cfg.allocation
-    caps = {q.name: process_memory_cap(q.name, policy_device(q.name, cfg.device, p, alloc.executor),
-                                       p, alloc) for q in cfg.policies}
+    caps = {
+        q.name: process_memory_cap(
+            q.name, policy_device(q.name, cfg.device, p, alloc.executor), p, alloc
+        )
+        for q in cfg.policies
+    }
     return {name: cap for name, cap in caps.items() if cap is not None}

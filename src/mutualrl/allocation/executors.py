@@ -19,9 +19,18 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures import wait as wait_futures
 from typing import TYPE_CHECKING, Any
 
-from mutualrl.allocation.calls import (CallResult, FailurePolicy, WorkerCall, WorkerFailedError,
-                                       WorkerFailure, build_worker, call_name, check_names,
-                                       close_worker, failure_from_exception)
+from mutualrl.allocation.calls import (
+    CallResult,
+    FailurePolicy,
+    WorkerCall,
+    WorkerFailedError,
+    WorkerFailure,
+    build_worker,
+    call_name,
+    check_names,
+    close_worker,
+    failure_from_exception,
+)
 from mutualrl.config import AllocationConfig
 
 if TYPE_CHECKING:
@@ -64,6 +73,7 @@ class _WorkerThread:
 
 def _set_torch_threads(n: int) -> None:
     import torch
+
     torch.set_num_threads(max(1, n))
 
 
@@ -95,13 +105,17 @@ class LocalExecutor:
     def start(self, factories: dict[str, Callable[[], object]], plan: Plan | None = None) -> None:
         self._factories = dict(factories)
         if plan is not None:
-            self._planned_threads = {a.worker: a.threads for a in plan.assignments
-                                     if a.worker in factories}
+            self._planned_threads = {
+                a.worker: a.threads for a in plan.assignments if a.worker in factories
+            }
             shares = [t for t in self._planned_threads.values() if t > 0]
             if self.mode == "threads" and shares:
                 _set_torch_threads(min(shares))
-        results = self._run({n: (lambda n=n: self._build(n, False)) for n in factories},
-                            "__init__", self.alloc.call_timeout_s)
+        results = self._run(
+            {n: (lambda n=n: self._build(n, False)) for n in factories},
+            "__init__",
+            self.alloc.call_timeout_s,
+        )
         failures = [r.failure for r in results.values() if r.failure is not None]
         if failures:
             self.shutdown()
@@ -124,8 +138,9 @@ class LocalExecutor:
         """The object a worker runs (in process). A restart replaces it: read it again after one."""
         return self._workers[name]
 
-    def call(self, calls: dict[str, WorkerCall], timeout_s: float | None = None, *,
-             fetch: bool = True) -> dict[str, CallResult]:
+    def call(
+        self, calls: dict[str, WorkerCall], timeout_s: float | None = None, *, fetch: bool = True
+    ) -> dict[str, CallResult]:
         """Apply each named worker's call at once; one ``CallResult`` per name (``fetch`` is the
         Ray executor's: in process nothing is copied)."""
         method = call_name(next(iter(calls.values()))) if calls else "call"
@@ -158,8 +173,9 @@ class LocalExecutor:
             with self._lock:
                 self._busy[name] = self._busy.get(name, 0.0) + time.perf_counter() - t0
 
-    def _run(self, jobs: dict[str, Callable[[], Any]], method: str,
-             timeout_s: float) -> dict[str, CallResult]:
+    def _run(
+        self, jobs: dict[str, Callable[[], Any]], method: str, timeout_s: float
+    ) -> dict[str, CallResult]:
         if self.mode == "sequential":
             return {n: self._outcome(n, method, _done_future(job)) for n, job in jobs.items()}
         with self._lock:
@@ -173,10 +189,17 @@ class LocalExecutor:
     def _outcome(self, name: str, method: str, fut: Future, timeout_s: float = 0.0) -> CallResult:
         if not fut.done():
             where = self._threads[name].stack()
-            return CallResult(name, failure=WorkerFailure(
-                worker=name, method=method, exc_type="TimeoutError", kind="timeout",
-                message=f"no result within {timeout_s:g} s; its thread is abandoned",
-                traceback=f"where it was when abandoned:\n{where}"))
+            return CallResult(
+                name,
+                failure=WorkerFailure(
+                    worker=name,
+                    method=method,
+                    exc_type="TimeoutError",
+                    kind="timeout",
+                    message=f"no result within {timeout_s:g} s; its thread is abandoned",
+                    traceback=f"where it was when abandoned:\n{where}",
+                ),
+            )
         try:
             return CallResult(name, value=fut.result(timeout=0))
         except KeyboardInterrupt:
@@ -193,7 +216,9 @@ class LocalExecutor:
 
     def _restart(self, name: str) -> None:
         self._remove(name)
-        res = self._run({name: lambda: self._build(name, True)}, "restart", self.alloc.call_timeout_s)
+        res = self._run(
+            {name: lambda: self._build(name, True)}, "restart", self.alloc.call_timeout_s
+        )
         if not res[name].ok:
             raise RuntimeError(f"restart of worker {name!r} failed: {res[name].failure}")
 

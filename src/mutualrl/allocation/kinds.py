@@ -26,8 +26,10 @@ def _make_ray(alloc: AllocationConfig) -> Executor:
     try:
         from mutualrl.allocation.ray_executor import RayExecutor
     except ImportError as exc:
-        raise ImportError("executor 'ray' needs Ray: pip install 'mutualrl[ray]' "
-                          f"(or: pip install 'ray>=2.40'); import failed: {exc}") from exc
+        raise ImportError(
+            "executor 'ray' needs Ray: pip install 'mutualrl[ray]' "
+            f"(or: pip install 'ray>=2.40'); import failed: {exc}"
+        ) from exc
     return RayExecutor(alloc)
 
 

@@ -56,6 +56,9 @@ def _apply() -> str:
         mallopt = libc.mallopt
     except (OSError, AttributeError) as exc:
         return f"unavailable: {exc}"
-    ok = (mallopt(M_ARENA_MAX, 1) == 1) & (mallopt(M_MMAP_MAX, 0) == 1) & (
-        mallopt(M_TRIM_THRESHOLD, 2**31 - 1) == 1)
+    ok = (
+        (mallopt(M_ARENA_MAX, 1) == 1)
+        & (mallopt(M_MMAP_MAX, 0) == 1)
+        & (mallopt(M_TRIM_THRESHOLD, 2**31 - 1) == 1)
+    )
     return "reuse" if ok else "unavailable: mallopt refused a setting"

@@ -29,8 +29,12 @@ from typing import Any, Literal, Protocol
 
 import msgspec
 
-from mutualrl.allocation.calls import (WorkerFailure, build_worker, close_worker,
-                                       failure_from_exception)
+from mutualrl.allocation.calls import (
+    WorkerFailure,
+    build_worker,
+    close_worker,
+    failure_from_exception,
+)
 from mutualrl.allocation.pacing import Channel, PacedRecord, QueueChannel, VersionGate, is_fresh
 
 
@@ -56,34 +60,47 @@ class PacedReport(msgspec.Struct, kw_only=True):
     steps_completed: dict[str, int]
     failures: list[WorkerFailure]
     restarts: dict[str, int]
-    produced: dict[str, int]          # records each worker published
-    deliveries: int                   # records x recipients
-    consumed: dict[str, int]          # records handed to each worker's step
-    dropped_stale: dict[str, int]     # records each worker received too old to use
-    undelivered: int                  # still queued when the run ended (e.g. for a failed worker)
-    busy_s: dict[str, float]          # time inside step()
-    wait_s: dict[str, float]          # time blocked at the staleness gate
+    produced: dict[str, int]  # records each worker published
+    deliveries: int  # records x recipients
+    consumed: dict[str, int]  # records handed to each worker's step
+    dropped_stale: dict[str, int]  # records each worker received too old to use
+    undelivered: int  # still queued when the run ended (e.g. for a failed worker)
+    busy_s: dict[str, float]  # time inside step()
+    wait_s: dict[str, float]  # time blocked at the staleness gate
     wall_s: float
-    stopped: bool                     # ended early because of a failure under "stop"
+    stopped: bool  # ended early because of a failure under "stop"
 
     def balanced(self) -> bool:
-        return self.deliveries == (sum(self.consumed.values()) + sum(self.dropped_stale.values())
-                                   + self.undelivered)
+        return self.deliveries == (
+            sum(self.consumed.values()) + sum(self.dropped_stale.values()) + self.undelivered
+        )
 
 
 class _Run:
     """Shared state of one paced run; every field touched by several threads is under ``lock``."""
 
-    def __init__(self, names: list[str], steps: int, gate: VersionGate, channel: Channel,
-                 step_timeout_s: float, max_age: int | None = None) -> None:
-        self.steps, self.gate, self.channel, self.step_timeout_s = steps, gate, channel, step_timeout_s
+    def __init__(
+        self,
+        names: list[str],
+        steps: int,
+        gate: VersionGate,
+        channel: Channel,
+        step_timeout_s: float,
+        max_age: int | None = None,
+    ) -> None:
+        self.steps, self.gate, self.channel, self.step_timeout_s = (
+            steps,
+            gate,
+            channel,
+            step_timeout_s,
+        )
         self.max_age = gate.max_staleness if max_age is None else max_age
         self.lock = threading.Lock()
         self.events: queue.SimpleQueue = queue.SimpleQueue()
         self.stop = threading.Event()
-        self.tokens = {n: 0 for n in names}            # bumped to disown an abandoned thread
+        self.tokens = {n: 0 for n in names}  # bumped to disown an abandoned thread
         self.threads: dict[str, threading.Thread] = {}
-        self.workers: dict[str, StepWorker] = {}       # the object each thread steps
+        self.workers: dict[str, StepWorker] = {}  # the object each thread steps
         self.in_step: dict[str, float | None] = {n: None for n in names}  # step start time
         self.set_aside: Callable[[int], float] | None = None
         self.aside_at_start: dict[str, float] = {n: 0.0 for n in names}
@@ -96,7 +113,7 @@ class _Run:
         # has finished still does (a later run_paced call may continue it); what it has not
         # taken when the run ends is counted undelivered.
         self.recipients = set(names)
-        self.halt: Callable[[], bool] | None = None   # asked from outside to stop at a step boundary
+        self.halt: Callable[[], bool] | None = None  # asked from outside to stop at a step boundary
         self.on_stale: Callable[[str, list[PacedRecord]], None] | None = None
 
     def owns(self, name: str, token: int) -> bool:
@@ -152,8 +169,11 @@ class _Run:
             return True
 
     def halted(self, name: str, token: int) -> bool:
-        return self.stop.is_set() or not self.owns(name, token) or (
-            self.halt is not None and self.halt())
+        return (
+            self.stop.is_set()
+            or not self.owns(name, token)
+            or (self.halt is not None and self.halt())
+        )
 
 
 def _loop(run: _Run, name: str, token: int, worker: StepWorker | PhasedWorker) -> None:
@@ -192,8 +212,9 @@ def _launch(run: _Run, name: str, worker: StepWorker) -> None:
         token = run.tokens[name]
         run.in_step[name] = None
     run.workers[name] = worker
-    t = threading.Thread(target=_loop, args=(run, name, token, worker), daemon=True,
-                         name=f"mutualrl-paced-{name}")
+    t = threading.Thread(
+        target=_loop, args=(run, name, token, worker), daemon=True, name=f"mutualrl-paced-{name}"
+    )
     run.threads[name] = t
     t.start()
 
@@ -205,19 +226,25 @@ def _hung(run: _Run) -> list[WorkerFailure]:
             if t0 is None or now - t0 <= run.step_timeout_s:
                 continue
             aside = 0.0
-            if run.set_aside is not None:   # time in work bounded on its own does not count
+            if run.set_aside is not None:  # time in work bounded on its own does not count
                 aside = run.set_aside(run.threads[name].ident or -1) - run.aside_at_start[name]
             if now - t0 - aside > run.step_timeout_s:
-                run.tokens[name] += 1      # disown the thread: its late output is discarded
+                run.tokens[name] += 1  # disown the thread: its late output is discarded
                 run.in_step[name] = None
                 frame = sys._current_frames().get(run.threads[name].ident or -1)
                 where = "".join(traceback.format_stack(frame)) if frame is not None else ""
-                out.append(WorkerFailure(
-                    worker=name, method="step", exc_type="TimeoutError", kind="timeout",
-                    message=f"step ran past {run.step_timeout_s:g} s"
-                            + (f" (besides {aside:.1f} s set aside)" if aside else "")
-                            + "; its thread is abandoned",
-                    traceback=f"where it was when abandoned:\n{where}"))
+                out.append(
+                    WorkerFailure(
+                        worker=name,
+                        method="step",
+                        exc_type="TimeoutError",
+                        kind="timeout",
+                        message=f"step ran past {run.step_timeout_s:g} s"
+                        + (f" (besides {aside:.1f} s set aside)" if aside else "")
+                        + "; its thread is abandoned",
+                        traceback=f"where it was when abandoned:\n{where}",
+                    )
+                )
     return out
 
 
@@ -285,7 +312,7 @@ def run_paced(
                 run.recipients.discard(f.worker)
             if on_failure == "restart" and restarts[f.worker] < max_restarts:
                 restarts[f.worker] += 1
-                if f.kind == "raised":   # it still answers: closed before it goes
+                if f.kind == "raised":  # it still answers: closed before it goes
                     close_worker(f.worker, run.workers[f.worker])
                 if _restart(run, f.worker, factories[f.worker], failures):
                     continue
@@ -297,8 +324,9 @@ def run_paced(
     return _report(run, failures, restarts, stopped, time.monotonic() - t_start, keep_undelivered)
 
 
-def _restart(run: _Run, name: str, factory: Callable[[], StepWorker],
-             failures: list[WorkerFailure]) -> bool:
+def _restart(
+    run: _Run, name: str, factory: Callable[[], StepWorker], failures: list[WorkerFailure]
+) -> bool:
     """Rebuild a failed worker and launch it again at its gate version; a failed rebuild is a
     failure of its own (False)."""
     try:
@@ -325,13 +353,31 @@ def _wind_down(run: _Run, active: set[str]) -> None:
             run.tokens[name] += 1  # anything still running is abandoned; no late publishes
 
 
-def _report(run: _Run, failures: list[WorkerFailure], restarts: dict[str, int], stopped: bool,
-            wall_s: float, keep_undelivered: bool = False) -> PacedReport:
+def _report(
+    run: _Run,
+    failures: list[WorkerFailure],
+    restarts: dict[str, int],
+    stopped: bool,
+    wall_s: float,
+    keep_undelivered: bool = False,
+) -> PacedReport:
     with run.lock:
-        undelivered = (run.channel.pending() if keep_undelivered
-                       else sum(len(v) for v in run.channel.drain().values()))
+        undelivered = (
+            run.channel.pending()
+            if keep_undelivered
+            else sum(len(v) for v in run.channel.drain().values())
+        )
         return PacedReport(
-            steps_completed=run.gate.versions(), failures=failures, restarts=restarts,
-            produced=dict(run.produced), deliveries=run.deliveries, consumed=dict(run.consumed),
-            dropped_stale=dict(run.dropped), undelivered=undelivered,
-            busy_s=dict(run.busy), wait_s=dict(run.gate.wait_s), wall_s=wall_s, stopped=stopped)
+            steps_completed=run.gate.versions(),
+            failures=failures,
+            restarts=restarts,
+            produced=dict(run.produced),
+            deliveries=run.deliveries,
+            consumed=dict(run.consumed),
+            dropped_stale=dict(run.dropped),
+            undelivered=undelivered,
+            busy_s=dict(run.busy),
+            wait_s=dict(run.gate.wait_s),
+            wall_s=wall_s,
+            stopped=stopped,
+        )

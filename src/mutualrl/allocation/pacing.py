@@ -64,7 +64,9 @@ class VersionGate:
     def wait_to_advance(self, worker: str, timeout_s: float) -> bool:
         """Block until ``worker`` may start its next step; False on timeout or after ``close``."""
         if worker not in self._versions:
-            raise KeyError(f"VersionGate: unknown worker {worker!r}; known: {sorted(self._versions)}")
+            raise KeyError(
+                f"VersionGate: unknown worker {worker!r}; known: {sorted(self._versions)}"
+            )
         t0 = time.monotonic()
         with self._cond:
             ok = self._cond.wait_for(lambda: self._allowed(worker), timeout=timeout_s)
@@ -124,9 +126,9 @@ class Channel(Protocol):
 
     def take(self, consumer: str) -> list[PacedRecord]: ...  # everything waiting, non-blocking
 
-    def drain(self) -> dict[str, list[PacedRecord]]: ...      # leftovers at the end of a run
+    def drain(self) -> dict[str, list[PacedRecord]]: ...  # leftovers at the end of a run
 
-    def pending(self) -> int: ...                             # queued records, left queued
+    def pending(self) -> int: ...  # queued records, left queued
 
     def put_back(self, consumer: str, records: list[PacedRecord]) -> None: ...  # queue them again
 
@@ -182,8 +184,12 @@ def starvation_report(
     for n in names:
         plan = planned_share.get(n, 0.0) / total_plan if total_plan else 1.0 / len(names)
         upd = updates.get(n, 0) / total_updates
-        row = {"wall_share": busy_s.get(n, 0.0) / total_busy, "update_share": upd,
-               "planned_share": plan, "update_ratio": upd / plan if plan else float("nan")}
+        row = {
+            "wall_share": busy_s.get(n, 0.0) / total_busy,
+            "update_share": upd,
+            "planned_share": plan,
+            "update_ratio": upd / plan if plan else float("nan"),
+        }
         if wait_s is not None and wall_s:
             row["wait_fraction"] = wait_s.get(n, 0.0) / wall_s
         out[n] = row

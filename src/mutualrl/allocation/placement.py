@@ -27,8 +27,9 @@ def policy_device(name: str, device: str, plan: Plan | None, executor: str) -> s
     return "cuda:0" if executor in ("ray", "process") else f"cuda:{gpus[0].gpu}"
 
 
-def policy_memory_cap(name: str, plan: Plan | None, executor: str,
-                      usable_memory_fraction: float) -> int | None:
+def policy_memory_cap(
+    name: str, plan: Plan | None, executor: str, usable_memory_fraction: float
+) -> int | None:
     """The bytes a policy's process (each rank's, for a sharded learner) may take of its GPU when
     that GPU is shared with other processes: its planned memory (learner, and the generator that
     runs with it) over ``usable_memory_fraction``, its share of the card's headroom. None where
@@ -42,12 +43,13 @@ def policy_memory_cap(name: str, plan: Plan | None, executor: str,
     if learner is None or not learner.gpus or all(s.fraction >= 1.0 for s in learner.gpus):
         return None
     ranks = learner.ranks or 1
-    rest = sum(a.memory_bytes for a in mine if a is not learner)   # spread over the ranks
+    rest = sum(a.memory_bytes for a in mine if a is not learner)  # spread over the ranks
     return int((learner.memory_bytes + -(-rest // ranks)) / usable_memory_fraction)
 
 
-def process_memory_cap(name: str, device: str, plan: Plan | None,
-                       alloc: AllocationConfig) -> int | None:
+def process_memory_cap(
+    name: str, device: str, plan: Plan | None, alloc: AllocationConfig
+) -> int | None:
     """``policy_memory_cap`` where the run sets it: ``allocation.memory.cap_shared_gpus`` on and
     the policy on CUDA (``device`` as ``policy_device`` places it); else None."""
     if not alloc.memory.cap_shared_gpus or not device.startswith("cuda"):

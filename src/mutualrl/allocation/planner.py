@@ -41,8 +41,8 @@ class PlanError(ValueError):
 
 class GpuSlot(msgspec.Struct, frozen=True):
     node: int
-    gpu: int                          # index within the node
-    fraction: float = 1.0             # share of this GPU's compute (< 1 when GPUs are shared)
+    gpu: int  # index within the node
+    fraction: float = 1.0  # share of this GPU's compute (< 1 when GPUs are shared)
 
 
 class Assignment(msgspec.Struct, frozen=True, kw_only=True):
@@ -53,26 +53,28 @@ class Assignment(msgspec.Struct, frozen=True, kw_only=True):
     num_parameters: int
     tokens_per_step: int
     cost: float
-    cost_share: float                 # of the whole plan's cost
-    memory_bytes: int                 # per rank when ranks is set
-    node: int                         # where its CPU threads are (its first GPU's node)
-    gpus: tuple[GpuSlot, ...]         # empty: runs on CPU
-    threads: int                      # CPU threads; colocated workers share the same threads
-    ranks: int | None = None          # processes, one per GPU (WorkerSpec.ranks)
+    cost_share: float  # of the whole plan's cost
+    memory_bytes: int  # per rank when ranks is set
+    node: int  # where its CPU threads are (its first GPU's node)
+    gpus: tuple[GpuSlot, ...]  # empty: runs on CPU
+    threads: int  # CPU threads; colocated workers share the same threads
+    ranks: int | None = None  # processes, one per GPU (WorkerSpec.ranks)
 
 
 class Plan(msgspec.Struct, frozen=True, kw_only=True):
     inventory: Inventory
     mode: Literal["gpu", "cpu"]
     assignments: tuple[Assignment, ...]
-    oversubscribed: bool = False      # more minimum threads than cores: they time-share
+    oversubscribed: bool = False  # more minimum threads than cores: they time-share
     notes: tuple[str, ...] = ()
 
     def __getitem__(self, worker: str) -> Assignment:
         for a in self.assignments:
             if a.worker == worker:
                 return a
-        raise KeyError(f"plan has no worker {worker!r}; workers: {[a.worker for a in self.assignments]}")
+        raise KeyError(
+            f"plan has no worker {worker!r}; workers: {[a.worker for a in self.assignments]}"
+        )
 
     def groups(self) -> dict[str, list[Assignment]]:
         out: dict[str, list[Assignment]] = {}
@@ -84,12 +86,12 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
 class _Group(msgspec.Struct, kw_only=True):
     name: str
     members: list[WorkerSpec]
-    memory: int                       # all of it, every rank
+    memory: int  # all of it, every rank
     cost: float
     min_threads: int
     accel: bool
-    ranks: int | None                 # GPUs it runs on, when its members run as ranks
-    peak: int                         # on its busiest GPU (the first) when ranks is set
+    ranks: int | None  # GPUs it runs on, when its members run as ranks
+    peak: int  # on its busiest GPU (the first) when ranks is set
 
 
 def _group(name: str, members: list[WorkerSpec]) -> _Group:
@@ -98,9 +100,16 @@ def _group(name: str, members: list[WorkerSpec]) -> _Group:
     spread = sum(s.memory_bytes for s in members if s.ranks is None)
     peak = sum(s.memory_bytes for s in ranked) + (-(-spread // ranks) if ranks else spread)
     # Colocated workers alternate in time, so the group needs the largest minimum, not the sum.
-    return _Group(name=name, members=members, memory=sum(s.total_memory_bytes for s in members),
-                  cost=sum(s.cost for s in members), min_threads=max(s.min_threads for s in members),
-                  accel=any(s.uses_accelerator for s in members), ranks=ranks, peak=peak)
+    return _Group(
+        name=name,
+        members=members,
+        memory=sum(s.total_memory_bytes for s in members),
+        cost=sum(s.cost for s in members),
+        min_threads=max(s.min_threads for s in members),
+        accel=any(s.uses_accelerator for s in members),
+        ranks=ranks,
+        peak=peak,
+    )
 
 
 def largest_remainder(total: int, weights: Sequence[float], keys: Sequence[str]) -> list[int]:
@@ -149,16 +158,24 @@ def _need_lines(groups: Sequence[_Group], usable: int, unit: str) -> list[str]:
     lines = []
     for g in groups:
         for s in g.members:
-            need = (_gib(s.memory_bytes) if s.ranks is None or unit == "node" else
-                    f"{_gib(s.memory_bytes)} on one GPU" if s.ranks == 1 else
-                    f"{_gib(s.memory_bytes)} on each of {s.ranks} GPUs (its {s.ranks} ranks' shards)")
+            need = (
+                _gib(s.memory_bytes)
+                if s.ranks is None or unit == "node"
+                else f"{_gib(s.memory_bytes)} on one GPU"
+                if s.ranks == 1
+                else f"{_gib(s.memory_bytes)} on each of {s.ranks} GPUs (its {s.ranks} ranks' shards)"
+            )
             lines.append(f"  {s.name} ({s.role}, {s.num_parameters:,} params) needs {need}")
         if g.ranks is not None and unit == "GPU":
-            lines.append(f"    group {g.name!r}: {_gib(g.peak)} on its first GPU, of "
-                         f"{_gib(usable)} usable (more learner ranks shard the learner thinner)")
+            lines.append(
+                f"    group {g.name!r}: {_gib(g.peak)} on its first GPU, of "
+                f"{_gib(usable)} usable (more learner ranks shard the learner thinner)"
+            )
         elif len(g.members) > 1:
-            lines.append(f"    colocated group {g.name!r}: {_gib(g.memory)} = "
-                         f"{math.ceil(g.memory / usable)} {unit}(s) of {_gib(usable)} usable")
+            lines.append(
+                f"    colocated group {g.name!r}: {_gib(g.memory)} = "
+                f"{math.ceil(g.memory / usable)} {unit}(s) of {_gib(usable)} usable"
+            )
     return lines
 
 
@@ -189,11 +206,20 @@ def _pack_shared(groups: list[_Group], inv: Inventory, usable: int) -> dict[str,
     big = {g.name: _min_gpus(g, usable) for g in groups if _min_gpus(g, usable) > 1}
     if sum(big.values()) > inv.total_gpus:
         needy = [g for g in groups if g.name in big]
-        raise PlanError(_infeasible_msg(needy, inv, usable, f"{sum(big.values())} GPUs needed by "
-                                        f"groups too big for one GPU, {inv.total_gpus} exist"))
+        raise PlanError(
+            _infeasible_msg(
+                needy,
+                inv,
+                usable,
+                f"{sum(big.values())} GPUs needed by "
+                f"groups too big for one GPU, {inv.total_gpus} exist",
+            )
+        )
     out = _place_whole(big, inv) if big else {}
     used = {(s.node, s.gpu) for slots in out.values() for s in slots}
-    bins = [(n, i) for n in range(inv.nodes) for i in range(inv.gpus_per_node) if (n, i) not in used]
+    bins = [
+        (n, i) for n in range(inv.nodes) for i in range(inv.gpus_per_node) if (n, i) not in used
+    ]
     room = {b: usable for b in bins}
     members: dict[tuple[int, int], list[_Group]] = {b: [] for b in bins}
     small = sorted((g for g in groups if g.name not in big), key=lambda g: (-g.memory, g.name))
@@ -201,7 +227,7 @@ def _pack_shared(groups: list[_Group], inv: Inventory, usable: int) -> dict[str,
         target = next((b for b in bins if room[b] >= g.memory), None)
         if target is None:
             raise PlanError(_infeasible_msg(groups, inv, usable, "GPU memory left after packing"))
-        room[target] -= g.memory   # one GPU: a ranked group's memory is its one rank's
+        room[target] -= g.memory  # one GPU: a ranked group's memory is its one rank's
         members[target].append(g)
     for b, gs in members.items():
         shares = largest_remainder(100, [g.cost for g in gs], [g.name for g in gs])
@@ -212,12 +238,20 @@ def _pack_shared(groups: list[_Group], inv: Inventory, usable: int) -> dict[str,
 
 def _infeasible_msg(groups: Sequence[_Group], inv: Inventory, usable: int, what: str) -> str:
     unit = "GPU" if not inv.cpu_only else "node"
-    have = (f"{inv.nodes} node(s) x {inv.gpus_per_node} GPU(s) of {_gib(inv.gpu_memory_bytes)} "
-            f"({_gib(usable)} usable each)" if not inv.cpu_only else
-            f"{inv.nodes} node(s) with {_gib(inv.host_memory_bytes)} host memory "
-            f"({_gib(usable)} usable each)")
-    return "\n".join([f"no feasible plan ({what}); workers and their needs:",
-                      *_need_lines(groups, usable, unit), f"available: {have}"])
+    have = (
+        f"{inv.nodes} node(s) x {inv.gpus_per_node} GPU(s) of {_gib(inv.gpu_memory_bytes)} "
+        f"({_gib(usable)} usable each)"
+        if not inv.cpu_only
+        else f"{inv.nodes} node(s) with {_gib(inv.host_memory_bytes)} host memory "
+        f"({_gib(usable)} usable each)"
+    )
+    return "\n".join(
+        [
+            f"no feasible plan ({what}); workers and their needs:",
+            *_need_lines(groups, usable, unit),
+            f"available: {have}",
+        ]
+    )
 
 
 def _gpu_slots(groups: list[_Group], inv: Inventory, usable: int) -> tuple[dict, list[str]]:
@@ -228,20 +262,30 @@ def _gpu_slots(groups: list[_Group], inv: Inventory, usable: int) -> tuple[dict,
         raise PlanError(_infeasible_msg(too_big, inv, usable, "a group needs more GPUs than exist"))
     too_full = [g for g in accel if g.ranks is not None and g.peak > usable]
     if too_full:
-        raise PlanError(_infeasible_msg(too_full, inv, usable, "a GPU of a group cannot hold its share"))
+        raise PlanError(
+            _infeasible_msg(too_full, inv, usable, "a GPU of a group cannot hold its share")
+        )
     if sum(mins.values()) <= inv.total_gpus:
         takers = [g for g in accel if g.ranks is None]
         left = inv.total_gpus - sum(mins.values())
-        spare = largest_remainder(left if takers else 0, [g.cost for g in takers],
-                                  [g.name for g in takers])
+        spare = largest_remainder(
+            left if takers else 0, [g.cost for g in takers], [g.name for g in takers]
+        )
         extra = dict(zip((g.name for g in takers), spare))
         counts = {g.name: mins[g.name] + extra.get(g.name, 0) for g in accel}
-        notes = [] if takers or not left else [
-            f"{left} of {inv.total_gpus} GPUs stay free: every group runs on one GPU per rank "
-            "(raise a policy's learner_ranks to shard it over more)"]
+        notes = (
+            []
+            if takers or not left
+            else [
+                f"{left} of {inv.total_gpus} GPUs stay free: every group runs on one GPU per rank "
+                "(raise a policy's learner_ranks to shard it over more)"
+            ]
+        )
         return _place_whole(counts, inv), notes
-    note = (f"{len(accel)} GPU groups need at least {sum(mins.values())} whole GPUs but "
-            f"{inv.total_gpus} exist: groups that fit one GPU share GPUs")
+    note = (
+        f"{len(accel)} GPU groups need at least {sum(mins.values())} whole GPUs but "
+        f"{inv.total_gpus} exist: groups that fit one GPU share GPUs"
+    )
     return _pack_shared(accel, inv, usable), [note]
 
 
@@ -272,7 +316,9 @@ def _threads(groups: list[_Group], node_of: dict[str, int], inv: Inventory) -> t
     return threads, over
 
 
-def plan(specs: Sequence[WorkerSpec], inventory: Inventory, usable_memory_fraction: float = 0.9) -> Plan:
+def plan(
+    specs: Sequence[WorkerSpec], inventory: Inventory, usable_memory_fraction: float = 0.9
+) -> Plan:
     """Place every worker or raise ``PlanError``; see the module docstring for the rules."""
     groups = _groups(specs)
     notes: list[str] = []
@@ -289,13 +335,30 @@ def plan(specs: Sequence[WorkerSpec], inventory: Inventory, usable_memory_fracti
         notes.append("more minimum threads than cores on a node: those workers time-share cores")
     total_cost = sum(g.cost for g in groups) or 1.0
     assignments = tuple(
-        Assignment(worker=s.name, role=s.role, policy=s.policy, group=g.name,
-                   num_parameters=s.num_parameters, tokens_per_step=s.tokens_per_step,
-                   cost=s.cost, cost_share=s.cost / total_cost, memory_bytes=s.memory_bytes,
-                   node=node_of[g.name], gpus=tuple(slots.get(g.name, ())), threads=threads[g.name],
-                   ranks=s.ranks)
-        for g in groups for s in g.members)
+        Assignment(
+            worker=s.name,
+            role=s.role,
+            policy=s.policy,
+            group=g.name,
+            num_parameters=s.num_parameters,
+            tokens_per_step=s.tokens_per_step,
+            cost=s.cost,
+            cost_share=s.cost / total_cost,
+            memory_bytes=s.memory_bytes,
+            node=node_of[g.name],
+            gpus=tuple(slots.get(g.name, ())),
+            threads=threads[g.name],
+            ranks=s.ranks,
+        )
+        for g in groups
+        for s in g.members
+    )
     order = {s.name: i for i, s in enumerate(specs)}  # report in the caller's order
     assignments = tuple(sorted(assignments, key=lambda a: order[a.worker]))
-    return Plan(inventory=inventory, mode="cpu" if inventory.cpu_only else "gpu",
-                assignments=assignments, oversubscribed=over, notes=tuple(notes))
+    return Plan(
+        inventory=inventory,
+        mode="cpu" if inventory.cpu_only else "gpu",
+        assignments=assignments,
+        oversubscribed=over,
+        notes=tuple(notes),
+    )

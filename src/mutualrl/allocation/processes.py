@@ -54,12 +54,27 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any
 
-from mutualrl.allocation.calls import (CallResult, FailurePolicy, WorkerCall, WorkerFailedError,
-                                       WorkerFailure, build_worker, call_name, check_names,
-                                       close_worker)
+from mutualrl.allocation.calls import (
+    CallResult,
+    FailurePolicy,
+    WorkerCall,
+    WorkerFailedError,
+    WorkerFailure,
+    build_worker,
+    call_name,
+    check_names,
+    close_worker,
+)
 from mutualrl.allocation.malloc import reuse_large_buffers
-from mutualrl.allocation.ranks import (RANK_FAILURE_GRACE_S, RankFactory, RankGroup, free_port,
-                                       group_size, merge_ranks, rank_env)
+from mutualrl.allocation.ranks import (
+    RANK_FAILURE_GRACE_S,
+    RankFactory,
+    RankGroup,
+    free_port,
+    group_size,
+    merge_ranks,
+    rank_env,
+)
 from mutualrl.config import AllocationConfig
 from mutualrl.storage import sweep_scratch
 
@@ -73,7 +88,7 @@ def _watch_parent(parent: int) -> None:
     while True:
         time.sleep(0.1)
         if os.getppid() != parent:
-            if os.getpgrp() == os.getpid():   # this worker's own group: itself and its children
+            if os.getpgrp() == os.getpid():  # this worker's own group: itself and its children
                 os.killpg(0, signal.SIGKILL)
             os._exit(3)
 
@@ -87,8 +102,8 @@ def _guard_group(lifeline: Connection, conn: Connection) -> int:
     pid = os.fork()
     if pid:
         return pid
-    try:   # the guard
-        conn.close()                        # only the worker answers the driver
+    try:  # the guard
+        conn.close()  # only the worker answers the driver
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         while os.read(lifeline.fileno(), 1):
             pass
@@ -116,7 +131,7 @@ def end_group(pgid: int, grace_s: float) -> None:
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 0.0)):
         try:
             os.killpg(pgid, sig)
-        except (ProcessLookupError, PermissionError):   # no such group (left): nothing to end
+        except (ProcessLookupError, PermissionError):  # no such group (left): nothing to end
             return
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
@@ -142,17 +157,24 @@ def _group_runs(pgid: int) -> bool:
             with open(f"/proc/{pid}/stat", "rb") as f:
                 state, _, group = f.read().rsplit(b")", 1)[1].split()[:3]
         except (OSError, ValueError):
-            continue                     # gone meanwhile
+            continue  # gone meanwhile
         if int(group) == pgid and state != b"Z":
             return True
     return False
 
 
-def _serve(conn: Connection, lifeline: Connection, factory: bytes, env: dict[str, str],
-           threads: int, restarted: bool, parent: int) -> None:
+def _serve(
+    conn: Connection,
+    lifeline: Connection,
+    factory: bytes,
+    env: dict[str, str],
+    threads: int,
+    restarted: bool,
+    parent: int,
+) -> None:
     """The worker process: a group of its own with its guard, then its environment, then build
     the worker and answer calls until told to stop (``None``) or the driver goes away."""
-    os.setpgrp()   # a process group of its own, for what it starts (see the module docstring)
+    os.setpgrp()  # a process group of its own, for what it starts (see the module docstring)
     guard = _guard_group(lifeline, conn)
     try:
         _answer(conn, factory, env, threads, restarted, parent)
@@ -162,14 +184,21 @@ def _serve(conn: Connection, lifeline: Connection, factory: bytes, env: dict[str
         os.waitpid(guard, 0)
 
 
-def _answer(conn: Connection, factory: bytes, env: dict[str, str], threads: int,
-            restarted: bool, parent: int) -> None:
+def _answer(
+    conn: Connection,
+    factory: bytes,
+    env: dict[str, str],
+    threads: int,
+    restarted: bool,
+    parent: int,
+) -> None:
     os.environ.update(env)
     reuse_large_buffers()
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
     try:
         if threads > 0:
             import torch
+
             torch.set_num_threads(threads)
         obj = build_worker(pickle.loads(factory), restarted)
         conn.send(("ok", None, 0.0))
@@ -178,7 +207,7 @@ def _answer(conn: Connection, factory: bytes, env: dict[str, str], threads: int,
         return
     try:
         _calls(conn, obj)
-    finally:   # told to stop, the driver gone, or a broken pipe
+    finally:  # told to stop, the driver gone, or a broken pipe
         close_worker(mp.current_process().name.removeprefix("mutualrl-"), obj)
 
 
@@ -228,14 +257,23 @@ def _sweep_left_scratch() -> None:
 
 
 class _Proc:
-    def __init__(self, name: str, factory: Callable[[], object], env: dict[str, str],
-                 threads: int, restarted: bool) -> None:
+    def __init__(
+        self,
+        name: str,
+        factory: Callable[[], object],
+        env: dict[str, str],
+        threads: int,
+        restarted: bool,
+    ) -> None:
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        lifeline, self.lifeline = ctx.Pipe(duplex=False)   # the driver never writes to it
+        lifeline, self.lifeline = ctx.Pipe(duplex=False)  # the driver never writes to it
         self.process = ctx.Process(
-            target=_serve, name=f"mutualrl-{name}", daemon=False,
-            args=(child, lifeline, pickle.dumps(factory), env, threads, restarted, os.getpid()))
+            target=_serve,
+            name=f"mutualrl-{name}",
+            daemon=False,
+            args=(child, lifeline, pickle.dumps(factory), env, threads, restarted, os.getpid()),
+        )
         self.process.start()
         child.close()
         lifeline.close()
@@ -244,7 +282,7 @@ class _Proc:
     def kill(self) -> None:
         """The worker and everything in its process group, at once."""
         end_group(self.process.pid, 0.0)
-        if self.process.is_alive():      # not yet in a group of its own
+        if self.process.is_alive():  # not yet in a group of its own
             self.process.kill()
         self.process.join(_EXIT_GRACE_S)
         self.conn.close()
@@ -276,7 +314,7 @@ class ProcessExecutor:
         self.alloc = alloc or AllocationConfig()
         self.policy = FailurePolicy(self.alloc)
         self._factories: dict[str, Callable[[], object]] = {}
-        self._procs: dict[str, list[_Proc]] = {}     # a worker's processes, in rank order
+        self._procs: dict[str, list[_Proc]] = {}  # a worker's processes, in rank order
         self._threads: dict[str, int] = {}
         self._gpus: dict[str, tuple[int, ...] | None] = {}
         # Calls may come from several driver threads at once (a paced run steps each policy in a
@@ -291,9 +329,11 @@ class ProcessExecutor:
         for n, factory in factories.items():
             a = next((a for a in plan.assignments if a.worker == n), None) if plan else None
             if a and len({s.node for s in a.gpus}) > 1:
-                raise ValueError(f"worker {n!r} is planned across {len({s.node for s in a.gpus})} "
-                                 "nodes; the process executor runs on one machine: use "
-                                 "allocation.executor = \"ray\"")
+                raise ValueError(
+                    f"worker {n!r} is planned across {len({s.node for s in a.gpus})} "
+                    "nodes; the process executor runs on one machine: use "
+                    'allocation.executor = "ray"'
+                )
             ranks = group_size(factory)
             # each rank of a group gets an equal share of the group's threads, at least one
             self._threads[n] = max(a.threads // ranks, 1) if a and a.threads else 0
@@ -309,19 +349,34 @@ class ProcessExecutor:
     def _spawn(self, name: str, restarted: bool) -> None:
         factory, gpus, threads = self._factories[name], self._gpus[name], self._threads[name]
         if not isinstance(factory, RankGroup):
-            self._procs[name] = [_Proc(name, factory, worker_env(threads, gpus), threads, restarted)]
+            self._procs[name] = [
+                _Proc(name, factory, worker_env(threads, gpus), threads, restarted)
+            ]
             return
         if gpus is not None and len(gpus) < factory.ranks:
-            raise ValueError(f"worker {name!r} runs as {factory.ranks} ranks but was planned "
-                             f"{len(gpus)} GPU(s): one GPU per rank")
-        index = sorted(n for n in self._factories if isinstance(self._factories[n], RankGroup)).index(name)
+            raise ValueError(
+                f"worker {name!r} runs as {factory.ranks} ranks but was planned "
+                f"{len(gpus)} GPU(s): one GPU per rank"
+            )
+        index = sorted(
+            n for n in self._factories if isinstance(self._factories[n], RankGroup)
+        ).index(name)
         port = self.alloc.master_port + index if self.alloc.master_port else free_port()
         self._procs[name] = [
-            _Proc(f"{name}-rank{r}",
-                  RankFactory(factory, r, self.alloc.process_group_timeout_s, self.alloc.call_timeout_s),
-                  {**worker_env(threads, None if gpus is None else (gpus[r],)),
-                   **rank_env(r, factory.ranks, "127.0.0.1", port)}, threads, restarted)
-            for r in range(factory.ranks)]
+            _Proc(
+                f"{name}-rank{r}",
+                RankFactory(
+                    factory, r, self.alloc.process_group_timeout_s, self.alloc.call_timeout_s
+                ),
+                {
+                    **worker_env(threads, None if gpus is None else (gpus[r],)),
+                    **rank_env(r, factory.ranks, "127.0.0.1", port),
+                },
+                threads,
+                restarted,
+            )
+            for r in range(factory.ranks)
+        ]
 
     def put(self, obj: Any) -> Any:
         return obj  # pickled into each call that carries it
@@ -333,8 +388,9 @@ class ProcessExecutor:
         """Workers removed under ``on_failure = "continue"``, each with the failure that did it."""
         return dict(self.policy.removed)
 
-    def call(self, calls: dict[str, WorkerCall], timeout_s: float | None = None, *,
-             fetch: bool = True) -> dict[str, CallResult]:
+    def call(
+        self, calls: dict[str, WorkerCall], timeout_s: float | None = None, *, fetch: bool = True
+    ) -> dict[str, CallResult]:
         """Send each named worker its call (every rank of a group), then gather the replies
         (``fetch`` is the Ray executor's; here every value comes back)."""
         method = call_name(next(iter(calls.values()))) if calls else "call"
@@ -354,10 +410,13 @@ class ProcessExecutor:
                     # when it dies during a call (``_receive``), not the pipe, that failed
                     dead = [p.process.exitcode for p in self._procs[n] if not p.process.is_alive()]
                     self._kill(n)
-                    results[n] = (self._failure(n, method, "WorkerDied",
-                                                f"its process exited with code {dead[0]}")
-                                  if isinstance(exc, OSError) and dead else
-                                  self._failure(n, method, type(exc).__name__, f"cannot send: {exc}"))
+                    results[n] = (
+                        self._failure(
+                            n, method, "WorkerDied", f"its process exited with code {dead[0]}"
+                        )
+                        if isinstance(exc, OSError) and dead
+                        else self._failure(n, method, type(exc).__name__, f"cannot send: {exc}")
+                    )
             results.update(self._collect(sent, method, timeout_s or self.alloc.call_timeout_s))
             with self._lock:
                 for n in calls:
@@ -390,11 +449,13 @@ class ProcessExecutor:
         in a collective for it."""
         deadline = time.monotonic() + timeout_s
         waiting = {p.conn: (n, r) for n in names for r, p in enumerate(self._procs[n])}
-        replies: dict[str, list[CallResult | None]] = {n: [None] * len(self._procs[n]) for n in names}
+        replies: dict[str, list[CallResult | None]] = {
+            n: [None] * len(self._procs[n]) for n in names
+        }
         failed: dict[str, CallResult] = {}
         while waiting and (left := deadline - time.monotonic()) > 0:
             for conn in wait(list(waiting), timeout=left):
-                if conn not in waiting:      # a rank of a group that failed meanwhile
+                if conn not in waiting:  # a rank of a group that failed meanwhile
                     continue
                 n, r = waiting.pop(conn)
                 replies[n][r] = self._receive(n, r, method)
@@ -407,13 +468,19 @@ class ProcessExecutor:
             if n not in failed:
                 self._kill(n)
                 failed[n] = self._failure(
-                    n, method, "TimeoutError", f"no result within {timeout_s:g} s"
+                    n,
+                    method,
+                    "TimeoutError",
+                    f"no result within {timeout_s:g} s"
                     + (f" from rank {r} of {len(replies[n])}" if len(replies[n]) > 1 else "")
-                    + "; its process was killed", kind="timeout")
+                    + "; its process was killed",
+                    kind="timeout",
+                )
         return {n: failed.get(n) or merge_ranks(n, method, replies[n]) for n in names}
 
-    def _late_ranks(self, name: str, method: str, waiting: dict, replies: list,
-                    deadline: float) -> None:
+    def _late_ranks(
+        self, name: str, method: str, waiting: dict, replies: list, deadline: float
+    ) -> None:
         """After a group's first failed rank, its other ranks' replies for a moment: the rank
         whose death broke the others' collectives may report after them (a dead process's pipe
         and a peer's broken socket close at once), and the failure should name it."""
@@ -431,23 +498,41 @@ class ProcessExecutor:
             reply = proc.conn.recv()
         except (EOFError, OSError):
             proc.process.join(_EXIT_GRACE_S)
-            return self._failure(name, method, "WorkerDied",
-                                 f"its process exited with code {proc.process.exitcode}")
-        if rank == 0:   # a rank group's ranks compute together: its time is rank 0's
+            return self._failure(
+                name, method, "WorkerDied", f"its process exited with code {proc.process.exitcode}"
+            )
+        if rank == 0:  # a rank group's ranks compute together: its time is rank 0's
             with self._lock:
                 self._busy[name] = self._busy.get(name, 0.0) + reply[-1]
         if reply[0] == "ok":
             return CallResult(name, value=reply[1])
-        return CallResult(name, failure=WorkerFailure(
-            worker=name, method=method, exc_type=reply[1], message=reply[2], traceback=reply[3],
-            kind="raised"))
+        return CallResult(
+            name,
+            failure=WorkerFailure(
+                worker=name,
+                method=method,
+                exc_type=reply[1],
+                message=reply[2],
+                traceback=reply[3],
+                kind="raised",
+            ),
+        )
 
     @staticmethod
-    def _failure(name: str, method: str, exc_type: str, message: str,
-                 kind: str = "raised") -> CallResult:
-        return CallResult(name, failure=WorkerFailure(
-            worker=name, method=method, exc_type=exc_type, message=message, traceback="",
-            kind=kind))
+    def _failure(
+        name: str, method: str, exc_type: str, message: str, kind: str = "raised"
+    ) -> CallResult:
+        return CallResult(
+            name,
+            failure=WorkerFailure(
+                worker=name,
+                method=method,
+                exc_type=exc_type,
+                message=message,
+                traceback="",
+                kind=kind,
+            ),
+        )
 
     def _kill(self, name: str) -> None:
         for proc in self._procs.get(name, ()):

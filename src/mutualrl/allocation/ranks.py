@@ -41,7 +41,7 @@ class RankContext:
 
     rank: int
     world_size: int
-    backend: str                      # "gloo" (CPU) or "nccl" (CUDA)
+    backend: str  # "gloo" (CPU) or "nccl" (CUDA)
 
 
 @dataclass(frozen=True)
@@ -54,8 +54,10 @@ class RankGroup:
     backend: str = "gloo"
 
     def __call__(self) -> object:
-        raise TypeError(f"a group of {self.ranks} ranks needs an executor that starts one process "
-                        "per rank (allocation.executor = \"process\" or \"ray\")")
+        raise TypeError(
+            f"a group of {self.ranks} ranks needs an executor that starts one process "
+            'per rank (allocation.executor = "process" or "ray")'
+        )
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -65,16 +67,24 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def rank_env(rank: int, world_size: int, addr: str, port: int, local_rank: int | None = None) -> dict[str, str]:
+def rank_env(
+    rank: int, world_size: int, addr: str, port: int, local_rank: int | None = None
+) -> dict[str, str]:
     """The rendezvous environment of one rank (torch.distributed's names)."""
     local = rank if local_rank is None else local_rank
-    return {"MASTER_ADDR": addr, "MASTER_PORT": str(port), "RANK": str(rank),
-            "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(local),
-            "LOCAL_WORLD_SIZE": str(world_size)}
+    return {
+        "MASTER_ADDR": addr,
+        "MASTER_PORT": str(port),
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": str(local),
+        "LOCAL_WORLD_SIZE": str(world_size),
+    }
 
 
-def join_group(rank: int, world_size: int, backend: str, timeout_s: float,
-               collective_timeout_s: float) -> None:
+def join_group(
+    rank: int, world_size: int, backend: str, timeout_s: float, collective_timeout_s: float
+) -> None:
     """Form the default process group from the environment's rendezvous, within ``timeout_s``.
 
     The store is made here rather than by ``init_process_group(init_method="env://")`` so that
@@ -85,19 +95,35 @@ def join_group(rank: int, world_size: int, backend: str, timeout_s: float,
     addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     where = f"rank {rank} of {world_size} at {addr}:{port}"
     try:
-        store = dist.TCPStore(addr, port, world_size, is_master=rank == 0,
-                              timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=True)
+        store = dist.TCPStore(
+            addr,
+            port,
+            world_size,
+            is_master=rank == 0,
+            timeout=datetime.timedelta(seconds=timeout_s),
+            wait_for_workers=True,
+        )
         if backend == "nccl":
             import torch
-            torch.cuda.set_device(0)     # the rank's one visible GPU (CUDA_VISIBLE_DEVICES)
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                                timeout=datetime.timedelta(seconds=collective_timeout_s))
-    except Exception as exc:   # torch raises several store/network error types; name them all
+
+            torch.cuda.set_device(0)  # the rank's one visible GPU (CUDA_VISIBLE_DEVICES)
+        dist.init_process_group(
+            backend,
+            store=store,
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(seconds=collective_timeout_s),
+        )
+    except Exception as exc:  # torch raises several store/network error types; name them all
         cause = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        hint = ("the port is in use (another group, or set allocation.master_port elsewhere)"
-                if "in use" in str(exc).lower() else
-                f"not every rank joined within {timeout_s:g} s (allocation.process_group_timeout_s)")
-        raise ProcessGroupError(f"{where}: the process group could not form: {hint} ({cause})") from None
+        hint = (
+            "the port is in use (another group, or set allocation.master_port elsewhere)"
+            if "in use" in str(exc).lower()
+            else f"not every rank joined within {timeout_s:g} s (allocation.process_group_timeout_s)"
+        )
+        raise ProcessGroupError(
+            f"{where}: the process group could not form: {hint} ({cause})"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -106,12 +132,17 @@ class RankFactory:
 
     group: RankGroup
     rank: int
-    timeout_s: float                  # to form the group
-    collective_timeout_s: float       # each collective afterwards
+    timeout_s: float  # to form the group
+    collective_timeout_s: float  # each collective afterwards
 
     def __call__(self) -> object:
-        join_group(self.rank, self.group.ranks, self.group.backend, self.timeout_s,
-                   self.collective_timeout_s)
+        join_group(
+            self.rank,
+            self.group.ranks,
+            self.group.backend,
+            self.timeout_s,
+            self.collective_timeout_s,
+        )
         return self.group.build(RankContext(self.rank, self.group.ranks, self.group.backend))
 
 
@@ -124,9 +155,17 @@ def merge_ranks(name: str, method: str, results: list[CallResult]) -> CallResult
     if not failed:
         return CallResult(name, value=results[0].value)
     f = failed[0][1]
-    return CallResult(name, failure=WorkerFailure(
-        worker=name, method=method, exc_type=f.exc_type, kind=f.kind, traceback=f.traceback,
-        message="; ".join(f"rank {rank} of {len(results)}: {x.message}" for rank, x in failed)))
+    return CallResult(
+        name,
+        failure=WorkerFailure(
+            worker=name,
+            method=method,
+            exc_type=f.exc_type,
+            kind=f.kind,
+            traceback=f.traceback,
+            message="; ".join(f"rank {rank} of {len(results)}: {x.message}" for rank, x in failed),
+        ),
+    )
 
 
 def group_size(factory: Any) -> int:

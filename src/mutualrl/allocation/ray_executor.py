@@ -42,16 +42,33 @@ from ray.util.placement_group import (
     placement_group_table,
     remove_placement_group,
 )
-from ray.util.scheduling_strategies import (NodeAffinitySchedulingStrategy,
-                                            PlacementGroupSchedulingStrategy)
+from ray.util.scheduling_strategies import (
+    NodeAffinitySchedulingStrategy,
+    PlacementGroupSchedulingStrategy,
+)
 
 from mutualrl.config import AllocationConfig
-from mutualrl.allocation.calls import (CallResult, FailurePolicy, WorkerCall, WorkerFailedError,
-                                       WorkerFailure, build_worker, call_fields, call_name,
-                                       check_names, close_worker)
+from mutualrl.allocation.calls import (
+    CallResult,
+    FailurePolicy,
+    WorkerCall,
+    WorkerFailedError,
+    WorkerFailure,
+    build_worker,
+    call_fields,
+    call_name,
+    check_names,
+    close_worker,
+)
 from mutualrl.allocation.planner import Assignment, Plan
-from mutualrl.allocation.ranks import (RANK_FAILURE_GRACE_S, RankFactory, RankGroup, free_port,
-                                       merge_ranks, rank_env)
+from mutualrl.allocation.ranks import (
+    RANK_FAILURE_GRACE_S,
+    RankFactory,
+    RankGroup,
+    free_port,
+    merge_ranks,
+    rank_env,
+)
 
 
 # How long a shutdown waits for its workers to close before it kills them.
@@ -67,6 +84,7 @@ class PlacementError(RuntimeError):
 
 def _set_threads(threads: int) -> None:
     import sys
+
     if threads > 0 and "torch" in sys.modules:  # each actor is its own process: exact share
         sys.modules["torch"].set_num_threads(threads)
 
@@ -76,6 +94,7 @@ def _invoke(obj: object, call: type, fields: dict) -> tuple[tuple, Any]:
     # resolved in the actor, straight from the object store; the call is rebuilt there. The
     # status ends with the seconds the call took in the actor (the worker's busy time).
     import traceback
+
     t0 = time.perf_counter()
     try:
         value = call(**fields)(obj)
@@ -101,6 +120,7 @@ class _Hosting:
         """This actor's node and process id: where its scratch folders are, and whose end a
         sweep of that node waits for once the actor is killed (``RayExecutor._retire``)."""
         import os
+
         return ray.get_runtime_context().get_node_id(), os.getpid()
 
 
@@ -109,20 +129,22 @@ def _alive(pid: int) -> bool:
     while its other threads (an actor has many) still exit, and its files, and so its locks, are
     closed only with the last of them: alive while any thread is not a zombie."""
     import os
+
     try:
         states = []
         for task in os.listdir(f"/proc/{pid}/task"):
             with open(f"/proc/{pid}/task/{task}/stat") as f:
                 states.append(f.read().rsplit(")", 1)[1].split()[0])
         return any(state not in ("Z", "X") for state in states)
-    except FileNotFoundError:        # gone (reaped), or a thread gone while listing: look again
+    except FileNotFoundError:  # gone (reaped), or a thread gone while listing: look again
         return os.path.exists(f"/proc/{pid}") and _alive_by_signal(pid)
-    except OSError:                  # no /proc: whether it can be signalled
+    except OSError:  # no /proc: whether it can be signalled
         return _alive_by_signal(pid)
 
 
 def _alive_by_signal(pid: int) -> bool:
     import os
+
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -139,6 +161,7 @@ def _sweep_node(pids: list[int], wait_s: float) -> list[str]:
     import tempfile
 
     from mutualrl.storage import sweep_scratch
+
     deadline = time.monotonic() + wait_s
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -164,14 +187,16 @@ class _RankHost(_Hosting):
         addr = ray.util.get_node_ip_address()
         return addr, free_port(addr)
 
-    def join(self, factory: RankFactory, env: dict[str, str], threads: int,
-             restarted: bool) -> tuple:
+    def join(
+        self, factory: RankFactory, env: dict[str, str], threads: int, restarted: bool
+    ) -> tuple:
         import os
         import traceback
+
         os.environ.update(env)
         try:
             self.obj = build_worker(factory, restarted)
-        except Exception as exc:   # reported as the rank's failure, never swallowed
+        except Exception as exc:  # reported as the rank's failure, never swallowed
             tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
             return ("raised", type(exc).__name__, str(exc), tb, 0.0)
         _set_threads(threads)
@@ -191,8 +216,11 @@ def _gang_bundles(members: list[Assignment], gpu_resource: str) -> list[dict[str
 
 def _plain(resources: dict[str, float]) -> dict[str, float]:
     """Drop Ray's per-placement-group bookkeeping resources; keep what a user asked for."""
-    return {k: v for k, v in sorted(resources.items())
-            if "_group_" not in k and not k.startswith(("bundle_group", "node:"))}
+    return {
+        k: v
+        for k, v in sorted(resources.items())
+        if "_group_" not in k and not k.startswith(("bundle_group", "node:"))
+    }
 
 
 def _share(amount: float, ways: int) -> float:
@@ -209,18 +237,34 @@ class RayExecutor:
         self._options: dict[str, dict] = {}
         self._threads: dict[str, int] = {}
         self._actors: dict[str, Any] = {}
-        self._where: dict[str, list[tuple[str, int]]] = {}   # worker -> its actors' node, pid
+        self._where: dict[str, list[tuple[str, int]]] = {}  # worker -> its actors' node, pid
         self._pgs: dict[str, PlacementGroup] = {}
         self._busy: dict[str, float] = {}
-        self._lock = threading.Lock()   # paced runs call from several driver threads
+        self._lock = threading.Lock()  # paced runs call from several driver threads
 
     # ---- placement --------------------------------------------------------------------------
 
     def _gangs(self, names: list[str], plan: Plan | None) -> dict[str, list[Assignment]]:
         if plan is None:  # no plan: every worker alone, one CPU each
-            return {n: [Assignment(worker=n, role="learner", policy=None, group=n,
-                                   num_parameters=0, tokens_per_step=0, cost=0.0, cost_share=0.0,
-                                   memory_bytes=0, node=0, gpus=(), threads=1)] for n in names}
+            return {
+                n: [
+                    Assignment(
+                        worker=n,
+                        role="learner",
+                        policy=None,
+                        group=n,
+                        num_parameters=0,
+                        tokens_per_step=0,
+                        cost=0.0,
+                        cost_share=0.0,
+                        memory_bytes=0,
+                        node=0,
+                        gpus=(),
+                        threads=1,
+                    )
+                ]
+                for n in names
+            }
         groups = {g: [a for a in m if a.worker in names] for g, m in plan.groups().items()}
         missing = sorted(set(names) - {a.worker for m in groups.values() for a in m})
         if missing:
@@ -236,8 +280,9 @@ class RayExecutor:
         # One bounded wait over every group's ready() ref (pg.wait() rounds its timeout down to
         # whole seconds, which turns a sub-second budget into no wait at all).
         ready_refs = {pg.ready(): g for g, pg in self._pgs.items()}
-        done, _ = ray.wait(list(ready_refs), num_returns=len(ready_refs),
-                           timeout=self.alloc.placement_timeout_s)
+        done, _ = ray.wait(
+            list(ready_refs), num_returns=len(ready_refs), timeout=self.alloc.placement_timeout_s
+        )
         pending = sorted(set(ready_refs.values()) - {ready_refs[r] for r in done})
         if pending:
             msg = self._placement_diagnostic(pending, asked)
@@ -245,10 +290,14 @@ class RayExecutor:
             raise PlacementError(msg)
 
     def _placement_diagnostic(self, pending: list[str], asked: dict[str, list[dict]]) -> str:
-        lines = [f"could not reserve {len(pending)} of {len(self._pgs)} placement group(s) within "
-                 f"{self.alloc.placement_timeout_s:g} s (all or nothing: none are kept):"]
+        lines = [
+            f"could not reserve {len(pending)} of {len(self._pgs)} placement group(s) within "
+            f"{self.alloc.placement_timeout_s:g} s (all or nothing: none are kept):"
+        ]
         for g in pending:
-            state = placement_group_table(self._pgs[g]).get("stats", {}).get("scheduling_state", "?")
+            state = (
+                placement_group_table(self._pgs[g]).get("stats", {}).get("scheduling_state", "?")
+            )
             for i, b in enumerate(asked[g]):
                 lines.append(f"  gang {g!r} bundle {i}: asks {b} ({state})")
         lines.append(f"  available now: {_plain(ray.available_resources())}")
@@ -272,7 +321,8 @@ class RayExecutor:
         if gpus:
             self._gpu_option(opts, _share(gpus, ways))
         opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-            self._pgs[gang], placement_group_bundle_index=b)
+            self._pgs[gang], placement_group_bundle_index=b
+        )
         return opts
 
     def _gpu_option(self, opts: dict, share: float) -> None:
@@ -283,8 +333,10 @@ class RayExecutor:
         """Rank ``rank``'s actor: one whole GPU of its node's bundle, an equal share of the
         bundle's threads with the other ranks there."""
         if a.gpus and len(a.gpus) < ranks:
-            raise ValueError(f"worker {a.worker!r} runs as {ranks} ranks but was planned "
-                             f"{len(a.gpus)} GPU(s): one GPU per rank")
+            raise ValueError(
+                f"worker {a.worker!r} runs as {ranks} ranks but was planned "
+                f"{len(a.gpus)} GPU(s): one GPU per rank"
+            )
         bundles = _gang_bundles([a], self.alloc.gpu_resource)
         opts: dict[str, Any] = {"num_cpus": 0, "max_restarts": 0}
         if not bundles:
@@ -296,7 +348,8 @@ class RayExecutor:
         if a.gpus:
             self._gpu_option(opts, 1.0)
         opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-            self._pgs[gang], placement_group_bundle_index=b)
+            self._pgs[gang], placement_group_bundle_index=b
+        )
         return opts
 
     # ---- the Executor protocol --------------------------------------------------------------
@@ -313,7 +366,9 @@ class RayExecutor:
                     f = factories[a.worker]
                     self._options[a.worker] = (
                         [self._rank_options(g, a, r, f.ranks) for r in range(f.ranks)]
-                        if isinstance(f, RankGroup) else [self._actor_options(g, members, i)])
+                        if isinstance(f, RankGroup)
+                        else [self._actor_options(g, members, i)]
+                    )
                     self._threads[a.worker] = a.threads
             ready = {n: self._spawn(n, restarted=False) for n in factories}
         except BaseException:
@@ -336,7 +391,11 @@ class RayExecutor:
         """Start the worker's actor(s); the refs that say each is built."""
         factory, threads = self._factories[name], self._threads[name]
         if not isinstance(factory, RankGroup):
-            actor = ray.remote(_Host).options(**self._options[name][0]).remote(factory, threads, restarted)
+            actor = (
+                ray.remote(_Host)
+                .options(**self._options[name][0])
+                .remote(factory, threads, restarted)
+            )
             self._actors[name] = [actor]
             return [actor.ready.remote()]
         actors = [ray.remote(_RankHost).options(**o).remote() for o in self._options[name]]
@@ -346,10 +405,17 @@ class RayExecutor:
             groups = sorted(n for n, f in self._factories.items() if isinstance(f, RankGroup))
             port = self.alloc.master_port + groups.index(name)
         each = max(threads // factory.ranks, 1) if threads else 0
-        return [a.join.remote(RankFactory(factory, r, self.alloc.process_group_timeout_s,
-                                          self.alloc.call_timeout_s),
-                              rank_env(r, factory.ranks, addr, port), each, restarted)
-                for r, a in enumerate(actors)]
+        return [
+            a.join.remote(
+                RankFactory(
+                    factory, r, self.alloc.process_group_timeout_s, self.alloc.call_timeout_s
+                ),
+                rank_env(r, factory.ranks, addr, port),
+                each,
+                restarted,
+            )
+            for r, a in enumerate(actors)
+        ]
 
     def put(self, obj: Any) -> Any:
         return ray.put(obj)
@@ -367,13 +433,19 @@ class RayExecutor:
         """Workers removed under ``on_failure = "continue"``, each with the failure that did it."""
         return dict(self.policy.removed)
 
-    def call(self, calls: dict[str, WorkerCall], timeout_s: float | None = None, *,
-             fetch: bool = True) -> dict[str, CallResult]:
+    def call(
+        self, calls: dict[str, WorkerCall], timeout_s: float | None = None, *, fetch: bool = True
+    ) -> dict[str, CallResult]:
         method = call_name(next(iter(calls.values()))) if calls else "call"
         check_names(method, calls, self._factories)
         live = [n for n in calls if n not in self.policy.removed]
-        refs = {n: [a.invoke.options(num_returns=2).remote(type(calls[n]), **call_fields(calls[n]))
-                    for a in self._actors[n]] for n in live}
+        refs = {
+            n: [
+                a.invoke.options(num_returns=2).remote(type(calls[n]), **call_fields(calls[n]))
+                for a in self._actors[n]
+            ]
+            for n in live
+        }
         results = self._wait(refs, method, timeout_s or self.alloc.call_timeout_s, fetch=fetch)
         for n in calls:
             if n not in live:
@@ -381,12 +453,16 @@ class RayExecutor:
         self.policy.apply(results, self._restart, self._remove)
         return {n: results[n] for n in calls}
 
-    def _wait(self, refs: dict[str, list], method: str, timeout_s: float, *,
-              fetch: bool = True) -> dict[str, CallResult]:
+    def _wait(
+        self, refs: dict[str, list], method: str, timeout_s: float, *, fetch: bool = True
+    ) -> dict[str, CallResult]:
         """Every worker's result within ``timeout_s``. ``refs[name]``: per rank, a status ref,
         or a (status, value) pair of refs. A failed rank ends its group's actors at once."""
-        pending = {(x[0] if isinstance(x, list) else x): (n, r)
-                   for n, per in refs.items() for r, x in enumerate(per)}
+        pending = {
+            (x[0] if isinstance(x, list) else x): (n, r)
+            for n, per in refs.items()
+            for r, x in enumerate(per)
+        }
         ranks: dict[str, list] = {n: [None] * len(per) for n, per in refs.items()}
         failed: dict[str, CallResult] = {}
         deadline = time.monotonic() + timeout_s
@@ -409,10 +485,18 @@ class RayExecutor:
         for n, r in pending.values():
             if n not in failed:
                 where = f" from rank {r} of {len(refs[n])}" if len(refs[n]) > 1 else ""
-                failed[n] = CallResult(n, failure=WorkerFailure(
-                    worker=n, method=method, exc_type="TimeoutError", kind="timeout", traceback="",
-                    message=f"no result within {timeout_s:g} s{where} from its actor"))
-                self._kill(n)   # hung: it would never get to a close() (``_retire``)
+                failed[n] = CallResult(
+                    n,
+                    failure=WorkerFailure(
+                        worker=n,
+                        method=method,
+                        exc_type="TimeoutError",
+                        kind="timeout",
+                        traceback="",
+                        message=f"no result within {timeout_s:g} s{where} from its actor",
+                    ),
+                )
+                self._kill(n)  # hung: it would never get to a close() (``_retire``)
         return {n: failed.get(n) or merge_ranks(n, method, ranks[n]) for n in refs}
 
     def _result(self, name: str, method: str, refs: Any, fetch: bool, timed: bool) -> CallResult:
@@ -420,16 +504,32 @@ class RayExecutor:
         try:
             status = ray.get(status_ref)
         except Exception as exc:  # the actor died, or its constructor raised
-            return CallResult(name, failure=WorkerFailure(
-                worker=name, method=method, exc_type=type(exc).__name__, message=str(exc)[:2000],
-                traceback=str(exc), kind="raised"))
-        if timed:   # a rank group's ranks compute together: its time is rank 0's
+            return CallResult(
+                name,
+                failure=WorkerFailure(
+                    worker=name,
+                    method=method,
+                    exc_type=type(exc).__name__,
+                    message=str(exc)[:2000],
+                    traceback=str(exc),
+                    kind="raised",
+                ),
+            )
+        if timed:  # a rank group's ranks compute together: its time is rank 0's
             with self._lock:
                 self._busy[name] = self._busy.get(name, 0.0) + status[-1]
         if status[0] != "ok":
-            return CallResult(name, failure=WorkerFailure(
-                worker=name, method=method, exc_type=status[1], message=status[2],
-                traceback=status[3], kind="raised"))
+            return CallResult(
+                name,
+                failure=WorkerFailure(
+                    worker=name,
+                    method=method,
+                    exc_type=status[1],
+                    message=status[2],
+                    traceback=status[3],
+                    kind="raised",
+                ),
+            )
         if not isinstance(refs, list):
             return CallResult(name)
         return CallResult(name, value=ray.get(refs[1]) if fetch else refs[1])
@@ -461,11 +561,14 @@ class RayExecutor:
         nodes: dict[str, list[int]] = {}
         for node, pid in where:
             nodes.setdefault(node, []).append(pid)
-        refs = [ray.remote(num_cpus=0)(_sweep_node).options(
-                    scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
-                ).remote(pids, KILLED_EXIT_WAIT_S) for node, pids in nodes.items()]
+        refs = [
+            ray.remote(num_cpus=0)(_sweep_node)
+            .options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
+            .remote(pids, KILLED_EXIT_WAIT_S)
+            for node, pids in nodes.items()
+        ]
         if refs:
-            with contextlib.suppress(Exception):   # a node gone with its actors: nothing to do
+            with contextlib.suppress(Exception):  # a node gone with its actors: nothing to do
                 ray.wait(refs, num_returns=len(refs), timeout=KILLED_EXIT_WAIT_S + 10.0)
 
     def _restart(self, name: str) -> None:
@@ -480,5 +583,5 @@ class RayExecutor:
         self._retire([name])
 
     def shutdown(self) -> None:
-        self._retire(list(self._actors))   # the live workers: a removed one has no actors left
+        self._retire(list(self._actors))  # the live workers: a removed one has no actors left
         self._release()

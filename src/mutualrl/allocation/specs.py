@@ -19,7 +19,14 @@ from typing import Literal
 import msgspec
 
 from mutualrl.allocation.dims import Dims, resolve_dims, tied_embeddings
-from mutualrl.config import GIB, AllocationConfig, ConfigError, InventoryConfig, MemoryModel, RunConfig
+from mutualrl.config import (
+    GIB,
+    AllocationConfig,
+    ConfigError,
+    InventoryConfig,
+    MemoryModel,
+    RunConfig,
+)
 
 Role = Literal["learner", "generator", "verifier"]
 
@@ -30,19 +37,19 @@ FLOPS_PER_PARAM_TOKEN: dict[str, int] = {"generator": 2, "learner": 6, "verifier
 class WorkerSpec(msgspec.Struct, frozen=True, kw_only=True):
     """One worker to place. ``group``: workers with the same group share devices (colocation)."""
 
-    name: str                         # "<policy>/<role>", or "verifier"
+    name: str  # "<policy>/<role>", or "verifier"
     role: Role
     policy: str | None
     num_parameters: int
     tokens_per_step: int
-    memory_bytes: int                 # on its devices (GPU) or in host RAM (CPU-only); per rank with ranks
-    group: str                        # colocation group; a worker alone has group == name
-    min_threads: int = 1              # dedicated CPU threads it cannot work without
-    uses_accelerator: bool = True     # False: CPU only even on a GPU inventory (the verifier)
+    memory_bytes: int  # on its devices (GPU) or in host RAM (CPU-only); per rank with ranks
+    group: str  # colocation group; a worker alone has group == name
+    min_threads: int = 1  # dedicated CPU threads it cannot work without
+    uses_accelerator: bool = True  # False: CPU only even on a GPU inventory (the verifier)
     # Processes it runs as, one GPU each, each needing memory_bytes (a sharded learner: N; a
     # policy's generator or unsharded learner: 1). None: its memory may be spread evenly over
     # however many GPUs the planner gives it (a worker described only by its total).
-    ranks: int | None = None          # processes on one GPU each; None: spread over any number
+    ranks: int | None = None  # processes on one GPU each; None: spread over any number
 
     @property
     def total_memory_bytes(self) -> int:
@@ -62,7 +69,7 @@ class Inventory(msgspec.Struct, frozen=True, kw_only=True):
     gpu_memory_bytes: int
     cpus_per_node: int
     host_memory_bytes: int
-    source: str = "described"         # "described" (config) or "detected" (this machine)
+    source: str = "described"  # "described" (config) or "detected" (this machine)
 
     @property
     def total_gpus(self) -> int:
@@ -74,9 +81,14 @@ class Inventory(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def inventory_from_config(inv: InventoryConfig) -> Inventory:
-    return Inventory(nodes=inv.nodes, gpus_per_node=inv.gpus_per_node,
-                     gpu_memory_bytes=int(inv.gpu_memory_gb * GIB), cpus_per_node=inv.cpus_per_node,
-                     host_memory_bytes=int(inv.host_memory_gb * GIB), source="described")
+    return Inventory(
+        nodes=inv.nodes,
+        gpus_per_node=inv.gpus_per_node,
+        gpu_memory_bytes=int(inv.gpu_memory_gb * GIB),
+        cpus_per_node=inv.cpus_per_node,
+        host_memory_bytes=int(inv.host_memory_gb * GIB),
+        source="described",
+    )
 
 
 def detect_inventory() -> Inventory:
@@ -91,8 +103,14 @@ def detect_inventory() -> Inventory:
     except AttributeError:
         cpus = os.cpu_count() or 1
     host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return Inventory(nodes=1, gpus_per_node=gpus, gpu_memory_bytes=mem or GIB, cpus_per_node=cpus,
-                     host_memory_bytes=host, source="detected")
+    return Inventory(
+        nodes=1,
+        gpus_per_node=gpus,
+        gpu_memory_bytes=mem or GIB,
+        cpus_per_node=cpus,
+        host_memory_bytes=host,
+        source="detected",
+    )
 
 
 def resolve_inventory(alloc: AllocationConfig) -> Inventory:
@@ -101,8 +119,10 @@ def resolve_inventory(alloc: AllocationConfig) -> Inventory:
 
 # ---- memory estimates (pure) --------------------------------------------------------------------
 
-def learner_memory_bytes(num_parameters: int, mem: MemoryModel, *, reference: bool,
-                         lora: bool, ranks: int = 1) -> int:
+
+def learner_memory_bytes(
+    num_parameters: int, mem: MemoryModel, *, reference: bool, lora: bool, ranks: int = 1
+) -> int:
     """Weights + gradients + optimizer state (+ a frozen reference copy when KL is on), on each
     of ``ranks`` ranks: a sharded learner holds 1/ranks of each (rounded up)."""
     if lora:
@@ -118,8 +138,9 @@ def kv_cache_bytes(num_layers: int, kv_width: int, tokens: int, mem: MemoryModel
     return 2 * num_layers * kv_width * mem.weight_bytes * tokens
 
 
-def activation_bytes(d: Dims, rows: int, seq_len: int, completion_len: int, act_bytes: int,
-                     checkpointing: bool) -> int:
+def activation_bytes(
+    d: Dims, rows: int, seq_len: int, completion_len: int, act_bytes: int, checkpointing: bool
+) -> int:
     """Activations one learner micro-batch keeps for backward (peak, one micro-batch at a time).
 
     Values stored per token and decoder layer (attention scores are not stored: SDPA and flash
@@ -160,24 +181,29 @@ def check_engine_fits(reserved_bytes: int, weight_bytes: int, where: str) -> Non
         raise ConfigError(
             f"{where}.gpu_memory_utilization reserves {reserved_bytes / GIB:.2f} GiB, not more than "
             f"the model's {weight_bytes / GIB:.2f} GiB of weights: the vLLM engine would have no "
-            f"room for its KV cache; raise it")
+            f"room for its KV cache; raise it"
+        )
 
 
-def tokens_per_step(prompts_per_step: int, num_generations: int, prompt_length: int,
-                    completion_length: int) -> int:
+def tokens_per_step(
+    prompts_per_step: int, num_generations: int, prompt_length: int, completion_length: int
+) -> int:
     """Every completion of the step carries its prompt: B x G x (prompt + completion)."""
     return prompts_per_step * num_generations * (prompt_length + completion_length)
 
 
 # ---- from a run config --------------------------------------------------------------------------
 
+
 def _default_counter(policy, vocab_size: int) -> int:
     from mutualrl.policies.models import count_parameters
+
     return count_parameters(policy, vocab_size)
 
 
 def _default_vocab(tokenizer: str) -> int:
     from mutualrl.retokenize.loaders import load_tokenizer
+
     return load_tokenizer(tokenizer).vocab_size
 
 
@@ -197,25 +223,41 @@ def _apply_override(spec: WorkerSpec, alloc: AllocationConfig) -> WorkerSpec:
 
 def _count(p, alloc: AllocationConfig, count_params, vocab_size) -> int:
     from mutualrl.policies.checkpoints import read_checkpoint_config
+
     if p.checkpoint and read_checkpoint_config(p) is None:
-        raise ConfigError(f"allocation.num_parameters.{p.name}: checkpoint {p.checkpoint!r} is not "
-                          "on this machine; give its parameter count there")
+        raise ConfigError(
+            f"allocation.num_parameters.{p.name}: checkpoint {p.checkpoint!r} is not "
+            "on this machine; give its parameter count there"
+        )
     return count_params(p, vocab_size(p.tokenizer))
 
 
-def learner_activation_bytes(cfg: RunConfig, alloc: AllocationConfig, dims: Dims,
-                             ranks: int = 1) -> int:
+def learner_activation_bytes(
+    cfg: RunConfig, alloc: AllocationConfig, dims: Dims, ranks: int = 1
+) -> int:
     """``activation_bytes`` for the run's micro-batch on one rank: rows and checkpointing from
     ``[allocation.memory]``, else from the update engine's settings in ``[training]``, else one
     batch of every own sequence of a step, shared by ``ranks`` ranks, without checkpointing (peer
     rows a strategy adds are not counted)."""
     g, t, mem = cfg.grpo, cfg.training, alloc.memory
-    rows = (mem.micro_batch_rows or t.per_device_train_batch_size
-            or -(-g.prompts_per_step * g.num_generations // ranks))
-    ckpt = (mem.gradient_checkpointing if mem.gradient_checkpointing is not None
-            else t.gradient_checkpointing)
-    return activation_bytes(dims, rows, alloc.prompt_length_estimate + g.max_completion_length,
-                            g.max_completion_length, mem.activation_bytes or mem.weight_bytes, ckpt)
+    rows = (
+        mem.micro_batch_rows
+        or t.per_device_train_batch_size
+        or -(-g.prompts_per_step * g.num_generations // ranks)
+    )
+    ckpt = (
+        mem.gradient_checkpointing
+        if mem.gradient_checkpointing is not None
+        else t.gradient_checkpointing
+    )
+    return activation_bytes(
+        dims,
+        rows,
+        alloc.prompt_length_estimate + g.max_completion_length,
+        g.max_completion_length,
+        mem.activation_bytes or mem.weight_bytes,
+        ckpt,
+    )
 
 
 def worker_specs_from_config(
@@ -232,8 +274,9 @@ def worker_specs_from_config(
     alloc = alloc or cfg.allocation
     vocab_size = functools.cache(vocab_size)
     g = cfg.grpo
-    tokens = tokens_per_step(g.prompts_per_step, g.num_generations, alloc.prompt_length_estimate,
-                             g.max_completion_length)
+    tokens = tokens_per_step(
+        g.prompts_per_step, g.num_generations, alloc.prompt_length_estimate, g.max_completion_length
+    )
     specs: list[WorkerSpec] = []
     for i, p in enumerate(cfg.policies):
         n = alloc.num_parameters.get(p.name) or _count(p, alloc, count_params, vocab_size)
@@ -244,37 +287,61 @@ def worker_specs_from_config(
             ("generator", tokens, gen_mem, 1),
         ):
             name = f"{p.name}/{role}"
-            specs.append(WorkerSpec(name=name, role=role, policy=p.name, num_parameters=n,
-                                    tokens_per_step=role_tokens, memory_bytes=memory,
-                                    group=p.name if alloc.colocate else name, ranks=role_ranks))
-    specs.append(WorkerSpec(name="verifier", role="verifier", policy=None, num_parameters=0,
-                            tokens_per_step=tokens * len(cfg.policies), memory_bytes=0,
-                            group="verifier", min_threads=alloc.verifier_threads,
-                            uses_accelerator=False))
+            specs.append(
+                WorkerSpec(
+                    name=name,
+                    role=role,
+                    policy=p.name,
+                    num_parameters=n,
+                    tokens_per_step=role_tokens,
+                    memory_bytes=memory,
+                    group=p.name if alloc.colocate else name,
+                    ranks=role_ranks,
+                )
+            )
+    specs.append(
+        WorkerSpec(
+            name="verifier",
+            role="verifier",
+            policy=None,
+            num_parameters=0,
+            tokens_per_step=tokens * len(cfg.policies),
+            memory_bytes=0,
+            group="verifier",
+            min_threads=alloc.verifier_threads,
+            uses_accelerator=False,
+        )
+    )
     return [_apply_override(s, alloc) for s in specs]
 
 
-def _policy_memory(cfg: RunConfig, alloc: AllocationConfig, i: int, n: int, tokens: int,
-                   vocab_size) -> tuple[int, int]:
+def _policy_memory(
+    cfg: RunConfig, alloc: AllocationConfig, i: int, n: int, tokens: int, vocab_size
+) -> tuple[int, int]:
     """(each learner rank's memory, the generator's) for policy ``i`` of ``n`` parameters."""
     g, mem, p = cfg.grpo, alloc.memory, cfg.policies[i]
     dims = resolve_dims(p, alloc, vocab_size)
     # a torch sampler holds grpo.generation_batch_size sequences at once; an engine, what
     # allocation.generation_batch_tokens caps
-    per_pass = (g.generation_batch_size * (alloc.prompt_length_estimate + g.max_completion_length)
-                if g.generation_batch_size else tokens)
+    per_pass = (
+        g.generation_batch_size * (alloc.prompt_length_estimate + g.max_completion_length)
+        if g.generation_batch_size
+        else tokens
+    )
     resident = min(tokens, per_pass, alloc.generation_batch_tokens or tokens)
     kv = kv_cache_bytes(dims.layers, dims.kv_width, resident, mem)
     ranks = p.learner_ranks
-    learner = (learner_memory_bytes(n, mem, reference=g.beta > 0, lora=p.lora is not None, ranks=ranks)
-               + learner_activation_bytes(cfg, alloc, dims, ranks))
+    learner = learner_memory_bytes(
+        n, mem, reference=g.beta > 0, lora=p.lora is not None, ranks=ranks
+    ) + learner_activation_bytes(cfg, alloc, dims, ranks)
     if ranks > 1:
         learner += gathered_bytes(dims, tied_embeddings(p, alloc), mem)
     gen = generator_memory_bytes(n, kv, mem)
     if p.generation.backend == "vllm":
-        gen = engine_reservation_bytes(p.generation.gpu_memory_utilization,
-                                       resolve_inventory(alloc).gpu_memory_bytes)
+        gen = engine_reservation_bytes(
+            p.generation.gpu_memory_utilization, resolve_inventory(alloc).gpu_memory_bytes
+        )
         check_engine_fits(gen, n * mem.weight_bytes, f"$.policies[{i}].generation")
-        if ranks > 1:   # rank 0 also keeps the whole copy the engine reloads from (sharded.mirror)
+        if ranks > 1:  # rank 0 also keeps the whole copy the engine reloads from (sharded.mirror)
             gen += n * mem.weight_bytes
     return learner, gen

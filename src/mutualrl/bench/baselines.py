@@ -45,8 +45,9 @@ def two_pointer_walk(src_ends: list[int], tgt_ends: list[int]) -> list[tuple[int
 
 def naive_decode_prefix_align(src_decode, src_ids, tgt_decode, tgt_ids):
     """The textbook baseline: prefix-decode both sides, then a Python two-pointer walk."""
-    return two_pointer_walk(naive_decode_prefix_ends(src_decode, src_ids),
-                            naive_decode_prefix_ends(tgt_decode, tgt_ids))
+    return two_pointer_walk(
+        naive_decode_prefix_ends(src_decode, src_ids), naive_decode_prefix_ends(tgt_decode, tgt_ids)
+    )
 
 
 def _trl_module():

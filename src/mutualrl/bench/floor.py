@@ -25,9 +25,18 @@ import numpy as np
 
 from mutualrl.retokenize import kernels
 from mutualrl.retokenize.align import BatchAlignment, align_batch
-from mutualrl.retokenize.encoding import (EncodingCache, batch_ends, encode_from,
-                                          encodes_without_offsets, laid_ids, offset_ends_batch,
-                                          rust_encode, rust_threads, spelled_ends, utf8)
+from mutualrl.retokenize.encoding import (
+    EncodingCache,
+    batch_ends,
+    encode_from,
+    encodes_without_offsets,
+    laid_ids,
+    offset_ends_batch,
+    rust_encode,
+    rust_threads,
+    spelled_ends,
+    utf8,
+)
 from mutualrl.retokenize.normalize import normalizer_changes
 from mutualrl.retokenize.residuals import AlignmentResiduals, byte_edit_distances
 from mutualrl.retokenize.retokenizer import _trajectory
@@ -84,6 +93,7 @@ def floor(d, rendered: bool = False, residuals: bool = False):
         else:
             s_ends = wordpiece_ends(sprof, src_flat, src_sizes, d.texts, datas)
         return align_batch(s_ends, split_ends(t_ends, t_sizes), d.totals)
+
     return run
 
 
@@ -91,8 +101,9 @@ def split_ends(ends: np.ndarray, sizes: np.ndarray) -> list[np.ndarray]:
     return np.split(ends, np.cumsum(sizes)[:-1])
 
 
-def wordpiece_ends(p, flat: np.ndarray, sizes: np.ndarray, texts: list[str],
-                   datas: list[bytes]) -> list[np.ndarray]:
+def wordpiece_ends(
+    p, flat: np.ndarray, sizes: np.ndarray, texts: list[str], datas: list[bytes]
+) -> list[np.ndarray]:
     """The floor's WordPiece byte ends per text: the folded walk of the ids (``folded_ends``),
     and the texts' encoding's offsets where the ids do not walk (every text where it does not
     apply)."""
@@ -124,13 +135,16 @@ def floor_results(d):
         if not (s_sizes.all() and t_sizes.all()):
             raise ValueError("floor_results: expected tokens on both sides of every text")
         walked = kernels.align(s_ends, s_sizes, t_ends, t_sizes, totals)
-        if walked is None:   # the numpy passes (small batches, MUTUALRL_KERNELS=numpy)
-            batch = align_batch(split_ends(s_ends, s_sizes), split_ends(t_ends, t_sizes),
-                                totals.tolist())
+        if walked is None:  # the numpy passes (small batches, MUTUALRL_KERNELS=numpy)
+            batch = align_batch(
+                split_ends(s_ends, s_sizes), split_ends(t_ends, t_sizes), totals.tolist()
+            )
         else:
-            batch = BatchAlignment(list(range(n)), walked[0], walked[1], None, None, None, None,
-                                   walked[2])
+            batch = BatchAlignment(
+                list(range(n)), walked[0], walked[1], None, None, None, None, walked[2]
+            )
         return _results(prof, texts, totals, batch, t_flat, t_sizes, t_res, s_sizes, lps, s_res)
+
     return run
 
 
@@ -142,9 +156,10 @@ def _receiver(prof: TokenizerProfile, texts: list[str], datas: list[bytes]):
     encs = rust_encode(prof, texts)
     ids = [e.ids for e in encs]
     flat, sizes = laid_ids(ids)
-    if not prof.lossless:   # the round-trip residuals from the decoder, and the walk's ends
-        rendered = [t.encode() for t in prof.continuation.decode_batch(
-            ids, skip_special_tokens=False)]
+    if not prof.lossless:  # the round-trip residuals from the decoder, and the walk's ends
+        rendered = [
+            t.encode() for t in prof.continuation.decode_batch(ids, skip_special_tokens=False)
+        ]
         dist = byte_edit_distances(rendered, datas, rust_threads())
         res = ([x > 0 for x in dist], dist, normalizer_changes(prof, texts))
         return flat, np.concatenate(wordpiece_ends(prof, flat, sizes, texts, datas)), sizes, res
@@ -154,11 +169,18 @@ def _receiver(prof: TokenizerProfile, texts: list[str], datas: list[bytes]):
     if bad:
         ends, start = ends.copy(), np.cumsum(sizes) - sizes
         for i in bad:
-            enc = encode_from(prof, prof.continuation.encode(texts[i], add_special_tokens=False),
-                              texts[i], datas[i])
-            ends[start[i]:start[i] + sizes[i]] = enc.ends
-            res[0][i], res[1][i], res[2][i] = (enc.mismatch, enc.edit_distance,
-                                               enc.normalizer_changed)
+            enc = encode_from(
+                prof,
+                prof.continuation.encode(texts[i], add_special_tokens=False),
+                texts[i],
+                datas[i],
+            )
+            ends[start[i] : start[i] + sizes[i]] = enc.ends
+            res[0][i], res[1][i], res[2][i] = (
+                enc.mismatch,
+                enc.edit_distance,
+                enc.normalizer_changed,
+            )
     return flat, ends, sizes, res
 
 
@@ -170,30 +192,49 @@ def _sender(sprof: TokenizerProfile, texts, datas, src_ids, src_lps):
     sizes = np.fromiter(map(len, src_ids), dtype=np.int64, count=n)
     flat = np.concatenate(src_ids)
     lps = np.concatenate(src_lps)
-    if (flat.ndim != 1 or flat.dtype != np.int64 or flat.min() < 0
-            or flat.max() >= sprof.piece_len.size or sprof.special[flat].any()):
-        raise ValueError("floor_results: expected int64 ids in the sender's vocabulary, "
-                         "no specials")
-    if (lps.dtype != np.float64 or not np.array_equal(
-            np.fromiter(map(len, src_lps), dtype=np.int64, count=n), sizes)
-            or (np.isnan(lps) | (lps == np.inf)).any()):
+    if (
+        flat.ndim != 1
+        or flat.dtype != np.int64
+        or flat.min() < 0
+        or flat.max() >= sprof.piece_len.size
+        or sprof.special[flat].any()
+    ):
+        raise ValueError(
+            "floor_results: expected int64 ids in the sender's vocabulary, no specials"
+        )
+    if (
+        lps.dtype != np.float64
+        or not np.array_equal(np.fromiter(map(len, src_lps), dtype=np.int64, count=n), sizes)
+        or (np.isnan(lps) | (lps == np.inf)).any()
+    ):
         raise ValueError("floor_results: expected one finite float64 log-prob per id")
-    spells, ends = (spelled_ends(sprof, flat, sizes, datas) if sprof.lossless
-                    else folded_ends(sprof, flat, sizes, texts, datas))
+    spells, ends = (
+        spelled_ends(sprof, flat, sizes, datas)
+        if sprof.lossless
+        else folded_ends(sprof, flat, sizes, texts, datas)
+    )
     res = ([False] * n, [0] * n)
     bad = np.flatnonzero(~spells).tolist()
     if bad:
         ends, start = ends.copy(), np.cumsum(sizes) - sizes
-        some = read_sources(sprof, [texts[i] for i in bad], [datas[i] for i in bad],
-                            [src_ids[i] for i in bad], None, [False] * len(bad), _NO_CACHE)
+        some = read_sources(
+            sprof,
+            [texts[i] for i in bad],
+            [datas[i] for i in bad],
+            [src_ids[i] for i in bad],
+            None,
+            [False] * len(bad),
+            _NO_CACHE,
+        )
         for i, src in zip(bad, some):
-            ends[start[i]:start[i] + sizes[i]] = src.ends
+            ends[start[i] : start[i] + sizes[i]] = src.ends
             res[0][i], res[1][i] = bool(src.mismatch), src.edit_distance
     return ends, sizes, lps, res
 
 
-def _results(prof, texts, totals, batch: BatchAlignment, t_flat, t_sizes, t_res, s_sizes, lps,
-             s_res) -> list:
+def _results(
+    prof, texts, totals, batch: BatchAlignment, t_flat, t_sizes, t_res, s_sizes, lps, s_res
+) -> list:
     """One ``RetokenizedTrajectory`` per text from whole-batch columns: the kernel's statistics,
     segment sums of the log-probs per group and per text, unknown and byte-fallback counts."""
     stats, local, split = batch.statistics(), batch.local, batch.split
@@ -201,27 +242,71 @@ def _results(prof, texts, totals, batch: BatchAlignment, t_flat, t_sizes, t_res,
     n_groups = stats[0]
     gsums = np.add.reduceat(lps, local[0] + np.repeat(s_off, n_groups))
     mass = np.abs(np.add.reduceat(lps, s_off) - np.add.reduceat(gsums, split - n_groups)).tolist()
-    unk = (np.add.reduceat((t_flat == prof.unk_id).astype(np.int64), t_off).tolist()
-           if prof.unk_id is not None else None)
+    unk = (
+        np.add.reduceat((t_flat == prof.unk_id).astype(np.int64), t_off).tolist()
+        if prof.unk_id is not None
+        else None
+    )
     fallback = np.add.reduceat(prof.byte_fallback[t_flat].astype(np.int64), t_off).tolist()
     t_stop = (t_off + t_sizes).tolist()
     out, lo = [], 0
-    for k, (hi, t0, t1, total, n_src, g, ng, c11, c1n, cn1, big_s, big_t, big_b, us, ut) in \
-            enumerate(zip(split.tolist(), t_off.tolist(), t_stop, totals.tolist(),
-                          s_sizes.tolist(), batch.groups(), *stats.tolist())):
+    for k, (
+        hi,
+        t0,
+        t1,
+        total,
+        n_src,
+        g,
+        ng,
+        c11,
+        c1n,
+        cn1,
+        big_s,
+        big_t,
+        big_b,
+        us,
+        ut,
+    ) in enumerate(
+        zip(
+            split.tolist(),
+            t_off.tolist(),
+            t_stop,
+            totals.tolist(),
+            s_sizes.tolist(),
+            batch.groups(),
+            *stats.tolist(),
+        )
+    ):
         m = t1 - t0
         residuals = AlignmentResiduals(
-            n_bytes=total, n_source_tokens=n_src, n_target_tokens=m, n_groups=ng,
-            roundtrip_mismatch=t_res[0][k], roundtrip_edit_distance=t_res[1][k],
-            normalizer_changed_text=t_res[2][k], source_mismatch=s_res[0][k],
-            source_edit_distance=s_res[1][k], boundary_iou=ng / (us + ut - ng),
-            groups_1_1=c11, groups_1_n=c1n, groups_n_1=cn1, groups_n_m=ng - c11 - c1n - cn1,
-            largest_group_source_tokens=big_s, largest_group_target_tokens=big_t,
-            largest_group_bytes=big_b, length_ratio=m / n_src,
+            n_bytes=total,
+            n_source_tokens=n_src,
+            n_target_tokens=m,
+            n_groups=ng,
+            roundtrip_mismatch=t_res[0][k],
+            roundtrip_edit_distance=t_res[1][k],
+            normalizer_changed_text=t_res[2][k],
+            source_mismatch=s_res[0][k],
+            source_edit_distance=s_res[1][k],
+            boundary_iou=ng / (us + ut - ng),
+            groups_1_1=c11,
+            groups_1_n=c1n,
+            groups_n_1=cn1,
+            groups_n_m=ng - c11 - c1n - cn1,
+            largest_group_source_tokens=big_s,
+            largest_group_target_tokens=big_t,
+            largest_group_bytes=big_b,
+            length_ratio=m / n_src,
             unknown_rate=unk[k] / m if unk is not None else 0.0,
-            byte_fallback_rate=fallback[k] / m, specials_stripped=0, specials_added=0,
-            eos_paired=False, truncated_tokens=0, truncated_bytes=0,
-            logprob_mass_error=mass[k], logprob_mass_unassigned=0.0)
+            byte_fallback_rate=fallback[k] / m,
+            specials_stripped=0,
+            specials_added=0,
+            eos_paired=False,
+            truncated_tokens=0,
+            truncated_bytes=0,
+            logprob_mass_error=mass[k],
+            logprob_mass_unassigned=0.0,
+        )
         out.append(_trajectory(texts[k], t_flat[t0:t1], g, gsums[lo:hi], residuals))
         lo = hi
     return out

@@ -61,13 +61,26 @@ from mutualrl.retokenize.residuals import aggregate_residuals
 from mutualrl.retokenize.retokenizer import Retokenizer
 from mutualrl.retokenize.sources import read_sources
 
-DEFAULT_PAIRS = (("deepseek-v3", "mistral-v1"), ("mistral-v1", "deepseek-v3"),
-                 ("deepseek-v3", "bert-wordpiece"), ("bert-wordpiece", "deepseek-v3"),
-                 ("mistral-v1", "bert-wordpiece"), ("bert-wordpiece", "mistral-v1"))
-ALIGN_TURN_S = 0.02   # each side's turn when the aligners alternate in turns (``time_turns``)
-RESIDUAL_KEYS = ("frac_groups_1_1", "boundary_iou_mean", "roundtrip_mismatch_frac",
-                 "roundtrip_edit_rate", "largest_group_bytes_max", "length_ratio_pooled",
-                 "unknown_rate", "byte_fallback_rate", "logprob_mass_error_max")
+DEFAULT_PAIRS = (
+    ("deepseek-v3", "mistral-v1"),
+    ("mistral-v1", "deepseek-v3"),
+    ("deepseek-v3", "bert-wordpiece"),
+    ("bert-wordpiece", "deepseek-v3"),
+    ("mistral-v1", "bert-wordpiece"),
+    ("bert-wordpiece", "mistral-v1"),
+)
+ALIGN_TURN_S = 0.02  # each side's turn when the aligners alternate in turns (``time_turns``)
+RESIDUAL_KEYS = (
+    "frac_groups_1_1",
+    "boundary_iou_mean",
+    "roundtrip_mismatch_frac",
+    "roundtrip_edit_rate",
+    "largest_group_bytes_max",
+    "length_ratio_pooled",
+    "unknown_rate",
+    "byte_fallback_rate",
+    "logprob_mass_error_max",
+)
 
 
 def default_corpus_dir() -> Path:
@@ -81,8 +94,9 @@ def load_corpus(path: Path | str | None = None) -> list[str]:
     folder = Path(path) if path is not None else default_corpus_dir()
     files = sorted(folder.glob("*.jsonl"))
     if not files:
-        raise FileNotFoundError(f"corpus folder {folder}: expected *.jsonl files with a "
-                                "'completion' field, found none")
+        raise FileNotFoundError(
+            f"corpus folder {folder}: expected *.jsonl files with a 'completion' field, found none"
+        )
     texts = []
     for file in files:
         for n, line in enumerate(file.read_text(encoding="utf-8").splitlines(), start=1):
@@ -90,8 +104,9 @@ def load_corpus(path: Path | str | None = None) -> list[str]:
                 try:
                     texts.append(json.loads(line)["completion"])
                 except (json.JSONDecodeError, KeyError) as exc:
-                    raise ValueError(f"{file}:{n}: expected a JSON object with a 'completion' "
-                                     f"string ({exc})") from exc
+                    raise ValueError(
+                        f"{file}:{n}: expected a JSON object with a 'completion' string ({exc})"
+                    ) from exc
     return texts
 
 
@@ -114,9 +129,16 @@ class Timing:
 
     def to_dict(self) -> dict:
         q = np.percentile(self.seconds, [25, 75])
-        return {"median_s": self.median, "min_s": min(self.seconds), "max_s": max(self.seconds),
-                "iqr_s": float(q[1] - q[0]), "repeats": len(self.seconds),
-                "tokens": self.tokens, "tokens_per_s": self.tokens_per_s, "note": self.note}
+        return {
+            "median_s": self.median,
+            "min_s": min(self.seconds),
+            "max_s": max(self.seconds),
+            "iqr_s": float(q[1] - q[0]),
+            "repeats": len(self.seconds),
+            "tokens": self.tokens,
+            "tokens_per_s": self.tokens_per_s,
+            "note": self.note,
+        }
 
 
 @dataclass
@@ -124,8 +146,8 @@ class PairData:
     """Everything precomputed for one pair, so each timed pass measures one thing only."""
 
     texts: list[str]
-    src: Retokenizer                # profile of the source tokenizer (its own Retokenizer)
-    tgt: Retokenizer                # the receiver, cache off
+    src: Retokenizer  # profile of the source tokenizer (its own Retokenizer)
+    tgt: Retokenizer  # the receiver, cache off
     src_ids: list[np.ndarray]
     src_lps: list[np.ndarray]
     src_ends: list[np.ndarray]
@@ -140,9 +162,17 @@ class PairData:
         s = encode_texts(src.profile, texts, datas, src.cache)
         t = encode_texts(tgt.profile, texts, datas, tgt.cache)
         rng = np.random.default_rng(0)
-        return cls(texts, src, tgt, [e.ids for e in s],
-                   [-rng.exponential(size=e.ids.size) for e in s], [e.ends for e in s],
-                   [e.ids for e in t], [e.ends for e in t], [len(d) for d in datas])
+        return cls(
+            texts,
+            src,
+            tgt,
+            [e.ids for e in s],
+            [-rng.exponential(size=e.ids.size) for e in s],
+            [e.ends for e in s],
+            [e.ids for e in t],
+            [e.ends for e in t],
+            [len(d) for d in datas],
+        )
 
     @property
     def target_tokens(self) -> int:
@@ -165,27 +195,75 @@ def _bench_ours(d: PairData, repeats: int) -> list[Timing]:
     src_prof = d.tgt.profile_for(source)
     fast = _fast_encode(d)
     return [
-        Timing("encode", time_calls(lambda: [backend.encode(t, add_special_tokens=False).ids
-                                              for t in d.texts], repeats), n),
-        Timing("encode_batch", time_calls(lambda: [e.ids for e in backend.encode_batch(
-            d.texts, add_special_tokens=False)], repeats), n),
+        Timing(
+            "encode",
+            time_calls(
+                lambda: [backend.encode(t, add_special_tokens=False).ids for t in d.texts], repeats
+            ),
+            n,
+        ),
+        Timing(
+            "encode_batch",
+            time_calls(
+                lambda: [e.ids for e in backend.encode_batch(d.texts, add_special_tokens=False)],
+                repeats,
+            ),
+            n,
+        ),
         *([Timing("encode_batch_fast", time_calls(fast, repeats), n)] if fast else []),
-        Timing("align", time_calls(lambda: align_many(d.src_ends, d.tgt_ends, d.totals),
-                                    repeats), n),
-        Timing("align_per_text", time_calls(lambda: [
-            align_ends(a, b, c) for a, b, c in zip(d.src_ends, d.tgt_ends, d.totals)],
-            repeats), n),
-        Timing("end_to_end", time_calls(lambda: [
-            d.tgt.retokenize(t, source=source, source_ids=i, source_logprobs=lp)
-            for t, i, lp in zip(d.texts, d.src_ids, d.src_lps)], repeats), n),
-        Timing("end_to_end_batch", time_calls(lambda: d.tgt.retokenize_batch(
-            d.texts, source=source, source_ids=d.src_ids, source_logprobs=d.src_lps),
-            repeats), n),
-        Timing("e2e_target", time_calls(lambda: encode_texts(
-            d.tgt.profile, d.texts, datas, d.tgt.cache), repeats), n),
-        Timing("e2e_source", time_calls(lambda: read_sources(
-            src_prof, d.texts, datas, d.src_ids, d.src_lps, [False] * len(d.texts), d.tgt.cache),
-            repeats), n),
+        Timing(
+            "align", time_calls(lambda: align_many(d.src_ends, d.tgt_ends, d.totals), repeats), n
+        ),
+        Timing(
+            "align_per_text",
+            time_calls(
+                lambda: [align_ends(a, b, c) for a, b, c in zip(d.src_ends, d.tgt_ends, d.totals)],
+                repeats,
+            ),
+            n,
+        ),
+        Timing(
+            "end_to_end",
+            time_calls(
+                lambda: [
+                    d.tgt.retokenize(t, source=source, source_ids=i, source_logprobs=lp)
+                    for t, i, lp in zip(d.texts, d.src_ids, d.src_lps)
+                ],
+                repeats,
+            ),
+            n,
+        ),
+        Timing(
+            "end_to_end_batch",
+            time_calls(
+                lambda: d.tgt.retokenize_batch(
+                    d.texts, source=source, source_ids=d.src_ids, source_logprobs=d.src_lps
+                ),
+                repeats,
+            ),
+            n,
+        ),
+        Timing(
+            "e2e_target",
+            time_calls(lambda: encode_texts(d.tgt.profile, d.texts, datas, d.tgt.cache), repeats),
+            n,
+        ),
+        Timing(
+            "e2e_source",
+            time_calls(
+                lambda: read_sources(
+                    src_prof,
+                    d.texts,
+                    datas,
+                    d.src_ids,
+                    d.src_lps,
+                    [False] * len(d.texts),
+                    d.tgt.cache,
+                ),
+                repeats,
+            ),
+            n,
+        ),
     ]
 
 
@@ -196,22 +274,43 @@ def _bench_peers(d: PairData, repeats: int, naive_texts: int) -> list[Timing]:
     if trl is not None:
         s_off = [_offsets(e) for e in d.src_ends]
         t_off = [_offsets(e) for e in d.tgt_ends]
-        out.append(Timing("align_trl", time_calls(
-            lambda: [trl(a, b) for a, b in zip(s_off, t_off)], repeats), n))
+        out.append(
+            Timing(
+                "align_trl",
+                time_calls(lambda: [trl(a, b) for a, b in zip(s_off, t_off)], repeats),
+                n,
+            )
+        )
     spacy = baselines.spacy_align_fn()
     if spacy is not None:
         s_tok = [_token_strings(d.src.profile, ids) for ids in d.src_ids]
         t_tok = [_token_strings(d.tgt.profile, ids) for ids in d.tgt_ids]
-        out.append(Timing("align_spacy", time_calls(
-            lambda: [spacy(a, b) for a, b in zip(s_tok, t_tok)], repeats), n))
+        out.append(
+            Timing(
+                "align_spacy",
+                time_calls(lambda: [spacy(a, b) for a, b in zip(s_tok, t_tok)], repeats),
+                n,
+            )
+        )
     if naive_texts > 0:
         k = min(naive_texts, len(d.texts))
         sdec, tdec = d.src.profile.continuation.decode, d.tgt.profile.continuation.decode
         s_ids = [ids.tolist() for ids in d.src_ids[:k]]
         t_ids = [ids.tolist() for ids in d.tgt_ids[:k]]
-        out.append(Timing("align_naive", time_calls(lambda: [
-            baselines.naive_decode_prefix_align(sdec, a, tdec, b) for a, b in zip(s_ids, t_ids)],
-            max(1, repeats // 2)), int(sum(len(b) for b in t_ids)), note=f"first {k} texts"))
+        out.append(
+            Timing(
+                "align_naive",
+                time_calls(
+                    lambda: [
+                        baselines.naive_decode_prefix_align(sdec, a, tdec, b)
+                        for a, b in zip(s_ids, t_ids)
+                    ],
+                    max(1, repeats // 2),
+                ),
+                int(sum(len(b) for b in t_ids)),
+                note=f"first {k} texts",
+            )
+        )
     return out
 
 
@@ -235,20 +334,24 @@ def _bench_paired(d: PairData, repeats: int, peers: bool) -> dict:
     contenders = [
         lambda: [e.ids for e in backend.encode_batch(d.texts, add_special_tokens=False)],
         floor(d),
-        lambda: d.tgt.retokenize_batch(d.texts, source=source, source_ids=d.src_ids,
-                                       source_logprobs=d.src_lps),
-        floor_results(d)]
+        lambda: d.tgt.retokenize_batch(
+            d.texts, source=source, source_ids=d.src_ids, source_logprobs=d.src_lps
+        ),
+        floor_results(d),
+    ]
     fast = _fast_encode(d)
     if not d.tgt.profile.lossless:  # the floor plus the rendering, plus the residuals from it
         contenders += [floor(d, rendered=True), floor(d, residuals=True)]
-    elif fast is not None:          # the receiver's encode as the retokenizer calls it
+    elif fast is not None:  # the receiver's encode as the retokenizer calls it
         contenders.append(fast)
     enc, least, e2e, results, *rest = time_alternating(contenders, repeats)
-    out = {"end_to_end_batch_over_encode_batch": _ratio_summary(e2e, enc),
-           "floor_over_encode_batch": _ratio_summary(least, enc),
-           "end_to_end_batch_over_floor": _ratio_summary(e2e, least),
-           "floor_results_over_encode_batch": _ratio_summary(results, enc),
-           "end_to_end_batch_over_floor_results": _ratio_summary(e2e, results)}
+    out = {
+        "end_to_end_batch_over_encode_batch": _ratio_summary(e2e, enc),
+        "floor_over_encode_batch": _ratio_summary(least, enc),
+        "end_to_end_batch_over_floor": _ratio_summary(e2e, least),
+        "floor_results_over_encode_batch": _ratio_summary(results, enc),
+        "end_to_end_batch_over_floor_results": _ratio_summary(e2e, results),
+    }
     if rest and not d.tgt.profile.lossless:
         for name, times in zip(("floor_rendered", "floor_residuals"), rest):
             out[f"{name}_over_encode_batch"] = _ratio_summary(times, enc)
@@ -266,8 +369,10 @@ def _bench_paired(d: PairData, repeats: int, peers: bool) -> dict:
         theirs, ours = time_alternating((walk, align), repeats)
         out["align_speedup_vs_trl"] = _ratio_summary(theirs, ours)
         (theirs, ours), calls = time_turns((walk, align), repeats, ALIGN_TURN_S)
-        out["align_speedup_vs_trl_turns"] = {**_ratio_summary(theirs, ours),
-                                             "calls_per_turn": calls}
+        out["align_speedup_vs_trl_turns"] = {
+            **_ratio_summary(theirs, ours),
+            "calls_per_turn": calls,
+        }
     return out
 
 
@@ -279,62 +384,98 @@ def _bench_cache(d: PairData, repeats: int) -> dict:
     every text a hit (the call repeated). Timed apart from the goal ratios' rounds, so their
     contenders stay as they were."""
     source = d.src.target
-    profiles = {d.tgt.target.fingerprint: d.tgt.profile,
-                source.fingerprint: d.tgt.profile_for(source)}
+    profiles = {
+        d.tgt.target.fingerprint: d.tgt.profile,
+        source.fingerprint: d.tgt.profile_for(source),
+    }
     cached = Retokenizer(d.tgt.target, max_length=d.tgt.max_length, profiles=profiles)
 
     def call(rt):
-        return rt.retokenize_batch(d.texts, source=source, source_ids=d.src_ids,
-                                   source_logprobs=d.src_lps)
+        return rt.retokenize_batch(
+            d.texts, source=source, source_ids=d.src_ids, source_logprobs=d.src_lps
+        )
 
     def miss():
         cached.cache.clear()
         return call(cached)
 
     off, all_miss, all_hit = time_alternating(
-        [lambda: call(d.tgt), miss, lambda: call(cached)], repeats)
+        [lambda: call(d.tgt), miss, lambda: call(cached)], repeats
+    )
     # what was timed: every lookup of the miss calls missed, every one of the hit calls hit
-    return {"cache_all_miss_over_cache_off": {**_ratio_summary(all_miss, off),
-                                              "lookups_missed": cached.cache.misses},
-            "cache_all_hit_over_cache_off": {**_ratio_summary(all_hit, off),
-                                             "lookups_hit": cached.cache.hits}}
+    return {
+        "cache_all_miss_over_cache_off": {
+            **_ratio_summary(all_miss, off),
+            "lookups_missed": cached.cache.misses,
+        },
+        "cache_all_hit_over_cache_off": {
+            **_ratio_summary(all_hit, off),
+            "lookups_hit": cached.cache.hits,
+        },
+    }
 
 
-def bench_pair(src: Retokenizer, tgt: Retokenizer, texts: list[str], *, repeats: int = 5,
-               naive_texts: int = 8, peers: bool = True) -> dict:
+def bench_pair(
+    src: Retokenizer,
+    tgt: Retokenizer,
+    texts: list[str],
+    *,
+    repeats: int = 5,
+    naive_texts: int = 8,
+    peers: bool = True,
+) -> dict:
     """All measurements, speed ratios and a residual summary for one (source -> target) pair."""
     d = PairData.build(src, tgt, texts)
     timings = _bench_ours(d, repeats) + (_bench_peers(d, repeats, naive_texts) if peers else [])
     by = {t.name: t for t in timings}
-    outs = tgt.retokenize_batch(d.texts, source=src.target, source_ids=d.src_ids,
-                                source_logprobs=d.src_lps)
+    outs = tgt.retokenize_batch(
+        d.texts, source=src.target, source_ids=d.src_ids, source_logprobs=d.src_lps
+    )
     agg = aggregate_residuals([o.residuals for o in outs])
     ratios = {
         "end_to_end_over_encode": by["end_to_end"].median / by["encode"].median,
-        "end_to_end_batch_over_encode_batch":
-            by["end_to_end_batch"].median / by["encode_batch"].median,
+        "end_to_end_batch_over_encode_batch": by["end_to_end_batch"].median
+        / by["encode_batch"].median,
     }
     # end_to_end_batch in parts, each over encode_batch: where the time beyond encoding goes
     enc = by["encode_batch"].median
-    parts = {"target_side": by["e2e_target"].median / enc,
-             "source_side": by["e2e_source"].median / enc,
-             "align_and_assemble": (by["end_to_end_batch"].median - by["e2e_target"].median
-                                    - by["e2e_source"].median) / enc}
+    parts = {
+        "target_side": by["e2e_target"].median / enc,
+        "source_side": by["e2e_source"].median / enc,
+        "align_and_assemble": (
+            by["end_to_end_batch"].median - by["e2e_target"].median - by["e2e_source"].median
+        )
+        / enc,
+    }
     for peer in ("align_trl", "align_spacy", "align_naive"):
         if peer in by:  # per token, since the naive peer runs on a subset
-            ratios[f"align_speedup_vs_{peer[6:]}"] = by["align"].tokens_per_s / by[peer].tokens_per_s
-    return {"source": src.target.name, "target": tgt.target.name, "texts": len(texts),
-            "bytes": int(sum(d.totals)), "source_tokens": int(sum(i.size for i in d.src_ids)),
-            "target_tokens": d.target_tokens,
-            "timings": {t.name: t.to_dict() for t in timings}, "ratios": ratios,
-            "end_to_end_batch_parts_over_encode_batch": parts,
-            "paired": _bench_paired(d, repeats, peers),
-            "residuals": {k: agg[k] for k in RESIDUAL_KEYS}}
+            ratios[f"align_speedup_vs_{peer[6:]}"] = (
+                by["align"].tokens_per_s / by[peer].tokens_per_s
+            )
+    return {
+        "source": src.target.name,
+        "target": tgt.target.name,
+        "texts": len(texts),
+        "bytes": int(sum(d.totals)),
+        "source_tokens": int(sum(i.size for i in d.src_ids)),
+        "target_tokens": d.target_tokens,
+        "timings": {t.name: t.to_dict() for t in timings},
+        "ratios": ratios,
+        "end_to_end_batch_parts_over_encode_batch": parts,
+        "paired": _bench_paired(d, repeats, peers),
+        "residuals": {k: agg[k] for k in RESIDUAL_KEYS},
+    }
 
 
-def run_benchmark(pairs=DEFAULT_PAIRS, *, corpus: Path | str | None = None, repeats: int = 5,
-                  naive_texts: int = 8, peers: bool = True,
-                  handles: dict[str, TokenizerHandle] | None = None) -> dict:
+def run_benchmark(
+    pairs=DEFAULT_PAIRS,
+    *,
+    corpus: Path | str | None = None,
+    repeats: int = 5,
+    naive_texts: int = 8,
+    peers: bool = True,
+    handles: dict[str, TokenizerHandle] | None = None,
+) -> dict:
     """Benchmark every pair; tokenizers are loaded (or taken from ``handles``) once each."""
     texts = load_corpus(corpus)
     handles = dict(handles or {})
@@ -342,7 +483,12 @@ def run_benchmark(pairs=DEFAULT_PAIRS, *, corpus: Path | str | None = None, repe
         if name not in handles:
             handles[name] = load_tokenizer(name)
     rts = {name: Retokenizer(h, cache_size=0) for name, h in handles.items()}
-    results = [bench_pair(rts[s], rts[t], texts, repeats=repeats, naive_texts=naive_texts,
-                          peers=peers) for s, t in pairs]
-    return {"corpus": {"texts": len(texts), "bytes": sum(len(t.encode()) for t in texts)},
-            "peers": baselines.available() if peers else {}, "pairs": results}
+    results = [
+        bench_pair(rts[s], rts[t], texts, repeats=repeats, naive_texts=naive_texts, peers=peers)
+        for s, t in pairs
+    ]
+    return {
+        "corpus": {"texts": len(texts), "bytes": sum(len(t.encode()) for t in texts)},
+        "peers": baselines.available() if peers else {},
+        "pairs": results,
+    }

@@ -39,42 +39,78 @@ from mutualrl.storage import remove_tree, strictly_inside
 STATE_FILE = "compare.json"
 WARMSTART_DIR = "warmstart"
 STATE_VERSION = 1
-DEFAULT_CONFIG = "default"      # the packaged config (config.packaged): any folder
+DEFAULT_CONFIG = "default"  # the packaged config (config.packaged): any folder
 # What `--scenario` adds to every run (before --set/--steps, which win): a schedule meant to fit
 # one scenario of the embedded default at 3 seeds with every registered strategy in about 20
 # minutes on 2 CPU cores with --jobs 2 (docs/concepts/scenarios.md says what was measured). Evaluations at
 # steps 0, 10, 20, 30 give the held-out curve its area. One torch thread per run: hidden size 64
 # gains little from more, and the results then do not depend on --jobs.
-SCENARIO_BUDGET = ("steps=30", "eval.every=10", "eval.num_prompts=32", "eval.k=4", "torch_threads=1")
+SCENARIO_BUDGET = (
+    "steps=30",
+    "eval.every=10",
+    "eval.num_prompts=32",
+    "eval.k=4",
+    "torch_threads=1",
+)
 # What must match for --resume to continue a compare rather than start a different one.
 _RESUME_KEYS = ("strategies", "seeds", "config_path", "overrides", "config_digest")
 
 
 # ---- command line -----------------------------------------------------------------------------
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="TOML run config file, or a packaged config's "
-                        "name (mutualrl configs list); required unless --report-only")
-    parser.add_argument("--strategies", default=None,
-                        help="comma-separated strategies to compare, or 'all' (default: all "
-                             f"registered: {_known_names()})")
-    parser.add_argument("--scenario", default=None,
-                        help=f"starting point of the policies ({', '.join(_scenario_names())}); "
-                             "sets `scenario` and the compare's time budget "
-                             f"({' '.join(SCENARIO_BUDGET)}); --config defaults to the packaged "
-                             f"{DEFAULT_CONFIG!r}")
-    parser.add_argument("--seeds", type=int, default=3,
-                        help="number of seeds; seed s (0..N-1) replaces the config's seed (default 3)")
-    parser.add_argument("--output-dir", help="report directory (default reports/compare-<config name>)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="dotted override applied to every run, e.g. --set grpo.beta=0.01")
+    parser.add_argument(
+        "--config",
+        help="TOML run config file, or a packaged config's "
+        "name (mutualrl configs list); required unless --report-only",
+    )
+    parser.add_argument(
+        "--strategies",
+        default=None,
+        help="comma-separated strategies to compare, or 'all' (default: all "
+        f"registered: {_known_names()})",
+    )
+    parser.add_argument(
+        "--scenario",
+        default=None,
+        help=f"starting point of the policies ({', '.join(_scenario_names())}); "
+        "sets `scenario` and the compare's time budget "
+        f"({' '.join(SCENARIO_BUDGET)}); --config defaults to the packaged "
+        f"{DEFAULT_CONFIG!r}",
+    )
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        default=3,
+        help="number of seeds; seed s (0..N-1) replaces the config's seed (default 3)",
+    )
+    parser.add_argument(
+        "--output-dir", help="report directory (default reports/compare-<config name>)"
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="dotted override applied to every run, e.g. --set grpo.beta=0.01",
+    )
     parser.add_argument("--steps", type=int, help="GRPO steps per run (overrides steps)")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue an interrupted compare in --output-dir; finished runs are kept")
-    parser.add_argument("--report-only", action="store_true",
-                        help="rebuild the report from the runs already in --output-dir; run nothing")
-    parser.add_argument("--jobs", type=int, default=1,
-                        help="runs at a time, in worker processes (default 1); a run of the "
-                             "embedded default keeps about one core busy")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue an interrupted compare in --output-dir; finished runs are kept",
+    )
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="rebuild the report from the runs already in --output-dir; run nothing",
+    )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="runs at a time, in worker processes (default 1); a run of the "
+        "embedded default keeps about one core busy",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress display")
 
 
@@ -89,10 +125,13 @@ def run(args: argparse.Namespace) -> int:
     if not args.config and not (args.report_only and args.output_dir):
         raise ConfigError("compare: --config is required (or --report-only with --output-dir)")
     stem = Path(args.config).stem if args.config else ""
-    out = Path(args.output_dir or f"reports/compare-{stem}"
-               + (f"-{args.scenario}" if args.scenario else ""))
+    out = Path(
+        args.output_dir
+        or f"reports/compare-{stem}" + (f"-{args.scenario}" if args.scenario else "")
+    )
     if args.report_only:
         from mutualrl.report import write_report
+
         path = write_report(out, read_state(out))
         console.print(f"report: {path}")
         return 0
@@ -101,9 +140,19 @@ def run(args: argparse.Namespace) -> int:
     # SIGTERM and stop at a step boundary (a run in this process installs its own handler).
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        with CompareProgress(enabled=not args.no_progress, console=console, jobs=args.jobs) as progress:
-            report = compare(args.config, strategies, args.seeds, out, overrides=overrides,
-                             resume=args.resume, progress=progress, jobs=args.jobs)
+        with CompareProgress(
+            enabled=not args.no_progress, console=console, jobs=args.jobs
+        ) as progress:
+            report = compare(
+                args.config,
+                strategies,
+                args.seeds,
+                out,
+                overrides=overrides,
+                resume=args.resume,
+                progress=progress,
+                jobs=args.jobs,
+            )
     finally:
         signal.signal(signal.SIGTERM, previous)
     console.print(f"[bold]report[/]: {report}")
@@ -116,11 +165,13 @@ def _interrupt(signum, frame) -> None:
 
 def _known_names() -> str:
     from mutualrl.strategies import STRATEGIES
+
     return ", ".join(STRATEGIES.names())
 
 
 def _scenario_names() -> list[str]:
     from mutualrl.run.scenarios import SCENARIOS
+
     return SCENARIOS.names()
 
 
@@ -135,6 +186,7 @@ def parse_strategies(text: str | None) -> list[str]:
     """``"none, sgt,none"`` -> ``["none", "sgt"]``; ``None`` or ``"all"`` -> every registered
     strategy."""
     from mutualrl.strategies import STRATEGIES
+
     if text is None or text.strip() == "all":
         return list(STRATEGIES.names())
     names = list(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
@@ -148,7 +200,7 @@ def parse_strategies(text: str | None) -> list[str]:
 class PlannedRun:
     strategy: str
     seed: int
-    cfg: Any                          # RunConfig with seed, strategy and output_dir set
+    cfg: Any  # RunConfig with seed, strategy and output_dir set
 
     @property
     def name(self) -> str:
@@ -164,11 +216,17 @@ def _toml_str(text: str) -> str:
     # of them reaches the config unchanged. (JSON's escaping writes a folder name's undecodable
     # byte, Python's surrogate escape, as \udcXX, which TOML refuses.)
     from mutualrl.config.load import toml_string
+
     return toml_string(text)
 
 
-def plan_runs(config_path: str | Path, strategies: Sequence[str], seeds: int,
-              out: Path, overrides: Sequence[str]) -> list[PlannedRun]:
+def plan_runs(
+    config_path: str | Path,
+    strategies: Sequence[str],
+    seeds: int,
+    out: Path,
+    overrides: Sequence[str],
+) -> list[PlannedRun]:
     """Load and validate every run's config and strategy parameters before anything runs.
 
     Seed-major order, so an interrupted compare has whole seeds (every strategy) done first.
@@ -180,8 +238,9 @@ def plan_runs(config_path: str | Path, strategies: Sequence[str], seeds: int,
 
     unknown = [s for s in strategies if s not in STRATEGIES]
     if unknown:
-        raise ConfigError(f"--strategies: unknown {', '.join(map(repr, unknown))}; "
-                          f"known: {_known_names()}")
+        raise ConfigError(
+            f"--strategies: unknown {', '.join(map(repr, unknown))}; known: {_known_names()}"
+        )
     if seeds < 1:
         raise ConfigError(f"--seeds must be >= 1, got {seeds}")
     # One warm-start cache per compare (unless the config names one): the runs of a seed then
@@ -193,15 +252,23 @@ def plan_runs(config_path: str | Path, strategies: Sequence[str], seeds: int,
         for strategy in strategies:
             run_dir = out / "runs" / run_name(strategy, seed)
             if run_dir.parent != out / "runs" or not strictly_inside(run_dir, out / "runs"):
-                raise ConfigError(f"--strategies: {strategy!r} cannot name a run folder (a "
-                                  f"strategy's name becomes {run_dir.name!r} in {out / 'runs'})")
-            cfg = load_config(config_path, [*overrides, f"seed={seed}",
-                                            f"strategy={_toml_str(strategy)}",
-                                            f"output_dir={_toml_str(str(run_dir))}"])
+                raise ConfigError(
+                    f"--strategies: {strategy!r} cannot name a run folder (a "
+                    f"strategy's name becomes {run_dir.name!r} in {out / 'runs'})"
+                )
+            cfg = load_config(
+                config_path,
+                [
+                    *overrides,
+                    f"seed={seed}",
+                    f"strategy={_toml_str(strategy)}",
+                    f"output_dir={_toml_str(str(run_dir))}",
+                ],
+            )
             if seed == 0:
-                build_strategy(cfg)   # bad [strategies.<name>] parameters fail here, first
-                check_scenario(cfg)   # and a scenario that cannot plan the warm start
-                check_inputs(cfg)     # registry names, the device, backend packages
+                build_strategy(cfg)  # bad [strategies.<name>] parameters fail here, first
+                check_scenario(cfg)  # and a scenario that cannot plan the warm start
+                check_inputs(cfg)  # registry names, the device, backend packages
             runs.append(PlannedRun(strategy, seed, cfg))
     return runs
 
@@ -211,6 +278,7 @@ def config_digest(config_path: str | Path, overrides: Sequence[str]) -> str:
     import hashlib
 
     from mutualrl.config import load_config, to_dict
+
     data = to_dict(load_config(config_path, [*overrides, "seed=0", 'output_dir=""']))
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -230,12 +298,19 @@ def write_state(out: Path, state: dict[str, Any]) -> None:
 
 
 def _new_state(config_path, strategies, seeds, overrides, runs) -> dict[str, Any]:
-    return {"version": STATE_VERSION, "config_path": str(config_path),
-            "overrides": list(overrides), "config_digest": config_digest(config_path, overrides),
-            "strategies": list(strategies), "seeds": seeds, "commit": git_commit(),
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "runs": {r.name: {"strategy": r.strategy, "seed": r.seed, "status": "pending"}
-                     for r in runs}}
+    return {
+        "version": STATE_VERSION,
+        "config_path": str(config_path),
+        "overrides": list(overrides),
+        "config_digest": config_digest(config_path, overrides),
+        "strategies": list(strategies),
+        "seeds": seeds,
+        "commit": git_commit(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "runs": {
+            r.name: {"strategy": r.strategy, "seed": r.seed, "status": "pending"} for r in runs
+        },
+    }
 
 
 def open_state(out: Path, fresh: dict[str, Any], resume: bool) -> dict[str, Any]:
@@ -243,11 +318,13 @@ def open_state(out: Path, fresh: dict[str, Any], resume: bool) -> dict[str, Any]
     existing = out / STATE_FILE
     if not resume:
         if existing.exists() or (out / "runs").exists():
-            raise ConfigError(f"{out} already holds a compare; pass --resume to continue it, "
-                              "or choose another --output-dir")
+            raise ConfigError(
+                f"{out} already holds a compare; pass --resume to continue it, "
+                "or choose another --output-dir"
+            )
         return fresh
     if not existing.exists():
-        return fresh               # nothing to resume: start it
+        return fresh  # nothing to resume: start it
     old = read_state(out)
     diff = [k for k in _RESUME_KEYS if old.get(k) != fresh[k]]
     if diff:
@@ -271,7 +348,9 @@ class _Runner:
         return (self.out / "runs" / r.name / "summary.json").exists()
 
     def set_status(self, r: PlannedRun, **fields) -> None:
-        self.state["runs"].setdefault(r.name, {"strategy": r.strategy, "seed": r.seed}).update(fields)
+        self.state["runs"].setdefault(r.name, {"strategy": r.strategy, "seed": r.seed}).update(
+            fields
+        )
         write_state(self.out, self.state)
 
     def begin(self, r: PlannedRun) -> bool:
@@ -282,13 +361,14 @@ class _Runner:
         # An unfinished run continues from its last complete checkpoint; without one it is redone
         # from scratch (its partial metrics would otherwise mix with the redo).
         resume = run_dir.exists() and latest(run_dir, report=self.progress.note) is not None
-        if run_dir.exists() and not resume:    # never anything outside the compare's runs/
+        if run_dir.exists() and not resume:  # never anything outside the compare's runs/
             remove_tree(run_dir, within=self.out / "runs")
         self.set_status(r, status="running", commit=self.state["commit"], error=None)
         return resume
 
     def failed(self, r: PlannedRun, exc: BaseException) -> None:
         from mutualrl.run.signals import RunInterrupted
+
         status = "interrupted" if isinstance(exc, (KeyboardInterrupt, RunInterrupted)) else "failed"
         self.set_status(r, status=status, error=f"{type(exc).__name__}: {exc}")
 
@@ -308,20 +388,35 @@ class _Runner:
     def done(self, r: PlannedRun, summary) -> None:
         self.set_status(r, status="done", wall_time_s=summary.wall_time_s)
         self.redone.append(r.name)
-        evals = ", ".join(f"{n} pass@1 {summary.final_eval.get(f'policy/{n}/heldout/pass@1', float('nan')):.2f}"
-                          for n in summary.reward_first)
-        start = starting_point_line(self.out / "runs" / r.name) if r.seed not in self.seeds_shown else ""
-        if start:   # the seed's starting point, once: every run of a seed shares its warm start
+        evals = ", ".join(
+            f"{n} pass@1 {summary.final_eval.get(f'policy/{n}/heldout/pass@1', float('nan')):.2f}"
+            for n in summary.reward_first
+        )
+        start = (
+            starting_point_line(self.out / "runs" / r.name)
+            if r.seed not in self.seeds_shown
+            else ""
+        )
+        if start:  # the seed's starting point, once: every run of a seed shares its warm start
             self.seeds_shown.add(r.seed)
             start = f"\n    starting point, seed {r.seed} (family greedy/sampled): {start}"
-        self.progress.run_finished(r.name, f"  {r.name}: {summary.wall_time_s:.0f}s; {evals}",
-                                   summary.wall_time_s, start)
+        self.progress.run_finished(
+            r.name, f"  {r.name}: {summary.wall_time_s:.0f}s; {evals}", summary.wall_time_s, start
+        )
 
 
-def compare(config_path: str | Path, strategies: Sequence[str], seeds: int, output_dir: str | Path,
-            *, overrides: Sequence[str] = (), resume: bool = False,
-            progress: CompareProgress | None = None, train_fn: Callable | None = None,
-            jobs: int = 1) -> Path:
+def compare(
+    config_path: str | Path,
+    strategies: Sequence[str],
+    seeds: int,
+    output_dir: str | Path,
+    *,
+    overrides: Sequence[str] = (),
+    resume: bool = False,
+    progress: CompareProgress | None = None,
+    train_fn: Callable | None = None,
+    jobs: int = 1,
+) -> Path:
     """Run every strategy x seed (skipping finished ones on ``resume``) and write the report.
 
     Returns the path of ``report.md``. Everything is validated before the first run starts.
@@ -335,11 +430,16 @@ def compare(config_path: str | Path, strategies: Sequence[str], seeds: int, outp
         raise ConfigError(f"--jobs must be >= 1, got {jobs}")
     out = Path(output_dir)
     runs = plan_runs(config_path, strategies, seeds, out, overrides)
-    runs = _with_packaged_models(runs)      # converted once, here, before any run's process
-    with claim(out, what="compare"):        # one compare writes a folder at a time
-        state = _run_all(out, runs, open_state(out, _new_state(config_path, strategies, seeds,
-                                                              overrides, runs), resume),
-                         progress, train_fn, jobs)
+    runs = _with_packaged_models(runs)  # converted once, here, before any run's process
+    with claim(out, what="compare"):  # one compare writes a folder at a time
+        state = _run_all(
+            out,
+            runs,
+            open_state(out, _new_state(config_path, strategies, seeds, overrides, runs), resume),
+            progress,
+            train_fn,
+            jobs,
+        )
     return write_report(out, state)
 
 
@@ -352,12 +452,20 @@ def _with_packaged_models(runs: list[PlannedRun]) -> list[PlannedRun]:
     from mutualrl.policies.model_cache import LineStages, resolve_policies
 
     stages, memo = LineStages(), {}
-    return [dataclasses.replace(r, cfg=msgspec.structs.replace(
-        r.cfg, policies=resolve_policies(r.cfg.policies, stages, memo))) for r in runs]
+    return [
+        dataclasses.replace(
+            r,
+            cfg=msgspec.structs.replace(
+                r.cfg, policies=resolve_policies(r.cfg.policies, stages, memo)
+            ),
+        )
+        for r in runs
+    ]
 
 
-def _run_all(out: Path, runs: list[PlannedRun], state: dict[str, Any], progress, train_fn,
-             jobs: int) -> dict[str, Any]:
+def _run_all(
+    out: Path, runs: list[PlannedRun], state: dict[str, Any], progress, train_fn, jobs: int
+) -> dict[str, Any]:
     """Every run not finished yet, one at a time or ``jobs`` at a time; the final state."""
     out.mkdir(parents=True, exist_ok=True)
     write_state(out, state)
@@ -366,7 +474,7 @@ def _run_all(out: Path, runs: list[PlannedRun], state: dict[str, Any], progress,
     runner = _Runner(out, state, progress or CompareProgress(enabled=False), train_fn)
     todo = [r for r in runs if not runner.finished(r)]
     for r in runs:
-        if runner.finished(r):   # an interruption after its summary was written is no error
+        if runner.finished(r):  # an interruption after its summary was written is no error
             state["runs"][r.name].update(status="done", error=None)
     write_state(out, state)
     runner.progress.start(len(runs), len(runs) - len(todo))

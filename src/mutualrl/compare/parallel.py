@@ -30,8 +30,9 @@ def watch_parent(parent: int) -> None:
     the allocator set up as in every mutualrl process)."""
     reuse_large_buffers()
     os.environ[PARENT_ENV] = str(parent)
-    threading.Thread(target=_watch, args=(parent,), name="mutualrl-parent-watch",
-                     daemon=True).start()
+    threading.Thread(
+        target=_watch, args=(parent,), name="mutualrl-parent-watch", daemon=True
+    ).start()
 
 
 def _orphaned() -> bool:
@@ -42,7 +43,7 @@ def _orphaned() -> bool:
 def _watch(parent: int) -> None:
     while os.getppid() == parent:
         time.sleep(PARENT_POLL_S)
-    os.kill(os.getpid(), signal.SIGTERM)      # the run stops at its next step boundary
+    os.kill(os.getpid(), signal.SIGTERM)  # the run stops at its next step boundary
     time.sleep(STOP_GRACE_S)
     os._exit(128 + signal.SIGTERM)
 
@@ -85,8 +86,12 @@ def run_parallel(runner, todo: list, jobs: int) -> None:
     error: BaseException | None = None
     # Workers are reused, as one process runs every run of a sequential compare: their tokenizer
     # and THL byte-table caches then serve several runs (building them costs seconds per run).
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=watch_parent, initargs=(os.getpid(),)) as pool:
+    with ProcessPoolExecutor(
+        max_workers=jobs,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=watch_parent,
+        initargs=(os.getpid(),),
+    ) as pool:
         try:
             while running or (pending and error is None):
                 while error is None and len(running) < jobs:
@@ -111,10 +116,8 @@ def run_parallel(runner, todo: list, jobs: int) -> None:
         except KeyboardInterrupt as exc:
             for r in running.values():
                 runner.failed(r, exc)
-            stop_workers(pool)        # their runs stop at a step boundary, with a checkpoint
+            stop_workers(pool)  # their runs stop at a step boundary, with a checkpoint
             pool.shutdown(wait=False, cancel_futures=True)
             raise
     if error is not None:
         raise error
-
-

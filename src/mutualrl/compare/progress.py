@@ -10,14 +10,15 @@ class CompareProgress:
 
     def __init__(self, enabled: bool = True, console=None, jobs: int = 1) -> None:
         self.enabled = enabled
-        self.jobs = max(1, jobs)          # runs at a time: the ETA divides the work among them
-        self.console = console            # finished runs are reported here even without a display
+        self.jobs = max(1, jobs)  # runs at a time: the ETA divides the work among them
+        self.console = console  # finished runs are reported here even without a display
         self._progress = None
         self._overall = None
         self._remaining = 0
-        self._walls: list[float] = []     # wall seconds of the runs finished in this session
+        self._walls: list[float] = []  # wall seconds of the runs finished in this session
         if enabled:
             from mutualrl.run.progress import make_progress
+
             self._progress = make_progress(console)
 
     def __enter__(self) -> CompareProgress:
@@ -38,7 +39,9 @@ class CompareProgress:
         if self._progress is None:
             return RunProgress(enabled=False)
         eta = self.eta()
-        self._progress.update(self._overall, description=f"running {name}" + (f"; {eta}" if eta else ""))
+        self._progress.update(
+            self._overall, description=f"running {name}" + (f"; {eta}" if eta else "")
+        )
         return _NestedRunProgress(self._progress) if self.jobs == 1 else RunProgress(enabled=False)
 
     def note(self, line: str) -> None:
@@ -53,18 +56,25 @@ class CompareProgress:
         warm start, so early estimates run a little high)."""
         if not self._walls or self._remaining <= 0:
             return ""
-        left = sum(self._walls) / len(self._walls) * self._remaining / min(self.jobs, self._remaining)
+        left = (
+            sum(self._walls) / len(self._walls) * self._remaining / min(self.jobs, self._remaining)
+        )
         return f"ETA {int(left // 60)}m{int(left % 60):02d}s (from {len(self._walls)} finished)"
 
-    def run_finished(self, name: str, line: str, wall_s: float | None = None, extra: str = "") -> None:
+    def run_finished(
+        self, name: str, line: str, wall_s: float | None = None, extra: str = ""
+    ) -> None:
         self._remaining -= 1
         if wall_s is not None:
             self._walls.append(wall_s)
         eta = self.eta()
         line = (f"{line}; {eta}" if eta else line) + extra
         if self._progress is not None:
-            self._progress.update(self._overall, advance=1,
-                                  description=f"finished {name}" + (f"; {eta}" if eta else ""))
+            self._progress.update(
+                self._overall,
+                advance=1,
+                description=f"finished {name}" + (f"; {eta}" if eta else ""),
+            )
             self._progress.console.print(line)
         elif self.console is not None:
             self.console.print(line)
@@ -89,6 +99,7 @@ class _NestedRunProgress(RunProgress):
     def finish_phase(self, message: str) -> None:
         if self._row is not None:
             from mutualrl.run.progress import finish_task
+
             finish_task(self._shared, self._row, message)
 
     def _drop_row(self) -> None:
@@ -98,5 +109,3 @@ class _NestedRunProgress(RunProgress):
 
     def close(self) -> None:
         self._drop_row()
-
-

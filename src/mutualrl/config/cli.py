@@ -14,12 +14,16 @@ from mutualrl.config.packaged import packaged_config, packaged_names
 
 def configure(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="configs_command", required=True)
-    sub.add_parser("list", help="the packaged configs and what each is for",
-                   description="List the example configs mutualrl ships (use one with "
-                               "--config NAME).")
-    show = sub.add_parser("show", help="print a packaged config (redirect it to a file to edit)",
-                          description="Print a packaged config's TOML, e.g. "
-                                      "mutualrl configs show tiny > my-run.toml")
+    sub.add_parser(
+        "list",
+        help="the packaged configs and what each is for",
+        description="List the example configs mutualrl ships (use one with --config NAME).",
+    )
+    show = sub.add_parser(
+        "show",
+        help="print a packaged config (redirect it to a file to edit)",
+        description="Print a packaged config's TOML, e.g. mutualrl configs show tiny > my-run.toml",
+    )
     show.add_argument("name", metavar="NAME", help="packaged config name (see `configs list`)")
 
 

@@ -31,9 +31,11 @@ def _parse_value(text: str, key: str = "") -> Any:
         return tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError as exc:
         if text.startswith(_TOML_OPENERS):
-            raise ConfigError(f"override {key}={text}: not a valid TOML value ({exc}); quote "
-                              "strings whole, e.g. output_dir=\"runs/x\", and close lists, e.g. "
-                              "[0.1, 0.2]") from None
+            raise ConfigError(
+                f"override {key}={text}: not a valid TOML value ({exc}); quote "
+                'strings whole, e.g. output_dir="runs/x", and close lists, e.g. '
+                "[0.1, 0.2]"
+            ) from None
         return text
 
 
@@ -96,10 +98,19 @@ def apply_override(data: dict[str, Any], dotted: str) -> None:
 # renamed within its table. A config (or a run's config.json) written with the old path keeps
 # working: the value moves to the new path, and a warning names it once per load.
 MOVED = {
-    **{f"grpo.{name}": f"training.{name}" for name in (
-        "max_grad_norm", "per_device_train_batch_size", "gradient_accumulation_steps",
-        "logprob_chunk_size", "gradient_checkpointing", "lr_scheduler_type", "warmup_ratio",
-        "weight_decay")},
+    **{
+        f"grpo.{name}": f"training.{name}"
+        for name in (
+            "max_grad_norm",
+            "per_device_train_batch_size",
+            "gradient_accumulation_steps",
+            "logprob_chunk_size",
+            "gradient_checkpointing",
+            "lr_scheduler_type",
+            "warmup_ratio",
+            "weight_decay",
+        )
+    },
     # TRL renamed it (its old name is deprecated there too)
     "grpo.vllm_importance_sampling_cap": "grpo.vllm_importance_sampling_clip_max",
 }
@@ -112,8 +123,11 @@ class ConfigPathMoved(UserWarning):
 def migrate(data: dict[str, Any], source: str) -> dict[str, Any]:
     """``data`` with every moved path at its new place (a copy where anything moved)."""
     # A table replaced by a value (``--set grpo=1``) moves nothing: msgspec names it below.
-    moved = [(old, new) for old, new in MOVED.items()
-             if isinstance(table := data.get(old.split(".")[0]), dict) and old.split(".")[1] in table]
+    moved = [
+        (old, new)
+        for old, new in MOVED.items()
+        if isinstance(table := data.get(old.split(".")[0]), dict) and old.split(".")[1] in table
+    ]
     if not moved:
         return data
     data = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
@@ -121,11 +135,17 @@ def migrate(data: dict[str, Any], source: str) -> dict[str, Any]:
         (old_table, old_key), (new_table, new_key) = old.split("."), new.split(".")
         table = data.setdefault(new_table, {})
         if new_key in table:
-            raise ConfigError(f"{source}: {old} and {new} are both set; {old} moved to {new}: "
-                              f"keep only {new}")
+            raise ConfigError(
+                f"{source}: {old} and {new} are both set; {old} moved to {new}: keep only {new}"
+            )
         table[new_key] = data[old_table].pop(old_key)
-    warnings.warn(f"{source}: " + ", ".join(f"{old} is now {new}" for old, new in moved)
-                  + " (the old paths still work; write the new ones)", ConfigPathMoved, stacklevel=3)
+    warnings.warn(
+        f"{source}: "
+        + ", ".join(f"{old} is now {new}" for old, new in moved)
+        + " (the old paths still work; write the new ones)",
+        ConfigPathMoved,
+        stacklevel=3,
+    )
     return data
 
 
@@ -134,8 +154,9 @@ def config_from_dict(data: dict[str, Any], source: str = "<config>") -> RunConfi
     errors name ``source`` and the field path (``$.allocation.inventory``). Paths that moved
     (``MOVED``) are read at their new place."""
     if not isinstance(data, dict):
-        raise ConfigError(f"{source}: expected a table of settings at the top, got "
-                          f"{type(data).__name__}")
+        raise ConfigError(
+            f"{source}: expected a table of settings at the top, got {type(data).__name__}"
+        )
     try:
         check_finite(data)
     except ConfigError as exc:
@@ -169,8 +190,9 @@ def _read_text(path: Path, expected: str) -> str:
     except (FileNotFoundError, IsADirectoryError):
         raise ConfigError(f"config file not found: {path} (expected {expected})") from None
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason}); expected "
-                          f"{expected}") from None
+        raise ConfigError(
+            f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason}); expected {expected}"
+        ) from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot be read ({exc.strerror}); expected {expected}") from None
 

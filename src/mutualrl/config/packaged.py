@@ -32,8 +32,9 @@ def packaged_names() -> list[str]:
     folder = packaged_folder()
     if not folder.is_dir():
         return []
-    return sorted(p.name[: -len(SUFFIX)] for p in folder.iterdir()
-                  if p.name.endswith(SUFFIX) and p.is_file())
+    return sorted(
+        p.name[: -len(SUFFIX)] for p in folder.iterdir() if p.name.endswith(SUFFIX) and p.is_file()
+    )
 
 
 def is_config_name(text: str) -> bool:
@@ -47,8 +48,10 @@ def packaged_config(name: str) -> Path:
     if name in packaged_names():
         return packaged_folder() / f"{name}{SUFFIX}"
     known = ", ".join(packaged_names()) or "none are installed"
-    raise ConfigError(f"config {name!r}: no packaged config has that name (packaged: {known}); "
-                      f"give one of those names or a TOML file's path, e.g. ./{name}{SUFFIX}")
+    raise ConfigError(
+        f"config {name!r}: no packaged config has that name (packaged: {known}); "
+        f"give one of those names or a TOML file's path, e.g. ./{name}{SUFFIX}"
+    )
 
 
 def resolve_config(path: str | Path) -> Path:
@@ -57,8 +60,14 @@ def resolve_config(path: str | Path) -> Path:
         return packaged_config(path)
     path = Path(path)
     # ``--config tiny.toml`` from a folder without that file most likely meant the packaged one.
-    if (path.name == str(path) and path.suffix == SUFFIX and not path.exists()
-            and path.stem in packaged_names()):
-        raise ConfigError(f"config file not found: {path} (expected a TOML file; the packaged "
-                          f"config of that name is --config {path.stem})")
+    if (
+        path.name == str(path)
+        and path.suffix == SUFFIX
+        and not path.exists()
+        and path.stem in packaged_names()
+    ):
+        raise ConfigError(
+            f"config file not found: {path} (expected a TOML file; the packaged "
+            f"config of that name is --config {path.stem})"
+        )
     return path

@@ -25,8 +25,8 @@ class OverlapParams(ConfigStruct):
     # Share of each warm-start batch from the peers' families. 0.2 on the embedded default (seed
     # 0): peer family greedy pass@1 0.13 / 0.08, sampled success 0.06-0.10 / 0.11-0.14 at T=0.7
     # (llama-mistral / qwen-deepseek); 0.05 gave sampled success below 0.01.
-    peer_share: float = 0.2           # share of each warm-start batch from the peers' families
-    shared_fraction: float = 1.0      # part of each peer family's answers those demonstrations cover
+    peer_share: float = 0.2  # share of each warm-start batch from the peers' families
+    shared_fraction: float = 1.0  # part of each peer family's answers those demonstrations cover
 
     def __post_init__(self) -> None:
         check(0 < self.peer_share < 1, "peer_share must be in (0, 1)")
@@ -36,7 +36,7 @@ class OverlapParams(ConfigStruct):
 class AsymmetricParams(ConfigStruct):
     """``asymmetric``: everyone is taught every family, the weak policy only part of each."""
 
-    weak: str | None = None           # the weak policy's name; None: the first policy
+    weak: str | None = None  # the weak policy's name; None: the first policy
     # Share of each family's answers the weak policy is taught. 0.5 on the embedded default (seed
     # 0, weak llama-mistral): greedy pass@1 0.44 / 0.50 and sampled success 0.10-0.14 on alpha /
     # beta at T=0.7; the strong qwen-deepseek 1.00 / 1.00 and 0.94-0.96.
@@ -51,7 +51,9 @@ class ScenariosConfig(ConfigStruct):
 
     disjoint: DisjointParams = msgspec.field(default_factory=DisjointParams)  # no parameters
     overlap: OverlapParams = msgspec.field(default_factory=OverlapParams)  # peer demonstrations
-    asymmetric: AsymmetricParams = msgspec.field(default_factory=AsymmetricParams)  # weak and strong
+    asymmetric: AsymmetricParams = msgspec.field(
+        default_factory=AsymmetricParams
+    )  # weak and strong
     # Tables of scenarios registered by other packages (name -> table), checked against their
     # own parameter struct by mutualrl.run.scenarios.check_scenario.
     plugins: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)  # third-party tables

@@ -32,15 +32,25 @@ class Subscription:
     ``SubscriberOverflowError``. Either way nothing is lost silently.
     """
 
-    def __init__(self, *, name: str, kinds: Collection[str] | None,
-                 producers: Collection[str] | None, prompt_ids: Collection[str] | None,
-                 maxsize: int, overflow: Overflow, timeout: float,
-                 on_close: Callable[[Subscription], None] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        name: str,
+        kinds: Collection[str] | None,
+        producers: Collection[str] | None,
+        prompt_ids: Collection[str] | None,
+        maxsize: int,
+        overflow: Overflow,
+        timeout: float,
+        on_close: Callable[[Subscription], None] | None = None,
+    ) -> None:
         if maxsize < 1:
             raise ValueError(f"subscription {name!r}: maxsize must be >= 1, got {maxsize}")
         if overflow not in ("block", "drop_oldest"):
-            raise ValueError(f"subscription {name!r}: overflow must be 'block' or 'drop_oldest', "
-                             f"got {overflow!r}")
+            raise ValueError(
+                f"subscription {name!r}: overflow must be 'block' or 'drop_oldest', "
+                f"got {overflow!r}"
+            )
         self.name = name
         self.kinds = frozenset(kinds) if kinds is not None else None
         self.producers = frozenset(producers) if producers is not None else None
@@ -57,10 +67,11 @@ class Subscription:
 
     def matches(self, kind: str, producer: str, record: msgspec.Struct) -> bool:
         """Whether a record passes every filter (records without ``prompt_id`` fail that one)."""
-        return ((self.kinds is None or kind in self.kinds)
-                and (self.producers is None or producer in self.producers)
-                and (self.prompt_ids is None
-                     or getattr(record, "prompt_id", None) in self.prompt_ids))
+        return (
+            (self.kinds is None or kind in self.kinds)
+            and (self.producers is None or producer in self.producers)
+            and (self.prompt_ids is None or getattr(record, "prompt_id", None) in self.prompt_ids)
+        )
 
     def offer(self, delivery: Delivery) -> None:
         """Enqueue ``delivery`` under the overflow policy (called by the bus)."""
@@ -71,14 +82,16 @@ class Subscription:
                 if self.overflow == "drop_oldest":
                     self._queue.popleft()
                     self.dropped += 1
-                elif not self._cond.wait_for(lambda: len(self._queue) < self.maxsize
-                                             or self.closed, timeout=self.timeout):
+                elif not self._cond.wait_for(
+                    lambda: len(self._queue) < self.maxsize or self.closed, timeout=self.timeout
+                ):
                     self.dropped += 1
                     raise SubscriberOverflowError(
                         f"subscriber {self.name!r}: queue stayed full ({self.maxsize} items) for "
                         f"{self.timeout}s with overflow='block' ({delivery.kind} seq "
                         f"{delivery.seq} from {delivery.producer!r} not delivered); drain it "
-                        "more often, raise maxsize or use overflow='drop_oldest'")
+                        "more often, raise maxsize or use overflow='drop_oldest'"
+                    )
                 elif self.closed:
                     return
             self._queue.append(delivery)
@@ -134,9 +147,14 @@ class Subscription:
 
     def stats(self) -> dict[str, Any]:
         with self._cond:
-            return {"queued": len(self._queue), "delivered": self.delivered,
-                    "dropped": self.dropped, "maxsize": self.maxsize, "overflow": self.overflow,
-                    "closed": self.closed}
+            return {
+                "queued": len(self._queue),
+                "delivered": self.delivered,
+                "dropped": self.dropped,
+                "maxsize": self.maxsize,
+                "overflow": self.overflow,
+                "closed": self.closed,
+            }
 
 
 class _SeenSeqs:
@@ -167,8 +185,12 @@ class ExperienceBus:
     Thread-safe: policies publish from their own threads. ``seq`` is assigned per producer.
     """
 
-    def __init__(self, *, log: ExperienceLog | None = None,
-                 registry: Registry[type[msgspec.Struct]] = EXPERIENCE_TYPES) -> None:
+    def __init__(
+        self,
+        *,
+        log: ExperienceLog | None = None,
+        registry: Registry[type[msgspec.Struct]] = EXPERIENCE_TYPES,
+    ) -> None:
         self._lock = threading.Lock()
         self._codec = RecordCodec(registry)
         self._log = log
@@ -185,8 +207,9 @@ class ExperienceBus:
         with self._lock:
             self._log = log
 
-    def publish(self, record: msgspec.Struct, *, producer: str, version: int,
-                seq: int | None = None) -> int | None:
+    def publish(
+        self, record: msgspec.Struct, *, producer: str, version: int, seq: int | None = None
+    ) -> int | None:
         """Publish ``record`` from ``producer`` at policy ``version``.
 
         ``seq`` is assigned (next for this producer) unless given -- give it when forwarding a
@@ -196,8 +219,10 @@ class ExperienceBus:
         """
         with self._lock:
             if self._closed:
-                raise BusClosedError(f"publish({type(record).__name__}) from {producer!r} after "
-                                     "ExperienceBus.close()")
+                raise BusClosedError(
+                    f"publish({type(record).__name__}) from {producer!r} after "
+                    "ExperienceBus.close()"
+                )
             kind = self._codec.kind_of(record)
             if seq is None:
                 seq = self._next_seq.get(producer, 0)
@@ -206,8 +231,13 @@ class ExperienceBus:
                 self._duplicates += 1
                 return None
             # Encode (and so validate) before anything is counted: a refused record leaves no trace.
-            envelope = None if self._log is None else self._codec.envelope(
-                record, kind=kind, producer=producer, version=version, seq=seq)
+            envelope = (
+                None
+                if self._log is None
+                else self._codec.envelope(
+                    record, kind=kind, producer=producer, version=version, seq=seq
+                )
+            )
             seen.add(seq)
             self._next_seq[producer] = max(self._next_seq.get(producer, 0), seq + 1)
             self._published[kind] += 1
@@ -215,17 +245,24 @@ class ExperienceBus:
                 self._log.append(envelope)
             targets = [s for s in self._subs.values() if s.matches(kind, producer, record)]
         # Outside the bus lock: a blocking subscriber must not stall unrelated publishers.
-        delivery = Delivery(kind=kind, producer=producer, producer_version=version, seq=seq,
-                            record=record)
+        delivery = Delivery(
+            kind=kind, producer=producer, producer_version=version, seq=seq, record=record
+        )
         for sub in targets:
             sub.offer(delivery)
         return seq
 
-    def subscribe(self, *, kinds: Collection[str] | None = None,
-                  producers: Collection[str] | None = None,
-                  prompt_ids: Collection[str] | None = None, maxsize: int = 4096,
-                  overflow: Overflow = "block", timeout: float = 30.0,
-                  name: str | None = None) -> Subscription:
+    def subscribe(
+        self,
+        *,
+        kinds: Collection[str] | None = None,
+        producers: Collection[str] | None = None,
+        prompt_ids: Collection[str] | None = None,
+        maxsize: int = 4096,
+        overflow: Overflow = "block",
+        timeout: float = 30.0,
+        name: str | None = None,
+    ) -> Subscription:
         """A new subscription; ``None`` filters match everything. Kinds are checked."""
         for kind in kinds or ():
             self._codec.registry.get(kind)  # unknown kind -> RegistryError listing known ones
@@ -233,9 +270,16 @@ class ExperienceBus:
             name = name or f"sub{len(self._subs) + len(self._retired)}"
             if name in self._subs or name in self._retired:
                 raise ValueError(f"subscribe: name {name!r} is already used on this bus")
-            sub = Subscription(name=name, kinds=kinds, producers=producers, prompt_ids=prompt_ids,
-                               maxsize=maxsize, overflow=overflow, timeout=timeout,
-                               on_close=self._retire)
+            sub = Subscription(
+                name=name,
+                kinds=kinds,
+                producers=producers,
+                prompt_ids=prompt_ids,
+                maxsize=maxsize,
+                overflow=overflow,
+                timeout=timeout,
+                on_close=self._retire,
+            )
             self._subs[name] = sub
             return sub
 
@@ -276,11 +320,15 @@ class ExperienceBus:
             out: dict[str, Any] = {
                 "next_seq": dict(self._next_seq),
                 "seen": {p: [s.floor, sorted(s.above)] for p, s in self._seen.items()},
-                "published": dict(self._published), "duplicates": self._duplicates,
-                "log": self._log.state_dict() if self._log is not None else None}
+                "published": dict(self._published),
+                "duplicates": self._duplicates,
+                "log": self._log.state_dict() if self._log is not None else None,
+            }
             subs = {**self._retired, **self._subs}
-        out["subscribers"] = {n: {"delivered": s.delivered, "dropped": s.dropped, "queued": len(s)}
-                              for n, s in subs.items()}
+        out["subscribers"] = {
+            n: {"delivered": s.delivered, "dropped": s.dropped, "queued": len(s)}
+            for n, s in subs.items()
+        }
         out["queued"] = {n: q for n, q in ((n, s.queued()) for n, s in subs.items()) if q}
         return out
 
@@ -302,9 +350,11 @@ class ExperienceBus:
                 subs[name].delivered, subs[name].dropped = counts["delivered"], counts["dropped"]
         missing = sorted(set(state.get("queued", {})) - set(subs))
         if missing:
-            raise ValueError(f"bus state: deliveries are queued for subscriptions {missing}, which "
-                             f"this bus does not have (it has {sorted(subs)}); subscribe them "
-                             "before loading the state")
+            raise ValueError(
+                f"bus state: deliveries are queued for subscriptions {missing}, which "
+                f"this bus does not have (it has {sorted(subs)}); subscribe them "
+                "before loading the state"
+            )
         for name, deliveries in state.get("queued", {}).items():
             subs[name].restore(deliveries)
 
@@ -314,9 +364,11 @@ class ExperienceBus:
         with self._lock:
             subs = {**self._retired, **self._subs}
             published = dict(self._published)
-            out: dict[str, Any] = {"published": sum(published.values()),
-                                   "published_by_kind": published,
-                                   "duplicates": self._duplicates}
+            out: dict[str, Any] = {
+                "published": sum(published.values()),
+                "published_by_kind": published,
+                "duplicates": self._duplicates,
+            }
             log = self._log
         per_sub = {name: s.stats() for name, s in subs.items()}
         out["delivered"] = sum(s["delivered"] for s in per_sub.values())

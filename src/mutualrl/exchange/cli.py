@@ -28,14 +28,24 @@ from mutualrl.exchange.log import log_segments, read_log
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the ``inspect`` arguments to ``parser``."""
     parser.add_argument("run_dir", help="run directory (or its experience/ dir, or one segment)")
-    parser.add_argument("--dump", action="store_true",
-                        help="print records as JSON lines on stdout (summary goes to stderr)")
-    parser.add_argument("--kind", action="append", default=None, metavar="K",
-                        help="only dump records of this kind, a registered experience type "
-                             "(repeatable)")
-    parser.add_argument("--strict", action="store_true",
-                        help="stop at the first damaged frame or invalid record instead of "
-                             "skipping and counting it")
+    parser.add_argument(
+        "--dump",
+        action="store_true",
+        help="print records as JSON lines on stdout (summary goes to stderr)",
+    )
+    parser.add_argument(
+        "--kind",
+        action="append",
+        default=None,
+        metavar="K",
+        help="only dump records of this kind, a registered experience type (repeatable)",
+    )
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="stop at the first damaged frame or invalid record instead of "
+        "skipping and counting it",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,8 +60,12 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True, highlight=False)
         return 2
     _print_summary(console, args.run_dir, len(segments), stats)
-    problems = (stats.damaged_frames + stats.truncated_frames + stats.oversize_frames
-                + stats.invalid_records)
+    problems = (
+        stats.damaged_frames
+        + stats.truncated_frames
+        + stats.oversize_frames
+        + stats.invalid_records
+    )
     return 1 if problems else 0
 
 
@@ -60,8 +74,10 @@ def _check_kinds(kinds: list[str] | None) -> None:
     (a newer writer's), so any other name would dump nothing, silently."""
     unknown = [k for k in kinds or () if k not in EXPERIENCE_TYPES]
     if unknown:
-        raise ConfigError(f"--kind {', '.join(map(repr, unknown))}: not a registered experience "
-                          f"type; known kinds: {', '.join(EXPERIENCE_TYPES.names())}")
+        raise ConfigError(
+            f"--kind {', '.join(map(repr, unknown))}: not a registered experience "
+            f"type; known kinds: {', '.join(EXPERIENCE_TYPES.names())}"
+        )
 
 
 def _read(args: argparse.Namespace, stats: ReadStats) -> None:
@@ -70,18 +86,31 @@ def _read(args: argparse.Namespace, stats: ReadStats) -> None:
     out = sys.stdout
     for d in read_log(args.run_dir, stats=stats, on_error="raise" if args.strict else "skip"):
         if args.dump and (kinds is None or d.kind in kinds):
-            out.write(encoder.encode({"kind": d.kind, "producer": d.producer,
-                                      "producer_version": d.producer_version, "seq": d.seq,
-                                      "record": d.record}).decode() + "\n")
+            out.write(
+                encoder.encode(
+                    {
+                        "kind": d.kind,
+                        "producer": d.producer,
+                        "producer_version": d.producer_version,
+                        "seq": d.seq,
+                        "record": d.record,
+                    }
+                ).decode()
+                + "\n"
+            )
 
 
 def _print_summary(console: Console, run_dir: str, segments: int, stats: ReadStats) -> None:
     ratio = stats.bytes_raw / stats.bytes_on_disk if stats.bytes_on_disk else 0.0
     overview = Table(title=f"experience log: {run_dir}", show_header=False)
-    for name, value in [("segments", segments), ("frames", stats.frames),
-                        ("records", stats.records), ("bytes on disk", stats.bytes_on_disk),
-                        ("uncompressed bytes", stats.bytes_raw),
-                        ("compression ratio", f"{ratio:.2f}x")]:
+    for name, value in [
+        ("segments", segments),
+        ("frames", stats.frames),
+        ("records", stats.records),
+        ("bytes on disk", stats.bytes_on_disk),
+        ("uncompressed bytes", stats.bytes_raw),
+        ("compression ratio", f"{ratio:.2f}x"),
+    ]:
         overview.add_row(name, str(value))
     console.print(overview)
 
@@ -94,12 +123,14 @@ def _print_summary(console: Console, run_dir: str, segments: int, stats: ReadSta
     console.print(counts)
 
     skipped = Table(title="skipped", show_header=False)
-    for name, value in [("damaged frames", stats.damaged_frames),
-                        ("truncated frames", stats.truncated_frames),
-                        ("oversize frames", stats.oversize_frames),
-                        ("skipped bytes", stats.skipped_bytes),
-                        ("invalid records", stats.invalid_records),
-                        ("unknown kinds", _fmt_counter(stats.unknown_kinds))]:
+    for name, value in [
+        ("damaged frames", stats.damaged_frames),
+        ("truncated frames", stats.truncated_frames),
+        ("oversize frames", stats.oversize_frames),
+        ("skipped bytes", stats.skipped_bytes),
+        ("invalid records", stats.invalid_records),
+        ("unknown kinds", _fmt_counter(stats.unknown_kinds)),
+    ]:
         skipped.add_row(name, str(value))
     console.print(skipped)
     for message in stats.errors:

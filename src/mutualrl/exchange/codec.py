@@ -38,8 +38,10 @@ class Envelope(msgspec.Struct, frozen=True, kw_only=True):
     producer: str
     producer_version: NonNegInt
     seq: NonNegInt
-    payload: Annotated[msgspec.Raw, msgspec.Meta(
-        description="the record of `kind`, msgpack-encoded on the wire (see x-kinds)")]
+    payload: Annotated[
+        msgspec.Raw,
+        msgspec.Meta(description="the record of `kind`, msgpack-encoded on the wire (see x-kinds)"),
+    ]
 
 
 class Delivery(msgspec.Struct, frozen=True, kw_only=True):
@@ -92,8 +94,9 @@ class RecordCodec:
             kind = self._kinds[cls] = kind_of(cls, self.registry)
         return kind
 
-    def envelope(self, record: msgspec.Struct, *, kind: str, producer: str, version: int,
-                 seq: int) -> Envelope:
+    def envelope(
+        self, record: msgspec.Struct, *, kind: str, producer: str, version: int, seq: int
+    ) -> Envelope:
         """Wrap ``record`` (payload encoded now) in a current-version envelope.
 
         The payload is decoded back once: msgspec checks types and constraints only when
@@ -104,10 +107,17 @@ class RecordCodec:
         try:
             self._decoder(kind).decode(payload)
         except msgspec.ValidationError as exc:
-            raise RecordDecodeError(f"{kind!r} record seq {seq} from {producer!r} would not be "
-                                    f"readable: {exc}") from exc
-        return Envelope(schema_version=SCHEMA_VERSION, kind=kind, producer=producer,
-                        producer_version=version, seq=seq, payload=msgspec.Raw(payload))
+            raise RecordDecodeError(
+                f"{kind!r} record seq {seq} from {producer!r} would not be readable: {exc}"
+            ) from exc
+        return Envelope(
+            schema_version=SCHEMA_VERSION,
+            kind=kind,
+            producer=producer,
+            producer_version=version,
+            seq=seq,
+            payload=msgspec.Raw(payload),
+        )
 
     def encode_batch(self, envelopes: Sequence[Envelope]) -> bytes:
         """A batch of envelopes as one msgpack array (the uncompressed frame payload)."""
@@ -134,20 +144,23 @@ class RecordCodec:
         try:
             raws = self._raw_list_decoder.decode(data)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-            raise RecordDecodeError(f"{where}: frame payload is not a msgpack array of "
-                                    f"envelopes ({exc})") from exc
+            raise RecordDecodeError(
+                f"{where}: frame payload is not a msgpack array of envelopes ({exc})"
+            ) from exc
         out: list[Envelope | RecordDecodeError] = []
         for i, raw in enumerate(raws):
             try:
                 out.append(self._envelope_decoder.decode(raw))
             except (msgspec.ValidationError, msgspec.DecodeError) as exc:
                 try:
-                    check_version(self._probe_decoder.decode(raw).schema_version,
-                                  f"{where} envelope #{i}")
+                    check_version(
+                        self._probe_decoder.decode(raw).schema_version, f"{where} envelope #{i}"
+                    )
                 except (msgspec.ValidationError, msgspec.DecodeError):
                     pass  # no readable version: report the envelope error itself
-                out.append(RecordDecodeError(f"{where} envelope #{i}: expected an Envelope "
-                                             f"({exc})"))
+                out.append(
+                    RecordDecodeError(f"{where} envelope #{i}: expected an Envelope ({exc})")
+                )
         return out
 
     def decode_record(self, env: Envelope, *, where: str) -> msgspec.Struct | None:

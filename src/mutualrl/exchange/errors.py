@@ -19,8 +19,9 @@ class FrameError(ExchangeError):
     right after this frame instead of scanning for the next magic.
     """
 
-    def __init__(self, message: str, *, source: str, offset: int,
-                 frame_end: int | None = None) -> None:
+    def __init__(
+        self, message: str, *, source: str, offset: int, frame_end: int | None = None
+    ) -> None:
         super().__init__(f"{source} @ byte {offset}: {message}")
         self.source = source
         self.offset = offset

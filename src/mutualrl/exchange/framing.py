@@ -90,25 +90,39 @@ class ReadStats:
     @property
     def skipped(self) -> int:
         """Frames and records that were not returned, whatever the reason."""
-        return (self.damaged_frames + self.truncated_frames + self.oversize_frames
-                + self.invalid_records + sum(self.unknown_kinds.values()))
+        return (
+            self.damaged_frames
+            + self.truncated_frames
+            + self.oversize_frames
+            + self.invalid_records
+            + sum(self.unknown_kinds.values())
+        )
 
 
-def encode_frame(payload: bytes, compressor: zstandard.ZstdCompressor, *,
-                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, where: str = "<frame>",
-                 offset: int = 0) -> bytes:
+def encode_frame(
+    payload: bytes,
+    compressor: zstandard.ZstdCompressor,
+    *,
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    where: str = "<frame>",
+    offset: int = 0,
+) -> bytes:
     """One complete frame (header + zstd frame) for ``payload``.
 
     ``compressor`` must write the content size and checksum (see ``make_compressor``).
     Raises ``OversizeFrameError`` rather than write a frame default readers would refuse.
     """
     if len(payload) > max_frame_bytes:
-        raise OversizeFrameError(f"batch of {len(payload)} bytes exceeds max_frame_bytes="
-                                 f"{max_frame_bytes}; flush smaller batches", source=where,
-                                 offset=offset)
+        raise OversizeFrameError(
+            f"batch of {len(payload)} bytes exceeds max_frame_bytes="
+            f"{max_frame_bytes}; flush smaller batches",
+            source=where,
+            offset=offset,
+        )
     body = compressor.compress(payload)
-    head = struct.pack("<4sBBHIII", MAGIC, FRAME_FORMAT, 0, 0, len(body), len(payload),
-                       zlib.crc32(body))
+    head = struct.pack(
+        "<4sBBHIII", MAGIC, FRAME_FORMAT, 0, 0, len(body), len(payload), zlib.crc32(body)
+    )
     return head + struct.pack("<I", zlib.crc32(head)) + body
 
 
@@ -125,8 +139,14 @@ class FrameReader:
     A frame of an unknown format version is always refused (``UnsupportedVersionError``).
     """
 
-    def __init__(self, *, source: str, stats: ReadStats, on_error: OnError = "raise",
-                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+    def __init__(
+        self,
+        *,
+        source: str,
+        stats: ReadStats,
+        on_error: OnError = "raise",
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    ) -> None:
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error: expected 'raise' or 'skip', got {on_error!r}")
         self.source = source
@@ -172,19 +192,29 @@ class FrameReader:
         body_start = pos + HEADER_SIZE
         frame_end = body_start + stored_len
         if fmt != FRAME_FORMAT:
-            raise UnsupportedVersionError(f"{self.source} @ byte {pos}: frame format {fmt}; this "
-                                          f"reader understands format {FRAME_FORMAT}")
+            raise UnsupportedVersionError(
+                f"{self.source} @ byte {pos}: frame format {fmt}; this "
+                f"reader understands format {FRAME_FORMAT}"
+            )
         if max(stored_len, raw_len) > self.max_frame_bytes:
             raise OversizeFrameError(
                 f"frame declares {stored_len} stored / {raw_len} raw bytes; max_frame_bytes is "
-                f"{self.max_frame_bytes}", source=self.source, offset=pos, frame_end=frame_end)
+                f"{self.max_frame_bytes}",
+                source=self.source,
+                offset=pos,
+                frame_end=frame_end,
+            )
         if frame_end > len(buf):
-            raise TruncatedFrameError(f"frame needs {HEADER_SIZE + stored_len} bytes but only "
-                                      f"{len(buf) - pos} remain", source=self.source, offset=pos)
+            raise TruncatedFrameError(
+                f"frame needs {HEADER_SIZE + stored_len} bytes but only {len(buf) - pos} remain",
+                source=self.source,
+                offset=pos,
+            )
         body = buf[body_start:frame_end]
         if zlib.crc32(body) != payload_crc:
-            raise DamagedFrameError("payload CRC-32 mismatch", source=self.source, offset=pos,
-                                    frame_end=frame_end)
+            raise DamagedFrameError(
+                "payload CRC-32 mismatch", source=self.source, offset=pos, frame_end=frame_end
+            )
         payload = self._decompress(body, raw_len, pos, frame_end)
         self.stats.frames += 1
         self.stats.bytes_raw += raw_len
@@ -192,30 +222,38 @@ class FrameReader:
 
     def _header_at(self, buf: Buffer, pos: int) -> tuple:
         if len(buf) - pos < HEADER_SIZE:
-            if bytes(buf[pos:pos + 4]) == MAGIC[:min(4, len(buf) - pos)]:
-                raise TruncatedFrameError(f"data ends {len(buf) - pos} bytes into a "
-                                          f"{HEADER_SIZE}-byte frame header", source=self.source,
-                                          offset=pos)
-            raise DamagedFrameError("expected frame magic b'MRLX'", source=self.source,
-                                    offset=pos)
-        raw_header = bytes(buf[pos:pos + HEADER_SIZE])
+            if bytes(buf[pos : pos + 4]) == MAGIC[: min(4, len(buf) - pos)]:
+                raise TruncatedFrameError(
+                    f"data ends {len(buf) - pos} bytes into a {HEADER_SIZE}-byte frame header",
+                    source=self.source,
+                    offset=pos,
+                )
+            raise DamagedFrameError("expected frame magic b'MRLX'", source=self.source, offset=pos)
+        raw_header = bytes(buf[pos : pos + HEADER_SIZE])
         header = _HEADER.unpack(raw_header)
         if header[0] != MAGIC:
-            raise DamagedFrameError(f"expected frame magic b'MRLX', found {header[0]!r}",
-                                    source=self.source, offset=pos)
+            raise DamagedFrameError(
+                f"expected frame magic b'MRLX', found {header[0]!r}", source=self.source, offset=pos
+            )
         if zlib.crc32(raw_header[:_CRC_SPAN]) != header[7]:
             raise DamagedFrameError("frame header CRC-32 mismatch", source=self.source, offset=pos)
         return header
 
-    def _decompress(self, body: Buffer, raw_len: int, pos: int,
-                    frame_end: int) -> bytes:
+    def _decompress(self, body: Buffer, raw_len: int, pos: int, frame_end: int) -> bytes:
         try:
             payload = self._decompressor.decompress(body, max_output_size=raw_len)
         except zstandard.ZstdError as exc:
-            raise DamagedFrameError(f"zstd frame does not decompress ({exc})", source=self.source,
-                                    offset=pos, frame_end=frame_end) from exc
+            raise DamagedFrameError(
+                f"zstd frame does not decompress ({exc})",
+                source=self.source,
+                offset=pos,
+                frame_end=frame_end,
+            ) from exc
         if len(payload) != raw_len:
-            raise DamagedFrameError(f"decompressed to {len(payload)} bytes; header says {raw_len}",
-                                    source=self.source, offset=pos, frame_end=frame_end)
+            raise DamagedFrameError(
+                f"decompressed to {len(payload)} bytes; header says {raw_len}",
+                source=self.source,
+                offset=pos,
+                frame_end=frame_end,
+            )
         return payload
-

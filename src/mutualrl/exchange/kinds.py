@@ -35,7 +35,9 @@ def check_record_type(kind: str, cls: object) -> None:
             f"experience kind must match {_KIND_RE.pattern} (lower-case, dot-namespaced), got {kind!r}"
         )
     if not (isinstance(cls, type) and issubclass(cls, msgspec.Struct)):
-        raise RegistryError(f"experience type {kind!r} must be a msgspec.Struct subclass, got {cls!r}")
+        raise RegistryError(
+            f"experience type {kind!r} must be a msgspec.Struct subclass, got {cls!r}"
+        )
     # Frozen because the in-process bus hands the same object to every subscriber thread.
     if not cls.__struct_config__.frozen:
         raise RegistryError(
@@ -51,8 +53,9 @@ EXPERIENCE_TYPES: Registry[type[msgspec.Struct]] = Registry(
 )
 
 
-def experience_type(kind: str, *, registry: Registry[type[msgspec.Struct]] = EXPERIENCE_TYPES
-                    ) -> Callable[[S], S]:
+def experience_type(
+    kind: str, *, registry: Registry[type[msgspec.Struct]] = EXPERIENCE_TYPES
+) -> Callable[[S], S]:
     """Class decorator registering a frozen msgspec Struct as experience kind ``kind``.
 
     Duplicate names are rejected by the registry; the class is returned unchanged.
@@ -73,5 +76,5 @@ def kind_of(cls: type, registry: Registry[type[msgspec.Struct]] = EXPERIENCE_TYP
             return name
     raise UnknownKindError(
         f"{cls.__module__}.{cls.__qualname__} is not a registered experience type; "
-        f"decorate it with @experience_type(\"<kind>\"); known kinds: {', '.join(registry.names())}"
+        f'decorate it with @experience_type("<kind>"); known kinds: {", ".join(registry.names())}'
     )

@@ -43,12 +43,20 @@ class ExperienceLog:
     ``fsync=True`` also makes each frame durable before ``flush`` returns.
     """
 
-    def __init__(self, run_dir: str | os.PathLike[str], *, batch_records: int = 256,
-                 batch_bytes: int = 4 << 20, level: int = 3, fsync: bool = False,
-                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+    def __init__(
+        self,
+        run_dir: str | os.PathLike[str],
+        *,
+        batch_records: int = 256,
+        batch_bytes: int = 4 << 20,
+        level: int = 3,
+        fsync: bool = False,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    ) -> None:
         if batch_records < 1 or batch_bytes < 1:
-            raise ValueError(f"batch_records and batch_bytes must be >= 1, got {batch_records}, "
-                             f"{batch_bytes}")
+            raise ValueError(
+                f"batch_records and batch_bytes must be >= 1, got {batch_records}, {batch_bytes}"
+            )
         self.directory = Path(run_dir) / LOG_DIRNAME
         self.batch_records = batch_records
         self.batch_bytes = batch_bytes
@@ -74,8 +82,7 @@ class ExperienceLog:
                 raise ExchangeError(f"{self.directory}: append after close")
             self._pending.append(envelope)
             self._pending_bytes += len(envelope.payload)
-            if (len(self._pending) >= self.batch_records
-                    or self._pending_bytes >= self.batch_bytes):
+            if len(self._pending) >= self.batch_records or self._pending_bytes >= self.batch_bytes:
                 self._write_pending()
 
     def flush(self) -> None:
@@ -101,8 +108,12 @@ class ExperienceLog:
         self.close()
 
     def stats(self) -> dict[str, int]:
-        return {"frames_written": self.frames_written, "records_written": self.records_written,
-                "bytes_written": self.bytes_written, "raw_bytes_written": self.raw_bytes_written}
+        return {
+            "frames_written": self.frames_written,
+            "records_written": self.records_written,
+            "bytes_written": self.bytes_written,
+            "raw_bytes_written": self.raw_bytes_written,
+        }
 
     def state_dict(self) -> dict[str, int]:
         """The counters a resumed run continues from (its frames go to a new segment)."""
@@ -121,11 +132,21 @@ class ExperienceLog:
             return
         fd = self._open()
         payload = self._codec.encode_batch(self._pending)
-        frame = encode_frame(payload, self._compressor, max_frame_bytes=self.max_frame_bytes,
-                             where=str(self.path), offset=self.bytes_written)
+        frame = encode_frame(
+            payload,
+            self._compressor,
+            max_frame_bytes=self.max_frame_bytes,
+            where=str(self.path),
+            offset=self.bytes_written,
+        )
         # whole or not at all: a full disk never leaves a torn frame behind
-        append_whole(fd, frame, self.path, f"a frame of {len(self._pending)} records was not "
-                     f"written; the log's {self.bytes_written} bytes before it are kept")
+        append_whole(
+            fd,
+            frame,
+            self.path,
+            f"a frame of {len(self._pending)} records was not "
+            f"written; the log's {self.bytes_written} bytes before it are kept",
+        )
         if self.fsync:
             os.fsync(fd)
         self.frames_written += 1
@@ -139,8 +160,7 @@ class ExperienceLog:
         if self._fd is None:
             self.directory.mkdir(parents=True, exist_ok=True)
             self.path = self.directory / f"{time.time_ns():020d}-{os.getpid()}{SEGMENT_SUFFIX}"
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND,
-                               0o644)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
         return self._fd
 
 
@@ -151,14 +171,21 @@ def log_segments(path: str | os.PathLike[str]) -> list[Path]:
         return [p]
     directory = p / LOG_DIRNAME if (p / LOG_DIRNAME).is_dir() else p
     if not directory.is_dir():
-        raise FileNotFoundError(f"{p}: expected a run directory containing {LOG_DIRNAME}/, "
-                                f"an {LOG_DIRNAME}/ directory or a {SEGMENT_SUFFIX} segment")
+        raise FileNotFoundError(
+            f"{p}: expected a run directory containing {LOG_DIRNAME}/, "
+            f"an {LOG_DIRNAME}/ directory or a {SEGMENT_SUFFIX} segment"
+        )
     return sorted(directory.glob(f"*{SEGMENT_SUFFIX}"))
 
 
-def read_log(path: str | os.PathLike[str], *, stats: ReadStats | None = None,
-             on_error: OnError = "raise", kinds: Collection[str] | None = None,
-             max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> Iterator[Delivery]:
+def read_log(
+    path: str | os.PathLike[str],
+    *,
+    stats: ReadStats | None = None,
+    on_error: OnError = "raise",
+    kinds: Collection[str] | None = None,
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+) -> Iterator[Delivery]:
     """Replay a log: every record, in write order, as a ``Delivery``.
 
     Unknown kinds are skipped and counted in ``stats.unknown_kinds``; with ``on_error="skip"``
@@ -173,9 +200,15 @@ def read_log(path: str | os.PathLike[str], *, stats: ReadStats | None = None,
         if size == 0:
             continue
         with open(segment, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            yield from iter_records(buf, source=str(segment), codec=codec, stats=stats,
-                                    on_error=on_error, kinds=kinds,
-                                    max_frame_bytes=max_frame_bytes)
+            yield from iter_records(
+                buf,
+                source=str(segment),
+                codec=codec,
+                stats=stats,
+                on_error=on_error,
+                kinds=kinds,
+                max_frame_bytes=max_frame_bytes,
+            )
 
 
 #: Replay is reading: the name the training loop and tools use.

@@ -22,7 +22,9 @@ _TOKEN_DTYPE = np.dtype("<i4")
 _LOGPROB_DTYPE = np.dtype("<f4")
 
 NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
-PromptId = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{32}$", description="prompt_id(prompt text)")]
+PromptId = Annotated[
+    str, msgspec.Meta(pattern="^[0-9a-f]{32}$", description="prompt_id(prompt text)")
+]
 FinishReason = Literal["stop", "length"]
 
 
@@ -37,8 +39,9 @@ def prompt_id(text: str) -> str:
 def _pack(values: Sequence | np.ndarray, field: str, kinds: str, dtype, what: str) -> bytes:
     arr = np.asarray(values)
     if arr.ndim != 1 or (arr.size and arr.dtype.kind not in kinds):
-        raise ValueError(f"{field}: expected a 1-D sequence of {what}, got dtype {arr.dtype} "
-                         f"shape {arr.shape}")
+        raise ValueError(
+            f"{field}: expected a 1-D sequence of {what}, got dtype {arr.dtype} shape {arr.shape}"
+        )
     return arr.astype(dtype, copy=False).tobytes()
 
 
@@ -82,16 +85,22 @@ class Rollout(msgspec.Struct, frozen=True, kw_only=True):
         if len(self.token_ids) % 4 or len(self.logprobs) % 4:
             raise ValueError("token_ids and logprobs must be whole 4-byte items (int32/float32)")
         if len(self.token_ids) != len(self.logprobs):
-            raise ValueError(f"token_ids has {len(self.token_ids) // 4} items but logprobs has "
-                             f"{len(self.logprobs) // 4}; expected one log-prob per token")
+            raise ValueError(
+                f"token_ids has {len(self.token_ids) // 4} items but logprobs has "
+                f"{len(self.logprobs) // 4}; expected one log-prob per token"
+            )
 
     @classmethod
-    def create(cls, *, token_ids: Sequence[int] | np.ndarray,
-               logprobs: Sequence[float] | np.ndarray, **fields: object) -> Rollout:
+    def create(
+        cls,
+        *,
+        token_ids: Sequence[int] | np.ndarray,
+        logprobs: Sequence[float] | np.ndarray,
+        **fields: object,
+    ) -> Rollout:
         """Build from token id / log-prob sequences; ``prompt_id`` defaults to the prompt's hash."""
         fields.setdefault("prompt_id", prompt_id(str(fields["prompt"])))
-        return cls(token_ids=pack_token_ids(token_ids), logprobs=pack_logprobs(logprobs),
-                   **fields)  # type: ignore[arg-type]
+        return cls(token_ids=pack_token_ids(token_ids), logprobs=pack_logprobs(logprobs), **fields)  # type: ignore[arg-type]
 
     @property
     def num_tokens(self) -> int:
@@ -124,8 +133,9 @@ class GroupStats(msgspec.Struct, frozen=True, kw_only=True):
     m2: Annotated[float, msgspec.Meta(ge=0.0)]
 
     @classmethod
-    def from_rewards(cls, *, prompt_id: str, producer: str, policy_version: int,
-                     rewards: Iterable[float]) -> GroupStats:
+    def from_rewards(
+        cls, *, prompt_id: str, producer: str, policy_version: int, rewards: Iterable[float]
+    ) -> GroupStats:
         """Statistics of ``rewards`` (Welford's update, stable for long groups)."""
         count, mean, m2 = 0, 0.0, 0.0
         for r in rewards:
@@ -133,8 +143,14 @@ class GroupStats(msgspec.Struct, frozen=True, kw_only=True):
             delta = float(r) - mean
             mean += delta / count
             m2 += delta * (float(r) - mean)
-        return cls(prompt_id=prompt_id, producer=producer, policy_version=policy_version,
-                   count=count, mean=mean, m2=max(m2, 0.0))
+        return cls(
+            prompt_id=prompt_id,
+            producer=producer,
+            policy_version=policy_version,
+            count=count,
+            mean=mean,
+            m2=max(m2, 0.0),
+        )
 
     @property
     def variance(self) -> float:
@@ -154,8 +170,10 @@ def merge(a: GroupStats, b: GroupStats, *, producer: str | None = None) -> Group
     ``policy_version`` is the newer of the two.
     """
     if a.prompt_id != b.prompt_id:
-        raise ValueError(f"merge: prompt_id differs ({a.prompt_id} vs {b.prompt_id}); "
-                         "expected statistics of the same prompt")
+        raise ValueError(
+            f"merge: prompt_id differs ({a.prompt_id} vs {b.prompt_id}); "
+            "expected statistics of the same prompt"
+        )
     count = a.count + b.count
     if count == 0:
         mean, m2 = 0.0, 0.0
@@ -166,9 +184,14 @@ def merge(a: GroupStats, b: GroupStats, *, producer: str | None = None) -> Group
     if producer is None:
         names = sorted({*a.producer.split("+"), *b.producer.split("+")})
         producer = "+".join(names)
-    return GroupStats(prompt_id=a.prompt_id, producer=producer,
-                      policy_version=max(a.policy_version, b.policy_version),
-                      count=count, mean=mean, m2=m2)
+    return GroupStats(
+        prompt_id=a.prompt_id,
+        producer=producer,
+        policy_version=max(a.policy_version, b.policy_version),
+        count=count,
+        mean=mean,
+        m2=m2,
+    )
 
 
 @experience_type("verified_success")
@@ -198,8 +221,13 @@ class Watermark(msgspec.Struct, frozen=True, kw_only=True):
 
 
 #: Built-in kinds, in schema order (the checked-in JSON Schema covers exactly these).
-BUILTIN_KINDS: tuple[str, ...] = ("rollout", "group_stats", "verified_success", "watermark",
-                                  "alignment_residuals")
+BUILTIN_KINDS: tuple[str, ...] = (
+    "rollout",
+    "group_stats",
+    "verified_success",
+    "watermark",
+    "alignment_residuals",
+)
 
 
 # THL's per-trajectory residual record (what a retokenization cost) is a built-in kind, so every

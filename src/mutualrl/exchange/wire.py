@@ -35,30 +35,63 @@ class FrameCodec:
         envelopes = []
         for d in deliveries:
             if self._codec.kind_of(d.record) != d.kind:
-                raise ValueError(f"delivery seq {d.seq} from {d.producer!r}: kind {d.kind!r} "
-                                 f"but record is a {type(d.record).__name__} "
-                                 f"({self._codec.kind_of(d.record)!r})")
-            envelopes.append(self._codec.envelope(d.record, kind=d.kind, producer=d.producer,
-                                                  version=d.producer_version, seq=d.seq))
-        return encode_frame(self._codec.encode_batch(envelopes), self._compressor,
-                            max_frame_bytes=self.max_frame_bytes)
+                raise ValueError(
+                    f"delivery seq {d.seq} from {d.producer!r}: kind {d.kind!r} "
+                    f"but record is a {type(d.record).__name__} "
+                    f"({self._codec.kind_of(d.record)!r})"
+                )
+            envelopes.append(
+                self._codec.envelope(
+                    d.record,
+                    kind=d.kind,
+                    producer=d.producer,
+                    version=d.producer_version,
+                    seq=d.seq,
+                )
+            )
+        return encode_frame(
+            self._codec.encode_batch(envelopes),
+            self._compressor,
+            max_frame_bytes=self.max_frame_bytes,
+        )
 
-    def decode(self, data: bytes, *, source: str = "<bytes>", on_error: OnError = "raise",
-               stats: ReadStats | None = None) -> list[Delivery]:
+    def decode(
+        self,
+        data: bytes,
+        *,
+        source: str = "<bytes>",
+        on_error: OnError = "raise",
+        stats: ReadStats | None = None,
+    ) -> list[Delivery]:
         """All records of the frames in ``data``, validated against their registered types."""
-        return list(iter_records(data, source=source, codec=self._codec, stats=stats,
-                                 on_error=on_error, max_frame_bytes=self.max_frame_bytes))
+        return list(
+            iter_records(
+                data,
+                source=source,
+                codec=self._codec,
+                stats=stats,
+                on_error=on_error,
+                max_frame_bytes=self.max_frame_bytes,
+            )
+        )
 
 
-def iter_records(buf: Buffer, *, source: str, codec: RecordCodec | None = None,
-                 stats: ReadStats | None = None, on_error: OnError = "raise",
-                 kinds: Collection[str] | None = None,
-                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> Iterator[Delivery]:
+def iter_records(
+    buf: Buffer,
+    *,
+    source: str,
+    codec: RecordCodec | None = None,
+    stats: ReadStats | None = None,
+    on_error: OnError = "raise",
+    kinds: Collection[str] | None = None,
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+) -> Iterator[Delivery]:
     """Records of the frames in ``buf`` (bytes received from a peer, or a mapped file)."""
     codec = codec or RecordCodec()
     stats = stats if stats is not None else ReadStats()
-    reader = FrameReader(source=source, stats=stats, on_error=on_error,
-                         max_frame_bytes=max_frame_bytes)
+    reader = FrameReader(
+        source=source, stats=stats, on_error=on_error, max_frame_bytes=max_frame_bytes
+    )
     for offset, payload in reader.frames(buf):
         where = f"{source} @ byte {offset}"
         try:
@@ -72,9 +105,14 @@ def iter_records(buf: Buffer, *, source: str, codec: RecordCodec | None = None,
                 yield delivery
 
 
-def _decode_one(env: Envelope | RecordDecodeError, codec: RecordCodec, stats: ReadStats,
-                on_error: OnError, kinds: Collection[str] | None,
-                where: str) -> Delivery | None:
+def _decode_one(
+    env: Envelope | RecordDecodeError,
+    codec: RecordCodec,
+    stats: ReadStats,
+    on_error: OnError,
+    kinds: Collection[str] | None,
+    where: str,
+) -> Delivery | None:
     if isinstance(env, RecordDecodeError):
         _skip_or_raise(env, stats, on_error, "invalid_records")
         return None
@@ -90,8 +128,13 @@ def _decode_one(env: Envelope | RecordDecodeError, codec: RecordCodec, stats: Re
         return None
     stats.records += 1
     stats.by_kind_producer[env.kind, env.producer] += 1
-    return Delivery(kind=env.kind, producer=env.producer, producer_version=env.producer_version,
-                    seq=env.seq, record=record)
+    return Delivery(
+        kind=env.kind,
+        producer=env.producer,
+        producer_version=env.producer_version,
+        seq=env.seq,
+        record=record,
+    )
 
 
 def _skip_or_raise(exc: ExchangeError, stats: ReadStats, on_error: OnError, counter: str) -> None:

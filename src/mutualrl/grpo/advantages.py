@@ -30,8 +30,9 @@ def std_ddof(advantage_std: str) -> int:
     try:
         return STD_DDOF[advantage_std]
     except KeyError:
-        raise ValueError(f"advantage_std must be one of {tuple(STD_DDOF)}, "
-                         f"got {advantage_std!r}") from None
+        raise ValueError(
+            f"advantage_std must be one of {tuple(STD_DDOF)}, got {advantage_std!r}"
+        ) from None
 
 
 def std_from_m2(m2: Tensor, count: Tensor, advantage_std: str = "population") -> Tensor:
@@ -45,15 +46,18 @@ def std_from_m2(m2: Tensor, count: Tensor, advantage_std: str = "population") ->
 @dataclass(frozen=True)
 class GroupMoments:
     count: Tensor  # (K,) samples per group
-    mean: Tensor   # (K,)
-    std: Tensor    # (K,) population or sample std (``advantage_std``)
+    mean: Tensor  # (K,)
+    std: Tensor  # (K,) population or sample std (``advantage_std``)
 
 
-def group_moments(values: Tensor, group_index: Tensor, num_groups: int,
-                  advantage_std: str = "population") -> GroupMoments:
+def group_moments(
+    values: Tensor, group_index: Tensor, num_groups: int, advantage_std: str = "population"
+) -> GroupMoments:
     """Per-group count, mean and std of ``values`` (N,) grouped by ``group_index`` (N,)."""
     values = values.to(torch.float64)
-    count = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, group_index, torch.ones_like(values))
+    count = torch.zeros(num_groups, dtype=torch.float64).index_add_(
+        0, group_index, torch.ones_like(values)
+    )
     total = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, group_index, values)
     mean = total / count.clamp(min=1)
     dev2 = (values - mean[group_index]) ** 2
@@ -69,24 +73,30 @@ def within_group_ranks(values: Tensor, group_index: Tensor, num_groups: int) -> 
     """
     n = values.shape[0]
     # sort by (group, value) so each group's values are contiguous and ascending
-    span = values.abs().max() * 4 + 4 if n else 4     # max() of no values raises; nothing to sort
-    order = torch.argsort(group_index.to(torch.float64) * span + values.to(torch.float64), stable=True)
+    span = values.abs().max() * 4 + 4 if n else 4  # max() of no values raises; nothing to sort
+    order = torch.argsort(
+        group_index.to(torch.float64) * span + values.to(torch.float64), stable=True
+    )
     ranks = torch.empty(n, dtype=torch.float64)
     g_sorted, v_sorted = group_index[order], values[order].to(torch.float64)
     new_run = torch.ones(n, dtype=torch.bool)
     new_run[1:] = (g_sorted[1:] != g_sorted[:-1]) | (v_sorted[1:] != v_sorted[:-1])
-    run_id = torch.cumsum(new_run.long(), 0) - 1                      # (N,) tie-run of each sorted item
+    run_id = torch.cumsum(new_run.long(), 0) - 1  # (N,) tie-run of each sorted item
     first_of_group = torch.ones(n, dtype=torch.bool)
     first_of_group[1:] = g_sorted[1:] != g_sorted[:-1]
     pos = torch.arange(n, dtype=torch.float64)
     group_start = torch.cummax(torch.where(first_of_group, pos, torch.zeros_like(pos)), 0).values
-    pos_in_group = pos - group_start                                  # 0-based position in group
+    pos_in_group = pos - group_start  # 0-based position in group
     runs = int(run_id[-1]) + 1 if n else 0
     run_sum = torch.zeros(runs, dtype=torch.float64).index_add_(0, run_id, pos_in_group)
-    run_len = torch.zeros(runs, dtype=torch.float64).index_add_(0, run_id, torch.ones(n, dtype=torch.float64))
+    run_len = torch.zeros(runs, dtype=torch.float64).index_add_(
+        0, run_id, torch.ones(n, dtype=torch.float64)
+    )
     avg_rank = (run_sum / run_len)[run_id]
     size = group_moments(values, group_index, num_groups).count[g_sorted]
-    ranks[order] = torch.where(size > 1, avg_rank / (size - 1).clamp(min=1), torch.full_like(avg_rank, 0.5))
+    ranks[order] = torch.where(
+        size > 1, avg_rank / (size - 1).clamp(min=1), torch.full_like(avg_rank, 0.5)
+    )
     return ranks.to(values.dtype)
 
 
@@ -97,8 +107,9 @@ def _batch_std(values: Tensor, advantage_std: str) -> Tensor:
     return values.to(torch.float64).std(correction=std_ddof(advantage_std))
 
 
-def normalize(values: Tensor, mean: Tensor, std: Tensor, scale: str,
-              advantage_std: str = "population") -> Tensor:
+def normalize(
+    values: Tensor, mean: Tensor, std: Tensor, scale: str, advantage_std: str = "population"
+) -> Tensor:
     """Advantages from per-sample baselines: (N,), (N,), (N,) -> (N,).
 
     scale: "group" divides by the group std (``std``, already of the ``advantage_std`` kind),
@@ -117,14 +128,20 @@ def normalize(values: Tensor, mean: Tensor, std: Tensor, scale: str,
 
 @dataclass(frozen=True)
 class Advantages:
-    advantages: Tensor     # (N,)
-    zero_std: Tensor       # (N,) bool: the sample's group had identical rewards (no signal)
+    advantages: Tensor  # (N,)
+    zero_std: Tensor  # (N,) bool: the sample's group had identical rewards (no signal)
     moments: GroupMoments  # of the values the baseline was computed on
 
 
-def group_advantages(rewards: Tensor, group_index: Tensor, num_groups: int, *,
-                     scale: str = "group", estimator: str = "zscore",
-                     advantage_std: str = "population") -> Advantages:
+def group_advantages(
+    rewards: Tensor,
+    group_index: Tensor,
+    num_groups: int,
+    *,
+    scale: str = "group",
+    estimator: str = "zscore",
+    advantage_std: str = "population",
+) -> Advantages:
     """GRPO advantages per prompt group. rewards (N,), group_index (N,) -> Advantages.
 
     estimator "zscore" uses rewards as they are; "rank" replaces them by within-group ranks

@@ -22,12 +22,14 @@ def _compute_dtype(hidden: Tensor, weight: Tensor) -> torch.dtype:
     return weight.dtype
 
 
-def _chunk_logprobs(h: Tensor, weight: Tensor, bias: Tensor | None, dtype: torch.dtype,
-                    temperature: float) -> Tensor:
+def _chunk_logprobs(
+    h: Tensor, weight: Tensor, bias: Tensor | None, dtype: torch.dtype, temperature: float
+) -> Tensor:
     """fp32 log-softmax of one chunk's logits: (n, H) -> (n, V)."""
     with torch.autocast(h.device.type, enabled=False):
-        logits = torch.nn.functional.linear(h.to(dtype), weight.to(dtype),
-                                            None if bias is None else bias.to(dtype)).float()
+        logits = torch.nn.functional.linear(
+            h.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype)
+        ).float()
     if temperature != 1:
         logits.div_(temperature)
     return torch.log_softmax(logits, dim=-1)
@@ -43,9 +45,9 @@ class _ChunkedLogprobs(torch.autograd.Function):
         ent = torch.empty(N, dtype=torch.float32, device=hidden.device)
         for s in range(0, N, chunk_size):
             e = min(s + chunk_size, N)
-            lsm = _chunk_logprobs(hidden[s:e], weight, bias, dtype, temperature)   # (n, V)
+            lsm = _chunk_logprobs(hidden[s:e], weight, bias, dtype, temperature)  # (n, V)
             logp[s:e] = lsm.gather(-1, targets[s:e].unsqueeze(-1)).squeeze(-1)
-            ent[s:e] = -lsm.exp().mul_(lsm).sum(-1)     # in place: two (n, V) at most
+            ent[s:e] = -lsm.exp().mul_(lsm).sum(-1)  # in place: two (n, V) at most
         ctx.save_for_backward(hidden, weight, bias, targets)
         ctx.dtype, ctx.temperature, ctx.chunk_size = dtype, temperature, chunk_size
         ctx.mark_non_differentiable(ent)
@@ -57,13 +59,19 @@ class _ChunkedLogprobs(torch.autograd.Function):
         dtype, N = ctx.dtype, hidden.shape[0]
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         gh = torch.zeros_like(hidden) if need_h else None
-        gw = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
-        gb = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) if need_b else None
+        gw = (
+            torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        )
+        gb = (
+            torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device)
+            if need_b
+            else None
+        )
         for s in range(0, N, ctx.chunk_size):
             e = min(s + ctx.chunk_size, N)
             with torch.no_grad():
                 p = _chunk_logprobs(hidden[s:e], weight, bias, dtype, ctx.temperature).exp_()
-                g = grad_logp[s:e].float().unsqueeze(-1)                    # (n, 1)
+                g = grad_logp[s:e].float().unsqueeze(-1)  # (n, 1)
                 # d log p(target) / d logits = onehot(target) - softmax, through 1/temperature
                 glog = p.mul_(-g).scatter_add_(-1, targets[s:e].unsqueeze(-1), g)
                 if ctx.temperature != 1:
@@ -74,12 +82,24 @@ class _ChunkedLogprobs(torch.autograd.Function):
                     gw += (glog.to(dtype).T @ hidden[s:e].to(dtype)).float()
                 if need_b:
                     gb += glog.sum(0)
-        return (gh, None if gw is None else gw.to(weight.dtype),
-                None if gb is None else gb.to(bias.dtype), None, None, None)
+        return (
+            gh,
+            None if gw is None else gw.to(weight.dtype),
+            None if gb is None else gb.to(bias.dtype),
+            None,
+            None,
+            None,
+        )
 
 
-def chunked_token_logprobs(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor,
-                           temperature: float = 1.0, chunk_size: int = 1024) -> tuple[Tensor, Tensor]:
+def chunked_token_logprobs(
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    targets: Tensor,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
+) -> tuple[Tensor, Tensor]:
     """log p(target) and entropy per position: (..., H), (V, H), (V,)|None, (...) -> (...), (...).
 
     Logits are ``hidden @ weight.T + bias`` divided by ``temperature``, as a causal LM's head
@@ -90,6 +110,12 @@ def chunked_token_logprobs(hidden: Tensor, weight: Tensor, bias: Tensor | None, 
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     shape = targets.shape
-    logp, ent = _ChunkedLogprobs.apply(hidden.reshape(-1, hidden.shape[-1]), weight, bias,
-                                       targets.reshape(-1), float(temperature), int(chunk_size))
+    logp, ent = _ChunkedLogprobs.apply(
+        hidden.reshape(-1, hidden.shape[-1]),
+        weight,
+        bias,
+        targets.reshape(-1),
+        float(temperature),
+        int(chunk_size),
+    )
     return logp.view(shape), ent.view(shape)

@@ -63,8 +63,8 @@ def entropy_from_logprobs(logp_all: Tensor, rows: int | None = None) -> Tensor:
     rows = rows or _entropy_rows(flat.shape[1])
     out = torch.empty(flat.shape[0], dtype=flat.dtype, device=flat.device)
     for lo in range(0, flat.shape[0], rows):
-        part = flat[lo:lo + rows]
-        out[lo:lo + rows] = part.exp().mul_(part).sum(-1).neg_()
+        part = flat[lo : lo + rows]
+        out[lo : lo + rows] = part.exp().mul_(part).sum(-1).neg_()
     return out.view(logp_all.shape[:-1])
 
 
@@ -77,12 +77,14 @@ def sampled_entropy(logp_all: Tensor, mask: Tensor, size: int | None) -> Tensor:
     V = logp_all.shape[-1]
     where = mask.reshape(-1).nonzero().squeeze(1)
     if size is not None and where.numel() > size:
-        where = where[torch.linspace(0, where.numel() - 1, size, device=where.device).round().long()]
+        where = where[
+            torch.linspace(0, where.numel() - 1, size, device=where.device).round().long()
+        ]
     out = torch.full((mask.numel(),), float("nan"), dtype=logp_all.dtype, device=logp_all.device)
     flat, rows = logp_all.reshape(-1, V), _entropy_rows(V)
     for lo in range(0, where.numel(), rows):
-        part = flat.index_select(0, where[lo:lo + rows].to(flat.device))
-        out[where[lo:lo + rows]] = part.exp().mul_(part).sum(-1).neg_()
+        part = flat.index_select(0, where[lo : lo + rows].to(flat.device))
+        out[where[lo : lo + rows]] = part.exp().mul_(part).sum(-1).neg_()
     return out.view(mask.shape)
 
 
@@ -117,10 +119,10 @@ def importance_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor, level: str) -
 
 @dataclass(frozen=True)
 class LossOutput:
-    loss: Tensor                # scalar
-    clip_low_frac: Tensor       # scalar: share of masked tokens clipped at 1 - epsilon (A < 0)
-    clip_high_frac: Tensor      # scalar: share clipped at 1 + epsilon_high (A > 0)
-    kl: Tensor                  # scalar: mean k3 estimate over masked tokens (0 when no reference)
+    loss: Tensor  # scalar
+    clip_low_frac: Tensor  # scalar: share of masked tokens clipped at 1 - epsilon (A < 0)
+    clip_high_frac: Tensor  # scalar: share clipped at 1 + epsilon_high (A > 0)
+    kl: Tensor  # scalar: mean k3 estimate over masked tokens (0 when no reference)
 
 
 @dataclass(frozen=True)
@@ -131,12 +133,12 @@ class SurrogateSettings:
     config object). The loss_type is checked here, so a bad one fails before any forward pass.
     """
 
-    epsilon: float                        # ratio clipped below at 1 - epsilon
-    epsilon_high: float | None            # ... and above at 1 + epsilon_high; None: epsilon
-    loss_type: str                        # a key of ``normalise.NORMALISERS``
-    max_completion_length: int            # dr_grpo's constant normaliser
-    beta: float = 0.0                     # k3 KL coefficient; 0: no KL term
-    importance_sampling_level: str = "token"   # "token" (GRPO) or "sequence" (GSPO, TRL's name)
+    epsilon: float  # ratio clipped below at 1 - epsilon
+    epsilon_high: float | None  # ... and above at 1 + epsilon_high; None: epsilon
+    loss_type: str  # a key of ``normalise.NORMALISERS``
+    max_completion_length: int  # dr_grpo's constant normaliser
+    beta: float = 0.0  # k3 KL coefficient; 0: no KL term
+    importance_sampling_level: str = "token"  # "token" (GRPO) or "sequence" (GSPO, TRL's name)
     # The KL term times the (differentiable) importance ratio, TRL's default: the unbiased
     # reverse-KL gradient (DeepSeek-V3.2); it changes the gradient even where the ratio is 1.
     use_bias_correction_kl: bool = True
@@ -149,10 +151,18 @@ class SurrogateSettings:
         return self.epsilon if self.epsilon_high is None else self.epsilon_high
 
 
-def clipped_surrogate(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,
-                      settings: SurrogateSettings, *, ref_logp: Tensor | None = None,
-                      sample_weight: Tensor | None = None, sampler_weight: Tensor | None = None,
-                      share: LossShare = WHOLE_BATCH) -> LossOutput:
+def clipped_surrogate(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    settings: SurrogateSettings,
+    *,
+    ref_logp: Tensor | None = None,
+    sample_weight: Tensor | None = None,
+    sampler_weight: Tensor | None = None,
+    share: LossShare = WHOLE_BATCH,
+) -> LossOutput:
     """GRPO/PPO clipped objective (the formula in the module docstring).
 
     logp, old_logp, mask: (B, T); advantages: (B,); ref_logp: (B, T) or None (no KL term);
@@ -168,17 +178,19 @@ def clipped_surrogate(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: 
     their share of the batch loss. The statistics stay over these rows.
     """
     epsilon, eps_high = settings.epsilon, settings.clip_high
-    ratio = importance_ratio(logp, old_logp, mask, settings.importance_sampling_level)   # (B, T)
-    adv = advantages.unsqueeze(-1)                                       # (B, 1)
+    ratio = importance_ratio(logp, old_logp, mask, settings.importance_sampling_level)  # (B, T)
+    adv = advantages.unsqueeze(-1)  # (B, 1)
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1 - epsilon, 1 + eps_high) * adv
-    per_token = -torch.min(unclipped, clipped)                           # (B, T)
+    per_token = -torch.min(unclipped, clipped)  # (B, T)
     if sampler_weight is not None:
         per_token = per_token * sampler_weight.detach()
     kl = torch.zeros_like(logp)
     if ref_logp is not None and settings.beta > 0:
         kl = k3_kl(logp, ref_logp)
-        per_token = per_token + settings.beta * (kl * ratio if settings.use_bias_correction_kl else kl)
+        per_token = per_token + settings.beta * (
+            kl * ratio if settings.use_bias_correction_kl else kl
+        )
     if sample_weight is not None:
         w = sample_weight.detach()
         per_token = per_token * (w.unsqueeze(-1) if w.dim() == 1 else w)
@@ -188,18 +200,26 @@ def clipped_surrogate(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: 
     with torch.no_grad():
         low = ((ratio < 1 - epsilon) & (adv < 0)).to(logp.dtype)
         high = ((ratio > 1 + eps_high) & (adv > 0)).to(logp.dtype)
-        return LossOutput(loss=loss, clip_low_frac=(low * m).sum() / n,
-                          clip_high_frac=(high * m).sum() / n, kl=(kl.detach() * m).sum() / n)
+        return LossOutput(
+            loss=loss,
+            clip_low_frac=(low * m).sum() / n,
+            clip_high_frac=(high * m).sum() / n,
+            kl=(kl.detach() * m).sum() / n,
+        )
 
 
-def completion_mask(completion_ids: Tensor, lengths: Tensor, truncated: Tensor | None = None,
-                    mask_truncated: bool = False) -> Tensor:
+def completion_mask(
+    completion_ids: Tensor,
+    lengths: Tensor,
+    truncated: Tensor | None = None,
+    mask_truncated: bool = False,
+) -> Tensor:
     """(B, T) mask of real completion tokens; rows of truncated completions zeroed if asked.
 
     completion_ids: (B, T); lengths: (B,) tokens generated incl. EOS; truncated: (B,) bool.
     """
-    positions = torch.arange(completion_ids.shape[1], device=lengths.device).unsqueeze(0)   # (1, T)
-    mask = positions < lengths.unsqueeze(-1)                             # (B, T)
+    positions = torch.arange(completion_ids.shape[1], device=lengths.device).unsqueeze(0)  # (1, T)
+    mask = positions < lengths.unsqueeze(-1)  # (B, T)
     if mask_truncated and truncated is not None:
         mask = mask & ~truncated.unsqueeze(-1)
     return mask

@@ -30,13 +30,20 @@ from torch import Tensor
 class LossNormaliser(Protocol):
     """One loss_type's normaliser in its two forms. ``mask`` arrives already cast (see below)."""
 
-    def reduce(self, per_token: Tensor, mask: Tensor, max_completion_length: int,
-               skipped_rows: int, skipped_tokens: int) -> Tensor:
+    def reduce(
+        self,
+        per_token: Tensor,
+        mask: Tensor,
+        max_completion_length: int,
+        skipped_rows: int,
+        skipped_tokens: int,
+    ) -> Tensor:
         """(B, T) per-token loss, (B, T) mask in its dtype -> scalar loss of the batch."""
         ...
 
-    def row_scales(self, mask: Tensor, max_completion_length: int, skipped_rows: int,
-                   skipped_tokens: int) -> Tensor:
+    def row_scales(
+        self, mask: Tensor, max_completion_length: int, skipped_rows: int, skipped_tokens: int
+    ) -> Tensor:
         """(B, T) fp32 mask -> (B,) fp32 factor turning row ``i``'s masked token sum into its
         share of the batch loss."""
         ...
@@ -48,7 +55,7 @@ class SequenceMean:
     longer sequences get smaller per-token weight). Row scale 1 / (B * n_i), n_i >= 1."""
 
     def reduce(self, per_token, mask, max_completion_length, skipped_rows, skipped_tokens):
-        per_seq = (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)          # (B,)
+        per_seq = (per_token * mask).sum(-1) / mask.sum(-1).clamp(min=1)  # (B,)
         # mean() when nothing was skipped keeps results bit-identical to the unskipped path
         return per_seq.sum() / (per_seq.shape[0] + skipped_rows) if skipped_rows else per_seq.mean()
 
@@ -62,7 +69,9 @@ class ConstantLength:
     without length bias (not the tensor's T: the run's completion budget)."""
 
     def reduce(self, per_token, mask, max_completion_length, skipped_rows, skipped_tokens):
-        return (per_token * mask).sum() / ((per_token.shape[0] + skipped_rows) * max_completion_length)
+        return (per_token * mask).sum() / (
+            (per_token.shape[0] + skipped_rows) * max_completion_length
+        )
 
     def row_scales(self, mask, max_completion_length, skipped_rows, skipped_tokens):
         B = mask.shape[0]
@@ -81,8 +90,9 @@ class TokenMean:
 
 
 # loss_type -> its normaliser; read-only, filled here once.
-NORMALISERS: Mapping[str, LossNormaliser] = MappingProxyType({
-    "grpo": SequenceMean(), "dr_grpo": ConstantLength(), "dapo": TokenMean()})
+NORMALISERS: Mapping[str, LossNormaliser] = MappingProxyType(
+    {"grpo": SequenceMean(), "dr_grpo": ConstantLength(), "dapo": TokenMean()}
+)
 
 
 def loss_normaliser(loss_type: str) -> LossNormaliser:
@@ -95,23 +105,36 @@ def loss_normaliser(loss_type: str) -> LossNormaliser:
         raise ValueError(f"loss_type must be {allowed}, got {loss_type!r}") from None
 
 
-def aggregate(per_token: Tensor, mask: Tensor, loss_type: str, max_completion_length: int,
-              skipped_rows: int = 0, skipped_tokens: int = 0) -> Tensor:
+def aggregate(
+    per_token: Tensor,
+    mask: Tensor,
+    loss_type: str,
+    max_completion_length: int,
+    skipped_rows: int = 0,
+    skipped_tokens: int = 0,
+) -> Tensor:
     """Reduce a (B, T) per-token loss to a scalar with ``loss_type``'s normaliser (single pass)."""
     normaliser = loss_normaliser(loss_type)
-    return normaliser.reduce(per_token, mask.to(per_token.dtype), max_completion_length,
-                             skipped_rows, skipped_tokens)
+    return normaliser.reduce(
+        per_token, mask.to(per_token.dtype), max_completion_length, skipped_rows, skipped_tokens
+    )
 
 
-def row_scales(mask: Tensor, loss_type: str, max_completion_length: int, skipped_rows: int = 0,
-               skipped_tokens: int = 0) -> Tensor:
+def row_scales(
+    mask: Tensor,
+    loss_type: str,
+    max_completion_length: int,
+    skipped_rows: int = 0,
+    skipped_tokens: int = 0,
+) -> Tensor:
     """Per-row factor turning masked token sums into the batch loss: (B, T) mask -> (B,) fp32.
 
     grpo: 1 / (B * n_i);  dr_grpo: 1 / (B * max_completion_length);  dapo: 1 / N.
     """
     normaliser = loss_normaliser(loss_type)
-    return normaliser.row_scales(mask.to(torch.float32), max_completion_length, skipped_rows,
-                                 skipped_tokens)
+    return normaliser.row_scales(
+        mask.to(torch.float32), max_completion_length, skipped_rows, skipped_tokens
+    )
 
 
 def scaled_sum(per_token: Tensor, mask: Tensor, scale: Tensor) -> Tensor:
@@ -130,20 +153,27 @@ class LossShare:
     counted by ``aggregate`` (with ``row_scale`` they are already in it).
     """
 
-    row_scale: Tensor | None = None     # (B,) or None
+    row_scale: Tensor | None = None  # (B,) or None
     skipped_rows: int = 0
     skipped_tokens: int = 0
 
-    def loss(self, per_token: Tensor, mask: Tensor, loss_type: str,
-             max_completion_length: int) -> Tensor:
+    def loss(
+        self, per_token: Tensor, mask: Tensor, loss_type: str, max_completion_length: int
+    ) -> Tensor:
         """(B, T) per-token loss, (B, T) mask -> scalar: these rows' loss or share of it."""
         if self.row_scale is None:
-            return aggregate(per_token, mask, loss_type, max_completion_length, self.skipped_rows,
-                             self.skipped_tokens)
+            return aggregate(
+                per_token,
+                mask,
+                loss_type,
+                max_completion_length,
+                self.skipped_rows,
+                self.skipped_tokens,
+            )
         return scaled_sum(per_token, mask, self.row_scale)
 
 
-WHOLE_BATCH = LossShare()   # the rows are the whole batch, nothing skipped
+WHOLE_BATCH = LossShare()  # the rows are the whole batch, nothing skipped
 
 
 def token_mean_scale(mask: Tensor) -> Tensor:

@@ -19,7 +19,7 @@ import torch
 @dataclass(frozen=True)
 class TrainSequence:
     prompt_ids: tuple[int, ...]
-    completion_ids: tuple[int, ...]        # includes EOS when the completion stopped
+    completion_ids: tuple[int, ...]  # includes EOS when the completion stopped
     advantage: float
     # Behaviour log-probs per completion token in *this* policy's tokenization; None when the
     # sample came from elsewhere (a peer): then the policy's own before the update stand in (taken
@@ -31,7 +31,7 @@ class TrainSequence:
     # multiplying ``weight``; None: 1 on every token.
     token_weights: tuple[float, ...] | None = None
     truncated: bool = False
-    source: str = ""                       # producing policy; "" for the policy itself
+    source: str = ""  # producing policy; "" for the policy itself
     # Version of the weights that sampled it (own samples): behind the learner's version when
     # generation overlapped an update (``allocation.async_generation``), and then corrected as an
     # inexact sampler's are. None: unknown (peers, SFT), never corrected for staleness.
@@ -52,8 +52,8 @@ class TrainBatch:
     sequences: tuple[TrainSequence, ...] = ()
     sft: tuple[SFTExample, ...] = ()
     sft_coef: float = 0.0
-    tag: str = "grpo"                      # "grpo" or "sft" (an SFT-only step), for metrics
-    learning_rate: float | None = None     # this update's learning rate (None: the policy's)
+    tag: str = "grpo"  # "grpo" or "sft" (an SFT-only step), for metrics
+    learning_rate: float | None = None  # this update's learning rate (None: the policy's)
     # Report the own-sample and peer-sample gradient norms and their cosine before updating
     # (two extra backward passes; the two parts sum to the full GRPO gradient).
     diagnose_sources: bool = False
@@ -66,8 +66,9 @@ class TrainBatch:
 
 def stale_rows(batch: TrainBatch, version: int) -> bool:
     """Whether ``batch`` holds own samples drawn by weights older than ``version``."""
-    return any(s.behaviour_version is not None and s.behaviour_version < version
-               for s in batch.sequences)
+    return any(
+        s.behaviour_version is not None and s.behaviour_version < version for s in batch.sequences
+    )
 
 
 @dataclass
@@ -77,29 +78,33 @@ class SequenceColumns:
     Mutable: the mismatch correction (``generation.mismatch``) replaces ``old_logprobs`` and sets
     ``sampler_weights`` once per update, before any micro-batch is cut."""
 
-    advantages: torch.Tensor      # (B,) fp32
-    weights: torch.Tensor         # (B,) fp32 per-sequence loss weights, or (B, T) with token weights
-    truncated: torch.Tensor       # (B,) bool: cut at max_completion_length
-    has_old: torch.Tensor         # (B,) bool: behaviour log-probs present (own samples)
-    old_logprobs: torch.Tensor    # (B, T) fp32 behaviour log-probs, NaN where none (peers)
-    is_peer: torch.Tensor         # (B,) bool: produced by another policy
+    advantages: torch.Tensor  # (B,) fp32
+    weights: torch.Tensor  # (B,) fp32 per-sequence loss weights, or (B, T) with token weights
+    truncated: torch.Tensor  # (B,) bool: cut at max_completion_length
+    has_old: torch.Tensor  # (B,) bool: behaviour log-probs present (own samples)
+    old_logprobs: torch.Tensor  # (B, T) fp32 behaviour log-probs, NaN where none (peers)
+    is_peer: torch.Tensor  # (B,) bool: produced by another policy
     # (B, T) fp32 sampler/trainer mismatch weights of the policy term only (not the KL, as TRL);
     # None: no correction (an exact sampler, or the correction switched off)
     sampler_weights: torch.Tensor | None = None
 
     def rows(self, rows: slice) -> SequenceColumns:
-        return SequenceColumns(**{f.name: None if getattr(self, f.name) is None
-                                  else getattr(self, f.name)[rows] for f in fields(self)})
+        return SequenceColumns(
+            **{
+                f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[rows]
+                for f in fields(self)
+            }
+        )
 
 
 @dataclass(frozen=True)
 class Collated:
-    input_ids: torch.Tensor       # (B, P+T)
+    input_ids: torch.Tensor  # (B, P+T)
     attention_mask: torch.Tensor  # (B, P+T)
-    position_ids: torch.Tensor    # (B, P+T)
+    position_ids: torch.Tensor  # (B, P+T)
     completion_ids: torch.Tensor  # (B, T)
-    lengths: torch.Tensor         # (B,)
-    columns: SequenceColumns | None = None   # GRPO batches only (``collate_sequences``)
+    lengths: torch.Tensor  # (B,)
+    columns: SequenceColumns | None = None  # GRPO batches only (``collate_sequences``)
 
     @property
     def completion_len(self) -> int:
@@ -113,18 +118,20 @@ class Collated:
         return self.columns
 
 
-def collate(prompts: list[tuple[int, ...]], completions: list[tuple[int, ...]], pad_id: int) -> Collated:
+def collate(
+    prompts: list[tuple[int, ...]], completions: list[tuple[int, ...]], pad_id: int
+) -> Collated:
     B = len(prompts)
     P = max(len(p) for p in prompts)
     T = max(max(len(c) for c in completions), 1)
     input_ids = torch.full((B, P + T), pad_id, dtype=torch.long)
     attention = torch.zeros((B, P + T), dtype=torch.long)
     for i, (p, c) in enumerate(zip(prompts, completions)):
-        input_ids[i, P - len(p):P] = torch.tensor(p, dtype=torch.long)
-        attention[i, P - len(p):P] = 1
+        input_ids[i, P - len(p) : P] = torch.tensor(p, dtype=torch.long)
+        attention[i, P - len(p) : P] = 1
         if c:
-            input_ids[i, P:P + len(c)] = torch.tensor(c, dtype=torch.long)
-            attention[i, P:P + len(c)] = 1
+            input_ids[i, P : P + len(c)] = torch.tensor(c, dtype=torch.long)
+            attention[i, P : P + len(c)] = 1
     position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
     lengths = torch.tensor([len(c) for c in completions], dtype=torch.long)
     return Collated(input_ids, attention, position_ids, input_ids[:, P:], lengths)
@@ -136,15 +143,18 @@ def collate_sequences(seqs: tuple[TrainSequence, ...], pad_id: int) -> Collated:
     old = torch.full((len(seqs), T), float("nan"))
     for i, s in enumerate(seqs):
         if s.old_logprobs is not None:
-            old[i, :len(s.old_logprobs)] = torch.tensor(s.old_logprobs)
-    return replace(c, columns=SequenceColumns(
-        advantages=torch.tensor([s.advantage for s in seqs], dtype=torch.float32),
-        weights=sequence_weights(seqs, T),
-        truncated=torch.tensor([s.truncated for s in seqs], dtype=torch.bool),
-        has_old=torch.tensor([s.old_logprobs is not None for s in seqs], dtype=torch.bool),
-        old_logprobs=old,
-        is_peer=torch.tensor([bool(s.source) for s in seqs], dtype=torch.bool),
-    ))
+            old[i, : len(s.old_logprobs)] = torch.tensor(s.old_logprobs)
+    return replace(
+        c,
+        columns=SequenceColumns(
+            advantages=torch.tensor([s.advantage for s in seqs], dtype=torch.float32),
+            weights=sequence_weights(seqs, T),
+            truncated=torch.tensor([s.truncated for s in seqs], dtype=torch.bool),
+            has_old=torch.tensor([s.old_logprobs is not None for s in seqs], dtype=torch.bool),
+            old_logprobs=old,
+            is_peer=torch.tensor([bool(s.source) for s in seqs], dtype=torch.bool),
+        ),
+    )
 
 
 def sequence_weights(seqs: tuple[TrainSequence, ...], T: int) -> torch.Tensor:
@@ -155,12 +165,16 @@ def sequence_weights(seqs: tuple[TrainSequence, ...], T: int) -> torch.Tensor:
     tok = torch.ones((len(seqs), T))
     for i, s in enumerate(seqs):
         if s.token_weights is not None:
-            tok[i, :len(s.token_weights)] = torch.tensor(s.token_weights)
+            tok[i, : len(s.token_weights)] = torch.tensor(s.token_weights)
     return w.unsqueeze(-1) * tok
 
 
-def micro_batch_slices(rows: int, per_device_train_batch_size: int | None,
-                       gradient_accumulation_steps: int, multiple: int = 1) -> list[slice]:
+def micro_batch_slices(
+    rows: int,
+    per_device_train_batch_size: int | None,
+    gradient_accumulation_steps: int,
+    multiple: int = 1,
+) -> list[slice]:
     """Cut ``rows`` into max(gradient_accumulation_steps, ceil(rows / per_device)) near-equal
     consecutive slices, that count rounded up to a ``multiple`` (a sharded learner's ranks),
     never more slices than rows, at least one."""
@@ -183,7 +197,12 @@ def take_rows(c: Collated, rows: slice) -> Collated:
     used = attention.any(0).nonzero()
     first = min(int(used[0]) if len(used) else 0, c.input_ids.shape[1] - c.completion_len - 1)
     first = max(first, 0)
-    return replace(c, input_ids=c.input_ids[rows, first:], attention_mask=attention[:, first:],
-                   position_ids=c.position_ids[rows, first:], completion_ids=c.completion_ids[rows],
-                   lengths=c.lengths[rows],
-                   columns=c.columns.rows(rows) if c.columns is not None else None)
+    return replace(
+        c,
+        input_ids=c.input_ids[rows, first:],
+        attention_mask=attention[:, first:],
+        position_ids=c.position_ids[rows, first:],
+        completion_ids=c.completion_ids[rows],
+        lengths=c.lengths[rows],
+        columns=c.columns.rows(rows) if c.columns is not None else None,
+    )

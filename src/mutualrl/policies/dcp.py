@@ -50,9 +50,15 @@ def is_sharded_checkpoint(directory: str | Path) -> bool:
 
 def _learner_state(learner) -> dict:
     """The keys a sharded checkpoint holds, as state dicts of this learner (loading fills them)."""
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-    state = {"model": get_model_state_dict(learner.model),
-             "optimizer": get_optimizer_state_dict(learner.model, learner.optimizer)}
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    state = {
+        "model": get_model_state_dict(learner.model),
+        "optimizer": get_optimizer_state_dict(learner.model, learner.optimizer),
+    }
     if learner.reference is not None:
         state["reference"] = get_model_state_dict(learner.reference)
     return state
@@ -62,32 +68,52 @@ def save_sharded(learner, directory: str | Path, extra: dict) -> None:
     """Every rank writes its shards into ``directory/dcp``; rank 0 writes ``learner.pt`` with the
     rest and ``extra`` (e.g. the sampler's generator state)."""
     import torch.distributed.checkpoint as dcp
+
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     dcp.save(_learner_state(learner), checkpoint_id=str(d / DCP_DIR), no_dist=not _grouped())
     if rank() == 0:
-        torch.save({"format": "dcp", "name": learner.name, "ranks": learner.placement.share.world,
-                    "scheduler": learner.scheduler.state_dict(), "version": learner.version,
-                    "skipped_nan_steps": learner.skipped_nan_steps, **extra}, d / META)
+        torch.save(
+            {
+                "format": "dcp",
+                "name": learner.name,
+                "ranks": learner.placement.share.world,
+                "scheduler": learner.scheduler.state_dict(),
+                "version": learner.version,
+                "skipped_nan_steps": learner.skipped_nan_steps,
+                **extra,
+            },
+            d / META,
+        )
 
 
 def load_sharded(learner, directory: str | Path) -> dict:
     """Load a ``save_sharded`` folder into ``learner`` (any rank count); ``learner.pt`` out."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
 
     from mutualrl.policies.dcp_reader import SafeFileSystemReader
+
     d = Path(directory)
     meta = torch.load(d / META, map_location="cpu", weights_only=True)
     if meta.get("name") != learner.name:
-        raise ValueError(f"{d}: holds the state of policy {meta.get('name')!r}, not {learner.name!r}")
+        raise ValueError(
+            f"{d}: holds the state of policy {meta.get('name')!r}, not {learner.name!r}"
+        )
     state = _learner_state(learner)
     with warnings.catch_warnings():
         # a one-rank learner reads the shards whole in a process without a group, on purpose
         warnings.filterwarnings("ignore", message=r"torch\.distributed is disabled")
         # the shards' metadata read as data, not by torch's plain pickle.load (dcp_reader)
-        dcp.load(state, checkpoint_id=str(d / DCP_DIR), no_dist=not _grouped(),
-                 storage_reader=SafeFileSystemReader(d / DCP_DIR))
+        dcp.load(
+            state,
+            checkpoint_id=str(d / DCP_DIR),
+            no_dist=not _grouped(),
+            storage_reader=SafeFileSystemReader(d / DCP_DIR),
+        )
     set_model_state_dict(learner.model, state["model"])
     set_optimizer_state_dict(learner.model, learner.optimizer, state["optimizer"])
     if learner.reference is not None:
@@ -98,7 +124,10 @@ def load_sharded(learner, directory: str | Path) -> dict:
 
 def _set_counters(learner, state: dict) -> None:
     learner.scheduler.load_state_dict(state["scheduler"])
-    learner.version, learner.skipped_nan_steps = int(state["version"]), int(state["skipped_nan_steps"])
+    learner.version, learner.skipped_nan_steps = (
+        int(state["version"]),
+        int(state["skipped_nan_steps"]),
+    )
 
 
 def _trained_names(model: torch.nn.Module) -> list[str]:
@@ -109,35 +138,55 @@ def _trained_names(model: torch.nn.Module) -> list[str]:
 def full_state(learner) -> dict | None:
     """The learner's whole state in the one-rank format: on rank 0 (gathered there tensor by
     tensor, in host memory); None on the other ranks, which must call this too."""
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                         get_optimizer_state_dict)
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
     model = get_model_state_dict(learner.model, options=opts)
     optim = get_optimizer_state_dict(learner.model, learner.optimizer, options=opts)
     if rank() != 0:
         return None
     number = {n: i for i, n in enumerate(_trained_names(learner.model))}
-    optim = {"state": {number[n]: v for n, v in optim["state"].items()},
-             "param_groups": [{**g, "params": [number[n] for n in g["params"]]}
-                              for g in optim["param_groups"]]}
-    return {"model": model, "optimizer": optim, "scheduler": learner.scheduler.state_dict(),
-            "version": learner.version, "skipped_nan_steps": learner.skipped_nan_steps}
+    optim = {
+        "state": {number[n]: v for n, v in optim["state"].items()},
+        "param_groups": [
+            {**g, "params": [number[n] for n in g["params"]]} for g in optim["param_groups"]
+        ],
+    }
+    return {
+        "model": model,
+        "optimizer": optim,
+        "scheduler": learner.scheduler.state_dict(),
+        "version": learner.version,
+        "skipped_nan_steps": learner.skipped_nan_steps,
+    }
 
 
 def load_full_state(learner, state: dict | None, reference: dict | None = None) -> dict:
     """Load a one-rank-format state (rank 0 passes it, the others None) into every shard; the
     counters and schedule go to every rank. ``reference``: the frozen KL reference's weights
     (rank 0), when the learner has one. Returns the state's small entries, on every rank."""
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
-                                                         set_optimizer_state_dict)
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
     opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
     first = rank() == 0
     small = [None]
     if first:
-        small = [{**{k: v for k, v in state.items() if k not in ("model", "optimizer")},
-                  "has_reference": reference is not None,
-                  "param_groups": state["optimizer"]["param_groups"],
-                  "moments": bool(state["optimizer"]["state"])}]
+        small = [
+            {
+                **{k: v for k, v in state.items() if k not in ("model", "optimizer")},
+                "has_reference": reference is not None,
+                "param_groups": state["optimizer"]["param_groups"],
+                "moments": bool(state["optimizer"]["state"]),
+            }
+        ]
     dist.broadcast_object_list(small, src=0)
     meta = small[0]
     set_model_state_dict(learner.model, state["model"] if first else {}, options=opts)
@@ -146,9 +195,12 @@ def load_full_state(learner, state: dict | None, reference: dict | None = None) 
         optim = {}
         if first:
             o = state["optimizer"]
-            optim = {"state": {names[int(i)]: v for i, v in o["state"].items()},
-                     "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]}
-                                      for g in o["param_groups"]]}
+            optim = {
+                "state": {names[int(i)]: v for i, v in o["state"].items()},
+                "param_groups": [
+                    {**g, "params": [names[int(i)] for i in g["params"]]} for g in o["param_groups"]
+                ],
+            }
         set_optimizer_state_dict(learner.model, learner.optimizer, optim, options=opts)
     else:
         # no moments yet (saved before the first step): the optimizer starts afresh, as a

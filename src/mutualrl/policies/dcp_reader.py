@@ -25,16 +25,35 @@ METADATA = ".metadata"
 
 def _allowed() -> dict[tuple[str, str], Any]:
     """(module, name) -> the object the metadata may name: nothing that acts when called."""
-    names = {(dcp_md.__name__, n): getattr(dcp_md, n) for n in (
-        "Metadata", "MetadataIndex", "StorageMeta", "TensorStorageMetadata", "BytesStorageMetadata",
-        "ChunkStorageMetadata", "TensorProperties", "_MEM_FORMAT_ENCODING")}
+    names = {
+        (dcp_md.__name__, n): getattr(dcp_md, n)
+        for n in (
+            "Metadata",
+            "MetadataIndex",
+            "StorageMeta",
+            "TensorStorageMetadata",
+            "BytesStorageMetadata",
+            "ChunkStorageMetadata",
+            "TensorProperties",
+            "_MEM_FORMAT_ENCODING",
+        )
+    }
     names[(dcp_fs.__name__, "_StorageInfo")] = dcp_fs._StorageInfo
     names[("torch", "Size")] = torch.Size
     names[("torch.serialization", "_get_layout")] = torch.serialization._get_layout
-    names.update({("pathlib", n): getattr(__import__("pathlib"), n)
-                  for n in ("PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath")})
-    names.update({("torch", n): getattr(torch, n) for n in dir(torch)
-                  if isinstance(getattr(torch, n, None), torch.dtype)})
+    names.update(
+        {
+            ("pathlib", n): getattr(__import__("pathlib"), n)
+            for n in ("PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath")
+        }
+    )
+    names.update(
+        {
+            ("torch", n): getattr(torch, n)
+            for n in dir(torch)
+            if isinstance(getattr(torch, n, None), torch.dtype)
+        }
+    )
     return names
 
 
@@ -46,8 +65,10 @@ class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         found = self.allowed.get((module, name))
         if found is None:
-            raise pickle.UnpicklingError(f"{self.where}: names {module}.{name}, which checkpoint "
-                                         "metadata does not hold; not read")
+            raise pickle.UnpicklingError(
+                f"{self.where}: names {module}.{name}, which checkpoint "
+                "metadata does not hold; not read"
+            )
         return found
 
 
@@ -56,8 +77,9 @@ def read_metadata(path: str | Path) -> dcp_md.Metadata:
     data = Path(path).read_bytes()
     metadata = _MetadataUnpickler(io.BytesIO(data), str(path)).load()
     if not isinstance(metadata, dcp_md.Metadata):
-        raise pickle.UnpicklingError(f"{path}: holds a {type(metadata).__name__}, expected "
-                                     "checkpoint metadata")
+        raise pickle.UnpicklingError(
+            f"{path}: holds a {type(metadata).__name__}, expected checkpoint metadata"
+        )
     return metadata
 
 

@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
-_cap_bytes: int | None = None     # this process's cap (cap_process_memory), reported with its peaks
+_cap_bytes: int | None = None  # this process's cap (cap_process_memory), reported with its peaks
 
-GIB = 2 ** 30
+GIB = 2**30
 
 
 def peak_memory_stats(device: torch.device | str) -> dict[str, float]:
@@ -32,9 +32,11 @@ def peak_memory_stats(device: torch.device | str) -> dict[str, float]:
     device = torch.device(device)
     if device.type != "cuda":
         return {}
-    stats = {"cuda/peak_allocated_gib": torch.cuda.max_memory_allocated(device) / GIB,
-             "cuda/peak_reserved_gib": torch.cuda.max_memory_reserved(device) / GIB,
-             "cuda/alloc_retries": float(torch.cuda.memory_stats(device).get("num_alloc_retries", 0))}
+    stats = {
+        "cuda/peak_allocated_gib": torch.cuda.max_memory_allocated(device) / GIB,
+        "cuda/peak_reserved_gib": torch.cuda.max_memory_reserved(device) / GIB,
+        "cuda/alloc_retries": float(torch.cuda.memory_stats(device).get("num_alloc_retries", 0)),
+    }
     if _cap_bytes is not None:
         stats["cuda/memory_cap_gib"] = _cap_bytes / GIB
     torch.cuda.reset_peak_memory_stats(device)
@@ -52,7 +54,7 @@ def cap_process_memory(cap_bytes: int, device: int = 0) -> float | None:
     total = torch.cuda.get_device_properties(device).total_memory
     fraction = min(1.0, cap_bytes / total)
     torch.cuda.set_per_process_memory_fraction(fraction, device)
-    _cap_bytes = min(cap_bytes, total)       # the updates report it (peak_memory_stats)
+    _cap_bytes = min(cap_bytes, total)  # the updates report it (peak_memory_stats)
     return fraction
 
 

@@ -33,26 +33,41 @@ from mutualrl.policies.batch import SFTExample, TrainBatch
 from mutualrl.policies.logprobs import LogProbs
 from mutualrl.policies.models import TokenizerFacts, build_model
 from mutualrl.policies.ranks import ONE_RANK, RankShare
-from mutualrl.policies.update import (GRPOParts, Objective, SFTParts, clip_gradients,
-                                      make_optimizer, prepare_model)
+from mutualrl.policies.update import (
+    GRPOParts,
+    Objective,
+    SFTParts,
+    clip_gradients,
+    make_optimizer,
+    prepare_model,
+)
 
 # Seeded initialisation draws from torch's global RNG (forked, seeded per policy); learners built
 # concurrently in threads would interleave their draws, so building is serialised.
 _BUILD_LOCK = threading.Lock()
 
 
-def _on_device(cfg: PolicyConfig, facts: TokenizerFacts, seed: int,
-               device: torch.device) -> torch.nn.Module:
+def _on_device(
+    cfg: PolicyConfig, facts: TokenizerFacts, seed: int, device: torch.device
+) -> torch.nn.Module:
     """The seeded model (random or the checkpoint), with its LoRA adapter when asked for."""
     model = build_model(cfg, facts, seed).to(device)
     if cfg.lora is not None:
         from peft import LoraConfig, get_peft_model
+
         # the adapter's initialisation is seeded by the policy too, wherever it is built
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            model = get_peft_model(model, LoraConfig(
-                r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
-                target_modules=list(cfg.lora.target_modules), task_type="CAUSAL_LM"))
+            model = get_peft_model(
+                model,
+                LoraConfig(
+                    r=cfg.lora.r,
+                    lora_alpha=cfg.lora.alpha,
+                    lora_dropout=cfg.lora.dropout,
+                    target_modules=list(cfg.lora.target_modules),
+                    task_type="CAUSAL_LM",
+                ),
+            )
     return model
 
 
@@ -64,8 +79,9 @@ class Placement(Protocol):
     share: RankShare
     autocast: bool
 
-    def build(self, learner: Learner, facts: TokenizerFacts,
-              seed: int) -> tuple[torch.nn.Module, torch.nn.Module | None]:
+    def build(
+        self, learner: Learner, facts: TokenizerFacts, seed: int
+    ) -> tuple[torch.nn.Module, torch.nn.Module | None]:
         """(model, frozen KL reference or None), each on ``learner.device``."""
         ...
 
@@ -89,9 +105,17 @@ class OnDevice:
 
 
 class Learner:
-    def __init__(self, cfg: PolicyConfig, grpo: GRPOConfig, facts: TokenizerFacts, seed: int,
-                 device: str = "cpu", total_steps: int | None = None,
-                 training: TrainingConfig | None = None, placement: Placement | None = None) -> None:
+    def __init__(
+        self,
+        cfg: PolicyConfig,
+        grpo: GRPOConfig,
+        facts: TokenizerFacts,
+        seed: int,
+        device: str = "cpu",
+        total_steps: int | None = None,
+        training: TrainingConfig | None = None,
+        placement: Placement | None = None,
+    ) -> None:
         """``total_steps``: the optimizer steps the learning-rate schedule spans (the run's
         steps x num_iterations); only a schedule other than "constant" needs it. ``training``:
         optimizer, schedule and memory settings (None: the defaults). ``placement``: where the
@@ -102,17 +126,26 @@ class Learner:
         self.device = torch.device(device)
         self.placement = placement or OnDevice()
         self.model, self.reference = self.placement.build(self, facts, seed)
-        self.optimizer, self.scheduler = make_optimizer(self.model, cfg, grpo, self.training,
-                                                        total_steps)
-        self.version = 0               # of the weights: +1 per update (not per SFT step)
+        self.optimizer, self.scheduler = make_optimizer(
+            self.model, cfg, grpo, self.training, total_steps
+        )
+        self.version = 0  # of the weights: +1 per update (not per SFT step)
         self.skipped_nan_steps = 0
         # A sharded model casts to bf16 itself (FSDP2's mixed precision): only an unsharded one
         # runs under autocast.
-        self.logprobs = LogProbs(self.name, self.device, self.pad_id, grpo, self.training,
-                                 bf16=cfg.dtype == "bf16" and self.placement.autocast)
+        self.logprobs = LogProbs(
+            self.name,
+            self.device,
+            self.pad_id,
+            grpo,
+            self.training,
+            bf16=cfg.dtype == "bf16" and self.placement.autocast,
+        )
         self.objective = Objective(grpo, self.training, self.logprobs, self.placement.share)
 
-    def sequence_logprobs(self, prompts: list[tuple[int, ...]], completions: list[tuple[int, ...]]) -> torch.Tensor:
+    def sequence_logprobs(
+        self, prompts: list[tuple[int, ...]], completions: list[tuple[int, ...]]
+    ) -> torch.Tensor:
         """Total log-prob of each completion under the current weights: (B,). Off-policy ratios."""
         self.model.eval()
         return self.logprobs.sequence_logprobs(self.model, prompts, completions)
@@ -142,8 +175,11 @@ class Learner:
         with self.learning_rate(batch.learning_rate):
             self.model.train()
             stats, t0 = {}, time.perf_counter()
-            grpo = (self.objective.grpo_parts(self.model, self.reference, batch, correct_mismatch)
-                    if batch.sequences else None)
+            grpo = (
+                self.objective.grpo_parts(self.model, self.reference, batch, correct_mismatch)
+                if batch.sequences
+                else None
+            )
             sft = self.objective.sft_parts(batch.sft) if batch.sft and batch.sft_coef > 0 else None
             if grpo is not None:
                 stats.update(grpo.stats)
@@ -157,7 +193,9 @@ class Learner:
             stats["step_time_s"] = time.perf_counter() - t0
             return stats
 
-    def sft_step(self, examples: tuple[SFTExample, ...], learning_rate: float | None = None) -> float:
+    def sft_step(
+        self, examples: tuple[SFTExample, ...], learning_rate: float | None = None
+    ) -> float:
         """A plain supervised step (warm start) at the optimizer's current learning rate, or at
         ``learning_rate`` for this step; the schedule does not advance."""
         self.model.train()
@@ -165,8 +203,9 @@ class Learner:
             stats = self._optimizer_step(None, self.objective.sft_parts(examples), 1.0)
         return stats.get("sft_loss", stats["loss"])
 
-    def _optimizer_step(self, grpo: GRPOParts | None, sft: SFTParts | None,
-                        coef: float) -> dict[str, float]:
+    def _optimizer_step(
+        self, grpo: GRPOParts | None, sft: SFTParts | None, coef: float
+    ) -> dict[str, float]:
         """One optimizer step on the objective's gradients: clipped, then taken, or skipped
         (and counted) when a loss or the gradient norm is not finite."""
         self.optimizer.zero_grad(set_to_none=True)
@@ -197,7 +236,9 @@ class Learner:
         # skipped step precedes it (or optimizer.step is wrapped), which is intended here.
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`")
-            warnings.filterwarnings("ignore", message=r"Seems like `optimizer\.step\(\)` has been overridden")
+            warnings.filterwarnings(
+                "ignore", message=r"Seems like `optimizer\.step\(\)` has been overridden"
+            )
             self.scheduler.step()
 
     def freeze_reference(self) -> None:
@@ -210,16 +251,23 @@ class Learner:
     # ---- state ----------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """Weights, optimizer moments, the schedule, the version and the skipped-step count."""
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(), "version": self.version,
-                "skipped_nan_steps": self.skipped_nan_steps}
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "version": self.version,
+            "skipped_nan_steps": self.skipped_nan_steps,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        if "scheduler" in state:   # files written before schedules existed have none
+        if "scheduler" in state:  # files written before schedules existed have none
             self.scheduler.load_state_dict(state["scheduler"])
-        self.version, self.skipped_nan_steps = int(state["version"]), int(state["skipped_nan_steps"])
+        self.version, self.skipped_nan_steps = (
+            int(state["version"]),
+            int(state["skipped_nan_steps"]),
+        )
 
     def save_reference(self, path: Path) -> None:
         """The frozen KL reference (after the warm start it differs from every other weights)."""
@@ -228,4 +276,6 @@ class Learner:
 
     def load_reference(self, path: Path) -> None:
         if self.reference is not None:
-            self.reference.load_state_dict(torch.load(path, map_location=self.device, weights_only=True))
+            self.reference.load_state_dict(
+                torch.load(path, map_location=self.device, weights_only=True)
+            )

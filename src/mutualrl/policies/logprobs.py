@@ -22,8 +22,13 @@ from dataclasses import dataclass
 import torch
 
 from mutualrl.config import GRPOConfig, TrainingConfig
-from mutualrl.grpo import (chunked_token_logprobs, completion_mask, sampled_entropy,
-                           selective_log_softmax, token_logprobs)
+from mutualrl.grpo import (
+    chunked_token_logprobs,
+    completion_mask,
+    sampled_entropy,
+    selective_log_softmax,
+    token_logprobs,
+)
 from mutualrl.policies.batch import Collated, collate, micro_batch_slices, take_rows
 from mutualrl.policies.sampling import truncate_logits, truncates
 
@@ -32,12 +37,12 @@ from mutualrl.policies.sampling import truncate_logits, truncates
 class LogProbs:
     """A policy's log-prob functions, given the model to run at each call."""
 
-    name: str                         # the policy's (errors name it)
-    device: torch.device              # where the model's inputs go
+    name: str  # the policy's (errors name it)
+    device: torch.device  # where the model's inputs go
     pad_id: int
-    grpo: GRPOConfig                  # the sampling distribution: temperature, top_k, top_p
-    training: TrainingConfig          # logprob_chunk_size, entropy_sample_size, micro-batches
-    bf16: bool                        # forward passes under bf16 autocast
+    grpo: GRPOConfig  # the sampling distribution: temperature, top_k, top_p
+    training: TrainingConfig  # logprob_chunk_size, entropy_sample_size, micro-batches
+    bf16: bool  # forward passes under bf16 autocast
 
     def autocast(self):
         """The policy's compute precision for a forward pass (backward follows it)."""
@@ -45,8 +50,9 @@ class LogProbs:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=torch.bfloat16)
 
-    def completion_logits(self, model: torch.nn.Module, c: Collated,
-                          temperature: float | None = None) -> torch.Tensor:
+    def completion_logits(
+        self, model: torch.nn.Module, c: Collated, temperature: float | None = None
+    ) -> torch.Tensor:
         """Logits predicting each completion token: (B, T, V), computed only at those positions.
 
         Divided by ``temperature`` (default: the sampling temperature, so log-probs are those of
@@ -57,20 +63,30 @@ class LogProbs:
         # and a zero-filled one in backward: with a 129k vocabulary these passes cost as much
         # as the LM head itself.
         keep = torch.arange(L - T - 1, L - 1, device=dev)
-        out = model(input_ids=c.input_ids.to(dev), attention_mask=c.attention_mask.to(dev),
-                    position_ids=c.position_ids.to(dev), logits_to_keep=keep)
+        out = model(
+            input_ids=c.input_ids.to(dev),
+            attention_mask=c.attention_mask.to(dev),
+            position_ids=c.position_ids.to(dev),
+            logits_to_keep=keep,
+        )
         logits = out.logits.float()
         g = self.grpo
         if temperature is None and truncates(g.top_k, g.top_p):
             # the sampling distribution is truncated: take log-probs under the same truncation
-            return truncate_logits(logits.div_(g.temperature), g.top_k, g.top_p,
-                                   keep=c.completion_ids.to(dev))
+            return truncate_logits(
+                logits.div_(g.temperature), g.top_k, g.top_p, keep=c.completion_ids.to(dev)
+            )
         temperature = temperature or g.temperature
         # In place: the LM head's backward needs its input and weight, not its output.
         return logits.div_(temperature) if temperature != 1 else logits
 
-    def token_logprobs(self, model: torch.nn.Module, c: Collated, temperature: float | None = None,
-                       entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def token_logprobs(
+        self,
+        model: torch.nn.Module,
+        c: Collated,
+        temperature: float | None = None,
+        entropy: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Differentiable (B, T) log-probs of the completion tokens, and (B, T) entropy (no grad;
         None when not asked for and not free)."""
         with self.autocast():
@@ -102,21 +118,28 @@ class LogProbs:
         return torch.cat([self.plain_logprobs(model, take_rows(c, s)) for s in slices])
 
     @torch.no_grad()
-    def sequence_logprobs(self, model: torch.nn.Module, prompts: list[tuple[int, ...]],
-                          completions: list[tuple[int, ...]]) -> torch.Tensor:
+    def sequence_logprobs(
+        self,
+        model: torch.nn.Module,
+        prompts: list[tuple[int, ...]],
+        completions: list[tuple[int, ...]],
+    ) -> torch.Tensor:
         """Total log-prob of each completion: (B,), micro-batch by micro-batch."""
         c = collate(prompts, completions, self.pad_id)
         mask = completion_mask(c.completion_ids, c.lengths)
         slices = self._slices(len(prompts))
         if len(slices) == 1:
             return (self.plain_logprobs(model, c).cpu() * mask).sum(-1)
-        return torch.cat([(self.plain_logprobs(model, take_rows(c, s)).cpu() * mask[s]).sum(-1)
-                          for s in slices])
+        return torch.cat(
+            [(self.plain_logprobs(model, take_rows(c, s)).cpu() * mask[s]).sum(-1) for s in slices]
+        )
 
     def _slices(self, rows: int) -> list[slice]:
         """Micro-batches of a pass without gradient: every rank runs all of them."""
         t = self.training
-        return micro_batch_slices(rows, t.per_device_train_batch_size, t.gradient_accumulation_steps)
+        return micro_batch_slices(
+            rows, t.per_device_train_batch_size, t.gradient_accumulation_steps
+        )
 
     def _chunked(self, c: Collated) -> bool:
         size = self.training.logprob_chunk_size
@@ -126,13 +149,27 @@ class LogProbs:
         """(B, T) log-probs and entropy from final hidden states, the LM head chunked."""
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         head = base.get_output_embeddings()
-        if type(head) is not torch.nn.Linear or getattr(base.config, "final_logit_softcapping", None):
-            raise ValueError(f"training.logprob_chunk_size: policy {self.name!r} has an LM head "
-                             f"({type(head).__name__}) that is not a plain linear layer; "
-                             "unset logprob_chunk_size for it")
+        if type(head) is not torch.nn.Linear or getattr(
+            base.config, "final_logit_softcapping", None
+        ):
+            raise ValueError(
+                f"training.logprob_chunk_size: policy {self.name!r} has an LM head "
+                f"({type(head).__name__}) that is not a plain linear layer; "
+                "unset logprob_chunk_size for it"
+            )
         dev, L, T = self.device, c.input_ids.shape[1], c.completion_len
-        out = base.get_decoder()(input_ids=c.input_ids.to(dev), attention_mask=c.attention_mask.to(dev),
-                                 position_ids=c.position_ids.to(dev), use_cache=False)
-        hidden = out.last_hidden_state[:, L - T - 1:L - 1]                    # (B, T, H)
-        return chunked_token_logprobs(hidden, head.weight, head.bias, c.completion_ids.to(dev),
-                                      temperature, self.training.logprob_chunk_size)
+        out = base.get_decoder()(
+            input_ids=c.input_ids.to(dev),
+            attention_mask=c.attention_mask.to(dev),
+            position_ids=c.position_ids.to(dev),
+            use_cache=False,
+        )
+        hidden = out.last_hidden_state[:, L - T - 1 : L - 1]  # (B, T, H)
+        return chunked_token_logprobs(
+            hidden,
+            head.weight,
+            head.bias,
+            c.completion_ids.to(dev),
+            temperature,
+            self.training.logprob_chunk_size,
+        )

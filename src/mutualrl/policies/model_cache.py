@@ -30,10 +30,20 @@ from typing import Protocol
 
 from mutualrl.config import ConfigError
 from mutualrl.policies.checkpoints import save_pretrained_quietly
-from mutualrl.policies.packaged import (CONVERSION_VERSION, MANIFEST, PACKAGED_MODELS,
-                                        PackagedModel, PackagedModelError, cache_folder,
-                                        cached_folder, is_packaged_name, locate, models_dir,
-                                        recorded_sha256, verified_gguf)
+from mutualrl.policies.packaged import (
+    CONVERSION_VERSION,
+    MANIFEST,
+    PACKAGED_MODELS,
+    PackagedModel,
+    PackagedModelError,
+    cache_folder,
+    cached_folder,
+    is_packaged_name,
+    locate,
+    models_dir,
+    recorded_sha256,
+    verified_gguf,
+)
 
 
 class Stages(Protocol):
@@ -65,8 +75,11 @@ class LineStages:
         self.phase, self.t0 = phase, time.perf_counter()
 
     def advance(self, description: str = "") -> None:
-        print(f"mutualrl: {self.phase} [{time.perf_counter() - self.t0:.0f}s]: {description}",
-              file=sys.stderr, flush=True)
+        print(
+            f"mutualrl: {self.phase} [{time.perf_counter() - self.t0:.0f}s]: {description}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def finish_phase(self, message: str) -> None:
         print(f"mutualrl: {message}", file=sys.stderr, flush=True)
@@ -81,16 +94,21 @@ def _sha256(path: Path) -> str:
 
 
 def _files(folder: Path) -> dict[str, Path]:
-    return {p.relative_to(folder).as_posix(): p for p in sorted(folder.rglob("*"))
-            if p.is_file() and p.name != MANIFEST}
+    return {
+        p.relative_to(folder).as_posix(): p
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != MANIFEST
+    }
 
 
 def write_manifest(folder: Path, source: dict) -> None:
     """Record every file's size and sha256; written last, so its presence marks a whole folder."""
-    files = {name: {"size": p.stat().st_size, "sha256": _sha256(p)}
-             for name, p in _files(folder).items()}
-    (folder / MANIFEST).write_text(json.dumps({"version": CONVERSION_VERSION, "source": source,
-                                               "files": files}, indent=1))
+    files = {
+        name: {"size": p.stat().st_size, "sha256": _sha256(p)} for name, p in _files(folder).items()
+    }
+    (folder / MANIFEST).write_text(
+        json.dumps({"version": CONVERSION_VERSION, "source": source, "files": files}, indent=1)
+    )
 
 
 def folder_problem(folder: Path) -> str | None:
@@ -106,7 +124,10 @@ def folder_problem(folder: Path) -> str | None:
     if set(present) != set(recorded):
         return f"files differ from the manifest: {sorted(set(present) ^ set(recorded))}"
     for name, path in present.items():
-        if path.stat().st_size != recorded[name]["size"] or _sha256(path) != recorded[name]["sha256"]:
+        if (
+            path.stat().st_size != recorded[name]["size"]
+            or _sha256(path) != recorded[name]["sha256"]
+        ):
             return f"{name} does not match its manifest hash"
     return None
 
@@ -173,11 +194,12 @@ def convert_gguf(gguf: Path, out: Path) -> None:
 
     with _one_gguf_parse(), _quiet_gguf_bar():
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
-                                                      dtype=torch.float32)
+        loaded = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+        )
     config = loaded.config
     if hasattr(config, "quantization_config"):
-        del config.quantization_config   # the weights below are plain fp32, not GGUF
+        del config.quantization_config  # the weights below are plain fp32, not GGUF
     config.dtype = torch.float32
     with torch.device("meta"):
         plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -190,11 +212,13 @@ def convert_gguf(gguf: Path, out: Path) -> None:
 def _build(model: PackagedModel, digest: str, final: Path, stages: Stages) -> None:
     """Verify the source, convert into a temporary sibling of ``final``, then rename it in."""
     if importlib.util.find_spec("gguf") is None:
-        raise PackagedModelError(f"packaged model {model.name!r}: converting its GGUF file needs "
-                                 "the gguf package: pip install 'mutualrl[models]' (or: "
-                                 "mutualrl models fetch NAME, which installs it)")
+        raise PackagedModelError(
+            f"packaged model {model.name!r}: converting its GGUF file needs "
+            "the gguf package: pip install 'mutualrl[models]' (or: "
+            "mutualrl models fetch NAME, which installs it)"
+        )
     final.parent.mkdir(parents=True, exist_ok=True)
-    for stale in final.parent.glob(f".{model.name}.build-*"):   # a killed build's (under the lock)
+    for stale in final.parent.glob(f".{model.name}.build-*"):  # a killed build's (under the lock)
         shutil.rmtree(stale, ignore_errors=True)
     stages.start_phase(f"convert {model.name}", total=4)
     t0 = time.perf_counter()
@@ -206,11 +230,18 @@ def _build(model: PackagedModel, digest: str, final: Path, stages: Stages) -> No
         stages.advance(f"de-quantizing {gguf.name} (under a minute on 2 cores)")
         convert_gguf(gguf, out)
         stages.advance("hashing the converted files")
-        write_manifest(out, {"model": model.name, "gguf": model.gguf_name, "sha256": digest,
-                             "requirements": list(model.requirements)})
+        write_manifest(
+            out,
+            {
+                "model": model.name,
+                "gguf": model.gguf_name,
+                "sha256": digest,
+                "requirements": list(model.requirements),
+            },
+        )
         stages.advance("moving the folder into the cache")
         if final.exists():
-            shutil.rmtree(final)   # found corrupt or partial by the caller, under the lock
+            shutil.rmtree(final)  # found corrupt or partial by the caller, under the lock
         out.rename(final)
     stages.finish_phase(f"{model.name} converted in {time.perf_counter() - t0:.0f}s -> {final}")
 
@@ -227,7 +258,7 @@ def ensure_model_folder(model: PackagedModel, stages: Stages | None = None) -> P
     final = cache_folder(model, digest)
     if final.is_dir() and folder_problem(final) is None:
         return final
-    with _locked(model.name):   # another process may have built it meanwhile
+    with _locked(model.name):  # another process may have built it meanwhile
         if not (final.is_dir() and folder_problem(final) is None):
             _build(model, digest, final, stages or _Silent())
     return final
@@ -241,8 +272,9 @@ def resolve_checkpoint(spec: str | None, stages: Stages | None = None) -> str | 
     return str(ensure_folder(spec, stages))
 
 
-def resolve_policies(policies: list, stages: Stages | None = None,
-                     memo: dict[str, str] | None = None) -> list:
+def resolve_policies(
+    policies: list, stages: Stages | None = None, memo: dict[str, str] | None = None
+) -> list:
     """``PolicyConfig``s with every packaged checkpoint name (and a tokenizer spec naming it)
     replaced by its converted folder, converting here, once, in the process that builds the run:
     workers, resumes and restarts then get and load the folder. ``memo``: names already resolved

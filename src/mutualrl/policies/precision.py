@@ -23,8 +23,10 @@ class SlowPrecisionWarning(UserWarning):
 
 def cpu_has_bf16_matmul() -> bool:
     """Whether this CPU multiplies bf16 matrices in hardware (AVX512-BF16 or AMX tiles)."""
-    probes = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported",
-                                                          "_is_amx_tile_supported")]
+    probes = [
+        getattr(torch.cpu, name, None)
+        for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    ]
     return any(p() for p in probes if p is not None) or all(p is None for p in probes)
 
 
@@ -33,7 +35,9 @@ def check_precision(policies: list[PolicyConfig], device: str) -> None:
     slow = [p.name for p in policies if p.dtype == "bf16"]
     if slow and torch.device(device).type == "cpu" and not cpu_has_bf16_matmul():
         warnings.warn(
-            f"policies {slow}: dtype = \"bf16\" on device \"cpu\", which has no bf16 matrix "
+            f'policies {slow}: dtype = "bf16" on device "cpu", which has no bf16 matrix '
             f"instructions (AVX512-BF16 or AMX): the update runs about 10-25x slower than in "
-            f"fp32 here; set dtype = \"fp32\" for CPU runs (e.g. --set policies.0.dtype=\"fp32\")",
-            SlowPrecisionWarning, stacklevel=2)
+            f'fp32 here; set dtype = "fp32" for CPU runs (e.g. --set policies.0.dtype="fp32")',
+            SlowPrecisionWarning,
+            stacklevel=2,
+        )

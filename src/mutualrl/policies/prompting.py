@@ -30,16 +30,20 @@ def resolve_template(cfg: PolicyConfig, tokenizer) -> str | None:
     if cfg.chat_template is True:
         template = getattr(tokenizer, "chat_template", None)
         if not template:
-            raise ConfigError(f"{field}: tokenizer {cfg.tokenizer!r} has no chat template; expected "
-                              "a tokenizer whose tokenizer_config.json has one, a path to a Jinja "
-                              "template file, or false for raw text")
+            raise ConfigError(
+                f"{field}: tokenizer {cfg.tokenizer!r} has no chat template; expected "
+                "a tokenizer whose tokenizer_config.json has one, a path to a Jinja "
+                "template file, or false for raw text"
+            )
         if isinstance(template, dict):  # several named templates: the default one
             template = template.get("default") or next(iter(template.values()))
         return template
     path = Path(cfg.chat_template)
     if not path.is_file():
-        raise ConfigError(f"{field}: template file not found: {path} (expected a Jinja file, "
-                          "true for the tokenizer's own template, or false)")
+        raise ConfigError(
+            f"{field}: template file not found: {path} (expected a Jinja file, "
+            "true for the tokenizer's own template, or false)"
+        )
     return path.read_text(encoding="utf-8")
 
 
@@ -57,18 +61,27 @@ class ChatPrompt:
         if self.system_prompt is not None:
             messages.insert(0, {"role": "system", "content": self.system_prompt})
         return self.tokenizer.apply_chat_template(
-            messages, chat_template=self.template, tokenize=False, add_generation_prompt=True,
-            date_string=FIXED_DATE)
+            messages,
+            chat_template=self.template,
+            tokenize=False,
+            add_generation_prompt=True,
+            date_string=FIXED_DATE,
+        )
 
     def encode(self, question: str, prefill: str = "") -> tuple[int, ...]:
         """The rendered question, and ``prefill`` as the start of the assistant's answer
         (tokenized with the rendering, as the policy would read its own partial answer)."""
         if prefill:
-            return tuple(self.tokenizer(self.render(question) + prefill,
-                                        add_special_tokens=False)["input_ids"])
+            return tuple(
+                self.tokenizer(self.render(question) + prefill, add_special_tokens=False)[
+                    "input_ids"
+                ]
+            )
         ids = self._cache.get(question)
         if ids is None:
-            ids = tuple(self.tokenizer(self.render(question), add_special_tokens=False)["input_ids"])
+            ids = tuple(
+                self.tokenizer(self.render(question), add_special_tokens=False)["input_ids"]
+            )
             self._cache[question] = ids
         return ids
 

@@ -29,8 +29,8 @@ Pass = tuple[int, bool]
 class RankShare(Protocol):
     """A learner rank's share of each optimizer step's micro-batches."""
 
-    world: int                        # ranks of the learner
-    stops_early: bool                 # a non-finite micro-batch loss may end the step at once
+    world: int  # ranks of the learner
+    stops_early: bool  # a non-finite micro-batch loss may end the step at once
 
     def passes(self, micro_batches: int) -> list[Pass]:
         """The passes this rank runs over ``micro_batches`` micro-batches, in order."""
@@ -76,5 +76,4 @@ def rank_passes(micro_batches: int, rank: int, world: int) -> list[Pass]:
     block runs past the last micro-batch, padding passes over micro-batch 0."""
     per_rank = math.ceil(micro_batches / world)
     first = rank * per_rank
-    return [(first + j, True) if first + j < micro_batches else (0, False)
-            for j in range(per_rank)]
+    return [(first + j, True) if first + j < micro_batches else (0, False) for j in range(per_rank)]

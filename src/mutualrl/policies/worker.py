@@ -24,19 +24,28 @@ if TYPE_CHECKING:
 class PolicyWorker(Protocol):
     """The calls a policy worker accepts (``Policy`` implements them)."""
 
-    def generate(self, prompts: list[Prompt], num_generations: int, max_new_tokens: int,
-                 temperature: float) -> list[Sample]: ...
+    def generate(
+        self, prompts: list[Prompt], num_generations: int, max_new_tokens: int, temperature: float
+    ) -> list[Sample]: ...
 
-    def sequence_logprobs(self, prompts: list[tuple[int, ...]],
-                          completions: list[tuple[int, ...]]) -> torch.Tensor: ...
+    def sequence_logprobs(
+        self, prompts: list[tuple[int, ...]], completions: list[tuple[int, ...]]
+    ) -> torch.Tensor: ...
 
     def update(self, batches: list[TrainBatch]) -> tuple[dict[str, float], int]: ...
 
-    def update_and_generate(self, batches: list[TrainBatch], prompts: list[Prompt],
-                            num_generations: int, max_new_tokens: int, temperature: float
-                            ) -> tuple[dict[str, float], int, list[Sample]]: ...
+    def update_and_generate(
+        self,
+        batches: list[TrainBatch],
+        prompts: list[Prompt],
+        num_generations: int,
+        max_new_tokens: int,
+        temperature: float,
+    ) -> tuple[dict[str, float], int, list[Sample]]: ...
 
-    def sft_step(self, examples: tuple[SFTExample, ...], learning_rate: float | None = None) -> float: ...
+    def sft_step(
+        self, examples: tuple[SFTExample, ...], learning_rate: float | None = None
+    ) -> float: ...
 
     def freeze_reference(self) -> None: ...
 
@@ -66,8 +75,9 @@ class Generate:
     temperature: float
 
     def __call__(self, worker: PolicyWorker) -> list[Sample]:
-        return worker.generate(self.prompts, self.num_generations, self.max_new_tokens,
-                               self.temperature)
+        return worker.generate(
+            self.prompts, self.num_generations, self.max_new_tokens, self.temperature
+        )
 
 
 @dataclass(frozen=True)
@@ -101,8 +111,9 @@ class UpdateAndGenerate:
 
     def __call__(self, worker: PolicyWorker) -> tuple[dict[str, float], int, list[Sample]]:
         g = self.generate
-        return worker.update_and_generate(self.batches, g.prompts, g.num_generations,
-                                          g.max_new_tokens, g.temperature)
+        return worker.update_and_generate(
+            self.batches, g.prompts, g.num_generations, g.max_new_tokens, g.temperature
+        )
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,10 @@ def _human(x: float) -> str:
 
 
 def _table(head: list[str], rows: list[list[str]], left: int) -> list[str]:
-    lines = ["| " + " | ".join(head) + " |",
-             "|" + "|".join(["---"] * left + ["---:"] * (len(head) - left)) + "|"]
+    lines = [
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join(["---"] * left + ["---:"] * (len(head) - left)) + "|",
+    ]
     return lines + ["| " + " | ".join(r) + " |" for r in rows]
 
 
@@ -45,8 +47,14 @@ def section_start(rows: list[dict[str, Any]], scenario: str) -> list[str]:
     if not rows:
         return []
     body = [[r["policy"], r["family"], _spread(r["greedy"]), _spread(r["sampled"])] for r in rows]
-    return [f"## Starting point (scenario `{scenario}`)", "", START, "",
-            *_table(["policy", "family", "greedy pass@1", "sampled success"], body, 2), ""]
+    return [
+        f"## Starting point (scenario `{scenario}`)",
+        "",
+        START,
+        "",
+        *_table(["policy", "family", "greedy pass@1", "sampled success"], body, 2),
+        "",
+    ]
 
 
 SIGNIFICANCE = """\
@@ -81,6 +89,7 @@ def _ratio_to_none(rows: dict, policy: str, strategy: str, key: str) -> str:
     def mean(s: str) -> float | None:
         v = [x for x in rows.get((policy, s), {}).get(key, []) if x is not None]
         return float(np.mean(v)) if v else None
+
     mine, base = mean(strategy), mean("none")
     return f"{mine / base:.2f}×" if mine is not None and base else "–"
 
@@ -92,28 +101,74 @@ def section_glance(analysis: dict[str, Any]) -> list[str]:
     if not pairs:
         return []
     trade = {(r["policy"], r["strategy"]): r["values"] for r in analysis["tradeoff"]}
-    body = [[p, f"`{s}`", *(_verdict_cell(sig.get((p, s, m))) for m in _GLANCE_METRICS),
-             _ratio_to_none(trade, p, s, "train_time_s"), _ratio_to_none(trade, p, s, "tokens")]
-            for p, s in pairs]
-    return ["## At a glance: each regime against `none`", "", GLANCE, "",
-            *_table(["policy", "strategy", "Δ pass@1 end", "Δ peer pass@1 end", "Δ own pass@1 end",
-                     "Δ area", "GRPO time", "tokens"], body, 2), ""]
+    body = [
+        [
+            p,
+            f"`{s}`",
+            *(_verdict_cell(sig.get((p, s, m))) for m in _GLANCE_METRICS),
+            _ratio_to_none(trade, p, s, "train_time_s"),
+            _ratio_to_none(trade, p, s, "tokens"),
+        ]
+        for p, s in pairs
+    ]
+    return [
+        "## At a glance: each regime against `none`",
+        "",
+        GLANCE,
+        "",
+        *_table(
+            [
+                "policy",
+                "strategy",
+                "Δ pass@1 end",
+                "Δ peer pass@1 end",
+                "Δ own pass@1 end",
+                "Δ area",
+                "GRPO time",
+                "tokens",
+            ],
+            body,
+            2,
+        ),
+        "",
+    ]
 
 
 def section_significance(rows: list[dict[str, Any]], n_boot: int) -> list[str]:
     if not rows:
-        return ["## Paired differences against `none`", "",
-                "No strategy has runs paired with `none` (same seed, per-prompt results), so "
-                "there is nothing to test.", ""]
+        return [
+            "## Paired differences against `none`",
+            "",
+            "No strategy has runs paired with `none` (same seed, per-prompt results), so "
+            "there is nothing to test.",
+            "",
+        ]
     body = []
     for r in rows:
         verdict = r["verdict"] if r["verdict"].startswith("no") else f"**{r['verdict']}**"
-        body.append([r["policy"], f"`{r['strategy']}`", r["metric"], f"{r['mean']:+.3f}",
-                     f"[{r['lo']:+.3f}, {r['hi']:+.3f}]", verdict,
-                     f"{r['n_seeds']} × {r['n_prompts']}"])
-    return ["## Paired differences against `none`", "", SIGNIFICANCE.format(n_boot=n_boot), "",
-            *_table(["policy", "strategy", "metric", "Δ vs none", "95% CI", "verdict",
-                     "seeds × prompts"], body, 3), ""]
+        body.append(
+            [
+                r["policy"],
+                f"`{r['strategy']}`",
+                r["metric"],
+                f"{r['mean']:+.3f}",
+                f"[{r['lo']:+.3f}, {r['hi']:+.3f}]",
+                verdict,
+                f"{r['n_seeds']} × {r['n_prompts']}",
+            ]
+        )
+    return [
+        "## Paired differences against `none`",
+        "",
+        SIGNIFICANCE.format(n_boot=n_boot),
+        "",
+        *_table(
+            ["policy", "strategy", "metric", "Δ vs none", "95% CI", "verdict", "seeds × prompts"],
+            body,
+            3,
+        ),
+        "",
+    ]
 
 
 EFFICIENCY = """\
@@ -135,12 +190,34 @@ def _to_target(values: list[float | None], human: bool) -> str:
 def section_efficiency(rows: list[dict[str, Any]], target: float) -> list[str]:
     if not rows:
         return []
-    body = [[r["policy"], f"`{r['strategy']}`", _spread(r["area"]),
-             _to_target(r["tokens_to_target"], True), _to_target(r["steps_to_target"], False)]
-            for r in rows]
-    return ["## Sample efficiency", "", EFFICIENCY.format(target=target), "",
-            *_table(["policy", "strategy", "area under pass@1", f"tokens to {target}",
-                     f"steps to {target}"], body, 2), ""]
+    body = [
+        [
+            r["policy"],
+            f"`{r['strategy']}`",
+            _spread(r["area"]),
+            _to_target(r["tokens_to_target"], True),
+            _to_target(r["steps_to_target"], False),
+        ]
+        for r in rows
+    ]
+    return [
+        "## Sample efficiency",
+        "",
+        EFFICIENCY.format(target=target),
+        "",
+        *_table(
+            [
+                "policy",
+                "strategy",
+                "area under pass@1",
+                f"tokens to {target}",
+                f"steps to {target}",
+            ],
+            body,
+            2,
+        ),
+        "",
+    ]
 
 
 TRADEOFF = """\
@@ -155,12 +232,21 @@ the reverse; out of *failed at start*. **THL residuals** of the peer rollouts it
 GRPO steps, completion tokens generated (its own groups and any extra sampling by the strategy,
 such as `hint`'s), bytes through the exchange (per run)."""
 
-_COLUMNS = [("reward_var", "reward var", 4, ""), ("entropy_var", "entropy var", 4, ""),
-            ("kl_to_start", "KL to start", 4, ""), ("answers_changed", "answers changed", 3, ""),
-            ("is_weight_var", "IS-weight var", 3, ""), ("rescued", "rescued", 1, ""),
-            ("lost", "lost", 1, ""), ("failed_at_start", "failed at start", 1, "")]
-_COST = [("train_time_s", "GRPO time", 1, " s"), ("tokens", "tokens", 0, "human"),
-         ("bytes_exchanged", "bytes", 0, "human")]
+_COLUMNS = [
+    ("reward_var", "reward var", 4, ""),
+    ("entropy_var", "entropy var", 4, ""),
+    ("kl_to_start", "KL to start", 4, ""),
+    ("answers_changed", "answers changed", 3, ""),
+    ("is_weight_var", "IS-weight var", 3, ""),
+    ("rescued", "rescued", 1, ""),
+    ("lost", "lost", 1, ""),
+    ("failed_at_start", "failed at start", 1, ""),
+]
+_COST = [
+    ("train_time_s", "GRPO time", 1, " s"),
+    ("tokens", "tokens", 0, "human"),
+    ("bytes_exchanged", "bytes", 0, "human"),
+]
 
 
 def section_tradeoff(rows: list[dict[str, Any]]) -> list[str]:
@@ -168,15 +254,31 @@ def section_tradeoff(rows: list[dict[str, Any]]) -> list[str]:
         return []
     thl = sorted({k for r in rows for k in r["values"] if k.startswith(THL_PREFIX)})
     cols = _COLUMNS + [(k, k.replace(THL_PREFIX, "THL "), 3, "") for k in thl] + _COST
-    cols = [c for c in cols if any(any(v is not None for v in r["values"].get(c[0], [])) for r in rows)]
-    body = [[r["policy"], f"`{r['strategy']}`",
-             *(_spread(r["values"].get(k, []), d, u) for k, _, d, u in cols)] for r in rows]
-    return ["## Trade-off: stability, support, residuals, cost", "", TRADEOFF, "",
-            *_table(["policy", "strategy", *(t for _, t, _, _ in cols)], body, 2), ""]
+    cols = [
+        c for c in cols if any(any(v is not None for v in r["values"].get(c[0], [])) for r in rows)
+    ]
+    body = [
+        [
+            r["policy"],
+            f"`{r['strategy']}`",
+            *(_spread(r["values"].get(k, []), d, u) for k, _, d, u in cols),
+        ]
+        for r in rows
+    ]
+    return [
+        "## Trade-off: stability, support, residuals, cost",
+        "",
+        TRADEOFF,
+        "",
+        *_table(["policy", "strategy", *(t for _, t, _, _ in cols)], body, 2),
+        "",
+    ]
 
 
 def analysis_sections(analysis: dict[str, Any], scenario: str) -> list[str]:
-    return [*section_start(analysis["starting_point"], scenario),
-            *section_significance(analysis["significance"], analysis["bootstrap"]["n_boot"]),
-            *section_efficiency(analysis["efficiency"], analysis["target_accuracy"]),
-            *section_tradeoff(analysis["tradeoff"])]
+    return [
+        *section_start(analysis["starting_point"], scenario),
+        *section_significance(analysis["significance"], analysis["bootstrap"]["n_boot"]),
+        *section_efficiency(analysis["efficiency"], analysis["target_accuracy"]),
+        *section_tradeoff(analysis["tradeoff"]),
+    ]

@@ -22,8 +22,14 @@ DENSITY_PREFIX = "prp/density_ratio"
 # What a strategy samples beyond the step's own groups (e.g. hint's hinted prompts), per step.
 EXTRA_TOKENS = "strategy/generated_tokens"
 # THL residuals shown in the markdown tables when present (report.json carries every thl/ key).
-THL_HEADLINE = ("boundary_iou_mean", "roundtrip_mismatch_frac", "frac_groups_1_1",
-                "length_ratio_mean", "byte_fallback_rate", "logprob_mass_error_max")
+THL_HEADLINE = (
+    "boundary_iou_mean",
+    "roundtrip_mismatch_frac",
+    "frac_groups_1_1",
+    "length_ratio_mean",
+    "byte_fallback_rate",
+    "logprob_mass_error_max",
+)
 _PASS = re.compile(r"^heldout/(?:(?P<fam>[^/]+)/)?pass@(?P<k>\d+)$")
 # Columns also given as a difference to the `none` run of the same seed.
 PAIRED = ("pass@1", "transfer/peer/end")
@@ -42,14 +48,22 @@ class RunData:
 
     def series(self, key: str, phase: str) -> tuple[np.ndarray, np.ndarray]:
         """(steps, values) of ``key`` over records of ``phase``; nulls (NaN) are skipped."""
-        pts = [(r["step"], r[key]) for r in self.records
-               if r.get("phase") == phase and r.get(key) is not None]
+        pts = [
+            (r["step"], r[key])
+            for r in self.records
+            if r.get("phase") == phase and r.get(key) is not None
+        ]
         return np.array([p[0] for p in pts], float), np.array([p[1] for p in pts], float)
 
     def policy_keys(self, policy: str, prefix: str, phase: str = "train") -> set[str]:
         head = f"policy/{policy}/{prefix}"
-        return {k[len(f"policy/{policy}/"):] for r in self.records if r.get("phase") == phase
-                for k in r if k.startswith(head)}
+        return {
+            k[len(f"policy/{policy}/") :]
+            for r in self.records
+            if r.get("phase") == phase
+            for k in r
+            if k.startswith(head)
+        }
 
 
 def load_runs(out: Path, state: dict[str, Any]) -> list[RunData]:
@@ -59,9 +73,17 @@ def load_runs(out: Path, state: dict[str, Any]) -> list[RunData]:
         d = out / "runs" / name
         if not (d / "summary.json").exists():
             continue
-        runs.append(RunData(name, info["strategy"], info["seed"], d, read_metrics(d / "metrics.jsonl"),
-                            json.loads((d / "summary.json").read_text()),
-                            json.loads((d / "config.json").read_text())))
+        runs.append(
+            RunData(
+                name,
+                info["strategy"],
+                info["seed"],
+                d,
+                read_metrics(d / "metrics.jsonl"),
+                json.loads((d / "summary.json").read_text()),
+                json.loads((d / "config.json").read_text()),
+            )
+        )
     return runs
 
 
@@ -71,7 +93,7 @@ def heldout_scores(record: dict[str, Any], policy: str) -> dict[str, float]:
     out = {}
     head = f"policy/{policy}/"
     for key, value in record.items():
-        m = _PASS.match(key[len(head):]) if key.startswith(head) else None
+        m = _PASS.match(key[len(head) :]) if key.startswith(head) else None
         if m and value is not None:
             out[f"pass@{m['k']}" + (f"/{m['fam']}" if m["fam"] else "")] = float(value)
     return out
@@ -105,9 +127,14 @@ def is_weight_var(run: RunData, policy: str) -> float | None:
     ``prp/density_ratio_var``, HACPO's ``hacpo/weight_var``, CoDistill's
     ``codistill/is_weight_var``: each the variance of the weights applied); None when it logs
     none. (HACPO's ``hacpo/ratio_var`` is of its raw ratio, before the clamp.)"""
-    keys = sorted((k for k in run.policy_keys(policy, f"{run.strategy}/")
-                   if k.endswith(("ratio_var", "weight_var"))),
-                  key=lambda k: (not k.endswith("weight_var"), k))
+    keys = sorted(
+        (
+            k
+            for k in run.policy_keys(policy, f"{run.strategy}/")
+            if k.endswith(("ratio_var", "weight_var"))
+        ),
+        key=lambda k: (not k.endswith("weight_var"), k),
+    )
     if not keys:
         return None
     _, v = run.series(f"policy/{policy}/{keys[0]}", "train")
@@ -122,7 +149,9 @@ def bytes_exchanged(run: RunData) -> tuple[float, str]:
         return float(counter.max()), "exchange/bytes"
     folder = run.path / "experience"
     if folder.is_dir():
-        return float(sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())), "experience/ on disk"
+        return float(
+            sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+        ), "experience/ on disk"
     return 0.0, "none"
 
 
@@ -138,7 +167,9 @@ def step_means(run: RunData, policy: str, prefix: str) -> dict[str, float]:
 
 def heldout_at(run: RunData, policy: str, step: int) -> dict[str, float]:
     """The held-out scores of the evaluation after ``step`` GRPO steps (none if there was none)."""
-    record = next((r for r in run.records if r.get("phase") == "eval" and r.get("step") == step), {})
+    record = next(
+        (r for r in run.records if r.get("phase") == "eval" and r.get("step") == step), {}
+    )
     return heldout_scores(record, policy)
 
 
@@ -149,7 +180,9 @@ def family_roles(run: RunData, policy: str) -> tuple[list[str], list[str]]:
     own = own_families_of(run, policy)
     if not own:
         return [], []
-    evaluated = sorted(k.split("/", 1)[1] for k in final_heldout(run, policy) if k.startswith("pass@1/"))
+    evaluated = sorted(
+        k.split("/", 1)[1] for k in final_heldout(run, policy) if k.startswith("pass@1/")
+    )
     return [f for f in evaluated if f in own], [f for f in evaluated if f not in own]
 
 
@@ -158,11 +191,14 @@ def own_families_of(run: RunData, policy: str) -> list[str]:
     scenarios existed is ``disjoint``: its ``warmup_families``."""
     from mutualrl.config import ConfigError, config_from_dict
     from mutualrl.run.scenarios import own_families
+
     try:
         return list(own_families(config_from_dict(dict(run.config), str(run.path)), policy))
     except (ConfigError, KeyError):
-        return next((p.get("warmup_families") or [] for p in run.config["policies"]
-                     if p["name"] == policy), [])
+        return next(
+            (p.get("warmup_families") or [] for p in run.config["policies"] if p["name"] == policy),
+            [],
+        )
 
 
 def transfer_columns_of(run: RunData, policy: str) -> dict[str, float]:
@@ -175,8 +211,13 @@ def transfer_columns_of(run: RunData, policy: str) -> dict[str, float]:
         keys = [f"pass@1/{f}" for f in families]
         if keys and all(k in start and k in end for k in keys):
             s, e = float(np.mean([start[k] for k in keys])), float(np.mean([end[k] for k in keys]))
-            out.update({f"transfer/{role}/start": s, f"transfer/{role}/end": e,
-                        f"transfer/{role}/change": e - s})
+            out.update(
+                {
+                    f"transfer/{role}/start": s,
+                    f"transfer/{role}/end": e,
+                    f"transfer/{role}/change": e - s,
+                }
+            )
     return out
 
 
@@ -198,8 +239,14 @@ def run_columns(run: RunData, policy: str) -> dict[str, float]:
 # ---- aggregation over seeds -------------------------------------------------------------------
 def stat(values: Sequence[float]) -> dict[str, Any]:
     v = np.asarray(values, float)
-    return {"mean": float(v.mean()), "std": float(v.std(ddof=1)) if len(v) > 1 else 0.0,
-            "min": float(v.min()), "max": float(v.max()), "n": len(v), "values": v.tolist()}
+    return {
+        "mean": float(v.mean()),
+        "std": float(v.std(ddof=1)) if len(v) > 1 else 0.0,
+        "min": float(v.min()),
+        "max": float(v.max()),
+        "n": len(v),
+        "values": v.tolist(),
+    }
 
 
 def policies_of(runs: list[RunData]) -> list[str]:
@@ -224,21 +271,36 @@ def build_table(runs: list[RunData], strategies: Sequence[str]) -> list[dict[str
                 for k, v in per_seed[(strategy, s)].items():
                     cols.setdefault(k, []).append(v)
             for col in PAIRED if strategy != "none" else ():
-                paired = [per_seed[(strategy, s)][col] - per_seed[("none", s)][col] for s in seeds
-                          if col in per_seed.get(("none", s), {}) and col in per_seed[(strategy, s)]]
+                paired = [
+                    per_seed[(strategy, s)][col] - per_seed[("none", s)][col]
+                    for s in seeds
+                    if col in per_seed.get(("none", s), {}) and col in per_seed[(strategy, s)]
+                ]
                 if paired:
                     cols[f"delta_vs_none/{col}"] = paired
-            rows.append({"policy": policy, "strategy": strategy, "seeds": seeds,
-                         "columns": {k: stat(v) for k, v in cols.items()}})
+            rows.append(
+                {
+                    "policy": policy,
+                    "strategy": strategy,
+                    "seeds": seeds,
+                    "columns": {k: stat(v) for k, v in cols.items()},
+                }
+            )
     return rows
 
 
 def transfer_columns(rows: list[dict[str, Any]]) -> list[str]:
     """Peer families first (did sharing teach it?), then own families (what did it cost?)."""
     present = {k for r in rows for k in r["columns"]}
-    order = ["transfer/peer/start", "transfer/peer/end", "transfer/peer/change",
-             "delta_vs_none/transfer/peer/end", "transfer/own/start", "transfer/own/end",
-             "transfer/own/change"]
+    order = [
+        "transfer/peer/start",
+        "transfer/peer/end",
+        "transfer/peer/change",
+        "delta_vs_none/transfer/peer/end",
+        "transfer/own/start",
+        "transfer/own/end",
+        "transfer/own/change",
+    ]
     return [k for k in order if k in present]
 
 
@@ -246,9 +308,15 @@ def accuracy_columns(rows: list[dict[str, Any]]) -> list[str]:
     """pass@1 per family, pass@1 overall, pass@k per family, then the paired delta."""
     keys = {k for r in rows for k in r["columns"] if k.startswith("pass@")}
     fam1 = sorted(k for k in keys if k.startswith("pass@1/"))
-    famk = sorted((k for k in keys if "/" in k and not k.startswith("pass@1/")),
-                  key=lambda k: (int(k.split("/")[0][5:]), k))
-    delta = ["delta_vs_none/pass@1"] if any("delta_vs_none/pass@1" in r["columns"] for r in rows) else []
+    famk = sorted(
+        (k for k in keys if "/" in k and not k.startswith("pass@1/")),
+        key=lambda k: (int(k.split("/")[0][5:]), k),
+    )
+    delta = (
+        ["delta_vs_none/pass@1"]
+        if any("delta_vs_none/pass@1" in r["columns"] for r in rows)
+        else []
+    )
     return fam1 + (["pass@1"] if "pass@1" in keys else []) + famk + delta
 
 
@@ -258,5 +326,3 @@ def cost_columns(rows: list[dict[str, Any]]) -> list[str]:
     density = [k for k in (DENSITY_PREFIX + "_var",) if k in present]
     times = ["train_time_s"] if "train_time_s" in present else []
     return [*times, "wall_time_s", "tokens", "bytes_exchanged", *thl, *density]
-
-

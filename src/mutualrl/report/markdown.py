@@ -12,9 +12,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mutualrl.report.data import (THL_HEADLINE, THL_PREFIX, DENSITY_PREFIX, RunData, accuracy_columns,
-                                  build_table, bytes_exchanged, cost_columns, load_runs, policies_of,
-                                  transfer_columns)
+from mutualrl.report.data import (
+    THL_HEADLINE,
+    THL_PREFIX,
+    DENSITY_PREFIX,
+    RunData,
+    accuracy_columns,
+    build_table,
+    bytes_exchanged,
+    cost_columns,
+    load_runs,
+    policies_of,
+    transfer_columns,
+)
 from mutualrl.report.analysis import analyse
 from mutualrl.report.analysis_md import analysis_sections, section_glance
 from mutualrl.report.plots import MAX_PANELS, make_plots
@@ -40,16 +50,23 @@ def fmt(column: str, s: dict[str, Any] | None) -> str:
     return f"{sign}{s['mean']:.3f} ± {s['std']:.3f}"
 
 
-_TITLES = {"wall_time_s": "wall time (run)", "train_time_s": "GRPO steps time (run)",
-           "tokens": "tokens generated",
-           "bytes_exchanged": "bytes exchanged (run)", "delta_vs_none/pass@1": "Δ pass@1 vs none",
-           "transfer/peer/start": "peer pass@1 start", "transfer/peer/end": "peer pass@1 end",
-           "transfer/peer/change": "peer change", "delta_vs_none/transfer/peer/end": "peer Δ vs none",
-           "transfer/own/start": "own pass@1 start", "transfer/own/end": "own pass@1 end",
-           "transfer/own/change": "own change",
-           THL_PREFIX + "boundary_iou_mean": "THL boundary IoU",
-           THL_PREFIX + "roundtrip_mismatch_frac": "THL round-trip mismatch",
-           DENSITY_PREFIX + "_var": "density-ratio var"}
+_TITLES = {
+    "wall_time_s": "wall time (run)",
+    "train_time_s": "GRPO steps time (run)",
+    "tokens": "tokens generated",
+    "bytes_exchanged": "bytes exchanged (run)",
+    "delta_vs_none/pass@1": "Δ pass@1 vs none",
+    "transfer/peer/start": "peer pass@1 start",
+    "transfer/peer/end": "peer pass@1 end",
+    "transfer/peer/change": "peer change",
+    "delta_vs_none/transfer/peer/end": "peer Δ vs none",
+    "transfer/own/start": "own pass@1 start",
+    "transfer/own/end": "own pass@1 end",
+    "transfer/own/change": "own change",
+    THL_PREFIX + "boundary_iou_mean": "THL boundary IoU",
+    THL_PREFIX + "roundtrip_mismatch_frac": "THL round-trip mismatch",
+    DENSITY_PREFIX + "_var": "density-ratio var",
+}
 
 
 def title(column: str) -> str:
@@ -60,7 +77,10 @@ def title(column: str) -> str:
 
 def markdown_table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
     head = ["policy", "strategy", "seeds", *map(title, columns)]
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * 3 + ["---:"] * len(columns)) + "|"]
+    lines = [
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join(["---"] * 3 + ["---:"] * len(columns)) + "|",
+    ]
     for r in rows:
         cells = [r["policy"], f"`{r['strategy']}`", str(len(r["seeds"]))]
         cells += [fmt(c, r["columns"].get(c)) for c in columns]
@@ -94,7 +114,14 @@ def _section_transfer(rows: list[dict[str, Any]]) -> list[str]:
     with_roles = [r for r in rows if any(c in r["columns"] for c in columns)]
     if not with_roles:
         return []
-    return ["## Transfer to peer families", "", TRANSFER, "", markdown_table(with_roles, columns), ""]
+    return [
+        "## Transfer to peer families",
+        "",
+        TRANSFER,
+        "",
+        markdown_table(with_roles, columns),
+        "",
+    ]
 
 
 def _section_plots(made: dict[str, list[Path]], out: Path, notes: list[str]) -> list[str]:
@@ -110,68 +137,127 @@ def _plot_notes(made: dict[str, list[Path]]) -> list[str]:
     names = [p.name for ps in made.values() for p in ps]
     notes = []
     if any(n.startswith("thl-") for n in names):
-        notes.append(f"THL plots show at most {MAX_PANELS} residuals (headline ones first); "
-                     "`report.json` has the per-step mean of every `thl/` residual per row.")
+        notes.append(
+            f"THL plots show at most {MAX_PANELS} residuals (headline ones first); "
+            "`report.json` has the per-step mean of every `thl/` residual per row."
+        )
     else:
-        notes.append("No retokenization residuals (`policy/<name>/thl/...`) were logged by these "
-                     "strategies, so there is no THL plot.")
+        notes.append(
+            "No retokenization residuals (`policy/<name>/thl/...`) were logged by these "
+            "strategies, so there is no THL plot."
+        )
     if not any(n.startswith("density-ratio-") for n in names):
-        notes.append("No density-ratio metrics (`policy/<name>/prp/density_ratio...`) were logged, "
-                     "so there is no density-ratio plot.")
+        notes.append(
+            "No density-ratio metrics (`policy/<name>/prp/density_ratio...`) were logged, "
+            "so there is no density-ratio plot."
+        )
     return notes
 
 
 def _section_runs(state: dict[str, Any], runs: list[RunData]) -> list[str]:
     done = {r.name for r in runs}
-    lines = ["## Runs", "", "| run | status | commit | wall time | metrics |", "|---|---|---|---:|---|"]
+    lines = [
+        "## Runs",
+        "",
+        "| run | status | commit | wall time | metrics |",
+        "|---|---|---|---:|---|",
+    ]
     for name, info in state["runs"].items():
         status = "done" if name in done else info.get("status", "pending")
         wall = f"{info['wall_time_s']:.1f} s" if info.get("wall_time_s") is not None else "–"
         link = f"[metrics.jsonl](runs/{name}/metrics.jsonl)" if name in done else "–"
         err = f" ({info['error']})" if info.get("error") and name not in done else ""
-        lines.append(f"| `{name}` | {status}{err} | {str(info.get('commit', '–'))[:12]} | {wall} | {link} |")
+        lines.append(
+            f"| `{name}` | {status}{err} | {str(info.get('commit', '–'))[:12]} | {wall} | {link} |"
+        )
     return lines
 
 
 def report_data(out: Path, state: dict[str, Any], runs: list[RunData], rows, made, notes) -> dict:
-    return {"config_path": state["config_path"], "overrides": state["overrides"],
-            "commit": state.get("commit", "unknown"), "strategies": state["strategies"],
-            "seeds": state["seeds"], "policies": policies_of(runs),
-            "accuracy_columns": accuracy_columns(rows), "transfer_columns": transfer_columns(rows),
-            "cost_columns": cost_columns(rows),
-            "bytes_source": {r.name: bytes_exchanged(r)[1] for r in runs},
-            "rows": rows, "plots": [p.relative_to(out).as_posix() for ps in made.values() for p in ps],
-            "notes": notes, "runs": state["runs"],
-            "config": runs[0].config if runs else None}
+    return {
+        "config_path": state["config_path"],
+        "overrides": state["overrides"],
+        "commit": state.get("commit", "unknown"),
+        "strategies": state["strategies"],
+        "seeds": state["seeds"],
+        "policies": policies_of(runs),
+        "accuracy_columns": accuracy_columns(rows),
+        "transfer_columns": transfer_columns(rows),
+        "cost_columns": cost_columns(rows),
+        "bytes_source": {r.name: bytes_exchanged(r)[1] for r in runs},
+        "rows": rows,
+        "plots": [p.relative_to(out).as_posix() for ps in made.values() for p in ps],
+        "notes": notes,
+        "runs": state["runs"],
+        "config": runs[0].config if runs else None,
+    }
 
 
 def _other_commits(state: dict[str, Any], current: str) -> str:
     """A resumed compare may span commits; say so rather than let one commit speak for all."""
-    others = sorted({str(i["commit"]) for i in state["runs"].values() if i.get("commit")} - {current})
+    others = sorted(
+        {str(i["commit"]) for i in state["runs"].values() if i.get("commit")} - {current}
+    )
     return f" (some runs at {', '.join(f'`{c[:12]}`' for c in others)}: see Runs)" if others else ""
 
 
-def render_markdown(data: dict[str, Any], state: dict[str, Any], runs: list[RunData],
-                    made: dict[str, list[Path]], out: Path) -> str:
+def render_markdown(
+    data: dict[str, Any],
+    state: dict[str, Any],
+    runs: list[RunData],
+    made: dict[str, list[Path]],
+    out: Path,
+) -> str:
     rows = data["rows"]
     overrides = ", ".join(f"`{o}`" for o in data["overrides"]) or "none"
-    lines = [f"# Compare: {' vs '.join(data['strategies'])}", "",
-             f"Config `{data['config_path']}` (overrides: {overrides}); seeds 0..{data['seeds'] - 1}; "
-             f"code at commit `{data['commit']}`{_other_commits(state, data['commit'])}. "
-             f"{len(runs)} of {len(state['runs'])} runs finished.",
-             "", "## How to read this", "", HOW_TO_READ, "",
-             *section_glance(data["analysis"]), *_section_transfer(rows),
-             "## Final held-out accuracy", "", markdown_table(rows, data["accuracy_columns"]), "",
-             *analysis_sections(data["analysis"], data.get("scenario") or "disjoint"),
-             "## Cost", "", markdown_table(rows, data["cost_columns"]), ""]
-    thl = [THL_PREFIX + k for k in THL_HEADLINE if any(THL_PREFIX + k in r["columns"] for r in rows)]
+    lines = [
+        f"# Compare: {' vs '.join(data['strategies'])}",
+        "",
+        f"Config `{data['config_path']}` (overrides: {overrides}); seeds 0..{data['seeds'] - 1}; "
+        f"code at commit `{data['commit']}`{_other_commits(state, data['commit'])}. "
+        f"{len(runs)} of {len(state['runs'])} runs finished.",
+        "",
+        "## How to read this",
+        "",
+        HOW_TO_READ,
+        "",
+        *section_glance(data["analysis"]),
+        *_section_transfer(rows),
+        "## Final held-out accuracy",
+        "",
+        markdown_table(rows, data["accuracy_columns"]),
+        "",
+        *analysis_sections(data["analysis"], data.get("scenario") or "disjoint"),
+        "## Cost",
+        "",
+        markdown_table(rows, data["cost_columns"]),
+        "",
+    ]
+    thl = [
+        THL_PREFIX + k for k in THL_HEADLINE if any(THL_PREFIX + k in r["columns"] for r in rows)
+    ]
     if thl:
         with_thl = [r for r in rows if any(c in r["columns"] for c in thl)]
-        lines += ["## Retokenization residuals (mean over steps)", "", markdown_table(with_thl, thl), ""]
+        lines += [
+            "## Retokenization residuals (mean over steps)",
+            "",
+            markdown_table(with_thl, thl),
+            "",
+        ]
     lines += _section_plots(made, out, data["notes"]) + [""] + _section_runs(state, runs) + [""]
     if data["config"] is not None:
-        lines += ["## Config (seed 0)", "", "<details><summary>resolved config</summary>", "",
-                  "```json", json.dumps(data["config"], indent=2), "```", "", "</details>", ""]
+        lines += [
+            "## Config (seed 0)",
+            "",
+            "<details><summary>resolved config</summary>",
+            "",
+            "```json",
+            json.dumps(data["config"], indent=2),
+            "```",
+            "",
+            "</details>",
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -189,4 +275,3 @@ def write_report(out: Path, state: dict[str, Any]) -> Path:
     path = out / "report.md"
     path.write_text(render_markdown(data, state, runs, made, out))
     return path
-

@@ -16,8 +16,14 @@ from typing import Any
 
 import numpy as np
 
-from mutualrl.report.data import (DENSITY_PREFIX, THL_HEADLINE, THL_PREFIX, RunData, final_heldout,
-                                  policies_of)
+from mutualrl.report.data import (
+    DENSITY_PREFIX,
+    THL_HEADLINE,
+    THL_PREFIX,
+    RunData,
+    final_heldout,
+    policies_of,
+)
 
 MAX_PANELS = 6
 
@@ -25,6 +31,7 @@ MAX_PANELS = 6
 def _colors(strategies: Sequence[str]) -> dict[str, Any]:
     """A fixed colour per strategy across every plot; the ``none`` control is dark grey."""
     import matplotlib
+
     cmap = matplotlib.colormaps["tab10"]
     others = [s for s in strategies if s != "none"]
     out = {s: cmap(i % 10) for i, s in enumerate(others)}
@@ -36,7 +43,7 @@ def _smooth(v: np.ndarray, window: int) -> np.ndarray:
     if window <= 1 or len(v) < window:
         return v
     c = np.cumsum(np.insert(v, 0, 0.0))
-    head = c[1:window] / np.arange(1, window)            # partial windows at the start
+    head = c[1:window] / np.arange(1, window)  # partial windows at the start
     return np.concatenate([head, (c[window:] - c[:-window]) / window])
 
 
@@ -51,34 +58,41 @@ def band(runs: list[RunData], key: str, phase: str, window: int = 1):
         return None
     steps = np.array(sorted(by_step))
     vals = [by_step[s] for s in steps]
-    return (steps, np.array([np.mean(v) for v in vals]), np.array([np.min(v) for v in vals]),
-            np.array([np.max(v) for v in vals]))
+    return (
+        steps,
+        np.array([np.mean(v) for v in vals]),
+        np.array([np.min(v) for v in vals]),
+        np.array([np.max(v) for v in vals]),
+    )
 
 
 @dataclass(frozen=True)
 class PlotSpec:
     path: Path
     title: str
-    panels: list[tuple[str, str]]        # (metric key under policy/<p>/, panel title)
+    panels: list[tuple[str, str]]  # (metric key under policy/<p>/, panel title)
     phase: str
     ylabel: str
     window: int = 1
-    unit_range: bool = False             # y in [0, 1]
+    unit_range: bool = False  # y in [0, 1]
     xlabel: str = "GRPO step"
 
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X")
 
 
-def plot_panels(spec: PlotSpec, policy: str, groups: dict[str, list[RunData]],
-                colors: dict[str, Any]) -> bool:
+def plot_panels(
+    spec: PlotSpec, policy: str, groups: dict[str, list[RunData]], colors: dict[str, Any]
+) -> bool:
     """One panel per metric, one line per strategy (mean over seeds) and a min-max band."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
     ncols = min(3, len(spec.panels))
     nrows = math.ceil(len(spec.panels) / ncols)
-    fig = Figure(figsize=(10, 4 if nrows == 1 else 1.2 + 2.8 * nrows), dpi=120, layout="constrained")
+    fig = Figure(
+        figsize=(10, 4 if nrows == 1 else 1.2 + 2.8 * nrows), dpi=120, layout="constrained"
+    )
     axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
     handles: dict[str, Any] = {}
     for ax, (key, panel_title) in zip(axes, spec.panels):
@@ -91,9 +105,17 @@ def plot_panels(spec: PlotSpec, policy: str, groups: dict[str, list[RunData]],
             # strategies get their own marker, larger for earlier ones, so coinciding points show.
             control = strategy == "none"
             marker = MARKERS[i % len(MARKERS)] if len(steps) <= 12 else None
-            (line,) = ax.plot(steps, mean, "--" if control else "-", color=colors[strategy], lw=1.8,
-                              marker=marker, ms=max(3.0, 8.0 - 1.3 * i), zorder=3 if control else 2,
-                              mfc="none" if control else colors[strategy])
+            (line,) = ax.plot(
+                steps,
+                mean,
+                "--" if control else "-",
+                color=colors[strategy],
+                lw=1.8,
+                marker=marker,
+                ms=max(3.0, 8.0 - 1.3 * i),
+                zorder=3 if control else 2,
+                mfc="none" if control else colors[strategy],
+            )
             ax.fill_between(steps, lo, hi, color=colors[strategy], alpha=0.18, lw=0)
             handles[f"{strategy} (n={len(runs)})"] = line
         ax.set_title(panel_title, fontsize=10)
@@ -103,12 +125,14 @@ def plot_panels(spec: PlotSpec, policy: str, groups: dict[str, list[RunData]],
         ax.grid(alpha=0.3)
         if spec.unit_range:
             ax.set_ylim(-0.03, 1.03)
-    for ax in axes[len(spec.panels):]:
+    for ax in axes[len(spec.panels) :]:
         ax.set_visible(False)
     if not handles:
         return False
     smoothed = f"moving average over {spec.window} steps; " if spec.window > 1 else ""
-    fig.suptitle(f"{spec.title}\n({smoothed}line: mean over seeds; band: min–max over seeds)", fontsize=11)
+    fig.suptitle(
+        f"{spec.title}\n({smoothed}line: mean over seeds; band: min–max over seeds)", fontsize=11
+    )
     fig.legend(list(handles.values()), list(handles), loc="outside right upper", title="strategy")
     spec.path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(spec.path)
@@ -125,26 +149,63 @@ def _plotted_keys(keys: list[str]) -> list[str]:
 
 def plot_specs(runs: list[RunData], policy: str, plots: Path) -> list[PlotSpec]:
     """What to draw for one policy; residual and density-ratio plots only where logged."""
-    families = sorted({k.split("/")[1] for r in runs for k in final_heldout(r, policy) if "/" in k
-                       and k.startswith("pass@1/")})
-    n_steps = max((len(r.series(f"policy/{policy}/reward/mean", "train")[0]) for r in runs), default=0)
+    families = sorted(
+        {
+            k.split("/")[1]
+            for r in runs
+            for k in final_heldout(r, policy)
+            if "/" in k and k.startswith("pass@1/")
+        }
+    )
+    n_steps = max(
+        (len(r.series(f"policy/{policy}/reward/mean", "train")[0]) for r in runs), default=0
+    )
     window = max(1, round(n_steps / 20))
-    fam_reward = sorted({k for r in runs for k in r.policy_keys(policy, "reward/")
-                         if re.fullmatch(r"reward/[^/]+/mean", k)})
+    fam_reward = sorted(
+        {
+            k
+            for r in runs
+            for k in r.policy_keys(policy, "reward/")
+            if re.fullmatch(r"reward/[^/]+/mean", k)
+        }
+    )
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", policy)
-    specs = [PlotSpec(plots / f"reward-{safe}.png", f"{policy}: train reward",
-                      [("reward/mean", "all families")] + [(k, k.split("/")[1]) for k in fam_reward],
-                      "train", "mean reward", window, unit_range=True),
-             PlotSpec(plots / f"heldout-{safe}.png", f"{policy}: held-out pass@1 (greedy)",
-                      [(f"heldout/{f}/pass@1", f) for f in families] + [("heldout/pass@1", "all families")],
-                      "eval", "pass@1", unit_range=True, xlabel="GRPO steps completed")]
-    for prefix, name, what in ((THL_PREFIX, "thl", "retokenization (THL) residuals of received peer rollouts"),
-                               (DENSITY_PREFIX, "density-ratio", "PRP density ratio of peer rollouts")):
+    specs = [
+        PlotSpec(
+            plots / f"reward-{safe}.png",
+            f"{policy}: train reward",
+            [("reward/mean", "all families")] + [(k, k.split("/")[1]) for k in fam_reward],
+            "train",
+            "mean reward",
+            window,
+            unit_range=True,
+        ),
+        PlotSpec(
+            plots / f"heldout-{safe}.png",
+            f"{policy}: held-out pass@1 (greedy)",
+            [(f"heldout/{f}/pass@1", f) for f in families] + [("heldout/pass@1", "all families")],
+            "eval",
+            "pass@1",
+            unit_range=True,
+            xlabel="GRPO steps completed",
+        ),
+    ]
+    for prefix, name, what in (
+        (THL_PREFIX, "thl", "retokenization (THL) residuals of received peer rollouts"),
+        (DENSITY_PREFIX, "density-ratio", "PRP density ratio of peer rollouts"),
+    ):
         keys = _plotted_keys(sorted(set().union(*(r.policy_keys(policy, prefix) for r in runs))))
         if keys:
-            specs.append(PlotSpec(plots / f"{name}-{safe}.png", f"{policy}: {what}",
-                                  [(k, k.removeprefix(THL_PREFIX)) for k in keys],
-                                  "train", "per-step value", window))
+            specs.append(
+                PlotSpec(
+                    plots / f"{name}-{safe}.png",
+                    f"{policy}: {what}",
+                    [(k, k.removeprefix(THL_PREFIX)) for k in keys],
+                    "train",
+                    "per-step value",
+                    window,
+                )
+            )
     return specs
 
 
@@ -158,4 +219,3 @@ def make_plots(runs: list[RunData], strategies: Sequence[str], out: Path) -> dic
             if plot_panels(spec, policy, groups, colors):
                 made.setdefault(policy, []).append(spec.path)
     return made
-

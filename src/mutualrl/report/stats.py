@@ -29,8 +29,8 @@ NO_DIFFERENCE = "no difference at 95%"
 
 @dataclass(frozen=True)
 class PairedDiff:
-    mean: float            # mean over seeds and prompts of strategy - control
-    lo: float              # confidence interval bounds (percentile bootstrap)
+    mean: float  # mean over seeds and prompts of strategy - control
+    lo: float  # confidence interval bounds (percentile bootstrap)
     hi: float
     level: float
     n_seeds: int
@@ -50,9 +50,9 @@ def bootstrap_means(diff: np.ndarray, *, n_boot: int = 2000, seed: int = 0) -> n
         raise ValueError(f"diff must be a non-empty (seeds, prompts) array, got shape {d.shape}")
     s, p = d.shape
     rng = np.random.default_rng(seed)
-    seeds = rng.integers(s, size=(n_boot, s))                       # (B, S)
-    prompts = rng.integers(p, size=(n_boot, s, p))                  # (B, S, P)
-    return d[seeds[:, :, None], prompts].mean(axis=(1, 2))          # (B,)
+    seeds = rng.integers(s, size=(n_boot, s))  # (B, S)
+    prompts = rng.integers(p, size=(n_boot, s, p))  # (B, S, P)
+    return d[seeds[:, :, None], prompts].mean(axis=(1, 2))  # (B,)
 
 
 def verdict(lo: float, hi: float, higher_is_better: bool = True) -> str:
@@ -64,24 +64,34 @@ def verdict(lo: float, hi: float, higher_is_better: bool = True) -> str:
     return NO_DIFFERENCE
 
 
-def paired_difference(treat: np.ndarray, control: np.ndarray, *, level: float = 0.95,
-                      n_boot: int = 2000, seed: int = 0, higher_is_better: bool = True) -> PairedDiff:
+def paired_difference(
+    treat: np.ndarray,
+    control: np.ndarray,
+    *,
+    level: float = 0.95,
+    n_boot: int = 2000,
+    seed: int = 0,
+    higher_is_better: bool = True,
+) -> PairedDiff:
     """Paired difference ``treat - control`` (both (S, P), aligned by seed and prompt) with its
     hierarchical bootstrap interval and verdict. 1-D inputs are one value per seed."""
     t, c = np.asarray(treat, float), np.asarray(control, float)
     if t.shape != c.shape:
-        raise ValueError(f"treat and control must be paired (same shape), got {t.shape} and {c.shape}")
+        raise ValueError(
+            f"treat and control must be paired (same shape), got {t.shape} and {c.shape}"
+        )
     if t.ndim == 1:
         t, c = t[:, None], c[:, None]
-    d = t - c                                                       # (S, P)
+    d = t - c  # (S, P)
     reps = bootstrap_means(d, n_boot=n_boot, seed=seed)
     alpha = (1 - level) / 2
     lo, hi = (float(x) for x in np.quantile(reps, [alpha, 1 - alpha]))
     # An interval of identical replicates is a point; floating noise must not make it "better".
     if np.ptp(reps) < 1e-12:
         lo = hi = float(reps[0])
-    return PairedDiff(float(d.mean()), lo, hi, level, d.shape[0], d.shape[1],
-                      verdict(lo, hi, higher_is_better))
+    return PairedDiff(
+        float(d.mean()), lo, hi, level, d.shape[0], d.shape[1], verdict(lo, hi, higher_is_better)
+    )
 
 
 def wilson_interval(successes: int, n: int, level: float = 0.95) -> tuple[float, float]:
@@ -93,6 +103,7 @@ def wilson_interval(successes: int, n: int, level: float = 0.95) -> tuple[float,
     if n <= 0:
         raise ValueError(f"n must be >= 1, got {n}")
     from statistics import NormalDist
+
     z = NormalDist().inv_cdf(0.5 + level / 2)
     p = successes / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
@@ -109,11 +120,13 @@ def curve_area(steps: np.ndarray, values: np.ndarray) -> np.ndarray:
     x = np.asarray(steps, float)
     y = np.asarray(values, float)
     if len(x) != len(y) or len(x) == 0:
-        raise ValueError(f"steps and values must have the same non-zero length, got {len(x)} and {len(y)}")
+        raise ValueError(
+            f"steps and values must have the same non-zero length, got {len(x)} and {len(y)}"
+        )
     if len(x) == 1 or x[-1] == x[0]:
         return y[0]
-    widths = np.diff(x)                                             # (T-1,)
-    mids = (y[1:] + y[:-1]) / 2                                     # (T-1, ...)
+    widths = np.diff(x)  # (T-1,)
+    mids = (y[1:] + y[:-1]) / 2  # (T-1, ...)
     return np.tensordot(widths, mids, axes=1) / (x[-1] - x[0])
 
 

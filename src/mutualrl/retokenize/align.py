@@ -49,8 +49,15 @@ class AlignmentGroups:
 
     __slots__ = ("_cols",)
 
-    def __init__(self, src_start: np.ndarray, src_end: np.ndarray, tgt_start: np.ndarray,
-                 tgt_end: np.ndarray, byte_start: np.ndarray, byte_end: np.ndarray) -> None:
+    def __init__(
+        self,
+        src_start: np.ndarray,
+        src_end: np.ndarray,
+        tgt_start: np.ndarray,
+        tgt_end: np.ndarray,
+        byte_start: np.ndarray,
+        byte_end: np.ndarray,
+    ) -> None:
         self._cols = (src_start, src_end, tgt_start, tgt_end, byte_start, byte_end)
 
     @classmethod
@@ -143,8 +150,13 @@ def align_ends(src_ends: np.ndarray, tgt_ends: np.ndarray, total: int) -> Alignm
         return AlignmentGroups(one(0), one(n), one(0), one(m), one(0), one(total))
     src_end, tgt_end, bounds = _common_ends(src_ends, tgt_ends, total)
     return AlignmentGroups(
-        src_start=_shift(src_end), src_end=src_end, tgt_start=_shift(tgt_end), tgt_end=tgt_end,
-        byte_start=_shift(bounds), byte_end=bounds)
+        src_start=_shift(src_end),
+        src_end=src_end,
+        tgt_start=_shift(tgt_end),
+        tgt_end=tgt_end,
+        byte_start=_shift(bounds),
+        byte_end=bounds,
+    )
 
 
 def _common_ends(src_ends: np.ndarray, tgt_ends: np.ndarray, total: int):
@@ -213,8 +225,9 @@ def _n_unique_sorted(values: np.ndarray) -> int:
     return int(np.count_nonzero(values[1:] != values[:-1])) + 1
 
 
-def align_many(src_ends: list[np.ndarray], tgt_ends: list[np.ndarray],
-               totals: list[int]) -> list[AlignmentGroups]:
+def align_many(
+    src_ends: list[np.ndarray], tgt_ends: list[np.ndarray], totals: list[int]
+) -> list[AlignmentGroups]:
     """``align_ends`` for many texts in one vectorised pass.
 
     Texts are laid end to end with a one-byte gap, so every text end is a boundary on both sides
@@ -275,11 +288,16 @@ class BatchAlignment:
         gstart = split - n_groups
         ns, nt = local[1] - local[0], local[3] - local[2]
         one_s, one_t = ns == 1, nt == 1
-        card = np.add.reduceat(np.stack([one_s & one_t, one_s & (nt > 1), (ns > 1) & one_t]
-                                        ).astype(np.int64), gstart, axis=1)
+        card = np.add.reduceat(
+            np.stack([one_s & one_t, one_s & (nt > 1), (ns > 1) & one_t]).astype(np.int64),
+            gstart,
+            axis=1,
+        )
         largest = np.maximum.reduceat(np.stack([ns, nt, local[5] - local[4]]), gstart, axis=1)
-        uniq = [np.add.reduceat(_new_value(a, off), off)
-                for a, off in ((self.src_all, self.src_offset), (self.tgt_all, self.tgt_offset))]
+        uniq = [
+            np.add.reduceat(_new_value(a, off), off)
+            for a, off in ((self.src_all, self.src_offset), (self.tgt_all, self.tgt_offset))
+        ]
         return np.vstack([n_groups, card, largest, *uniq])
 
 
@@ -291,8 +309,9 @@ def _new_value(ends: np.ndarray, starts: np.ndarray) -> np.ndarray:
     return out
 
 
-def align_batch(src_ends: list[np.ndarray], tgt_ends: list[np.ndarray],
-                totals: list[int]) -> BatchAlignment | None:
+def align_batch(
+    src_ends: list[np.ndarray], tgt_ends: list[np.ndarray], totals: list[int]
+) -> BatchAlignment | None:
     """One alignment over the concatenated ends of the texts with both sides non-empty (None:
     no such text); see ``align_many``. Where the compiled loops run (``kernels``: by default a
     batch of at least ``kernels.MIN_TOKENS`` tokens) each text is walked once, two pointers over
@@ -315,8 +334,13 @@ def align_batch(src_ends: list[np.ndarray], tgt_ends: list[np.ndarray],
     return _align_laid(full, np.concatenate(srcs), s_sizes, np.concatenate(tgts), t_sizes, tot)
 
 
-def align_flat(s_all: np.ndarray, s_sizes: np.ndarray, t_all: np.ndarray, t_sizes: np.ndarray,
-               totals: np.ndarray) -> BatchAlignment | None:
+def align_flat(
+    s_all: np.ndarray,
+    s_sizes: np.ndarray,
+    t_all: np.ndarray,
+    t_sizes: np.ndarray,
+    totals: np.ndarray,
+) -> BatchAlignment | None:
     """``align_batch`` of ends already laid end to end, as a batch's two sides come from their
     whole-batch passes (``encoding.EncodedList``, ``sources.SourceList``): each side's ends in
     per-text coordinates concatenated, ``*_sizes`` ends per text. Nothing is concatenated again;
@@ -333,8 +357,14 @@ def align_flat(s_all: np.ndarray, s_sizes: np.ndarray, t_all: np.ndarray, t_size
     return _align_laid(full, s_all, s_sizes, t_all, t_sizes, totals)
 
 
-def _align_laid(full: list[int], s_all: np.ndarray, s_sizes: np.ndarray, t_all: np.ndarray,
-                t_sizes: np.ndarray, tot: np.ndarray) -> BatchAlignment:
+def _align_laid(
+    full: list[int],
+    s_all: np.ndarray,
+    s_sizes: np.ndarray,
+    t_all: np.ndarray,
+    t_sizes: np.ndarray,
+    tot: np.ndarray,
+) -> BatchAlignment:
     """The alignment of the texts ``full``, every one with ends on both sides laid end to end."""
     s_start, t_start = np.cumsum(s_sizes) - s_sizes, np.cumsum(t_sizes) - t_sizes
     walked = kernels.align(s_all, s_sizes, t_all, t_sizes, tot)
@@ -342,11 +372,11 @@ def _align_laid(full: list[int], s_all: np.ndarray, s_sizes: np.ndarray, t_all: 
         local, split, stats = walked
         return BatchAlignment(full, local, split, s_start, t_start, None, None, stats)
     byte_off = np.cumsum(tot + 1) - (tot + 1)
-    s_all = s_all + np.repeat(byte_off, s_sizes)     # batch coordinates (the inputs are kept)
+    s_all = s_all + np.repeat(byte_off, s_sizes)  # batch coordinates (the inputs are kept)
     t_all = t_all + np.repeat(byte_off, t_sizes)
     src_end, tgt_end, bounds = _common_ends(s_all, t_all, int(byte_off[-1] + tot[-1]))
     split = np.searchsorted(bounds, byte_off + tot, side="right")
-    counts = np.diff(split, prepend=0)                   # groups per text
+    counts = np.diff(split, prepend=0)  # groups per text
     local = np.empty((6, bounds.size), dtype=np.int64)
     # Ends in per-text coordinates; each group starts where the previous one ended, and the first
     # group of each text at 0 on every axis (the byte axis skips the one-byte gap).

@@ -39,9 +39,15 @@ class Encoded:
 
     __slots__ = ("ids", "ends", "_mismatch", "_distance", "_changed", "_lazy")
 
-    def __init__(self, ids: np.ndarray, ends: np.ndarray, mismatch: bool | None = False,
-                 edit_distance: int | None = 0, normalizer_changed: bool | None = False,
-                 lazy: tuple | None = None) -> None:
+    def __init__(
+        self,
+        ids: np.ndarray,
+        ends: np.ndarray,
+        mismatch: bool | None = False,
+        edit_distance: int | None = 0,
+        normalizer_changed: bool | None = False,
+        lazy: tuple | None = None,
+    ) -> None:
         self.ids = ids
         self.ends = ends
         self._mismatch = mismatch
@@ -52,8 +58,9 @@ class Encoded:
     def _resolve(self) -> None:
         profile, text, data, rendered = self._lazy
         if rendered is None:
-            rendered = profile.continuation.decode(self.ids.tolist(),
-                                                   skip_special_tokens=False).encode()
+            rendered = profile.continuation.decode(
+                self.ids.tolist(), skip_special_tokens=False
+            ).encode()
         normalizer = profile.continuation.normalizer
         self._changed = normalizer is not None and normalizer.normalize_str(text) != text
         self._distance = byte_edit_distance(rendered, data)
@@ -78,8 +85,9 @@ class Encoded:
             self._resolve()
         return self._changed
 
-    def with_rendering(self, rendered: bytes, changed: bool | None = None,
-                       distance: int | None = None) -> None:
+    def with_rendering(
+        self, rendered: bytes, changed: bool | None = None, distance: int | None = None
+    ) -> None:
         """Supply the rendering (from a batched decode) and, if known, whether the normaliser
         changed the text (from a batched normalisation) and the rendering's edit distance to the
         text (from a batched distance), before the residuals are read."""
@@ -89,8 +97,9 @@ class Encoded:
             self._lazy = (*self._lazy[:3], rendered)
             return
         self._changed = changed
-        self._distance = (byte_edit_distance(rendered, self._lazy[2]) if distance is None
-                          else distance)
+        self._distance = (
+            byte_edit_distance(rendered, self._lazy[2]) if distance is None else distance
+        )
         self._mismatch = self._distance > 0
         self._lazy = None
 
@@ -108,8 +117,9 @@ class EncodedList(list):
     sizes: np.ndarray | None = None
 
 
-def _laid(out: list[Encoded], flat: np.ndarray, ends: np.ndarray, sizes: np.ndarray,
-          again: list[int]) -> EncodedList:
+def _laid(
+    out: list[Encoded], flat: np.ndarray, ends: np.ndarray, sizes: np.ndarray, again: list[int]
+) -> EncodedList:
     """``out`` as an ``EncodedList`` over the batch's arrays. The texts ``again`` took
     ``encode_from``: their ends are written into a copy of ``ends`` (their ids are the batch's,
     as the same tokenizer gives them; should they differ in number, no arrays are kept)."""
@@ -120,7 +130,7 @@ def _laid(out: list[Encoded], flat: np.ndarray, ends: np.ndarray, sizes: np.ndar
             return laid
         ends = ends.copy()
         for i in again:
-            ends[stops[i] - out[i].ids.size:stops[i]] = out[i].ends
+            ends[stops[i] - out[i].ids.size : stops[i]] = out[i].ends
         ends.flags.writeable = False
     laid.ids, laid.ends, laid.sizes = flat, ends, sizes
     return laid
@@ -131,8 +141,9 @@ def utf8(text: str, field: str = "text") -> bytes:
     try:
         return text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise ValueError(f"{field}: expected valid Unicode text, got {exc.reason} "
-                         f"at character {exc.start}") from exc
+        raise ValueError(
+            f"{field}: expected valid Unicode text, got {exc.reason} at character {exc.start}"
+        ) from exc
     except AttributeError as exc:
         raise TypeError(f"{field}: expected str, got {type(text).__name__}") from exc
 
@@ -154,8 +165,9 @@ def char_to_byte(text: str) -> np.ndarray:
     return out
 
 
-def ends_from_offsets(offsets, text: str, n_bytes: int,
-                      piece_len: np.ndarray | None = None) -> np.ndarray:
+def ends_from_offsets(
+    offsets, text: str, n_bytes: int, piece_len: np.ndarray | None = None
+) -> np.ndarray:
     """Token byte ends from character offsets, tiling ``[0, n_bytes)`` exactly.
 
     Several tokens that split one character (byte fallback, byte-level BPE) all report that
@@ -201,19 +213,22 @@ def encode_from(profile: TokenizerProfile, enc, text: str, data: bytes) -> Encod
     if profile.lossless:
         rendered = profile.text_bytes(ids_list)
         if rendered == data:
-            return Encoded(_frozen(ids), _frozen(np.cumsum(profile.piece_len[ids])), False, 0,
-                           False)
+            return Encoded(
+                _frozen(ids), _frozen(np.cumsum(profile.piece_len[ids])), False, 0, False
+            )
     ends = ends_from_offsets(enc.offsets, text, len(data), profile.piece_len[ids])
-    return Encoded(_frozen(ids), _frozen(ends), None, None, None,
-                   lazy=(profile, text, data, rendered))
+    return Encoded(
+        _frozen(ids), _frozen(ends), None, None, None, lazy=(profile, text, data, rendered)
+    )
 
 
 def laid_ids(id_lists) -> tuple[np.ndarray, np.ndarray]:
     """Id lists (a batch's Rust encodings' ``ids``) laid end to end: (the ids as one int64
     array, ids per text)."""
     sizes = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
-    flat = np.fromiter(itertools.chain.from_iterable(id_lists), dtype=np.int64,
-                       count=int(sizes.sum()))
+    flat = np.fromiter(
+        itertools.chain.from_iterable(id_lists), dtype=np.int64, count=int(sizes.sum())
+    )
     return flat, sizes
 
 
@@ -222,12 +237,13 @@ def batch_ends(lens: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndar
     byte end within its own text (aligned with ``lens``) and each text's total bytes."""
     cum = np.concatenate(([0], np.cumsum(lens)))
     stops = np.cumsum(sizes)
-    before = cum[stops - sizes]                                 # bytes before each text
+    before = cum[stops - sizes]  # bytes before each text
     return cum[1:] - np.repeat(before, sizes), cum[stops] - before
 
 
-def spelled_ends(profile: TokenizerProfile, flat: np.ndarray, sizes: np.ndarray,
-                 datas: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+def spelled_ends(
+    profile: TokenizerProfile, flat: np.ndarray, sizes: np.ndarray, datas: list[bytes]
+) -> tuple[np.ndarray, np.ndarray]:
     """Id sequences laid end to end (``flat``; ``sizes`` ids per text), checked against their
     texts' bytes in whole-batch numpy passes instead of a join and a cumsum per text.
 
@@ -245,9 +261,9 @@ def spelled_ends(profile: TokenizerProfile, flat: np.ndarray, sizes: np.ndarray,
     ends, text_bytes = batch_ends(lens, sizes)
     ends.flags.writeable = False
     want = np.fromiter(map(len, datas), dtype=np.int64, count=n)
-    spells = text_bytes == want                                 # the right length first
+    spells = text_bytes == want  # the right length first
     check = spells & (want > 0)
-    if check.any():                                             # then the bytes themselves
+    if check.any():  # then the bytes themselves
         buf, start = profile.piece_table()
         keep = np.repeat(check, sizes)
         ids, k_lens = flat[keep], lens[keep]
@@ -260,8 +276,13 @@ def spelled_ends(profile: TokenizerProfile, flat: np.ndarray, sizes: np.ndarray,
     return spells, ends
 
 
-def offset_ends_batch(profile: TokenizerProfile, encs, texts: list[str], datas: list[bytes],
-                      id_lists: list | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def offset_ends_batch(
+    profile: TokenizerProfile,
+    encs,
+    texts: list[str],
+    datas: list[bytes],
+    id_lists: list | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``ends_from_offsets`` for a whole batch of Rust encodings in numpy passes: (ids end to end,
     each token's byte end within its own text aligned with them, tokens per text).
 
@@ -276,8 +297,9 @@ def offset_ends_batch(profile: TokenizerProfile, encs, texts: list[str], datas: 
     flat, sizes = laid_ids(id_lists)
     total = flat.size
     chain = itertools.chain.from_iterable
-    spans = np.fromiter(chain(chain(e.offsets for e in encs)), dtype=np.int64,
-                        count=2 * total).reshape(total, 2)
+    spans = np.fromiter(
+        chain(chain(e.offsets for e in encs)), dtype=np.int64, count=2 * total
+    ).reshape(total, 2)
     n_bytes = np.fromiter(map(len, datas), dtype=np.int64, count=n)
     n_chars = np.fromiter(map(len, texts), dtype=np.int64, count=n)
     if (n_bytes != n_chars).any():  # non-ASCII: character offsets are not byte offsets
@@ -288,8 +310,9 @@ def offset_ends_batch(profile: TokenizerProfile, encs, texts: list[str], datas: 
     return flat, ends, sizes
 
 
-def encode_from_batch(profile: TokenizerProfile, encs, texts: list[str],
-                      datas: list[bytes], render: bool = False) -> list[Encoded]:
+def encode_from_batch(
+    profile: TokenizerProfile, encs, texts: list[str], datas: list[bytes], render: bool = False
+) -> list[Encoded]:
     """``encode_from`` for many Rust encodings at once. For a lossless tokenizer the ids, byte ends
     and spelling checks of the whole batch are numpy passes, and each text's ``Encoded`` holds
     views of them; a text whose ids do not spell it takes ``encode_from``, on an encoding made
@@ -303,10 +326,16 @@ def encode_from_batch(profile: TokenizerProfile, encs, texts: list[str],
         return [encode_from(profile, e, t, d) for e, t, d in zip(encs, texts, datas)]
     if not profile.lossless:
         id_lists = [e.ids for e in encs]
-        rendered = ([r.encode() for r in profile.continuation.decode_batch(
-            id_lists, skip_special_tokens=False)] if render else [None] * len(encs))
+        rendered = (
+            [
+                r.encode()
+                for r in profile.continuation.decode_batch(id_lists, skip_special_tokens=False)
+            ]
+            if render
+            else [None] * len(encs)
+        )
         spells = None
-        if encodes_without_offsets(profile):   # WordPiece without offsets: its ids walked
+        if encodes_without_offsets(profile):  # WordPiece without offsets: its ids walked
             flat, sizes = laid_ids(id_lists)
             spells, ends = folded_ends(profile, flat, sizes, texts, datas)
             spells = spells.tolist()
@@ -316,11 +345,13 @@ def encode_from_batch(profile: TokenizerProfile, encs, texts: list[str],
         out, lo, again = [], 0, []
         for i, (hi, t, d, r) in enumerate(zip(np.cumsum(sizes).tolist(), texts, datas, rendered)):
             if spells is None or spells[i]:
-                out.append(Encoded(flat[lo:hi], ends[lo:hi], None, None, None,
-                                   lazy=(profile, t, d, r)))
-            else:   # ids that do not walk (``wordpiece.folded_ends``): encoded again, offsets on
-                enc = encode_from(profile, profile.continuation.encode(
-                    t, add_special_tokens=False), t, d)
+                out.append(
+                    Encoded(flat[lo:hi], ends[lo:hi], None, None, None, lazy=(profile, t, d, r))
+                )
+            else:  # ids that do not walk (``wordpiece.folded_ends``): encoded again, offsets on
+                enc = encode_from(
+                    profile, profile.continuation.encode(t, add_special_tokens=False), t, d
+                )
                 if r is not None:
                     enc.with_rendering(r)
                 out.append(enc)
@@ -330,14 +361,17 @@ def encode_from_batch(profile: TokenizerProfile, encs, texts: list[str],
     flat, sizes = laid_ids([e.ids for e in encs])
     spells, ends = spelled_ends(profile, flat, sizes, datas)
     flat.flags.writeable = False
-    fresh = encodes_without_offsets(profile)   # the batch's encodings carry no offsets
+    fresh = encodes_without_offsets(profile)  # the batch's encodings carry no offsets
     out, lo, again = [], 0, []
     for i, (hi, ok) in enumerate(zip(np.cumsum(sizes).tolist(), spells.tolist())):
         if ok:
             out.append(Encoded(flat[lo:hi], ends[lo:hi], False, 0, False))
         else:
-            enc = (profile.continuation.encode(texts[i], add_special_tokens=False) if fresh
-                   else encs[i])
+            enc = (
+                profile.continuation.encode(texts[i], add_special_tokens=False)
+                if fresh
+                else encs[i]
+            )
             out.append(encode_from(profile, enc, texts[i], datas[i]))
             again.append(i)
         lo = hi
@@ -386,14 +420,20 @@ class EncodingCache:
         return len(self._items)
 
 
-def encode_texts(profile: TokenizerProfile, texts: list[str], datas: list[bytes],
-                 cache: EncodingCache, *, residuals: bool = True) -> list[Encoded]:
+def encode_texts(
+    profile: TokenizerProfile,
+    texts: list[str],
+    datas: list[bytes],
+    cache: EncodingCache,
+    *,
+    residuals: bool = True,
+) -> list[Encoded]:
     """Encode many texts with one profile, batching cache misses into one Rust ``encode_batch``.
 
     With ``residuals`` the renderings that the round-trip residuals need (non-lossless
     tokenizers) are decoded in one ``decode_batch``; without, they are left to be computed on use.
     """
-    if not cache.size:    # no cache: every text is encoded, no lookups to make
+    if not cache.size:  # no cache: every text is encoded, no lookups to make
         done = encode_from_batch(profile, rust_encode(profile, texts), texts, datas, residuals)
         if residuals:
             add_renderings(profile, done)
@@ -401,8 +441,17 @@ def encode_texts(profile: TokenizerProfile, texts: list[str], datas: list[bytes]
     keys = [cache.key(d, profile.fingerprint) for d in datas]
     out: list[Encoded | None] = [cache.get(k) for k in keys]
     todo = [i for i, item in enumerate(out) if item is None]
-    done = finish_encodings(profile, rust_encode(profile, [texts[i] for i in todo]), todo, texts,
-                            datas, keys, cache, out, render=residuals)
+    done = finish_encodings(
+        profile,
+        rust_encode(profile, [texts[i] for i in todo]),
+        todo,
+        texts,
+        datas,
+        keys,
+        cache,
+        out,
+        render=residuals,
+    )
     if residuals:
         add_renderings(profile, out)
     # every text encoded now: the batch's list, with its arrays laid end to end
@@ -431,16 +480,27 @@ def encodes_without_offsets(profile: TokenizerProfile) -> bool:
     """Whether ``rust_encode`` encodes a batch with ``encode_batch_fast`` (recent ``tokenizers``
     releases): a tokenizer whose byte ends come without offsets, a lossless one's from its
     byte-length table and WordPiece's from walking its ids (``wordpiece.fold_table``)."""
-    return ((profile.lossless or fold_table(profile) is not None)
-            and hasattr(profile.continuation, "encode_batch_fast"))
+    return (profile.lossless or fold_table(profile) is not None) and hasattr(
+        profile.continuation, "encode_batch_fast"
+    )
 
 
-def finish_encodings(profile: TokenizerProfile, encs, todo: list[int], texts, datas, keys,
-                     cache: EncodingCache, out: list, render: bool = False) -> list[Encoded]:
+def finish_encodings(
+    profile: TokenizerProfile,
+    encs,
+    todo: list[int],
+    texts,
+    datas,
+    keys,
+    cache: EncodingCache,
+    out: list,
+    render: bool = False,
+) -> list[Encoded]:
     """``out[i]`` for each ``i`` of ``todo`` from its Rust encoding, cached under ``keys[i]``
     (``render``: see ``encode_from_batch``); returns ``encode_from_batch``'s list."""
-    done = encode_from_batch(profile, encs, [texts[i] for i in todo], [datas[i] for i in todo],
-                             render)
+    done = encode_from_batch(
+        profile, encs, [texts[i] for i in todo], [datas[i] for i in todo], render
+    )
     for i, item in zip(todo, done):
         out[i] = item
         if keys[i] is not None:
@@ -459,8 +519,9 @@ def add_renderings(profile: TokenizerProfile, encoded: list[Encoded]) -> None:
     if len(lazy) > 1:
         todo = [e for e in lazy if e._lazy[3] is None]
         if todo:
-            texts = profile.continuation.decode_batch([e.ids.tolist() for e in todo],
-                                                      skip_special_tokens=False)
+            texts = profile.continuation.decode_batch(
+                [e.ids.tolist() for e in todo], skip_special_tokens=False
+            )
             for e, t in zip(todo, texts):
                 e.with_rendering(t.encode())
         changed = normalizer_changes(profile, [e._lazy[1] for e in lazy])
@@ -473,8 +534,15 @@ def add_renderings(profile: TokenizerProfile, encoded: list[Encoded]) -> None:
 def rust_threads() -> int:
     """The threads of the Rust tokenizers' pool, which a batched step beside it may use alike:
     ``RAYON_NUM_THREADS``, else one per core; 1 with ``TOKENIZERS_PARALLELISM`` off."""
-    if os.environ.get("TOKENIZERS_PARALLELISM", "true").strip().lower() in ("", "off", "false",
-                                                                            "f", "no", "n", "0"):
+    if os.environ.get("TOKENIZERS_PARALLELISM", "true").strip().lower() in (
+        "",
+        "off",
+        "false",
+        "f",
+        "no",
+        "n",
+        "0",
+    ):
         return 1
     try:
         n = int(os.environ.get("RAYON_NUM_THREADS", ""))

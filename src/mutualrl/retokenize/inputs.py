@@ -19,8 +19,10 @@ def as_id_array(ids, field: str) -> np.ndarray:
     """A text's ids as int64, checked for shape and type (their range: ``check_id_range``)."""
     arr = np.asarray(ids)
     if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
-        raise ValueError(f"{field}: expected a 1-D sequence of integer token ids, "
-                         f"got shape {arr.shape} dtype {arr.dtype}")
+        raise ValueError(
+            f"{field}: expected a 1-D sequence of integer token ids, "
+            f"got shape {arr.shape} dtype {arr.dtype}"
+        )
     return arr.astype(np.int64, copy=False)
 
 
@@ -40,8 +42,10 @@ def check_id_range(flat: np.ndarray, sizes: np.ndarray, prof: TokenizerProfile) 
         return
     i, start, stop = _locate(np.flatnonzero((flat < 0) | (flat >= vocab))[0], sizes)
     arr = flat[start:stop]
-    raise ValueError(f"source_ids[{i}]: expected ids in [0, {vocab}) for tokenizer "
-                     f"{prof.handle.name!r}, got range [{arr.min()}, {arr.max()}]")
+    raise ValueError(
+        f"source_ids[{i}]: expected ids in [0, {vocab}) for tokenizer "
+        f"{prof.handle.name!r}, got range [{arr.min()}, {arr.max()}]"
+    )
 
 
 def logprob_batch(source_logprobs, sizes: list[int]) -> tuple[list, np.ndarray | None]:
@@ -51,25 +55,31 @@ def logprob_batch(source_logprobs, sizes: list[int]) -> tuple[list, np.ndarray |
     to end; ``([None] * n, None)`` without log-probs."""
     if source_logprobs is None:
         return [None] * len(sizes), None
-    if all(type(a) is np.ndarray and a.dtype == np.float64 and a.shape == (n,)
-           for a, n in zip(source_logprobs, sizes)):
-        out = list(source_logprobs)   # as np.asarray would give them, without a call per text
+    if all(
+        type(a) is np.ndarray and a.dtype == np.float64 and a.shape == (n,)
+        for a, n in zip(source_logprobs, sizes)
+    ):
+        out = list(source_logprobs)  # as np.asarray would give them, without a call per text
     else:
         out = []
         for i, n in enumerate(sizes):
             arr = np.asarray(source_logprobs[i], dtype=np.float64)
             if arr.shape != (n,):
-                raise ValueError(f"source_logprobs[{i}]: expected {n} log-probs (one per source "
-                                 f"id), got shape {arr.shape}")
+                raise ValueError(
+                    f"source_logprobs[{i}]: expected {n} log-probs (one per source "
+                    f"id), got shape {arr.shape}"
+                )
             out.append(arr)
     flat = np.concatenate(out) if out else np.zeros(0)
     bad = np.flatnonzero(np.isnan(flat) | (flat == np.inf))
     if bad.size:
         i, start, stop = _locate(bad[0], np.array(sizes, dtype=np.int64))
         here = bad[(bad >= start) & (bad < stop)] - start
-        raise ValueError(f"source_logprobs[{i}]: log-prob at position {int(here[0])} is "
-                         f"{flat[start + here[0]]}; expected a number <= 0 ({here.size} such "
-                         f"value(s))")
+        raise ValueError(
+            f"source_logprobs[{i}]: log-prob at position {int(here[0])} is "
+            f"{flat[start + here[0]]}; expected a number <= 0 ({here.size} such "
+            f"value(s))"
+        )
     return out, flat
 
 

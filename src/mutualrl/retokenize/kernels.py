@@ -25,7 +25,7 @@ import os
 
 import numpy as np
 
-MIN_TOKENS = 8192      # tokens of a batch (both sides) from which ``auto`` uses the kernels
+MIN_TOKENS = 8192  # tokens of a batch (both sides) from which ``auto`` uses the kernels
 _MODES = ("auto", "numba", "numpy")
 
 
@@ -61,13 +61,19 @@ def _for(tokens: int):
     return _compiled()
 
 
-def spelled_ends(flat: np.ndarray, sizes: np.ndarray, piece_len: np.ndarray, buf: np.ndarray,
-                 start: np.ndarray, datas: list[bytes]):
+def spelled_ends(
+    flat: np.ndarray,
+    sizes: np.ndarray,
+    piece_len: np.ndarray,
+    buf: np.ndarray,
+    start: np.ndarray,
+    datas: list[bytes],
+):
     """``encoding.spelled_ends`` in one pass: (spells, ends), or None where the kernels are not
     used or an id is out of the vocabulary. ``buf`` / ``start`` are the profile's piece table (``TokenizerProfile.piece_table``)."""
     k = _for(flat.size)
     if k is None or (flat.size and (flat.min() < 0 or flat.max() >= piece_len.size)):
-        return None   # an id out of range: the numpy pass raises for it, as it always did
+        return None  # an id out of range: the numpy pass raises for it, as it always did
     n = len(datas)
     off = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.fromiter(map(len, datas), dtype=np.int64, count=n), out=off[1:])
@@ -75,8 +81,13 @@ def spelled_ends(flat: np.ndarray, sizes: np.ndarray, piece_len: np.ndarray, buf
     return k.spelled(flat, sizes, piece_len, buf, start, data, off)
 
 
-def align(s_all: np.ndarray, s_sizes: np.ndarray, t_all: np.ndarray, t_sizes: np.ndarray,
-          totals: np.ndarray):
+def align(
+    s_all: np.ndarray,
+    s_sizes: np.ndarray,
+    t_all: np.ndarray,
+    t_sizes: np.ndarray,
+    totals: np.ndarray,
+):
     """The groups of texts laid end to end in per-text coordinates, and their statistics, from
     each side's ends concatenated (``s_all`` / ``t_all``, per-text coordinates, ``*_sizes`` ends
     per text, every text with at least one on each side). Returns (local (6, G), split (n,),
@@ -93,15 +104,43 @@ def align(s_all: np.ndarray, s_sizes: np.ndarray, t_all: np.ndarray, t_sizes: np
     return (local, split, stats) if ok else None
 
 
-def folded_walk(flat, sizes, folded, f_off, word_start, byte_start, byte_end, n_bytes, complex_,
-                piece_len, buf, piece_start, continuing, unk: int):
+def folded_walk(
+    flat,
+    sizes,
+    folded,
+    f_off,
+    word_start,
+    byte_start,
+    byte_end,
+    n_bytes,
+    complex_,
+    piece_len,
+    buf,
+    piece_start,
+    continuing,
+    unk: int,
+):
     """``wordpiece._walk`` in one compiled pass: (spells, ends), or None where the kernels are
     not used or an id is out of the vocabulary."""
     k = _for(flat.size)
     if k is None or (flat.size and (flat.min() < 0 or flat.max() >= piece_len.size)):
         return None
-    return k.folded_walk(flat, sizes, folded, f_off, word_start, byte_start, byte_end, n_bytes,
-                         complex_, piece_len, buf, piece_start, continuing, unk)
+    return k.folded_walk(
+        flat,
+        sizes,
+        folded,
+        f_off,
+        word_start,
+        byte_start,
+        byte_end,
+        n_bytes,
+        complex_,
+        piece_len,
+        buf,
+        piece_start,
+        continuing,
+        unk,
+    )
 
 
 def fold_texts(cps: np.ndarray, n_chars: np.ndarray, table, tokens: int):
@@ -112,7 +151,7 @@ def fold_texts(cps: np.ndarray, n_chars: np.ndarray, table, tokens: int):
     k = _for(tokens)
     if k is None:
         return None
-    cap = 4 * cps.size    # enough unless many characters fold to several (Hangul: 9 bytes)
+    cap = 4 * cps.size  # enough unless many characters fold to several (Hangul: 9 bytes)
     while True:
         arrays = table.arrays()
         status, *done = k.fold_texts(cps, n_chars, cap, *arrays)

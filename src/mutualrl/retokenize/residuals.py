@@ -93,10 +93,16 @@ class AlignmentResiduals(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def is_clean(self) -> bool:
         """Nothing was lost or changed: a faithful move (identity pairs always are)."""
-        return (not self.roundtrip_mismatch and not self.source_mismatch
-                and not self.normalizer_changed_text and self.unknown_rate == 0.0
-                and self.specials_stripped == 0 and self.specials_added == 0
-                and self.truncated_tokens == 0 and self.logprob_mass_unassigned == 0.0)
+        return (
+            not self.roundtrip_mismatch
+            and not self.source_mismatch
+            and not self.normalizer_changed_text
+            and self.unknown_rate == 0.0
+            and self.specials_stripped == 0
+            and self.specials_added == 0
+            and self.truncated_tokens == 0
+            and self.logprob_mass_unassigned == 0.0
+        )
 
 
 def byte_edit_distance(a: bytes, b: bytes) -> int:
@@ -117,10 +123,15 @@ def byte_edit_distances(a: Sequence[bytes], b: Sequence[bytes], workers: int = 1
     if _cpdist is None or len(a) < 2:
         return [byte_edit_distance(x, y) for x, y in zip(a, b, strict=True)]
     if len(a) != len(b):
-        raise ValueError(f"byte_edit_distances: {len(a)} and {len(b)} byte strings; expected "
-                         "as many of each")
-    return _cpdist([x.decode("latin-1") for x in a], [y.decode("latin-1") for y in b],
-                   scorer=_Levenshtein.distance, workers=workers).tolist()
+        raise ValueError(
+            f"byte_edit_distances: {len(a)} and {len(b)} byte strings; expected as many of each"
+        )
+    return _cpdist(
+        [x.decode("latin-1") for x in a],
+        [y.decode("latin-1") for y in b],
+        scorer=_Levenshtein.distance,
+        workers=workers,
+    ).tolist()
 
 
 def _levenshtein_numpy(a: bytes, b: bytes) -> int:
@@ -140,42 +151,56 @@ def _levenshtein_numpy(a: bytes, b: bytes) -> int:
     return int(prev[-1])
 
 
-_SUM_KEYS = ("n_bytes", "n_source_tokens", "n_target_tokens", "n_groups", "truncated_tokens",
-             "truncated_bytes", "specials_stripped", "specials_added")
+_SUM_KEYS = (
+    "n_bytes",
+    "n_source_tokens",
+    "n_target_tokens",
+    "n_groups",
+    "truncated_tokens",
+    "truncated_bytes",
+    "specials_stripped",
+    "specials_added",
+)
 
 
 def aggregate_residuals(items: Sequence[AlignmentResiduals]) -> dict[str, float]:
     """Per-step metrics over many trajectories: totals, token-weighted rates, fractions, maxima."""
     if not items:
         return {"count": 0.0}
-    col = {f: np.array([getattr(r, f) for r in items], dtype=np.float64)
-           for f in AlignmentResiduals.__struct_fields__}
+    col = {
+        f: np.array([getattr(r, f) for r in items], dtype=np.float64)
+        for f in AlignmentResiduals.__struct_fields__
+    }
     n_groups = max(col["n_groups"].sum(), 1.0)
     n_tgt = max(col["n_target_tokens"].sum(), 1.0)
     out = {"count": float(len(items))}
     out.update({f"{k}_sum": float(col[k].sum()) for k in _SUM_KEYS})
-    out.update({
-        "roundtrip_mismatch_frac": float(col["roundtrip_mismatch"].mean()),
-        "roundtrip_edit_distance_mean": float(col["roundtrip_edit_distance"].mean()),
-        "roundtrip_edit_rate": float(col["roundtrip_edit_distance"].sum()
-                                     / max(col["n_bytes"].sum(), 1.0)),
-        "normalizer_changed_frac": float(col["normalizer_changed_text"].mean()),
-        "source_mismatch_frac": float(col["source_mismatch"].mean()),
-        "boundary_iou_mean": float(col["boundary_iou"].mean()),
-        "boundary_iou_min": float(col["boundary_iou"].min()),
-        "frac_groups_1_1": float(col["groups_1_1"].sum() / n_groups),
-        "frac_groups_1_n": float(col["groups_1_n"].sum() / n_groups),
-        "frac_groups_n_1": float(col["groups_n_1"].sum() / n_groups),
-        "frac_groups_n_m": float(col["groups_n_m"].sum() / n_groups),
-        "largest_group_bytes_max": float(col["largest_group_bytes"].max()),
-        "largest_group_target_tokens_max": float(col["largest_group_target_tokens"].max()),
-        "length_ratio_mean": float(col["length_ratio"].mean()),
-        "length_ratio_pooled": float(n_tgt / max(col["n_source_tokens"].sum(), 1.0)),
-        "unknown_rate": float((col["unknown_rate"] * col["n_target_tokens"]).sum() / n_tgt),
-        "byte_fallback_rate": float((col["byte_fallback_rate"] * col["n_target_tokens"]).sum()
-                                    / n_tgt),
-        "eos_paired_frac": float(col["eos_paired"].mean()),
-        "logprob_mass_error_max": float(col["logprob_mass_error"].max()),
-        "logprob_mass_unassigned_sum": float(col["logprob_mass_unassigned"].sum()),
-    })
+    out.update(
+        {
+            "roundtrip_mismatch_frac": float(col["roundtrip_mismatch"].mean()),
+            "roundtrip_edit_distance_mean": float(col["roundtrip_edit_distance"].mean()),
+            "roundtrip_edit_rate": float(
+                col["roundtrip_edit_distance"].sum() / max(col["n_bytes"].sum(), 1.0)
+            ),
+            "normalizer_changed_frac": float(col["normalizer_changed_text"].mean()),
+            "source_mismatch_frac": float(col["source_mismatch"].mean()),
+            "boundary_iou_mean": float(col["boundary_iou"].mean()),
+            "boundary_iou_min": float(col["boundary_iou"].min()),
+            "frac_groups_1_1": float(col["groups_1_1"].sum() / n_groups),
+            "frac_groups_1_n": float(col["groups_1_n"].sum() / n_groups),
+            "frac_groups_n_1": float(col["groups_n_1"].sum() / n_groups),
+            "frac_groups_n_m": float(col["groups_n_m"].sum() / n_groups),
+            "largest_group_bytes_max": float(col["largest_group_bytes"].max()),
+            "largest_group_target_tokens_max": float(col["largest_group_target_tokens"].max()),
+            "length_ratio_mean": float(col["length_ratio"].mean()),
+            "length_ratio_pooled": float(n_tgt / max(col["n_source_tokens"].sum(), 1.0)),
+            "unknown_rate": float((col["unknown_rate"] * col["n_target_tokens"]).sum() / n_tgt),
+            "byte_fallback_rate": float(
+                (col["byte_fallback_rate"] * col["n_target_tokens"]).sum() / n_tgt
+            ),
+            "eos_paired_frac": float(col["eos_paired"].mean()),
+            "logprob_mass_error_max": float(col["logprob_mass_error"].max()),
+            "logprob_mass_unassigned_sum": float(col["logprob_mass_unassigned"].sum()),
+        }
+    )
     return {k: (v if math.isfinite(v) else 0.0) for k, v in out.items()}

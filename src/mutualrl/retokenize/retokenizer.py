@@ -28,8 +28,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mutualrl.retokenize.align import (AlignmentGroups, BatchAlignment, align_batch, align_ends,
-                                       align_flat, byte_iou, common_boundaries)
+from mutualrl.retokenize.align import (
+    AlignmentGroups,
+    BatchAlignment,
+    align_batch,
+    align_ends,
+    align_flat,
+    byte_iou,
+    common_boundaries,
+)
 from mutualrl.retokenize.encoding import Encoded, EncodingCache, encode_texts, utf8, utf8_all
 from mutualrl.retokenize.inputs import check_len
 from mutualrl.retokenize.loaders import TokenizerHandle
@@ -68,9 +75,14 @@ class Retokenizer:
     thread-safe: use one per thread.
     """
 
-    def __init__(self, target: TokenizerHandle, *, max_length: int | None = None,
-                 cache_size: int = 4096,
-                 profiles: dict[str, TokenizerProfile] | None = None) -> None:
+    def __init__(
+        self,
+        target: TokenizerHandle,
+        *,
+        max_length: int | None = None,
+        cache_size: int = 4096,
+        profiles: dict[str, TokenizerProfile] | None = None,
+    ) -> None:
         if max_length is not None and max_length < 1:
             raise ValueError(f"max_length: expected None or an integer >= 1, got {max_length}")
         self.target = target
@@ -82,8 +94,10 @@ class Retokenizer:
         self.cache = EncodingCache(cache_size)
 
     def __repr__(self) -> str:
-        return (f"Retokenizer(target={self.target.name!r}, max_length={self.max_length}, "
-                f"cache={len(self.cache)}/{self.cache.size})")
+        return (
+            f"Retokenizer(target={self.target.name!r}, max_length={self.max_length}, "
+            f"cache={len(self.cache)}/{self.cache.size})"
+        )
 
     def profile_for(self, handle: TokenizerHandle) -> TokenizerProfile:
         """The (cached) byte tables of a source tokenizer."""
@@ -92,19 +106,24 @@ class Retokenizer:
             prof = self._profiles[handle.fingerprint] = TokenizerProfile.build(handle)
         return prof
 
-    def encode_prompt(self, prompt: str | list[dict], *, add_generation_prompt: bool = True
-                      ) -> np.ndarray:
+    def encode_prompt(
+        self, prompt: str | list[dict], *, add_generation_prompt: bool = True
+    ) -> np.ndarray:
         """Receiver ids of a prompt in its own format: a chat template for a list of messages
         (``{"role", "content"}``), otherwise the text with the receiver's special tokens (BOS)."""
         if isinstance(prompt, str):
-            return np.array(self.profile.standard.encode(prompt, add_special_tokens=True).ids,
-                            dtype=np.int64)
+            return np.array(
+                self.profile.standard.encode(prompt, add_special_tokens=True).ids, dtype=np.int64
+            )
         tok = self.target.tokenizer
         if not getattr(tok, "chat_template", None):
-            raise ValueError(f"prompt: tokenizer {self.target.name!r} has no chat template; "
-                             "expected a str prompt, not a list of messages")
-        ids = tok.apply_chat_template(prompt, tokenize=True,
-                                      add_generation_prompt=add_generation_prompt)
+            raise ValueError(
+                f"prompt: tokenizer {self.target.name!r} has no chat template; "
+                "expected a str prompt, not a list of messages"
+            )
+        ids = tok.apply_chat_template(
+            prompt, tokenize=True, add_generation_prompt=add_generation_prompt
+        )
         if isinstance(ids, dict) or hasattr(ids, "keys"):
             ids = ids["input_ids"]
         return np.asarray(ids, dtype=np.int64)
@@ -113,10 +132,15 @@ class Retokenizer:
         """Receiver ids of a completion as a continuation (no specials, no prefix space)."""
         return encode_texts(self.profile, [text], [utf8(text)], self.cache)[0].ids.copy()
 
-    def retokenize(self, text: str, *, source: TokenizerHandle | None = None,
-                   source_ids: Sequence[int] | np.ndarray | None = None,
-                   source_logprobs: Sequence[float] | np.ndarray | None = None,
-                   ends_with_eos: bool = False) -> RetokenizedTrajectory:
+    def retokenize(
+        self,
+        text: str,
+        *,
+        source: TokenizerHandle | None = None,
+        source_ids: Sequence[int] | np.ndarray | None = None,
+        source_logprobs: Sequence[float] | np.ndarray | None = None,
+        ends_with_eos: bool = False,
+    ) -> RetokenizedTrajectory:
         """Retokenize one completion; see the module docstring for the conventions.
 
         ``source`` is the sender's tokenizer (None: no alignment, only target ids and target-side
@@ -124,31 +148,49 @@ class Retokenizer:
         ``source_logprobs`` one per source id.
         """
         return self.retokenize_batch(
-            [text], source=source, source_ids=None if source_ids is None else [source_ids],
+            [text],
+            source=source,
+            source_ids=None if source_ids is None else [source_ids],
             source_logprobs=None if source_logprobs is None else [source_logprobs],
-            ends_with_eos=[ends_with_eos])[0]
+            ends_with_eos=[ends_with_eos],
+        )[0]
 
-    def retokenize_batch(self, texts: Sequence[str], *, source: TokenizerHandle | None = None,
-                         source_ids: Sequence | None = None,
-                         source_logprobs: Sequence | None = None,
-                         ends_with_eos: bool | Sequence[bool] = False
-                         ) -> list[RetokenizedTrajectory]:
+    def retokenize_batch(
+        self,
+        texts: Sequence[str],
+        *,
+        source: TokenizerHandle | None = None,
+        source_ids: Sequence | None = None,
+        source_logprobs: Sequence | None = None,
+        ends_with_eos: bool | Sequence[bool] = False,
+    ) -> list[RetokenizedTrajectory]:
         """Retokenize many completions from one sender; encodings are batched in Rust."""
         texts = list(texts)
         n = len(texts)
-        flags = [bool(ends_with_eos)] * n if isinstance(ends_with_eos, bool) else list(ends_with_eos)
+        flags = (
+            [bool(ends_with_eos)] * n if isinstance(ends_with_eos, bool) else list(ends_with_eos)
+        )
         check_len("source_ids", source_ids, n)
         check_len("source_logprobs", source_logprobs, n)
         check_len("ends_with_eos", flags, n)
         if source is None and (source_ids is not None or source_logprobs is not None):
-            raise ValueError("source: expected the sender's TokenizerHandle when source_ids or "
-                             "source_logprobs are given")
+            raise ValueError(
+                "source: expected the sender's TokenizerHandle when source_ids or "
+                "source_logprobs are given"
+            )
         datas = utf8_all(texts)
         targets = encode_texts(self.profile, texts, datas, self.cache)
         sources: list[Source | None] = [None] * n
         if source is not None:
-            sources = read_sources(self.profile_for(source), texts, datas, source_ids,
-                                   source_logprobs, flags, self.cache)
+            sources = read_sources(
+                self.profile_for(source),
+                texts,
+                datas,
+                source_ids,
+                source_logprobs,
+                flags,
+                self.cache,
+            )
         totals = [len(d) for d in datas]
         out: list[RetokenizedTrajectory | None] = [None] * n
         groups: list[AlignmentGroups | None] = [AlignmentGroups.empty()] * n
@@ -167,8 +209,9 @@ class Retokenizer:
                 out[i] = self._assemble(texts[i], totals[i], targets[i], sources[i], g, flags[i])
         return out  # type: ignore[return-value]
 
-    def _assemble_batch(self, batch: BatchAlignment, texts, totals, targets, sources, flags,
-                        out: list, groups: list) -> None:
+    def _assemble_batch(
+        self, batch: BatchAlignment, texts, totals, targets, sources, flags, out: list, groups: list
+    ) -> None:
         """Results of the batch texts that need no per-text edit of their groups (no source
         specials, no EOS group, no truncation), from segment reductions over the whole batch.
 
@@ -184,10 +227,38 @@ class Retokenizer:
         max_len = self.max_length
         has_unk = prof.unk_id is not None
         lo = 0
-        for k, g, hi, t0, t1, mass_error, plain, n_src, s_mismatch, s_distance, ng, c11, c1n, \
-                cn1, big_s, big_t, big_b, us, ut, n_unk, n_fb in zip(
-                    full, batch.groups(), split.tolist(), batch.tgt_offset.tolist(), tgt_stop,
-                    mass_errors, *_source_columns(sources, full, gsums is not None), *cols):
+        for (
+            k,
+            g,
+            hi,
+            t0,
+            t1,
+            mass_error,
+            plain,
+            n_src,
+            s_mismatch,
+            s_distance,
+            ng,
+            c11,
+            c1n,
+            cn1,
+            big_s,
+            big_t,
+            big_b,
+            us,
+            ut,
+            n_unk,
+            n_fb,
+        ) in zip(
+            full,
+            batch.groups(),
+            split.tolist(),
+            batch.tgt_offset.tolist(),
+            tgt_stop,
+            mass_errors,
+            *_source_columns(sources, full, gsums is not None),
+            *cols,
+        ):
             tgt = targets[k]
             m = t1 - t0
             if not plain or (flags[k] and eos) or (max_len is not None and m > max_len):
@@ -196,18 +267,34 @@ class Retokenizer:
                 continue
             sums = gsums[lo:hi] if gsums is not None else None
             residuals = AlignmentResiduals(
-                n_bytes=totals[k], n_source_tokens=n_src, n_target_tokens=m, n_groups=ng,
-                roundtrip_mismatch=tgt.mismatch, roundtrip_edit_distance=tgt.edit_distance,
+                n_bytes=totals[k],
+                n_source_tokens=n_src,
+                n_target_tokens=m,
+                n_groups=ng,
+                roundtrip_mismatch=tgt.mismatch,
+                roundtrip_edit_distance=tgt.edit_distance,
                 normalizer_changed_text=tgt.normalizer_changed,
-                source_mismatch=s_mismatch, source_edit_distance=s_distance,
+                source_mismatch=s_mismatch,
+                source_edit_distance=s_distance,
                 boundary_iou=ng / (us + ut - ng),  # the groups' ends are the common boundaries
-                groups_1_1=c11, groups_1_n=c1n, groups_n_1=cn1, groups_n_m=ng - c11 - c1n - cn1,
-                largest_group_source_tokens=big_s, largest_group_target_tokens=big_t,
-                largest_group_bytes=big_b, length_ratio=m / n_src,
+                groups_1_1=c11,
+                groups_1_n=c1n,
+                groups_n_1=cn1,
+                groups_n_m=ng - c11 - c1n - cn1,
+                largest_group_source_tokens=big_s,
+                largest_group_target_tokens=big_t,
+                largest_group_bytes=big_b,
+                length_ratio=m / n_src,
                 unknown_rate=n_unk / m if has_unk else 0.0,
-                byte_fallback_rate=n_fb / m, specials_stripped=0, specials_added=0,
-                eos_paired=False, truncated_tokens=0, truncated_bytes=0,
-                logprob_mass_error=mass_error, logprob_mass_unassigned=0.0)
+                byte_fallback_rate=n_fb / m,
+                specials_stripped=0,
+                specials_added=0,
+                eos_paired=False,
+                truncated_tokens=0,
+                truncated_bytes=0,
+                logprob_mass_error=mass_error,
+                logprob_mass_unassigned=0.0,
+            )
             out[k] = _trajectory(texts[k], tgt_ids[t0:t1], g, sums, residuals)
             lo = hi
 
@@ -219,29 +306,49 @@ class Retokenizer:
         prof, full, local = self.profile, batch.full, batch.local
         stats = batch.statistics()
         n_groups = stats[0]
-        gstart = batch.split - n_groups                # every batch text has >= 1 group
+        gstart = batch.split - n_groups  # every batch text has >= 1 group
         laid = len(full) == len(targets) and getattr(targets, "ids", None) is not None
         tgt_ids = targets.ids.copy() if laid else np.concatenate([targets[k].ids for k in full])
-        unk = (np.add.reduceat((tgt_ids == prof.unk_id).astype(np.int64), batch.tgt_offset)
-               if prof.unk_id is not None else None)
+        unk = (
+            np.add.reduceat((tgt_ids == prof.unk_id).astype(np.int64), batch.tgt_offset)
+            if prof.unk_id is not None
+            else None
+        )
         fallback = np.add.reduceat(prof.byte_fallback[tgt_ids].astype(np.int64), batch.tgt_offset)
         gsums, mass_errors, lp_all = None, [0.0] * len(full), None
         if len(full) == len(sources) and getattr(sources, "logprobs", None) is not None:
-            lp_all = sources.logprobs   # the usual batch's, laid end to end (``SourceList``)
+            lp_all = sources.logprobs  # the usual batch's, laid end to end (``SourceList``)
         elif all(sources[k].logprobs is not None for k in full):
             # Texts with specials have more log-probs than ends: placeholders keep the layout.
-            lp_all = np.concatenate([sources[k].logprobs if not sources[k].n_specials
-                                     else np.zeros(sources[k].ends.size) for k in full])
+            lp_all = np.concatenate(
+                [
+                    sources[k].logprobs
+                    if not sources[k].n_specials
+                    else np.zeros(sources[k].ends.size)
+                    for k in full
+                ]
+            )
         if lp_all is not None:
             gsums = np.add.reduceat(lp_all, local[0] + np.repeat(batch.src_offset, n_groups))
-            mass_errors = np.abs(np.add.reduceat(lp_all, batch.src_offset)
-                                 - np.add.reduceat(gsums, gstart)).tolist()
-        cols = (*stats.tolist(), unk.tolist() if unk is not None else [0] * len(full),
-                fallback.tolist())
+            mass_errors = np.abs(
+                np.add.reduceat(lp_all, batch.src_offset) - np.add.reduceat(gsums, gstart)
+            ).tolist()
+        cols = (
+            *stats.tolist(),
+            unk.tolist() if unk is not None else [0] * len(full),
+            fallback.tolist(),
+        )
         return cols, tgt_ids, gsums, mass_errors
 
-    def _assemble(self, text: str, total: int, tgt: Encoded, src: Source | None,
-                  groups: AlignmentGroups, ends_with_eos: bool) -> RetokenizedTrajectory:
+    def _assemble(
+        self,
+        text: str,
+        total: int,
+        tgt: Encoded,
+        src: Source | None,
+        groups: AlignmentGroups,
+        ends_with_eos: bool,
+    ) -> RetokenizedTrajectory:
         src_ends = src.ends if src is not None else _NO_TOKENS
         if src is not None and src.kept_index is not None and src.kept_index.size:
             groups = _remap_source(groups, src.kept_index)
@@ -259,9 +366,20 @@ class Retokenizer:
         groups, target_ids, truncated_mass = self._truncate(groups, target_ids, sums)
         if sums is not None:
             sums = sums[: len(groups)]
-        residuals = _residuals(self.profile, tgt, src, src_ends, groups, total, n_all,
-                               target_ids, paired, ends_with_eos,
-                               mass_error, stripped_mass + truncated_mass)
+        residuals = _residuals(
+            self.profile,
+            tgt,
+            src,
+            src_ends,
+            groups,
+            total,
+            n_all,
+            target_ids,
+            paired,
+            ends_with_eos,
+            mass_error,
+            stripped_mass + truncated_mass,
+        )
         return RetokenizedTrajectory(text, target_ids.copy(), groups, sums, residuals)
 
     def _truncate(self, groups: AlignmentGroups, target_ids: np.ndarray, sums):
@@ -279,21 +397,29 @@ def _source_columns(sources, full: list[int], summed: bool) -> tuple[list, ...]:
     the batch's if it has any; tokens; mismatch; edit distance). A ``SourceList`` answers from
     its arrays, without making its texts' ``Source`` objects."""
     n = len(full)
-    if getattr(sources, "sizes", None) is not None:   # the usual batch: no specials, all spelled
+    if getattr(sources, "sizes", None) is not None:  # the usual batch: no specials, all spelled
         sizes = sources.sizes if n == len(sources) else sources.sizes[full]
         return [True] * n, sizes.tolist(), [False] * n, [0] * n
     srcs = [sources[k] for k in full]
-    return ([not s.n_specials and (summed or s.logprobs is None) for s in srcs],
-            [s.ends.size for s in srcs], [bool(s.mismatch) for s in srcs],
-            [s.edit_distance for s in srcs])
+    return (
+        [not s.n_specials and (summed or s.logprobs is None) for s in srcs],
+        [s.ends.size for s in srcs],
+        [bool(s.mismatch) for s in srcs],
+        [s.edit_distance for s in srcs],
+    )
 
 
 def _align(sources, targets, totals: list[int]) -> BatchAlignment | None:
     """The batch alignment of both sides: from their arrays laid end to end where both sides'
     whole-batch passes kept them (``SourceList``, ``EncodedList``), else from each text's ends."""
     if getattr(sources, "ends", None) is not None and getattr(targets, "ends", None) is not None:
-        return align_flat(sources.ends, sources.sizes, targets.ends, targets.sizes,
-                          np.fromiter(totals, dtype=np.int64, count=len(totals)))
+        return align_flat(
+            sources.ends,
+            sources.sizes,
+            targets.ends,
+            targets.sizes,
+            np.fromiter(totals, dtype=np.int64, count=len(totals)),
+        )
     return align_batch([src.ends for src in sources], [t.ends for t in targets], totals)
 
 
@@ -301,8 +427,13 @@ def _trajectory(text, target_ids, groups, sums, residuals) -> RetokenizedTraject
     """``RetokenizedTrajectory(...)`` without the frozen dataclass's per-field ``__setattr__``
     (a batch builds one per text)."""
     obj = object.__new__(RetokenizedTrajectory)
-    obj.__dict__.update(text=text, target_ids=target_ids, groups=groups,
-                        group_logprob_sums=sums, residuals=residuals)
+    obj.__dict__.update(
+        text=text,
+        target_ids=target_ids,
+        groups=groups,
+        group_logprob_sums=sums,
+        residuals=residuals,
+    )
     return obj
 
 
@@ -311,15 +442,21 @@ def _remap_source(groups: AlignmentGroups, kept_index: np.ndarray) -> AlignmentG
     nonempty = groups.src_end > groups.src_start
     start = np.where(nonempty, kept_index[np.minimum(groups.src_start, kept_index.size - 1)], 0)
     end = np.where(nonempty, kept_index[np.maximum(groups.src_end - 1, 0)] + 1, 0)
-    return AlignmentGroups(start, end, groups.tgt_start, groups.tgt_end, groups.byte_start,
-                           groups.byte_end)
+    return AlignmentGroups(
+        start, end, groups.tgt_start, groups.tgt_end, groups.byte_start, groups.byte_end
+    )
 
 
 def _append_group(groups: AlignmentGroups, s0: int, s1: int, t0: int, byte: int):
     add = lambda a, v: np.append(a, np.int64(v))  # noqa: E731 - tiny local helper
-    return AlignmentGroups(add(groups.src_start, s0), add(groups.src_end, s1),
-                           add(groups.tgt_start, t0), add(groups.tgt_end, t0 + 1),
-                           add(groups.byte_start, byte), add(groups.byte_end, byte))
+    return AlignmentGroups(
+        add(groups.src_start, s0),
+        add(groups.src_end, s1),
+        add(groups.tgt_start, t0),
+        add(groups.tgt_end, t0 + 1),
+        add(groups.byte_start, byte),
+        add(groups.byte_end, byte),
+    )
 
 
 def _group_sums(src: Source | None, groups: AlignmentGroups, paired: bool):
@@ -360,32 +497,57 @@ def _cardinality(groups: AlignmentGroups):
     return c11, c1n, cn1, len(groups) - c11 - c1n - cn1, ns, nt
 
 
-def _residuals(prof, tgt: Encoded, src: Source | None, src_ends, groups, total, n_all,
-               target_ids, paired, ends_with_eos, mass_error, unassigned
-               ) -> AlignmentResiduals:
+def _residuals(
+    prof,
+    tgt: Encoded,
+    src: Source | None,
+    src_ends,
+    groups,
+    total,
+    n_all,
+    target_ids,
+    paired,
+    ends_with_eos,
+    mass_error,
+    unassigned,
+) -> AlignmentResiduals:
     c11, c1n, cn1, cnm, ns, nt = _cardinality(groups)
     m = tgt.ids.size
     n_src = src_ends.size
     n_common = common_boundaries(src_ends, tgt.ends).size if src is not None else 0
     extra_target_special = int(ends_with_eos and prof.eos_id is not None and not paired)
     return AlignmentResiduals(
-        n_bytes=total, n_source_tokens=n_src, n_target_tokens=m, n_groups=len(groups),
-        roundtrip_mismatch=tgt.mismatch, roundtrip_edit_distance=tgt.edit_distance,
+        n_bytes=total,
+        n_source_tokens=n_src,
+        n_target_tokens=m,
+        n_groups=len(groups),
+        roundtrip_mismatch=tgt.mismatch,
+        roundtrip_edit_distance=tgt.edit_distance,
         normalizer_changed_text=tgt.normalizer_changed,
         source_mismatch=bool(src is not None and src.mismatch),
         source_edit_distance=src.edit_distance if src is not None else 0,
         boundary_iou=byte_iou(src_ends, tgt.ends, n_common) if src is not None else 0.0,
-        groups_1_1=c11, groups_1_n=c1n, groups_n_1=cn1, groups_n_m=cnm,
+        groups_1_1=c11,
+        groups_1_n=c1n,
+        groups_n_1=cn1,
+        groups_n_m=cnm,
         largest_group_source_tokens=int(ns.max()) if ns.size else 0,
         largest_group_target_tokens=int(nt.max()) if nt.size else 0,
         largest_group_bytes=int((groups.byte_end - groups.byte_start).max()) if len(groups) else 0,
         length_ratio=m / n_src if n_src else 0.0,
-        unknown_rate=(float(np.count_nonzero(tgt.ids == prof.unk_id)) / m
-                      if m and prof.unk_id is not None else 0.0),
+        unknown_rate=(
+            float(np.count_nonzero(tgt.ids == prof.unk_id)) / m
+            if m and prof.unk_id is not None
+            else 0.0
+        ),
         byte_fallback_rate=float(np.count_nonzero(prof.byte_fallback[tgt.ids])) / m if m else 0.0,
         specials_stripped=(src.n_specials - int(paired)) if src is not None else 0,
-        specials_added=extra_target_special, eos_paired=paired,
+        specials_added=extra_target_special,
+        eos_paired=paired,
         truncated_tokens=n_all - target_ids.size,
         truncated_bytes=total - (int(groups.byte_end[-1]) if len(groups) else 0)
-        if n_all != target_ids.size else 0,
-        logprob_mass_error=mass_error, logprob_mass_unassigned=unassigned)
+        if n_all != target_ids.size
+        else 0,
+        logprob_mass_error=mass_error,
+        logprob_mass_unassigned=unassigned,
+    )

@@ -14,8 +14,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mutualrl.retokenize.encoding import (Encoded, EncodingCache, encode_texts, pin_last,
-                                          spelled_ends)
+from mutualrl.retokenize.encoding import (
+    Encoded,
+    EncodingCache,
+    encode_texts,
+    pin_last,
+    spelled_ends,
+)
 from mutualrl.retokenize.inputs import check_id_range, id_arrays, logprob_batch
 from mutualrl.retokenize.profile import TokenizerProfile
 from mutualrl.retokenize.residuals import byte_edit_distance
@@ -30,11 +35,11 @@ class Source:
     """One trajectory's source side with specials separated out (internal; not frozen, since a
     batch builds one per text and a frozen dataclass sets each field through ``__setattr__``)."""
 
-    ids: np.ndarray                 # as given (or as encoded from the text)
-    kept_index: np.ndarray | None   # positions of non-special ids; None = all kept
-    ends: np.ndarray                # byte ends of the kept tokens
-    eos_index: int | None           # a terminal source EOS that may pair with the target EOS
-    n_specials: int                 # special ids in ``ids`` (including ``eos_index``)
+    ids: np.ndarray  # as given (or as encoded from the text)
+    kept_index: np.ndarray | None  # positions of non-special ids; None = all kept
+    ends: np.ndarray  # byte ends of the kept tokens
+    eos_index: int | None  # a terminal source EOS that may pair with the target EOS
+    n_specials: int  # special ids in ``ids`` (including ``eos_index``)
     logprobs: np.ndarray | None
     mismatch: bool
     edit_distance: int
@@ -47,8 +52,14 @@ class SourceList(Sequence):
     (a batch assembled whole never asks for one). ``read_sources`` returns a plain list of
     ``Source`` for any other batch."""
 
-    def __init__(self, id_arrs: list, lps: list, ends: np.ndarray, sizes: np.ndarray,
-                 logprobs: np.ndarray | None) -> None:
+    def __init__(
+        self,
+        id_arrs: list,
+        lps: list,
+        ends: np.ndarray,
+        sizes: np.ndarray,
+        logprobs: np.ndarray | None,
+    ) -> None:
         self._ids, self._lps, self._items = id_arrs, lps, [None] * len(id_arrs)
         self._stops = np.cumsum(sizes).tolist()
         self.ends, self.sizes, self.logprobs = ends, sizes, logprobs
@@ -62,14 +73,15 @@ class SourceList(Sequence):
         item = self._items[k]
         if item is None:
             hi = self._stops[k]
-            ends = self.ends[hi - int(self.sizes[k]):hi]
+            ends = self.ends[hi - int(self.sizes[k]) : hi]
             item = Source(self._ids[k], None, ends, None, 0, self._lps[k], False, 0)
             self._items[k] = item
         return item
 
 
-def read_sources(prof: TokenizerProfile, texts, datas, source_ids, source_logprobs, flags,
-                 cache: EncodingCache) -> list[Source]:
+def read_sources(
+    prof: TokenizerProfile, texts, datas, source_ids, source_logprobs, flags, cache: EncodingCache
+) -> list[Source]:
     """Each text's source side (``Source``) from the sender's ids and log-probs as given (or,
     without ids, from encoding the texts with the sender's tokenizer): the whole batch's checks,
     byte ends from the ids where they spell the text (``_walked_ends``), else from the sender's
@@ -77,8 +89,9 @@ def read_sources(prof: TokenizerProfile, texts, datas, source_ids, source_logpro
     if source_ids is None:
         encs = encode_texts(prof, texts, datas, cache, residuals=False)
         lps = logprob_batch(source_logprobs, [e.ids.size for e in encs])[0]
-        return [Source(enc.ids, None, enc.ends, None, 0, lp, False, 0)
-                for enc, lp in zip(encs, lps)]
+        return [
+            Source(enc.ids, None, enc.ends, None, 0, lp, False, 0) for enc, lp in zip(encs, lps)
+        ]
     n = len(texts)
     # Whole-batch checks: one range test of every id, one NaN/+inf test of every log-prob,
     # one special-token lookup; a failure is traced back to its text for the message.
@@ -89,9 +102,9 @@ def read_sources(prof: TokenizerProfile, texts, datas, source_ids, source_logpro
     lps, lp_flat = logprob_batch(source_logprobs, sizes.tolist())
     special = prof.special[flat]
     ends: list = [None] * n
-    todo = []       # texts whose ids do not simply spell them: need the source's encoding
+    todo = []  # texts whose ids do not simply spell them: need the source's encoding
     specials = bool(special.any())
-    if specials:   # (ids, kept, kept_index, eos_index, n_special, logprobs) per text
+    if specials:  # (ids, kept, kept_index, eos_index, n_special, logprobs) per text
         counts, stops = np.concatenate(([0], np.cumsum(special, dtype=np.int64))), np.cumsum(sizes)
         n_specials = (counts[stops] - counts[stops - sizes]).tolist()
         parts = _kept(prof, id_arrs, n_specials, lps, flags)
@@ -107,37 +120,45 @@ def read_sources(prof: TokenizerProfile, texts, datas, source_ids, source_logpro
         parts = [(ids, ids, None, None, 0, lp) for ids, lp in zip(id_arrs, lps)]
     if walked is None:
         todo = [(i, None) for i in range(n)]
-    else:   # ids that spell their text give their byte ends directly
+    else:  # ids that spell their text give their byte ends directly
         spells, rel = walked
         lo = 0
         for i, (hi, ok) in enumerate(zip(np.cumsum(sizes).tolist(), spells.tolist())):
             if ok:
                 ends[i] = (rel[lo:hi], False, 0)
             else:
-                todo.append((i, prof.text_bytes(parts[i][1].tolist()) if prof.lossless
-                             else None))
+                todo.append((i, prof.text_bytes(parts[i][1].tolist()) if prof.lossless else None))
             lo = hi
     if todo:
         _encoded_ends(prof, todo, texts, datas, parts, cache, ends)
-    return [Source(ids, kept_index, e[0], eos_index, n_special, lp, e[1], e[2])
-            for (ids, _, kept_index, eos_index, n_special, lp), e in zip(parts, ends)]
+    return [
+        Source(ids, kept_index, e[0], eos_index, n_special, lp, e[1], e[2])
+        for (ids, _, kept_index, eos_index, n_special, lp), e in zip(parts, ends)
+    ]
 
 
 def _encoded_ends(prof: TokenizerProfile, todo: list, texts, datas, parts, cache, ends: list):
     """``ends[i]`` for each ``(i, rendered)`` of ``todo``, the texts whose ids do not spell them,
     from the sender's own encodings of those texts (one batch)."""
-    encs = encode_texts(prof, [texts[i] for i, _ in todo], [datas[i] for i, _ in todo], cache,
-                        residuals=False)
+    encs = encode_texts(
+        prof, [texts[i] for i, _ in todo], [datas[i] for i, _ in todo], cache, residuals=False
+    )
     same = _equal_rows([e.ids for e in encs], [parts[i][1] for i, _ in todo])
     for (i, rendered), enc, ok in zip(todo, encs, same):
-        if ok and rendered is None:   # a WordPiece sender's own encoding of its text
+        if ok and rendered is None:  # a WordPiece sender's own encoding of its text
             ends[i] = (enc.ends, False, 0)
         else:
             ends[i] = _source_ends(prof, parts[i][1], texts[i], datas[i], enc, rendered)
 
 
-def _source_ends(prof: TokenizerProfile, kept: np.ndarray, text: str, data: bytes,
-                 enc: Encoded, rendered: bytes | None):
+def _source_ends(
+    prof: TokenizerProfile,
+    kept: np.ndarray,
+    text: str,
+    data: bytes,
+    enc: Encoded,
+    rendered: bytes | None,
+):
     """Byte ends of source tokens that do not spell the text, whether they fail to, by how much.
 
     (Exact from the byte table when the ids spell the text: see ``read_sources``.) Otherwise, if
@@ -151,8 +172,11 @@ def _source_ends(prof: TokenizerProfile, kept: np.ndarray, text: str, data: byte
     if rendered is None:
         rendered = prof.continuation.decode(kept.tolist()).encode()
         data = prof.continuation.decode(enc.ids.tolist()).encode()
-    ends = (enc.ends if enc.ids.size == kept.size
-            else _clip_ends(np.cumsum(prof.piece_len[kept]), len(text.encode())))
+    ends = (
+        enc.ends
+        if enc.ids.size == kept.size
+        else _clip_ends(np.cumsum(prof.piece_len[kept]), len(text.encode()))
+    )
     return ends, True, byte_edit_distance(rendered, data)
 
 

@@ -25,8 +25,13 @@ def split_shared_spans(starts, ends, same, piece_len) -> np.ndarray:
     return np.where(last_in_run, ends, split)
 
 
-def settle_batch_ends(starts: np.ndarray, ends: np.ndarray, piece_len: np.ndarray,
-                      sizes: np.ndarray, n_bytes: np.ndarray) -> np.ndarray:
+def settle_batch_ends(
+    starts: np.ndarray,
+    ends: np.ndarray,
+    piece_len: np.ndarray,
+    sizes: np.ndarray,
+    n_bytes: np.ndarray,
+) -> np.ndarray:
     """Each token's byte end within its own text, from the spans of a batch's tokens (``starts``
     and ``ends`` in their own texts' bytes; ``sizes`` tokens per text, ``n_bytes`` bytes per text;
     ``piece_len`` each token's piece bytes). The texts are laid end to end with a one-byte gap

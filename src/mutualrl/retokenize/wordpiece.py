@@ -59,11 +59,11 @@ _PRE_TOKENIZERS = frozenset({"BertPreTokenizer", "WhitespaceSplit"})
 
 
 class _Tables(NamedTuple):
-    cls: np.ndarray        # uint8 per code point: its class
-    off: np.ndarray        # where its folded characters start in ``chars``
-    count: np.ndarray      # how many folded characters
-    n_folded: np.ndarray   # their UTF-8 bytes
-    chars: np.ndarray      # uint32: every learnt code point's folded characters, end to end
+    cls: np.ndarray  # uint8 per code point: its class
+    off: np.ndarray  # where its folded characters start in ``chars``
+    count: np.ndarray  # how many folded characters
+    n_folded: np.ndarray  # their UTF-8 bytes
+    chars: np.ndarray  # uint32: every learnt code point's folded characters, end to end
 
 
 class FoldTable:
@@ -123,7 +123,7 @@ class FoldTable:
         # Between two letters: one word with them (KEEP), or a word of its own (ALONE).
         words = [w for w, _ in self.pre_tokenizer.pre_tokenize_str(f"a{out}a")]
         if any(unicodedata.combining(c) or unicodedata.category(c) == "Cn" for c in out):
-            return COMPLEX, ""   # canonical reordering could move it (or Python cannot tell)
+            return COMPLEX, ""  # canonical reordering could move it (or Python cannot tell)
         if words == [f"a{out}a"]:
             return KEEP, out
         if len(words) == 3 and words[0] == words[2] == "a" and words[1] == out.strip():
@@ -137,9 +137,12 @@ def fold_table(profile: TokenizerProfile) -> FoldTable | None:
     table = profile.__dict__.get("_fold_table", False)
     if table is False:
         pre = profile.continuation.pre_tokenizer
-        usable = (profile.continuing is not None and profile.unk_id is not None
-                  and type(pre).__name__ in _PRE_TOKENIZERS
-                  and profile.normalizer_types <= _PER_CHAR)
+        usable = (
+            profile.continuing is not None
+            and profile.unk_id is not None
+            and type(pre).__name__ in _PRE_TOKENIZERS
+            and profile.normalizer_types <= _PER_CHAR
+        )
         table = profile.__dict__["_fold_table"] = FoldTable(profile) if usable else None
     return table
 
@@ -155,8 +158,13 @@ def _segment_sums(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return cum[stops] - cum[stops - counts]
 
 
-def folded_ends(profile: TokenizerProfile, flat: np.ndarray, sizes: np.ndarray,
-                texts: list[str], datas: list[bytes]) -> tuple[np.ndarray, np.ndarray] | None:
+def folded_ends(
+    profile: TokenizerProfile,
+    flat: np.ndarray,
+    sizes: np.ndarray,
+    texts: list[str],
+    datas: list[bytes],
+) -> tuple[np.ndarray, np.ndarray] | None:
     """Id sequences laid end to end (``flat``; ``sizes`` ids per text) walked along their texts
     folded (see the module docstring): (``spells`` (N,) bool, each token's byte end within its own
     text, aligned with ``flat``, read-only and meaningful where ``spells``), or None where the
@@ -170,10 +178,25 @@ def folded_ends(profile: TokenizerProfile, flat: np.ndarray, sizes: np.ndarray,
     n_bytes = np.fromiter(map(len, datas), dtype=np.int64, count=n)
     done = kernels.fold_texts(cps, n_chars, table, flat.size)
     folded, f_off, word_start, byte_start, byte_end, complex_ = (
-        done if done is not None else _fold(table, cps, n_chars, n_bytes))
+        done if done is not None else _fold(table, cps, n_chars, n_bytes)
+    )
     buf, piece_start = profile.piece_table()
-    args = (flat, sizes, folded, f_off, word_start, byte_start, byte_end, n_bytes, complex_,
-            profile.piece_len, buf, piece_start, profile.continuing, profile.unk_id)
+    args = (
+        flat,
+        sizes,
+        folded,
+        f_off,
+        word_start,
+        byte_start,
+        byte_end,
+        n_bytes,
+        complex_,
+        profile.piece_len,
+        buf,
+        piece_start,
+        profile.continuing,
+        profile.unk_id,
+    )
     walked = kernels.folded_walk(*args)
     spells, ends = walked if walked is not None else _walk(*args)
     ends.flags.writeable = False
@@ -190,12 +213,13 @@ def _fold(table: FoldTable, cps: np.ndarray, n_chars: np.ndarray, n_bytes: np.nd
     cls = t.cls[idx]
     keep = (cls == KEEP) | (cls == ALONE)
     kidx = idx[keep]
-    count = t.count[kidx]                           # folded characters per kept character
+    count = t.count[kidx]  # folded characters per kept character
     first = np.cumsum(count) - count
     chars = t.chars[np.repeat(t.off[kidx] - first, count) + np.arange(int(count.sum()))]
-    folded = np.frombuffer(chars.astype("<u4").tobytes().decode("utf-32-le").encode("utf-8"),
-                           dtype=np.uint8)
-    k_bytes = _segment_sums(_utf8_len(chars), count)   # folded bytes per kept character
+    folded = np.frombuffer(
+        chars.astype("<u4").tobytes().decode("utf-32-le").encode("utf-8"), dtype=np.uint8
+    )
+    k_bytes = _segment_sums(_utf8_len(chars), count)  # folded bytes per kept character
     kept_per_text = _segment_sums(keep.astype(np.int64), n_chars)
     f_off = np.zeros(n_chars.size + 1, dtype=np.int64)
     np.cumsum(_segment_sums(k_bytes, kept_per_text), out=f_off[1:])
@@ -217,8 +241,22 @@ def _fold(table: FoldTable, cps: np.ndarray, n_chars: np.ndarray, n_bytes: np.nd
     return folded, f_off, word_start, byte_start, byte_end, complex_
 
 
-def _walk(flat, sizes, folded, f_off, word_start, byte_start, byte_end, n_bytes, complex_,
-          piece_len, buf, piece_start, continuing, unk):
+def _walk(
+    flat,
+    sizes,
+    folded,
+    f_off,
+    word_start,
+    byte_start,
+    byte_end,
+    n_bytes,
+    complex_,
+    piece_len,
+    buf,
+    piece_start,
+    continuing,
+    unk,
+):
     """The walk of ``folded_ends`` in numpy passes (the reference for
     ``numba_loops.folded_walk``). The ids' words (a token without ``##`` starts one) must be the
     text's words in number and in bytes, an ``[UNK]`` a word alone, and every other piece equal
@@ -226,14 +264,14 @@ def _walk(flat, sizes, folded, f_off, word_start, byte_start, byte_end, n_bytes,
     from) gives its end (``spans.settle_batch_ends``)."""
     n_tok = flat.size
     ok = ~complex_
-    w_pos = np.flatnonzero(word_start[:-1])           # where each of the text's words starts
-    if not w_pos.size:   # no text has a word: only texts without ids walk
+    w_pos = np.flatnonzero(word_start[:-1])  # where each of the text's words starts
+    if not w_pos.size:  # no text has a word: only texts without ids walk
         return ok & (sizes == 0), np.zeros(n_tok, dtype=np.int64)
     w_len = np.diff(np.append(w_pos, folded.size))
-    w_first = np.searchsorted(w_pos, f_off)           # each text's first word
+    w_first = np.searchsorted(w_pos, f_off)  # each text's first word
     lens = piece_len[flat]
     unk_tok = flat == unk
-    opens = ~continuing[flat] | unk_tok               # a token that starts a word
+    opens = ~continuing[flat] | unk_tok  # a token that starts a word
     has = sizes > 0
     ok[has] &= opens[(np.cumsum(sizes) - sizes)[has]]
     ok &= _segment_sums((lens == 0) & ~unk_tok, sizes) == 0
@@ -244,7 +282,7 @@ def _walk(flat, sizes, folded, f_off, word_start, byte_start, byte_end, n_bytes,
     live = np.repeat(ok, sizes)
     word = np.where(live, word, 0)
     opener = np.maximum.accumulate(np.where(opens, np.arange(n_tok), 0))
-    size = np.where(unk_tok, w_len[word], lens)      # an [UNK] takes its whole word
+    size = np.where(unk_tok, w_len[word], lens)  # an [UNK] takes its whole word
     in_word = np.bincount(word[live], minlength=w_pos.size)
     filled = np.bincount(word[live], weights=size[live], minlength=w_pos.size)
     bad = (filled != w_len)[word] | (unk_tok & (in_word[word] != 1))

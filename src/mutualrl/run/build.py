@@ -63,39 +63,49 @@ class Prepared:
 
 def prepare(cfg: RunConfig) -> Prepared:
     """Validate everything that can fail on bad input, before anything is written anywhere."""
-    check_inputs(cfg)                        # registry names, the device, backend packages
+    check_inputs(cfg)  # registry names, the device, backend packages
     seed_everything(cfg.seed)
     if cfg.torch_threads:
         torch.set_num_threads(cfg.torch_threads)
-    strategy = build_strategy(cfg)           # bad strategy parameters fail here, first
-    check_trackers(cfg.report_to)            # a missing tracker package fails before any work
-    check_scenario(cfg)                      # registered, its table fits, warm plans can be made
+    strategy = build_strategy(cfg)  # bad strategy parameters fail here, first
+    check_trackers(cfg.report_to)  # a missing tracker package fails before any work
+    check_scenario(cfg)  # registered, its table fits, warm plans can be made
     task = build_task(cfg.task)
-    rewards = build_rewards(cfg.task, task, cfg.allocation.verifier_threads)  # unknown ones fail here
+    rewards = build_rewards(
+        cfg.task, task, cfg.allocation.verifier_threads
+    )  # unknown ones fail here
     checkpoints = check_checkpoints(cfg.policies)  # present, a causal LM transformers builds
     for p in cfg.policies:
         bad = [f for f in p.warmup_families if f not in task.families]
         if bad:
-            raise ConfigError(f"policies.{p.name}.warmup_families: {bad} not in task families "
-                              f"{list(task.families)}")
+            raise ConfigError(
+                f"policies.{p.name}.warmup_families: {bad} not in task families "
+                f"{list(task.families)}"
+            )
     out = Path(cfg.output_dir)
     if out.exists() and not out.is_dir():
-        raise ConfigError(f"output_dir (--output-dir): {out} is an existing file; expected a "
-                          "directory to write the run into (or a path that does not exist yet)")
+        raise ConfigError(
+            f"output_dir (--output-dir): {out} is an existing file; expected a "
+            "directory to write the run into (or a path that does not exist yet)"
+        )
     peer_logs = PeerLogPool(cfg.exchange.peer_logs) if cfg.exchange.peer_logs else None
-    handles = load_handles(cfg.policies)      # each tokenizer once; the driver encodes prompts
+    handles = load_handles(cfg.policies)  # each tokenizer once; the driver encodes prompts
     check_policies(cfg.policies, handles, checkpoints)  # chat templates present, vocab fits
     check_precision(cfg.policies, cfg.device)  # bf16 on a CPU that emulates it: a warning
     check_engine_processes(cfg.policies, cfg.allocation.executor)  # one vLLM engine a process
-    check_paced(cfg)                          # the strategy can run at its own pace, if asked
-    check_rank_groups(cfg)                   # sharded learners need one process per rank
-    check_colocated(cfg)                     # generators run with their learners
-    alloc, the_plan = plan_workers(cfg, handles)        # an infeasible plan fails here
+    check_paced(cfg)  # the strategy can run at its own pace, if asked
+    check_rank_groups(cfg)  # sharded learners need one process per rank
+    check_colocated(cfg)  # generators run with their learners
+    alloc, the_plan = plan_workers(cfg, handles)  # an infeasible plan fails here
     return Prepared(strategy, task, rewards, peer_logs, handles, alloc, the_plan)
 
 
-def build_run(cfg: RunConfig, progress: RunProgress | None = None,
-              prepared: Prepared | None = None, departed: dict | None = None) -> Run:
+def build_run(
+    cfg: RunConfig,
+    progress: RunProgress | None = None,
+    prepared: Prepared | None = None,
+    departed: dict | None = None,
+) -> Run:
     """Validate (``prepare``) and build everything before any training work: the run folder
     gets ``config.json`` and ``plan.json``, the workers start, the exchange opens.
 
@@ -108,27 +118,43 @@ def build_run(cfg: RunConfig, progress: RunProgress | None = None,
     (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=2))
     (out / "plan.json").write_bytes(msgspec.json.format(msgspec.json.encode(prep.plan), indent=2))
     bus, sub = open_bus(out, cfg.exchange)
-    executor = make_executor(executor_allocation(prep.alloc))   # restarts: run.restarts
-    factories = policy_factories(cfg, prep.alloc, prep.handles, prep.plan,
-                                 optimizer_steps(cfg, prep.strategy))
-    executor.start({n: f for n, f in factories.items() if n not in departed},
-                   policy_plan(prep.plan, cfg, exclude=departed))
+    executor = make_executor(executor_allocation(prep.alloc))  # restarts: run.restarts
+    factories = policy_factories(
+        cfg, prep.alloc, prep.handles, prep.plan, optimizer_steps(cfg, prep.strategy)
+    )
+    executor.start(
+        {n: f for n, f in factories.items() if n not in departed},
+        policy_plan(prep.plan, cfg, exclude=departed),
+    )
     policies = driver_policies(cfg, executor, prep.handles)
     profiles: dict = {}
-    run = Run(cfg=cfg, out=out, task=prep.task,
-               verifier=GuardedVerifier(prep.task.verifier, cfg.task.verifier_timeout_s,
-                                        cfg.allocation.verifier_threads),
-               policies=policies, strategy=prep.strategy,
-               writer=make_writer(out / "metrics.jsonl", cfg.report_to, out.name, to_dict(cfg)),
-               progress=progress or RunProgress(enabled=False), bus=bus, subscription=sub,
-               retokenizers={n: Retokenizer(p.handle, max_length=cfg.grpo.max_completion_length,
-                                            profiles=profiles) for n, p in policies.items()},
-               peer_logs=prep.peer_logs, executor=executor, rewards=prep.rewards,
-               guards=Guards(cfg.guards), versions={n: 0 for n in policies})
+    run = Run(
+        cfg=cfg,
+        out=out,
+        task=prep.task,
+        verifier=GuardedVerifier(
+            prep.task.verifier, cfg.task.verifier_timeout_s, cfg.allocation.verifier_threads
+        ),
+        policies=policies,
+        strategy=prep.strategy,
+        writer=make_writer(out / "metrics.jsonl", cfg.report_to, out.name, to_dict(cfg)),
+        progress=progress or RunProgress(enabled=False),
+        bus=bus,
+        subscription=sub,
+        retokenizers={
+            n: Retokenizer(p.handle, max_length=cfg.grpo.max_completion_length, profiles=profiles)
+            for n, p in policies.items()
+        },
+        peer_logs=prep.peer_logs,
+        executor=executor,
+        rewards=prep.rewards,
+        guards=Guards(cfg.guards),
+        versions={n: 0 for n in policies},
+    )
     run.departures = Departures(out)
     run.departures.load_state_dict(departed)
     if cfg.allocation.max_staleness >= 1:
-        run.pace = Pace(run)   # built before a resume loads its state into it
+        run.pace = Pace(run)  # built before a resume loads its state into it
     return run
 
 
@@ -147,10 +173,12 @@ def check_colocated(cfg: RunConfig) -> None:
     devices (``policy_plan``). A plan with the generators elsewhere (``colocate = false``) would
     leave their devices idle and put memory the plan never counted on the learners': refused."""
     if not cfg.allocation.colocate:
-        raise ConfigError("allocation.colocate = false: mutualrl train runs each policy's "
-                          "generator in its learner's worker, on the learner's devices, so a plan "
-                          "that puts the generators on devices of their own cannot be run (`mutualrl "
-                          "plan` still plans it); set allocation.colocate = true to train")
+        raise ConfigError(
+            "allocation.colocate = false: mutualrl train runs each policy's "
+            "generator in its learner's worker, on the learner's devices, so a plan "
+            "that puts the generators on devices of their own cannot be run (`mutualrl "
+            "plan` still plans it); set allocation.colocate = true to train"
+        )
 
 
 def check_rank_groups(cfg: RunConfig) -> None:
@@ -162,7 +190,8 @@ def check_rank_groups(cfg: RunConfig) -> None:
             raise ConfigError(
                 f"policies.{p.name}.learner_ranks = {p.learner_ranks} runs the learner as "
                 f"{p.learner_ranks} processes, and the local executor runs every policy in threads "
-                "of this one: set allocation.executor = \"process\" (this machine) or \"ray\"")
+                'of this one: set allocation.executor = "process" (this machine) or "ray"'
+            )
 
 
 def optimizer_steps(cfg: RunConfig, strategy: Strategy | None = None) -> int:
@@ -173,8 +202,13 @@ def optimizer_steps(cfg: RunConfig, strategy: Strategy | None = None) -> int:
     return cfg.steps * per_step * cfg.grpo.num_iterations
 
 
-def policy_factories(cfg: RunConfig, alloc: AllocationConfig, handles: dict,
-                     the_plan: Plan | None = None, total_steps: int | None = None) -> dict:
+def policy_factories(
+    cfg: RunConfig,
+    alloc: AllocationConfig,
+    handles: dict,
+    the_plan: Plan | None = None,
+    total_steps: int | None = None,
+) -> dict:
     """Picklable factories, one per policy. In process they reuse the driver's tokenizers;
     elsewhere each worker loads its own. Each is placed by ``policy_device``; its learning-rate
     schedule spans ``total_steps`` optimizer steps (default: ``optimizer_steps`` of a strategy
@@ -191,20 +225,34 @@ def policy_factories(cfg: RunConfig, alloc: AllocationConfig, handles: dict,
         if p.learner_ranks > 1:
             # FSDP and its checkpoint support load only for a run that shards a policy
             from mutualrl.policies.sharded.worker import build_rank
+
             facts = TokenizerFacts.of(handles[p.tokenizer].tokenizer)
-            out[p.name] = RankGroup(p.learner_ranks, functools.partial(
-                build_rank, p, cfg.grpo, seed, facts, device, total, cfg.training),
-                backend="nccl" if device.startswith("cuda") else "gloo")
+            out[p.name] = RankGroup(
+                p.learner_ranks,
+                functools.partial(
+                    build_rank, p, cfg.grpo, seed, facts, device, total, cfg.training
+                ),
+                backend="nccl" if device.startswith("cuda") else "gloo",
+            )
         else:
             out[p.name] = functools.partial(
-                Policy, p, cfg.grpo, seed=seed, device=device,
-                handle=handles[p.tokenizer] if in_process else None, total_steps=total,
-                training=cfg.training)
+                Policy,
+                p,
+                cfg.grpo,
+                seed=seed,
+                device=device,
+                handle=handles[p.tokenizer] if in_process else None,
+                total_steps=total,
+                training=cfg.training,
+            )
         cap = process_memory_cap(p.name, device, the_plan, alloc)
         if cap is not None:
             f = out[p.name]
-            out[p.name] = (dataclasses.replace(f, build=Capped(cap, f.build))
-                           if isinstance(f, RankGroup) else Capped(cap, f))
+            out[p.name] = (
+                dataclasses.replace(f, build=Capped(cap, f.build))
+                if isinstance(f, RankGroup)
+                else Capped(cap, f)
+            )
     return out
 
 
@@ -215,8 +263,11 @@ def policy_plan(the_plan: Plan, cfg: RunConfig, exclude=()) -> Plan:
     Policies in ``exclude`` (left the run before a resume) get no worker."""
     names = {p.name for p in cfg.policies} - set(exclude)
     cap = cfg.torch_threads or None
-    merged = tuple(msgspec.structs.replace(a, worker=a.policy, threads=min(a.threads, cap or a.threads))
-                   for a in the_plan.assignments if a.role == "learner" and a.policy in names)
+    merged = tuple(
+        msgspec.structs.replace(a, worker=a.policy, threads=min(a.threads, cap or a.threads))
+        for a in the_plan.assignments
+        if a.role == "learner" and a.policy in names
+    )
     return msgspec.structs.replace(the_plan, assignments=merged)
 
 
@@ -224,5 +275,7 @@ def driver_policies(cfg: RunConfig, executor, handles: dict) -> dict[str, Policy
     """The run's view of each policy. An in-process executor's worker is a Policy, which is its
     own view (tests may reach its model); otherwise a tokenizer-only ``PolicyView``."""
     worker, live = getattr(executor, "worker", None), set(executor.live_workers())
-    return {p.name: worker(p.name) if worker and p.name in live else PolicyView(p, handles[p.tokenizer])
-            for p in cfg.policies}
+    return {
+        p.name: worker(p.name) if worker and p.name in live else PolicyView(p, handles[p.tokenizer])
+        for p in cfg.policies
+    }

@@ -78,12 +78,24 @@ APPEND_ONLY = ("metrics.jsonl", "heldout.jsonl")
 # training samples after the next evaluation; and a learning-rate schedule spans the run's
 # ``steps``, so a schedule other than constant takes the new horizon (as transformers' Trainer
 # does when a resumed run's max_steps changes).
-HARMLESS = ("steps", "output_dir", "eval", "save_steps", "save_total_limit", "report_to", "guards",
-            "warmup.cache_dir", "allocation.call_timeout_s", "allocation.placement_timeout_s",
-            "exchange.block_timeout_s", "allocation.process_group_timeout_s",
-            "allocation.master_port",
-            # where the workers run, not what they compute (every executor gives the same numbers)
-            "allocation.executor", "allocation.local_mode")
+HARMLESS = (
+    "steps",
+    "output_dir",
+    "eval",
+    "save_steps",
+    "save_total_limit",
+    "report_to",
+    "guards",
+    "warmup.cache_dir",
+    "allocation.call_timeout_s",
+    "allocation.placement_timeout_s",
+    "exchange.block_timeout_s",
+    "allocation.process_group_timeout_s",
+    "allocation.master_port",
+    # where the workers run, not what they compute (every executor gives the same numbers)
+    "allocation.executor",
+    "allocation.local_mode",
+)
 # Per-policy paths (``policies.<i>.<path>``) a resumed run may change: how many ranks a learner is
 # sharded over (its checkpoint reshards on load; sums over ranks differ from one rank's only by
 # float rounding) and where its shards are kept.
@@ -94,7 +106,7 @@ POLICY_HARMLESS = ("learner_ranks", "sharding.cpu_offload")
 class Checkpoint:
     path: Path
     step: int
-    state: dict[str, Any]          # run.msgpack, with strategy.msgpack as "strategy"
+    state: dict[str, Any]  # run.msgpack, with strategy.msgpack as "strategy"
 
 
 # ---- writing --------------------------------------------------------------------------------
@@ -105,11 +117,15 @@ def save(run: Run, step: int) -> Path:
     final = root / f"{PREFIX}{step:06d}"
     tmp = Path(tempfile.mkdtemp(prefix=f".{PREFIX}{step:06d}-", dir=root))
     try:
-        run.bus.flush()           # the log on disk holds every record published so far
+        run.bus.flush()  # the log on disk holds every record published so far
         names = run.live()
-        saved = call_each(run.executor, {n: SaveCheckpoint(str(tmp / "policies" / n)) for n in names})
+        saved = call_each(
+            run.executor, {n: SaveCheckpoint(str(tmp / "policies" / n)) for n in names}
+        )
         if set(saved) != set(names):
-            raise RuntimeError(f"checkpoint at step {step}: saving {sorted(set(names) - set(saved))} failed")
+            raise RuntimeError(
+                f"checkpoint at step {step}: saving {sorted(set(names) - set(saved))} failed"
+            )
         state = _run_state(run, step)
         if "strategy" in state:
             _write(tmp / STRATEGY_STATE, state_codec.encode(state.pop("strategy"), "strategy"))
@@ -117,19 +133,24 @@ def save(run: Run, step: int) -> Path:
         files = sorted(p for p in tmp.rglob("*") if p.is_file())
         for p in files:
             _fsync(p)
-        manifest = {"format": FORMAT, "step": step, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                    "files": {str(p.relative_to(tmp)): _sha256(p) for p in files}}
+        manifest = {
+            "format": FORMAT,
+            "step": step,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "files": {str(p.relative_to(tmp)): _sha256(p) for p in files},
+        }
         _write(tmp / MANIFEST, json.dumps(manifest, indent=2).encode())
-        if final.exists():        # a checkpoint of this step from an earlier attempt
+        if final.exists():  # a checkpoint of this step from an earlier attempt
             shutil.rmtree(final)
         os.rename(tmp, final)
         _fsync_dir(root)
     except BaseException as exc:
-        full = isinstance(exc, Exception) and disk_full(exc, tmp)   # before freeing what it wrote
+        full = isinstance(exc, Exception) and disk_full(exc, tmp)  # before freeing what it wrote
         shutil.rmtree(tmp, ignore_errors=True)
         if full:
-            raise storage_error(exc, final, _disk_full_advice(root, run.out, step),
-                                full=True) from exc
+            raise storage_error(
+                exc, final, _disk_full_advice(root, run.out, step), full=True
+            ) from exc
         raise
     prune(root, run.cfg.save_total_limit)
     return final
@@ -139,14 +160,20 @@ def _disk_full_advice(root: Path, out: Path, step: int) -> str:
     """What to do after the disk filled while writing the checkpoint of ``step``: resume from
     an earlier complete checkpoint; with none, --resume has nothing to continue from, so the run
     starts again (--overwrite, since its folder holds its first records)."""
-    lost = (f"the checkpoint at step {step} was not written (its partial files are removed); "
-            "the run's records")
+    lost = (
+        f"the checkpoint at step {step} was not written (its partial files are removed); "
+        "the run's records"
+    )
     if any((p / MANIFEST).is_file() for p in _candidates(root)):
-        return (f"{lost} and earlier checkpoints are kept: free space, then "
-                f"`mutualrl train --resume {out}`")
-    return (f"{lost} are kept, but no checkpoint was completed, so there is nothing to resume: "
-            "free space, then start the run again with the same `mutualrl train` command and "
-            "--overwrite")
+        return (
+            f"{lost} and earlier checkpoints are kept: free space, then "
+            f"`mutualrl train --resume {out}`"
+        )
+    return (
+        f"{lost} are kept, but no checkpoint was completed, so there is nothing to resume: "
+        "free space, then start the run again with the same `mutualrl train` command and "
+        "--overwrite"
+    )
 
 
 def _run_state(run: Run, step: int) -> dict[str, Any]:
@@ -154,11 +181,18 @@ def _run_state(run: Run, step: int) -> dict[str, Any]:
     and the byte length of every append-only file at this moment (what a resume cuts back to)."""
     seg_dir = run.out / "experience"
     return {
-        "format": FORMAT, "step": step, "config": to_dict(run.cfg), **run.state_dict(),
-        "append_only": {name: (run.out / name).stat().st_size for name in APPEND_ONLY
-                        if (run.out / name).is_file()},
+        "format": FORMAT,
+        "step": step,
+        "config": to_dict(run.cfg),
+        **run.state_dict(),
+        "append_only": {
+            name: (run.out / name).stat().st_size
+            for name in APPEND_ONLY
+            if (run.out / name).is_file()
+        },
         "segments": {p.name: p.stat().st_size for p in sorted(seg_dir.glob("*.mrlx"))}
-        if seg_dir.is_dir() else {},
+        if seg_dir.is_dir()
+        else {},
     }
 
 
@@ -190,7 +224,7 @@ def verify(path: Path) -> str | None:
         return f"format {manifest.get('format')!r}, this version reads {FORMAT}"
     files = manifest.get("files")
     if not isinstance(files, dict) or not files:
-        return "its manifest lists no files (expected a \"files\" table of name: sha256)"
+        return 'its manifest lists no files (expected a "files" table of name: sha256)'
     for name, digest in files.items():
         f = path / name
         if not f.is_file():
@@ -206,10 +240,12 @@ def latest(run_dir: Path, report=print) -> Checkpoint | None:
     code, and whoever can write the folder can also rewrite its manifest."""
     for path in reversed(_candidates(Path(run_dir) / CHECKPOINT_DIR)):
         if (path / PICKLED_STATE).exists():
-            raise ConfigError(f"--resume: checkpoint {path} was written by an older version of "
-                              "mutualrl in a format that can run code when read (pickle), so it "
-                              "is not read; start afresh (--overwrite) or resume with the older "
-                              "version")
+            raise ConfigError(
+                f"--resume: checkpoint {path} was written by an older version of "
+                "mutualrl in a format that can run code when read (pickle), so it "
+                "is not read; start afresh (--overwrite) or resume with the older "
+                "version"
+            )
         problem = verify(path)
         found = _load(path) if problem is None else None
         if isinstance(found, Checkpoint):
@@ -235,12 +271,13 @@ def _load(path: Path) -> Checkpoint | str:
         try:
             if f.suffix == ".pt":
                 torch.load(f, map_location="cpu", weights_only=True, mmap=True)
-            elif f.name == ".metadata":          # a sharded learner's (policies.dcp_reader)
+            elif f.name == ".metadata":  # a sharded learner's (policies.dcp_reader)
                 from mutualrl.policies.dcp_reader import read_metadata
+
                 read_metadata(f)
         except Exception as exc:  # noqa: BLE001 - whatever torch raises, the file is unusable
             return f"{f.relative_to(path)} does not load ({_one_line(exc)})"
-    return Checkpoint(path, int(path.name[len(PREFIX):]), state)
+    return Checkpoint(path, int(path.name[len(PREFIX) :]), state)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -252,8 +289,12 @@ def config_differences(old: dict, new: dict) -> tuple[list[str], list[str]]:
     """(refused, harmless) dotted paths where two resolved configs differ."""
     a, b = _flatten(old), _flatten(new)
     changed = sorted(k for k in a.keys() | b.keys() if a.get(k, _MISSING) != b.get(k, _MISSING))
-    harmless = [k for k in changed if any(k == h or k.startswith(h + ".") for h in HARMLESS)
-                or (k.startswith("policies.") and k.split(".", 2)[-1] in POLICY_HARMLESS)]
+    harmless = [
+        k
+        for k in changed
+        if any(k == h or k.startswith(h + ".") for h in HARMLESS)
+        or (k.startswith("policies.") and k.split(".", 2)[-1] in POLICY_HARMLESS)
+    ]
     return [k for k in changed if k not in harmless], harmless
 
 
@@ -278,29 +319,35 @@ def resume_notes(harmless: list[str], cfg) -> list[str]:
     notes = []
     evals = [k for k in harmless if k == "eval" or k.startswith("eval.")]
     if evals:
-        notes.append(f"{', '.join(evals)} changed: evaluations sample from each policy's own "
-                     "generator, so the training samples after the next evaluation differ from "
-                     "those of a run continued with the checkpoint's settings")
+        notes.append(
+            f"{', '.join(evals)} changed: evaluations sample from each policy's own "
+            "generator, so the training samples after the next evaluation differ from "
+            "those of a run continued with the checkpoint's settings"
+        )
     if "steps" in harmless and cfg.training.lr_scheduler_type != "constant":
-        notes.append(f"steps changed: the learning-rate schedule "
-                     f"(training.lr_scheduler_type = {cfg.training.lr_scheduler_type!r}) now spans "
-                     f"the run's {cfg.steps} steps, from the checkpoint's position in it")
+        notes.append(
+            f"steps changed: the learning-rate schedule "
+            f"(training.lr_scheduler_type = {cfg.training.lr_scheduler_type!r}) now spans "
+            f"the run's {cfg.steps} steps, from the checkpoint's position in it"
+        )
     return notes
 
 
 def check_config(ckpt: Checkpoint, cfg) -> list[str]:
     """Refuse a config that differs in what matters (naming the fields); list harmless changes."""
     old = ckpt.state["config"]
-    try:   # a checkpoint from before [allocation] and [scenarios] were typed holds only the
-        old = to_dict(config_from_dict(old))   # fields the user wrote: fill in the defaults
+    try:  # a checkpoint from before [allocation] and [scenarios] were typed holds only the
+        old = to_dict(config_from_dict(old))  # fields the user wrote: fill in the defaults
     except ConfigError:
         pass
     refused, harmless = config_differences(old, to_dict(cfg))
     if refused:
         shown = ", ".join(refused[:8]) + (" ..." if len(refused) > 8 else "")
-        raise ConfigError(f"--resume: the config differs from the checkpoint's ({ckpt.path}) in "
-                          f"what the run computes: {shown}; resume with the run's own config "
-                          f"(RUN_DIR/config.json) or start a new run")
+        raise ConfigError(
+            f"--resume: the config differs from the checkpoint's ({ckpt.path}) in "
+            f"what the run computes: {shown}; resume with the run's own config "
+            f"(RUN_DIR/config.json) or start a new run"
+        )
     return harmless
 
 
@@ -317,13 +364,17 @@ def check_lengths(run_dir: Path, ckpt: Checkpoint) -> None:
         if have is None and size > 0:
             problem = "is missing"
         elif have is not None and have < size:
-            problem = (f"is {have} bytes where the checkpoint recorded {size}: bytes {have}-{size}, "
-                       "written before the checkpoint, are gone")
+            problem = (
+                f"is {have} bytes where the checkpoint recorded {size}: bytes {have}-{size}, "
+                "written before the checkpoint, are gone"
+            )
         else:
             continue
-        raise ConfigError(f"--resume: {path} {problem} (checkpoint {ckpt.path.name}); the run "
-                          "cannot continue without a gap in its records. Restore the file, or "
-                          "start afresh with --overwrite")
+        raise ConfigError(
+            f"--resume: {path} {problem} (checkpoint {ckpt.path.name}); the run "
+            "cannot continue without a gap in its records. Restore the file, or "
+            "start afresh with --overwrite"
+        )
 
 
 def cut_back(run_dir: Path, ckpt: Checkpoint) -> dict[str, int]:
@@ -338,7 +389,7 @@ def cut_back(run_dir: Path, ckpt: Checkpoint) -> dict[str, int]:
     sizes = ckpt.state["segments"]
     for seg in sorted(seg_dir.glob("*.mrlx")) if seg_dir.is_dir() else ():
         aside = seg_dir / "discarded" / seg.name
-        if seg.name not in sizes:              # written after the checkpoint
+        if seg.name not in sizes:  # written after the checkpoint
             aside.parent.mkdir(exist_ok=True)
             moved["log_bytes"] += seg.stat().st_size
             os.replace(seg, aside)
@@ -376,17 +427,20 @@ def restore(run: Run, ckpt: Checkpoint) -> int:
     missing = [n for n in names if not (ckpt.path / "policies" / n).is_dir()]
     if missing:
         raise ConfigError(f"--resume: checkpoint {ckpt.path} has no state for policies {missing}")
-    loaded = call_each(run.executor, {n: RestoreCheckpoint(str(ckpt.path / "policies" / n))
-                                      for n in names})
+    loaded = call_each(
+        run.executor, {n: RestoreCheckpoint(str(ckpt.path / "policies" / n)) for n in names}
+    )
     if set(loaded) != set(names):
         raise RuntimeError(f"--resume: restoring {sorted(set(names) - set(loaded))} failed")
     state = dict(ckpt.state)
     try:
         run.load_state_dict(state)
     except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as exc:
-        raise ConfigError(f"--resume: {ckpt.path / RUN_STATE} does not hold the state of this "
-                          f"run as this version writes it ({type(exc).__name__}: "
-                          f"{_one_line(exc)}); start afresh (--overwrite)") from exc
+        raise ConfigError(
+            f"--resume: {ckpt.path / RUN_STATE} does not hold the state of this "
+            f"run as this version writes it ({type(exc).__name__}: "
+            f"{_one_line(exc)}); start afresh (--overwrite)"
+        ) from exc
     return int(state["step"])
 
 
@@ -397,12 +451,15 @@ def _decode(path: Path, what: str) -> dict[str, Any]:
     try:
         state = state_codec.decode(path.read_bytes(), what, str(path))
     except state_codec.UnknownKindInState as exc:
-        raise ConfigError(f"--resume: {exc}; expected every experience kind the run used to be "
-                          "registered, as when it wrote the checkpoint: define them in an "
-                          "installed module (an entry point), not in a script") from exc
+        raise ConfigError(
+            f"--resume: {exc}; expected every experience kind the run used to be "
+            "registered, as when it wrote the checkpoint: define them in an "
+            "installed module (an entry point), not in a script"
+        ) from exc
     if not isinstance(state, dict):
-        raise state_codec.StateDecodeError(f"{path}: holds a {type(state).__name__}, expected "
-                                           "a table of state")
+        raise state_codec.StateDecodeError(
+            f"{path}: holds a {type(state).__name__}, expected a table of state"
+        )
     return state
 
 

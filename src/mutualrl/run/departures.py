@@ -32,15 +32,17 @@ class Departure(msgspec.Struct, frozen=True, kw_only=True):
     """One policy's leaving: where in the run, and the failure that removed it."""
 
     policy: str
-    step: int            # the step boundary where the run saw it gone (paced: its segment's end)
-    phase: str           # "train", "warm start", "eval"
+    step: int  # the step boundary where the run saw it gone (paced: its segment's end)
+    phase: str  # "train", "warm start", "eval"
     failure: WorkerFailure
 
     def line(self, out: Path) -> str:
         f = self.failure
-        return (f"mutualrl: policy {self.policy!r} left the run ({self.phase}, step {self.step}): "
-                f"{f.method}(): {f.kind}: {f.exc_type}: {f.message}; the others go on "
-                f"(allocation.on_failure = \"continue\"); traceback in {out / FILE}")
+        return (
+            f"mutualrl: policy {self.policy!r} left the run ({self.phase}, step {self.step}): "
+            f"{f.method}(): {f.kind}: {f.exc_type}: {f.message}; the others go on "
+            f'(allocation.on_failure = "continue"); traceback in {out / FILE}'
+        )
 
 
 class Departures:
@@ -50,8 +52,14 @@ class Departures:
         self.out = out
         self.seen: dict[str, Departure] = {}
 
-    def check(self, run: Run, step: int, phase: str, failures: Iterable[WorkerFailure] = (),
-              gone: Iterable[str] = ()) -> None:
+    def check(
+        self,
+        run: Run,
+        step: int,
+        phase: str,
+        failures: Iterable[WorkerFailure] = (),
+        gone: Iterable[str] = (),
+    ) -> None:
         """Record the policies newly gone: those the executor removed, and ``gone`` (a paced
         run's failed loops, whose ``failures`` say why). Raises when none is left."""
         removed = run.executor.removed()
@@ -61,7 +69,7 @@ class Departures:
             if name in live or name in self.seen:
                 continue
             failure = removed.get(name) or given.get(name)
-            if failure is None:    # gone before this process (a resumed paced run's books)
+            if failure is None:  # gone before this process (a resumed paced run's books)
                 continue
             d = Departure(policy=name, step=step, phase=phase, failure=failure)
             self.seen[name] = d
@@ -69,7 +77,9 @@ class Departures:
                 fh.write(msgspec.json.encode(d) + b"\n")
             print(d.line(self.out), file=sys.stderr, flush=True)
         if not live:
-            raise WorkerFailedError([d.failure for d in self.seen.values()] or list(given.values()), {})
+            raise WorkerFailedError(
+                [d.failure for d in self.seen.values()] or list(given.values()), {}
+            )
 
     def state_dict(self) -> dict[str, dict]:
         """The policies that have left, for a checkpoint: a resumed run does not start them again
@@ -81,6 +91,12 @@ class Departures:
 
     def summary(self) -> dict[str, dict]:
         """Per policy that left: its step, phase, call and error (``summary.json``'s ``failed``)."""
-        return {n: {"step": d.step, "phase": d.phase, "call": d.failure.method,
-                    "error": f"{d.failure.exc_type}: {d.failure.message}"}
-                for n, d in sorted(self.seen.items())}
+        return {
+            n: {
+                "step": d.step,
+                "phase": d.phase,
+                "call": d.failure.method,
+                "error": f"{d.failure.exc_type}: {d.failure.message}",
+            }
+            for n, d in sorted(self.seen.items())
+        }

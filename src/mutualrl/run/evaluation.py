@@ -40,13 +40,14 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 class Correctness:
     """One policy's held-out results: per prompt, greedy correct (n,) and correct samples (n, k)."""
 
-    greedy: np.ndarray        # (n,) bool
-    sampled: np.ndarray       # (n, k) bool
+    greedy: np.ndarray  # (n,) bool
+    sampled: np.ndarray  # (n, k) bool
     greedy_text: list[str]
 
 
-def correctness(prompts: list[Prompt], greedy: list[Sample], sampled: list[Sample],
-                verifier: GuardedVerifier) -> Correctness:
+def correctness(
+    prompts: list[Prompt], greedy: list[Sample], sampled: list[Sample], verifier: GuardedVerifier
+) -> Correctness:
     """Verify one greedy and k sampled completions per prompt, each exactly once."""
     ok_greedy = np.array([verifier(s.prompt, s.text) > 0 for s in greedy])
     ok_k = np.array([verifier(s.prompt, s.text) > 0 for s in sampled]).reshape(len(prompts), -1)
@@ -60,14 +61,21 @@ def score_correctness(prompts: list[Prompt], c: Correctness, *, k: int) -> dict[
     for f in sorted(set(fam.tolist())):
         sel = fam == f
         out[f"heldout/{f}/pass@1"] = float(c.greedy[sel].mean())
-        out[f"heldout/{f}/pass@{k}"] = float(np.mean([pass_at_k(c.sampled.shape[1], int(n), k)
-                                                      for n in c.sampled[sel].sum(1)]))
+        out[f"heldout/{f}/pass@{k}"] = float(
+            np.mean([pass_at_k(c.sampled.shape[1], int(n), k) for n in c.sampled[sel].sum(1)])
+        )
     out["heldout/pass@1"] = float(c.greedy.mean())
     return out
 
 
-def score_evaluation(prompts: list[Prompt], greedy: list[Sample], sampled: list[Sample],
-                     verifier: GuardedVerifier, *, k: int) -> dict[str, float]:
+def score_evaluation(
+    prompts: list[Prompt],
+    greedy: list[Sample],
+    sampled: list[Sample],
+    verifier: GuardedVerifier,
+    *,
+    k: int,
+) -> dict[str, float]:
     """Scores from one greedy and k sampled completions per prompt, generated wherever the
     policy lives; the verifier runs here."""
     return score_correctness(prompts, correctness(prompts, greedy, sampled, verifier), k=k)
@@ -75,10 +83,16 @@ def score_evaluation(prompts: list[Prompt], greedy: list[Sample], sampled: list[
 
 def heldout_record(step: int, policy: str, prompts: list[Prompt], c: Correctness) -> dict:
     """One line of ``heldout.jsonl``: every prompt's result, in evaluation order."""
-    return {"step": step, "policy": policy, "k": int(c.sampled.shape[1]),
-            "prompt_ids": [p.id for p in prompts], "families": [p.family for p in prompts],
-            "greedy": c.greedy.astype(int).tolist(), "sampled": c.sampled.sum(1).astype(int).tolist(),
-            "greedy_text": c.greedy_text}
+    return {
+        "step": step,
+        "policy": policy,
+        "k": int(c.sampled.shape[1]),
+        "prompt_ids": [p.id for p in prompts],
+        "families": [p.family for p in prompts],
+        "greedy": c.greedy.astype(int).tolist(),
+        "sampled": c.sampled.sum(1).astype(int).tolist(),
+        "greedy_text": c.greedy_text,
+    }
 
 
 def append_heldout(run_dir: str | Path, records: list[dict]) -> None:
@@ -86,8 +100,12 @@ def append_heldout(run_dir: str | Path, records: list[dict]) -> None:
     path = Path(run_dir) / HELDOUT_FILE
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        append_whole(fd, "".join(json.dumps(r) + "\n" for r in records).encode("utf-8"), path,
-                     "this evaluation's per-prompt records were not written; earlier ones are kept")
+        append_whole(
+            fd,
+            "".join(json.dumps(r) + "\n" for r in records).encode("utf-8"),
+            path,
+            "this evaluation's per-prompt records were not written; earlier ones are kept",
+        )
     finally:
         os.close(fd)
 
@@ -97,7 +115,7 @@ def read_heldout(run_dir: str | Path) -> list[dict]:
     path = Path(run_dir) / HELDOUT_FILE
     if not path.exists():
         return []
-    return read_jsonl(path)     # a damaged line: an error naming the file and byte offset
+    return read_jsonl(path)  # a damaged line: an error naming the file and byte offset
 
 
 def accuracy(samples: list[Sample], verifier: GuardedVerifier) -> float:
@@ -117,10 +135,15 @@ def _evaluate(run: Run, step: int) -> dict[str, float]:
     e, g = run.cfg.eval, run.cfg.grpo
     prompts = []
     for fam in run.task.families:
-        prompts += run.task.sample(np.random.default_rng([run.cfg.seed, 5]), e.num_prompts, "heldout", [fam])
+        prompts += run.task.sample(
+            np.random.default_rng([run.cfg.seed, 5]), e.num_prompts, "heldout", [fam]
+        )
     greedy = run.call_live(Generate(prompts, 1, g.max_completion_length, 0.0))
-    sampled = (run.call_live(Generate(prompts, e.k, g.max_completion_length, g.temperature))
-               if e.k > 1 else greedy)
+    sampled = (
+        run.call_live(Generate(prompts, e.k, g.max_completion_length, g.temperature))
+        if e.k > 1
+        else greedy
+    )
     record: dict = {"phase": "eval", "step": step}
     per_prompt = []
     for name in run.policies:

@@ -29,8 +29,16 @@ from mutualrl.storage import remove_tree
 
 LOCK_FILE = ".lock"
 # What a run writes into its folder; any of them present means the folder holds a run.
-RUN_FILES = ("config.json", "plan.json", "metrics.jsonl", "heldout.jsonl", "summary.json",
-             "metrics.discarded.jsonl", "heldout.discarded.jsonl", "failures.jsonl")
+RUN_FILES = (
+    "config.json",
+    "plan.json",
+    "metrics.jsonl",
+    "heldout.jsonl",
+    "summary.json",
+    "metrics.discarded.jsonl",
+    "heldout.discarded.jsonl",
+    "failures.jsonl",
+)
 RUN_DIRS = ("experience", "checkpoints", "policies", "tensorboard", "wandb")
 
 
@@ -51,7 +59,7 @@ class RunFolder:
 
     def release(self) -> None:
         if self._fd is not None:
-            os.close(self._fd)       # closing the descriptor drops the flock
+            os.close(self._fd)  # closing the descriptor drops the flock
             self._fd = None
 
     def __enter__(self) -> RunFolder:
@@ -61,8 +69,9 @@ class RunFolder:
         self.release()
 
 
-def claim(folder: str | Path, *, resume: bool = False, overwrite: bool = False,
-          what: str = "run") -> RunFolder:
+def claim(
+    folder: str | Path, *, resume: bool = False, overwrite: bool = False, what: str = "run"
+) -> RunFolder:
     """Lock ``folder`` for this process (creating it if needed) and check it may be written.
 
     ``resume``: the folder must hold a run (checked by the caller's checkpoint search).
@@ -72,8 +81,10 @@ def claim(folder: str | Path, *, resume: bool = False, overwrite: bool = False,
     if resume and not path.is_dir():
         raise ConfigError(f"--resume: {path} is not a run folder (no such directory)")
     if path.exists() and not path.is_dir():
-        raise ConfigError(f"output_dir (--output-dir): {path} is an existing file; expected a "
-                          f"directory to write the {what} into (or a path that does not exist yet)")
+        raise ConfigError(
+            f"output_dir (--output-dir): {path} is an existing file; expected a "
+            f"directory to write the {what} into (or a path that does not exist yet)"
+        )
     made = [p for p in (path, *path.parents) if not p.exists()]
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -85,21 +96,24 @@ def claim(folder: str | Path, *, resume: bool = False, overwrite: bool = False,
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        raise RunFolderBusy(f"{path}: another mutualrl process is writing this {what} folder "
-                            f"({_holder(path)}); wait for it to end or stop it. A folder has one "
-                            "writer at a time") from None
+        raise RunFolderBusy(
+            f"{path}: another mutualrl process is writing this {what} folder "
+            f"({_holder(path)}); wait for it to end or stop it. A folder has one "
+            "writer at a time"
+        ) from None
     try:
         # Refusals first (nothing written), then the first write (a folder this process cannot
         # write fails there, nothing deleted yet), then --overwrite's deletions.
         replaced = _check_fresh(path, overwrite) if not resume and what == "run" else []
         try:
-            (path / LOCK_FILE).write_text(f"pid {os.getpid()}: {' '.join(sys.argv)}\n",
-                                          errors="backslashreplace")   # argv: any bytes
+            (path / LOCK_FILE).write_text(
+                f"pid {os.getpid()}: {' '.join(sys.argv)}\n", errors="backslashreplace"
+            )  # argv: any bytes
         except OSError as exc:
             _unmake(made)
             raise _unwritable(path, exc, what) from None
         for name in replaced:
-            remove_tree(path / name, within=path)    # a link is removed, not what it points to
+            remove_tree(path / name, within=path)  # a link is removed, not what it points to
     except BaseException:
         os.close(fd)
         raise
@@ -109,9 +123,11 @@ def claim(folder: str | Path, *, resume: bool = False, overwrite: bool = False,
 def _unwritable(path: Path, exc: OSError, what: str) -> ConfigError:
     reason = os.strerror(exc.errno).lower() if exc.errno else str(exc)
     where = f" ({exc.filename})" if exc.filename and Path(exc.filename) != path else ""
-    return ConfigError(f"output_dir (--output-dir): {path}: cannot write the {what} folder there: "
-                       f"{reason}{where}; expected a folder this process may create and write "
-                       "(nothing was written)")
+    return ConfigError(
+        f"output_dir (--output-dir): {path}: cannot write the {what} folder there: "
+        f"{reason}{where}; expected a folder this process may create and write "
+        "(nothing was written)"
+    )
 
 
 def _unmake(made: list[Path]) -> None:
@@ -151,10 +167,12 @@ def _check_fresh(path: Path, overwrite: bool) -> list[str]:
         raise ConfigError(
             f"output_dir (--output-dir): {path} holds {', '.join(found)}, named as a run's files, "
             "but no run wrote this folder (no run's .lock note or config.json); --overwrite "
-            "deletes only a run's files, so nothing here is deleted: choose another --output-dir")
+            "deletes only a run's files, so nothing here is deleted: choose another --output-dir"
+        )
     if not overwrite:
         raise ConfigError(
             f"output_dir (--output-dir): {path} already holds a run ({', '.join(found)}); continue "
             f"it with `mutualrl train --resume {path}`, start it afresh with --overwrite (deletes "
-            "those files), or choose another --output-dir")
+            "those files), or choose another --output-dir"
+        )
     return found

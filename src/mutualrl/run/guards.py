@@ -33,8 +33,13 @@ class GuardTripped(RuntimeError):
         self.guard, self.policy, self.step, self.reason = guard, policy, step, reason
 
     def record(self) -> dict:
-        return {"phase": "guard", "step": self.step, "guard": self.guard, "policy": self.policy,
-                "reason": self.reason}
+        return {
+            "phase": "guard",
+            "step": self.step,
+            "guard": self.guard,
+            "policy": self.policy,
+            "reason": self.reason,
+        }
 
 
 def _metric(record: dict, policy: str, name: str) -> float | None:
@@ -53,8 +58,11 @@ class Guards:
 
     def state_dict(self) -> dict:
         """The windows and streaks a resumed run continues from (its config may differ)."""
-        return {"rewards": {p: list(w) for p, w in self.rewards.items()},
-                "best_window": dict(self.best_window), "nan_streak": dict(self.nan_streak)}
+        return {
+            "rewards": {p: list(w) for p, w in self.rewards.items()},
+            "best_window": dict(self.best_window),
+            "nan_streak": dict(self.nan_streak),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         w = self.cfg.reward_window
@@ -79,14 +87,17 @@ class Guards:
 
     def _nan(self, record: dict, policy: str) -> tuple[str, str] | None:
         loss = _metric(record, policy, "loss")
-        if loss is None:        # no update this step (the policy failed): no evidence either way
+        if loss is None:  # no update this step (the policy failed): no evidence either way
             return None
         skipped = math.isnan(loss) or (_metric(record, policy, "skipped_nan") or 0) > 0
         self.nan_streak[policy] = self.nan_streak[policy] + 1 if skipped else 0
         n = self.cfg.max_nan_steps
         if n is None or self.nan_streak[policy] < n:
             return None
-        return "max_nan_steps", f"loss NaN (update skipped) for {self.nan_streak[policy]} consecutive steps"
+        return (
+            "max_nan_steps",
+            f"loss NaN (update skipped) for {self.nan_streak[policy]} consecutive steps",
+        )
 
     def _collapse(self, record: dict, policy: str) -> tuple[str, str] | None:
         reward = _metric(record, policy, "reward/mean")
@@ -102,5 +113,8 @@ class Guards:
         f = self.cfg.reward_collapse_fraction
         if f is None or best <= 0 or mean >= f * best:
             return None
-        return ("reward_collapse", f"mean reward {mean:.3f} over the last {w} steps < "
-                f"{f:g} x best {w}-step mean {best:.3f}")
+        return (
+            "reward_collapse",
+            f"mean reward {mean:.3f} over the last {w} steps < "
+            f"{f:g} x best {w}-step mean {best:.3f}",
+        )

@@ -18,7 +18,7 @@ from mutualrl.registry import Registry, RegistryError
 from mutualrl.tasks import TASKS
 
 # What the device field takes, for the messages (policy_device places "cuda" on planned GPUs).
-DEVICES = "\"cpu\", \"cuda\" (each learner on its planned GPU) or \"cuda:N\""
+DEVICES = '"cpu", "cuda" (each learner on its planned GPU) or "cuda:N"'
 
 
 def check_inputs(cfg: RunConfig) -> None:
@@ -28,7 +28,7 @@ def check_inputs(cfg: RunConfig) -> None:
     registered(TASKS, cfg.task.name, "task.name")
     registered(EXECUTORS, cfg.allocation.executor, "allocation.executor")
     for p in cfg.policies:
-        if p.checkpoint is None:   # a checkpoint's own config.json names its architecture
+        if p.checkpoint is None:  # a checkpoint's own config.json names its architecture
             registered(ARCHITECTURES, p.architecture, f"policies.{p.name}.architecture")
     check_backends(cfg.policies)
 
@@ -47,17 +47,22 @@ def check_device(device: str) -> None:
     try:
         dev = torch.device(device)
     except (RuntimeError, ValueError) as exc:
-        raise ConfigError(f"device: {device!r} is not a torch device ({exc}); expected "
-                          f"{DEVICES}") from None
+        raise ConfigError(
+            f"device: {device!r} is not a torch device ({exc}); expected {DEVICES}"
+        ) from None
     if dev.type == "cpu":
         return
     acc = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
     if acc is None or acc.type != dev.type:
         found = f"only {acc.type}" if acc is not None else "no accelerator"
-        raise ConfigError(f"device: {device!r}, but this torch ({torch.__version__}) sees "
-                          f"{found} on this machine; expected \"cpu\" here, or {dev.type} where "
-                          f"torch has it")
+        raise ConfigError(
+            f"device: {device!r}, but this torch ({torch.__version__}) sees "
+            f'{found} on this machine; expected "cpu" here, or {dev.type} where '
+            f"torch has it"
+        )
     count = torch.accelerator.device_count()
     if dev.index is not None and dev.index >= count:
-        raise ConfigError(f"device: {device!r}, but this machine has {count} {dev.type} "
-                          f"device(s); expected an index below {count}")
+        raise ConfigError(
+            f"device: {device!r}, but this machine has {count} {dev.type} "
+            f"device(s); expected an index below {count}"
+        )

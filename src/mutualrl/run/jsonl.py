@@ -35,8 +35,13 @@ def read_jsonl(path: str | Path, upto: int | None = None) -> list[dict[str, Any]
         for number, raw in enumerate(f, 1):
             if upto is not None and offset + len(raw) > upto:
                 if offset < upto:
-                    _damaged(path, offset, number, f"the line runs past byte {upto}, where the "
-                             "file ended when it was recorded whole")
+                    _damaged(
+                        path,
+                        offset,
+                        number,
+                        f"the line runs past byte {upto}, where the "
+                        "file ended when it was recorded whole",
+                    )
                 break
             record = _parse(path, raw, offset, number)
             if record is not None:
@@ -55,16 +60,18 @@ def _parse(path: Path, raw: bytes, offset: int, number: int) -> dict[str, Any] |
     try:
         record = json.loads(text)
     except json.JSONDecodeError as exc:
-        _damaged(path, offset + len(text[:exc.pos].encode()), number,
-                 f"not valid JSON ({exc.msg})")
+        _damaged(
+            path, offset + len(text[: exc.pos].encode()), number, f"not valid JSON ({exc.msg})"
+        )
     if not isinstance(record, dict):
         _damaged(path, offset, number, f"a JSON {type(record).__name__}, not an object")
     return record
 
 
 def _damaged(path: Path, byte: int, number: int, why: str) -> NoReturn:
-    raise DamagedRecords(f"{path}: byte {byte} (line {number}): {why}; expected one JSON object "
-                         "per line")
+    raise DamagedRecords(
+        f"{path}: byte {byte} (line {number}): {why}; expected one JSON object per line"
+    )
 
 
 def check_records(run_dir: str | Path, recorded: dict[str, int], checkpoint: str) -> None:
@@ -76,10 +83,12 @@ def check_records(run_dir: str | Path, recorded: dict[str, int], checkpoint: str
     files += [(run_dir / name, None) for name in UNRECORDED]
     for path, size in files:
         if not path.is_file():
-            continue         # a missing file the checkpoint recorded is check_lengths' refusal
+            continue  # a missing file the checkpoint recorded is check_lengths' refusal
         try:
             read_jsonl(path, size)
         except DamagedRecords as exc:
-            raise DamagedRecords(f"--resume: {exc} (checkpoint {checkpoint}); the run cannot "
-                                 "continue on damaged records: restore the file, or start "
-                                 "afresh with --overwrite") from None
+            raise DamagedRecords(
+                f"--resume: {exc} (checkpoint {checkpoint}); the run cannot "
+                "continue on damaged records: restore the file, or start "
+                "afresh with --overwrite"
+            ) from None

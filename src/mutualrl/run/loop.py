@@ -27,8 +27,18 @@ from mutualrl.run.evaluation import evaluate
 from mutualrl.run.folder import claim
 from mutualrl.run.guards import GuardTripped
 from mutualrl.run.jsonl import check_records
-from mutualrl.run.phases import (build_batches, check_guards, generate, log_pace,
-                                 log_step, make_context, publish, sample_prompts, update, verify)
+from mutualrl.run.phases import (
+    build_batches,
+    check_guards,
+    generate,
+    log_pace,
+    log_step,
+    make_context,
+    publish,
+    sample_prompts,
+    update,
+    verify,
+)
 from mutualrl.run.metrics import read_metrics
 from mutualrl.run.paced import pace_summary, paced_train_loop
 from mutualrl.run.progress import RunProgress
@@ -50,7 +60,7 @@ def grpo_step(run: Run, step: int, names: list[str] | None = None) -> dict:
         samples = verify(run, samples)
     with clock("publish"):
         publish(run, samples)
-    with clock("strategy"):   # with build_batches: routing, THL, buffers
+    with clock("strategy"):  # with build_batches: routing, THL, buffers
         ctx = make_context(run, step, prompts)
         run.strategy.observe(ctx, samples)
     stats = update(run, ctx, build_batches(run, ctx, samples))
@@ -82,7 +92,9 @@ def train_loop(run: Run, start: int = 0) -> None:
         if run.cfg.eval.every and (step + 1) % run.cfg.eval.every == 0 and step + 1 < run.cfg.steps:
             evaluate(run, step + 1)
         save_checkpoint(run, step + 1)
-        run.progress.advance(" | ".join(f"{n} r={np.mean(h[-5:]):.2f}" for n, h in run.history.items()))
+        run.progress.advance(
+            " | ".join(f"{n} r={np.mean(h[-5:]):.2f}" for n, h in run.history.items())
+        )
         if run.stop.requested:
             stop_here(run, step + 1)
     run.progress.finish_phase(f"{run.cfg.steps} steps done")
@@ -134,15 +146,25 @@ def summarize(run: Run, final_eval: dict, wall: float) -> RunSummary:
     window = max(1, len(next(iter(run.history.values()), [])) // 4)
     first = {n: float(np.mean(h[:window])) for n, h in run.history.items()}
     last = {n: float(np.mean(h[-window:])) for n, h in run.history.items()}
-    summary = RunSummary(str(run.out), first, last,
-                         {k: v for k, v in final_eval.items() if k not in ("phase", "step")}, wall,
-                         dict(run.phase_times),
-                         pace_summary(read_metrics(run.out / "metrics.jsonl"), list(run.policies)),
-                         run.pace.books() if run.pace is not None else {},
-                         run.departures.summary(), dict(run.restarts),
-                         {n: {"lookups": rt.cache.hits + rt.cache.misses, "hits": rt.cache.hits}
-                          for n, rt in run.retokenizers.items()})
-    (run.out / "summary.json").write_bytes(msgspec.json.format(msgspec.json.encode(summary), indent=2))
+    summary = RunSummary(
+        str(run.out),
+        first,
+        last,
+        {k: v for k, v in final_eval.items() if k not in ("phase", "step")},
+        wall,
+        dict(run.phase_times),
+        pace_summary(read_metrics(run.out / "metrics.jsonl"), list(run.policies)),
+        run.pace.books() if run.pace is not None else {},
+        run.departures.summary(),
+        dict(run.restarts),
+        {
+            n: {"lookups": rt.cache.hits + rt.cache.misses, "hits": rt.cache.hits}
+            for n, rt in run.retokenizers.items()
+        },
+    )
+    (run.out / "summary.json").write_bytes(
+        msgspec.json.format(msgspec.json.encode(summary), indent=2)
+    )
     return summary
 
 
@@ -151,8 +173,9 @@ def save_policies(run: Run) -> None:
         run.call_live(SavePretrained(str(run.out / "policies")))
 
 
-def open_checkpoint(cfg: RunConfig, found: checkpoint.Checkpoint | None = None
-                    ) -> tuple[checkpoint.Checkpoint, dict]:
+def open_checkpoint(
+    cfg: RunConfig, found: checkpoint.Checkpoint | None = None
+) -> tuple[checkpoint.Checkpoint, dict]:
     """The checkpoint a resumed run continues from (``found``: already found and verified),
     checked against ``cfg`` before anything is written; then the run's files are cut back to it
     (what follows is moved aside, not lost)."""
@@ -161,8 +184,10 @@ def open_checkpoint(cfg: RunConfig, found: checkpoint.Checkpoint | None = None
     for line in notes:
         print(f"mutualrl: {line}", file=sys.stderr)
     if ckpt is None:
-        raise ConfigError(f"--resume: no complete checkpoint in {Path(cfg.output_dir) / checkpoint.CHECKPOINT_DIR} "
-                          "(checkpoints are written every save_steps steps; save_steps = 0 writes none)")
+        raise ConfigError(
+            f"--resume: no complete checkpoint in {Path(cfg.output_dir) / checkpoint.CHECKPOINT_DIR} "
+            "(checkpoints are written every save_steps steps; save_steps = 0 writes none)"
+        )
     harmless = checkpoint.check_config(ckpt, cfg)
     checkpoint.check_lengths(Path(cfg.output_dir), ckpt)
     check_records(Path(cfg.output_dir), ckpt.state.get("append_only", {}), ckpt.path.name)
@@ -171,9 +196,15 @@ def open_checkpoint(cfg: RunConfig, found: checkpoint.Checkpoint | None = None
     for line in changes:
         print(f"mutualrl: note: {line}", file=sys.stderr)
     moved = checkpoint.cut_back(Path(cfg.output_dir), ckpt)
-    return ckpt, {"phase": "resume", "step": ckpt.step, "checkpoint": str(ckpt.path),
-                  "skipped_checkpoints": notes, "changed_harmless": harmless,
-                  "changes_what_follows": changes, "moved_aside": moved}
+    return ckpt, {
+        "phase": "resume",
+        "step": ckpt.step,
+        "checkpoint": str(ckpt.path),
+        "skipped_checkpoints": notes,
+        "changed_harmless": harmless,
+        "changes_what_follows": changes,
+        "moved_aside": moved,
+    }
 
 
 def resume_from(run: Run, ckpt: checkpoint.Checkpoint, record: dict) -> int:
@@ -183,8 +214,12 @@ def resume_from(run: Run, ckpt: checkpoint.Checkpoint, record: dict) -> int:
     return start
 
 
-def train(cfg: RunConfig, progress: RunProgress | None = None, resume: bool = False,
-          overwrite: bool = False) -> RunSummary:
+def train(
+    cfg: RunConfig,
+    progress: RunProgress | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+) -> RunSummary:
     """Run the whole job: build, warm start, train, evaluate, save. Metrics are kept on failure.
 
     ``resume``: continue ``cfg.output_dir`` from its last complete checkpoint instead (no warm
@@ -202,14 +237,18 @@ def train(cfg: RunConfig, progress: RunProgress | None = None, resume: bool = Fa
         opened = open_checkpoint(cfg) if resume else None
         restarts, built = Restarts(cfg), t0
         while True:
-            run = build_run(cfg, progress, prepared,   # policies that left stay gone
-                            departed=opened[0].state.get("departures") if opened else None)
+            run = build_run(
+                cfg,
+                progress,
+                prepared,  # policies that left stay gone
+                departed=opened[0].state.get("departures") if opened else None,
+            )
             run.stop, run.restarts = stop, restarts.counts
             run.phase_times["build"] += time.perf_counter() - built
             try:
                 return _train_built(run, opened, t0)
-            except WorkerFailedError as exc:   # the attempt is closed; under "restart", go back
-                found = restarts.take(exc)     # to the last checkpoint (run.restarts), else raise
+            except WorkerFailedError as exc:  # the attempt is closed; under "restart", go back
+                found = restarts.take(exc)  # to the last checkpoint (run.restarts), else raise
             built = time.perf_counter()
             prepared = prepare(cfg)
             ckpt, record = open_checkpoint(cfg, found)
@@ -222,17 +261,17 @@ def _train_built(run: Run, opened, t0: float) -> RunSummary:
         if opened is None:
             with run.timed("warm start"):
                 warm_start(run)
-            evaluate(run, 0)   # the starting point every later evaluation is compared with
+            evaluate(run, 0)  # the starting point every later evaluation is compared with
             run.departures.check(run, 0, "warm start")
             start = 0
-            if checkpoint_at_start(cfg):   # something for a restart to go back to
+            if checkpoint_at_start(cfg):  # something for a restart to go back to
                 with run.timed("save"):
                     checkpoint.save(run, 0)
         else:
             start = resume_from(run, *opened)
         try:
             train_loop(run, start)
-        except GuardTripped as exc:   # its record is written; checkpoint what was trained, stop
+        except GuardTripped as exc:  # its record is written; checkpoint what was trained, stop
             checkpoint.save(run, exc.step + 1)
             save_policies(run)
             raise

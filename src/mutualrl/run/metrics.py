@@ -30,9 +30,13 @@ class MetricsWriter:
 
     def write(self, record: dict[str, Any]) -> None:
         line = json.dumps({k: _clean(v) for k, v in record.items()}) + "\n"
-        append_whole(self._fd, line.encode("utf-8"), self.path,
-                     f"this record ({record.get('phase')} step {record.get('step')}) was not "
-                     "written; every record before it is kept")
+        append_whole(
+            self._fd,
+            line.encode("utf-8"),
+            self.path,
+            f"this record ({record.get('phase')} step {record.get('step')}) was not "
+            "written; every record before it is kept",
+        )
 
     def close(self) -> None:
         if self._fd is not None:

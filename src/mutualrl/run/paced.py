@@ -35,14 +35,30 @@ from collections import defaultdict
 
 import numpy as np
 
-from mutualrl.allocation import (PacedRecord, QueueChannel, VersionGate, WorkerFailedError,
-                                 WorkerUnavailable, run_paced)
+from mutualrl.allocation import (
+    PacedRecord,
+    QueueChannel,
+    VersionGate,
+    WorkerFailedError,
+    WorkerUnavailable,
+    run_paced,
+)
 from mutualrl.config import ConfigError, RunConfig
 from mutualrl.run.evaluation import evaluate
 from mutualrl.run.guards import GuardTripped
-from mutualrl.run.phases import (build_batches, check_guards, generate, log_pace,
-                                 make_context, policy_metrics, publish, run_metrics,
-                                 sample_prompts, update, verify)
+from mutualrl.run.phases import (
+    build_batches,
+    check_guards,
+    generate,
+    log_pace,
+    make_context,
+    policy_metrics,
+    publish,
+    run_metrics,
+    sample_prompts,
+    update,
+    verify,
+)
 from mutualrl.run.state import Run
 from mutualrl.strategies import STRATEGIES, build_strategy
 
@@ -67,9 +83,11 @@ def check_paced(cfg: RunConfig) -> None:
         return
     why = getattr(STRATEGIES.get(cfg.strategy), "needs_lock_step", None)
     if why:
-        raise ConfigError(f"allocation.max_staleness = {k}: strategy {cfg.strategy!r} needs every "
-                          f"policy to take each step together ({why}); set max_staleness = 0 or "
-                          "choose another strategy")
+        raise ConfigError(
+            f"allocation.max_staleness = {k}: strategy {cfg.strategy!r} needs every "
+            f"policy to take each step together ({why}); set max_staleness = 0 or "
+            "choose another strategy"
+        )
 
 
 class Pace:
@@ -82,16 +100,24 @@ class Pace:
         self.channel = QueueChannel(names)
         self.strategies = {n: build_strategy(run.cfg) for n in names}
         ex = run.cfg.exchange
-        self.own = {n: run.bus.subscribe(kinds=None, producers=[n], name=f"paced:{n}",
-                                         maxsize=ex.queue_size,
-                                         overflow=ex.overflow, timeout=ex.block_timeout_s)
-                    for n in names}
+        self.own = {
+            n: run.bus.subscribe(
+                kinds=None,
+                producers=[n],
+                name=f"paced:{n}",
+                maxsize=ex.queue_size,
+                overflow=ex.overflow,
+                timeout=ex.block_timeout_s,
+            )
+            for n in names
+        }
         self.failed: set[str] = set()
         self.lock = threading.Lock()
         # consumer -> producer -> "consumed" | "dropped" -> producer steps
         self.ledger: dict[str, dict[str, dict[str, list[int]]]] = {
-            n: {p: {"consumed": [], "dropped": []} for p in names if p != n} for n in names}
-        self.dropped = {n: 0 for n in names}   # records each receiver dropped as stale
+            n: {p: {"consumed": [], "dropped": []} for p in names if p != n} for n in names
+        }
+        self.dropped = {n: 0 for n in names}  # records each receiver dropped as stale
         self.rows = StepRows(self, run)
         self.tripped: GuardTripped | None = None
 
@@ -116,15 +142,32 @@ class Pace:
         over the three, however often the run was stopped and resumed."""
         queued = {c: [(r.producer, r.version - 1) for r in rs] for c, rs in self.pending().items()}
         with self.lock:
-            return {c: {p: {"consumed": _ranges(b["consumed"]), "dropped": _ranges(b["dropped"]),
-                            "queued": _ranges([s for q, s in queued.get(c, []) if q == p])}
-                        for p, b in by.items()} for c, by in self.ledger.items()}
+            return {
+                c: {
+                    p: {
+                        "consumed": _ranges(b["consumed"]),
+                        "dropped": _ranges(b["dropped"]),
+                        "queued": _ranges([s for q, s in queued.get(c, []) if q == p]),
+                    }
+                    for p, b in by.items()
+                }
+                for c, by in self.ledger.items()
+            }
 
     def state_dict(self) -> dict:
-        strategies = {n: s.state_dict() for n, s in self.strategies.items() if hasattr(s, "state_dict")}
-        return {"versions": self.gate.versions(), "wait_s": dict(self.gate.wait_s),
-                "failed": sorted(self.failed), "queued": self.pending(), "strategies": strategies,
-                "ledger": self.ledger, "dropped": dict(self.dropped), "rows": self.rows.state_dict()}
+        strategies = {
+            n: s.state_dict() for n, s in self.strategies.items() if hasattr(s, "state_dict")
+        }
+        return {
+            "versions": self.gate.versions(),
+            "wait_s": dict(self.gate.wait_s),
+            "failed": sorted(self.failed),
+            "queued": self.pending(),
+            "strategies": strategies,
+            "ledger": self.ledger,
+            "dropped": dict(self.dropped),
+            "rows": self.rows.state_dict(),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         for name, version in state["versions"].items():
@@ -190,13 +233,14 @@ class StepRows:
         record.update(run_metrics(self.run))
         record["exchange/stale_dropped"] = sum(self.pace.dropped.values())
         self.run.writer.write(record)
-        self.run.progress.advance(" | ".join(f"{n} r={np.mean(h[-5:]):.2f}"
-                                             for n, h in self.run.history.items() if h))
+        self.run.progress.advance(
+            " | ".join(f"{n} r={np.mean(h[-5:]):.2f}" for n, h in self.run.history.items() if h)
+        )
         if self.pace.tripped is None:
             try:
                 check_guards(self.run, record)
             except GuardTripped as tripped:
-                self.pace.tripped = tripped   # every loop stops at its next step boundary
+                self.pace.tripped = tripped  # every loop stops at its next step boundary
 
     def state_dict(self) -> dict:
         with self.lock:
@@ -213,11 +257,11 @@ class _Produced:
     prompts: list
     samples: dict
     gen_time: dict
-    own: list                         # the step's own records as the exchange delivered them
-    t0: float                         # when the step started (after the gate)
-    busy0: float                      # the worker's busy seconds then
-    waited: float                     # seconds it waited at the gate before the step
-    lead: int                         # steps ahead of the slowest live peer when it started
+    own: list  # the step's own records as the exchange delivered them
+    t0: float  # when the step started (after the gate)
+    busy0: float  # the worker's busy seconds then
+    waited: float  # seconds it waited at the gate before the step
+    lead: int  # steps ahead of the slowest live peer when it started
 
 
 class PolicyStepper:
@@ -227,8 +271,12 @@ class PolicyStepper:
 
     def __init__(self, run: Run, name: str, pace: Pace) -> None:
         self.name, self.pace = name, pace
-        self.run = dataclasses.replace(run, strategy=pace.strategies[name],
-                                       subscription=pace.own[name], step_phases=defaultdict(float))
+        self.run = dataclasses.replace(
+            run,
+            strategy=pace.strategies[name],
+            subscription=pace.own[name],
+            step_phases=defaultdict(float),
+        )
         self.current: _Produced | None = None
         self.wait_seen = pace.gate.wait_s[name]
         self.dropped_seen = pace.dropped[name]
@@ -243,7 +291,7 @@ class PolicyStepper:
         prompts = sample_prompts(run, k)
         with clock("generate"):
             samples, gen_time = generate(run, prompts, [name], k)
-        if name not in samples:   # its worker failed and on_failure kept the run going
+        if name not in samples:  # its worker failed and on_failure kept the run going
             raise WorkerUnavailable(f"policy {name!r}: generation at step {k} failed")
         with clock("verify"):
             samples = verify(run, samples)
@@ -279,7 +327,10 @@ class PolicyStepper:
         name = self.name
         lags = [k - (r.version - 1) for r in incoming]
         with self.pace.lock:
-            dropped, self.dropped_seen = self.pace.dropped[name] - self.dropped_seen, self.pace.dropped[name]
+            dropped, self.dropped_seen = (
+                self.pace.dropped[name] - self.dropped_seen,
+                self.pace.dropped[name],
+            )
         ctx.log(name, "pace/lead", cur.lead)
         ctx.log(name, "pace/gate_wait_time_s", cur.waited)
         ctx.log(name, "pace/step_wall_time_s", cur.waited + time.perf_counter() - cur.t0)
@@ -298,8 +349,9 @@ class PolicyStepper:
 def sync_points(cfg: RunConfig, start: int) -> int:
     """The next step after ``start`` where all policies meet: an evaluation, a checkpoint, the end."""
     for step in range(start + 1, cfg.steps + 1):
-        if ((cfg.eval.every and step % cfg.eval.every == 0) or
-                (cfg.save_steps and step % cfg.save_steps == 0)):
+        if (cfg.eval.every and step % cfg.eval.every == 0) or (
+            cfg.save_steps and step % cfg.save_steps == 0
+        ):
             return step
     return cfg.steps
 
@@ -308,7 +360,7 @@ def paced_train_loop(run: Run, save_checkpoint, stop_here) -> None:
     """Every live policy at its own pace, segment by segment between the steps where all meet
     (``save_checkpoint(run, step)`` and ``stop_here(run, step)`` are the lock-step loop's)."""
     pace, cfg = run.pace, run.cfg
-    run.subscription.close()   # the lock-step loop's; each policy here has its own
+    run.subscription.close()  # the lock-step loop's; each policy here has its own
     run.progress.start_phase("train", cfg.steps, completed=pace.rows.next)
     steppers = {n: PolicyStepper(run, n, pace) for n in run.policies}
     while True:
@@ -319,7 +371,7 @@ def paced_train_loop(run: Run, save_checkpoint, stop_here) -> None:
         end = sync_points(cfg, begin)
         with run.timed("train"):
             _segment(run, {n: steppers[n] for n in live}, end)
-        if pace.tripped is not None:   # its record is written; the run checkpoints and stops
+        if pace.tripped is not None:  # its record is written; the run checkpoints and stops
             raise pace.tripped
         reached = all(pace.gate.version(n) >= end for n in pace.live(run))
         # every policy is at end: its evaluation, then its checkpoint (a stop asked for during
@@ -327,7 +379,7 @@ def paced_train_loop(run: Run, save_checkpoint, stop_here) -> None:
         if reached and cfg.eval.every and end % cfg.eval.every == 0 and end < cfg.steps:
             evaluate(run, end)
         if run.stop.requested or not reached:
-            if reached:   # its checkpoint first, which stop_here names
+            if reached:  # its checkpoint first, which stop_here names
                 save_checkpoint(run, end)
             stop_here(run, pace.rows.next)
         save_checkpoint(run, end)
@@ -340,12 +392,17 @@ def _segment(run: Run, steppers: dict[str, PolicyStepper], end: int) -> None:
     # the last segment's end closed the gate and its finished loops left it: open it again
     pace.gate.reopen(steppers)
     report = run_paced(
-        steppers, end, pace.gate, pace.channel,
+        steppers,
+        end,
+        pace.gate,
+        pace.channel,
         step_timeout_s=CALLS_PER_STEP * alloc.call_timeout_s,
         on_failure="continue" if alloc.on_failure == "continue" else "stop",
-        halt=lambda: run.stop.requested or pace.tripped is not None, keep_undelivered=True,
+        halt=lambda: run.stop.requested or pace.tripped is not None,
+        keep_undelivered=True,
         on_stale=lambda consumer, records: steppers[consumer].dropped(records),
-        set_aside=lambda ident: verification_seconds(run, ident))
+        set_aside=lambda ident: verification_seconds(run, ident),
+    )
     pace.failed.update(f.worker for f in report.failures)
     pace.rows.flush()
     if report.stopped and report.failures:
@@ -367,13 +424,21 @@ def pace_summary(rows: list[dict], names: list[str]) -> dict[str, dict[str, floa
         # None: no busy time in the rows (a Ray run written before its executor measured it)
         busy = sum(timed) if timed else None
         used = sum(r.get(p + "pace/experience_records") or 0.0 for r in mine)
-        lag = sum((r.get(p + "pace/experience_lag_mean") or 0.0) * (r.get(p + "pace/experience_records") or 0.0)
-                  for r in mine)
-        out[n] = {"steps": len(mine), "wall_s": wall, "busy_s": busy,
-                  "idle_fraction": (max(0.0, 1 - busy / wall) if wall else 0.0)
-                  if busy is not None else None,
-                  "steps_per_min": 60 * len(mine) / wall if wall else 0.0,
-                  "gate_wait_s": sum(r.get(p + "pace/gate_wait_time_s") or 0.0 for r in mine),
-                  "experience_lag_mean": lag / used if used else 0.0,
-                  "stale_dropped": sum(r.get(p + "pace/stale_dropped") or 0.0 for r in mine)}
+        lag = sum(
+            (r.get(p + "pace/experience_lag_mean") or 0.0)
+            * (r.get(p + "pace/experience_records") or 0.0)
+            for r in mine
+        )
+        out[n] = {
+            "steps": len(mine),
+            "wall_s": wall,
+            "busy_s": busy,
+            "idle_fraction": (max(0.0, 1 - busy / wall) if wall else 0.0)
+            if busy is not None
+            else None,
+            "steps_per_min": 60 * len(mine) / wall if wall else 0.0,
+            "gate_wait_s": sum(r.get(p + "pace/gate_wait_time_s") or 0.0 for r in mine),
+            "experience_lag_mean": lag / used if used else 0.0,
+            "stale_dropped": sum(r.get(p + "pace/stale_dropped") or 0.0 for r in mine),
+        }
     return out

@@ -34,15 +34,21 @@ def sample_prompts(run: Run, step: int):
     return run.task.sample(rng, run.cfg.grpo.prompts_per_step, "train")
 
 
-def generate(run: Run, prompts, names: list[str] | None = None, step: int | None = None
-             ) -> tuple[dict[str, list[Sample]], dict[str, float]]:
+def generate(
+    run: Run, prompts, names: list[str] | None = None, step: int | None = None
+) -> tuple[dict[str, list[Sample]], dict[str, float]]:
     """Each policy samples its group for each prompt, concurrently through the executor; a
     policy that drew its samples for ``step`` during its last update takes those."""
     names = names or run.live()
-    ready = {n: p for n, p in ((n, run.prefetched.pop(n, None)) for n in names)
-             if p is not None and p.step == step}
+    ready = {
+        n: p
+        for n, p in ((n, run.prefetched.pop(n, None)) for n in names)
+        if p is not None and p.step == step
+    }
     t0 = time.perf_counter()
-    samples = call_each(run.executor, {n: sampling_call(run, prompts) for n in names if n not in ready})
+    samples = call_each(
+        run.executor, {n: sampling_call(run, prompts) for n in names if n not in ready}
+    )
     elapsed = time.perf_counter() - t0
     times = {n: elapsed for n in samples}
     for n, p in ready.items():
@@ -59,9 +65,13 @@ def sampling_call(run: Run, prompts) -> Generate:
 def verify(run: Run, samples: dict[str, list[Sample]]) -> dict[str, list[Sample]]:
     if run.rewards is not None:
         return verify_weighted(run, samples)
-    return {name: [replace(s, reward=r) for s, r in
-                   zip(ss, run.verifier.score_many([(s.prompt, s.text) for s in ss]))]
-            for name, ss in samples.items()}
+    return {
+        name: [
+            replace(s, reward=r)
+            for s, r in zip(ss, run.verifier.score_many([(s.prompt, s.text) for s in ss]))
+        ]
+        for name, ss in samples.items()
+    }
 
 
 def verify_weighted(run: Run, samples: dict[str, list[Sample]]) -> dict[str, list[Sample]]:
@@ -76,8 +86,15 @@ def verify_weighted(run: Run, samples: dict[str, list[Sample]]) -> dict[str, lis
 
 def publish(run: Run, samples: dict[str, list[Sample]]) -> None:
     v = run.rewards or run.task.verifier
-    publish_step(run.bus, run.policies, run.versions, samples, v.verifier_id, v.version,
-                 run.cfg.exchange.success_threshold)
+    publish_step(
+        run.bus,
+        run.policies,
+        run.versions,
+        samples,
+        v.verifier_id,
+        v.version,
+        run.cfg.exchange.success_threshold,
+    )
 
 
 # ---- the strategy's view of the step ----------------------------------------------------------
@@ -90,18 +107,24 @@ def make_context(run: Run, step: int, prompts, experience: list | None = None) -
     if run.peer_logs is not None:
         experience += run.peer_logs.for_prompts(p.id for p in prompts)
     ctx = StrategyContext(
-        step=step, grpo=run.cfg.grpo, policy_names=list(ps),
+        step=step,
+        grpo=run.cfg.grpo,
+        policy_names=list(ps),
         rng=np.random.default_rng([run.cfg.seed, 4, step]),
         encode_prompt={n: p.encode_prompt for n, p in ps.items()},
         # The strategy phase's model compute and THL, timed apart (phase/strategy.<part>_time_s).
-        sequence_logprobs={n: _timed(remote_logprobs(run, n), run, "strategy.logprobs") for n in ps},
+        sequence_logprobs={
+            n: _timed(remote_logprobs(run, n), run, "strategy.logprobs") for n in ps
+        },
         retokenizers={n: _TimedRetokenizer(rt, run) for n, rt in run.retokenizers.items()},
         tokenizers={p.handle.fingerprint: p.handle for p in ps.values()},
         peer_experience=experience,
         generate={n: _timed(remote_generate(run, n), run, "strategy.generate") for n in ps},
         verify=run.verifier,
         publish=lambda record, producer: run.bus.publish(
-            record, producer=producer, version=run.versions[producer]))
+            record, producer=producer, version=run.versions[producer]
+        ),
+    )
     for n, fn in ctx.generate.items():
         ctx.generate[n] = _counting_tokens(fn, ctx, n)
     return ctx
@@ -112,15 +135,21 @@ def remote_generate(run: Run, name: str):
     g = run.cfg.grpo
 
     def generate(prompts, num_generations):
-        return call_one(run.executor, name, Generate(prompts, num_generations,
-                                                     g.max_completion_length, g.temperature))
+        return call_one(
+            run.executor,
+            name,
+            Generate(prompts, num_generations, g.max_completion_length, g.temperature),
+        )
+
     return generate
 
 
 def remote_logprobs(run: Run, name: str):
     """A policy's ``sequence_logprobs`` for the strategy, computed where its weights are."""
+
     def sequence_logprobs(prompts, completions):
         return call_one(run.executor, name, SequenceLogprobs(prompts, completions))
+
     return sequence_logprobs
 
 
@@ -128,18 +157,22 @@ def _timed(fn, run: Run, part: str):
     def call(*args, **kwargs):
         with run.step_phase(part):
             return fn(*args, **kwargs)
+
     return call
 
 
 def _counting_tokens(generate, ctx: StrategyContext, receiver: str):
     """The strategy's extra sampling, counted in ``strategy/generated_tokens`` (completion tokens
     beyond the step's own groups: rollouts are paid for wherever they are drawn)."""
+
     def call(prompts, num_generations):
         samples = generate(prompts, num_generations)
         m = ctx.metrics.setdefault(receiver, {})
         m["strategy/generated_tokens"] = m.get("strategy/generated_tokens", 0.0) + float(
-            sum(len(s.completion_ids) for s in samples))
+            sum(len(s.completion_ids) for s in samples)
+        )
         return samples
+
     return call
 
 
@@ -156,14 +189,16 @@ class _TimedRetokenizer:
 
 
 # ---- batches and updates ----------------------------------------------------------------------
-def build_batches(run: Run, ctx: StrategyContext, samples: dict[str, list[Sample]]) -> dict[str, list]:
+def build_batches(
+    run: Run, ctx: StrategyContext, samples: dict[str, list[Sample]]
+) -> dict[str, list]:
     """The strategy assembles each receiver's batches from its own samples and the exchange."""
     batches = {}
-    with run.step_phase("strategy"):   # includes its retokenize, logprobs and generate parts
+    with run.step_phase("strategy"):  # includes its retokenize, logprobs and generate parts
         for name, own in samples.items():
             try:
                 batches[name] = run.strategy.build_batches(ctx, name, own)
-            except WorkerUnavailable:   # its receiver-side call failed; on_failure has dealt with it
+            except WorkerUnavailable:  # its receiver-side call failed; on_failure has dealt with it
                 continue
     return batches
 
@@ -175,8 +210,9 @@ def update(run: Run, ctx: StrategyContext, batches: dict[str, list]) -> dict[str
     ahead = run.cfg.allocation.async_generation and nxt < run.cfg.steps
     gen = sampling_call(run, sample_prompts(run, nxt)) if ahead else None
     with run.step_phase("update"):
-        results = run.executor.call({n: Update(b) if gen is None else UpdateAndGenerate(b, gen)
-                                     for n, b in batches.items()})
+        results = run.executor.call(
+            {n: Update(b) if gen is None else UpdateAndGenerate(b, gen) for n, b in batches.items()}
+        )
     for name in results:
         run.strategy.after_update(ctx, name)
     stats = {}
@@ -193,30 +229,38 @@ def sample_metrics(samples: list[Sample], elapsed: float, g) -> dict[str, float]
     rewards = np.array([s.reward for s in samples])
     groups = rewards.reshape(-1, g.num_generations)
     lengths = np.array([len(s.completion_ids) for s in samples])
-    out = {"reward/mean": rewards.mean(), "reward/std": rewards.std(),
-           "frac_reward_zero_std": float((groups.std(1) == 0).mean()),
-           "completion_length": lengths.mean(),
-           "truncated_frac": float(np.mean([s.finish_reason == "length" for s in samples])),
-           "tokens_per_s": lengths.sum() / max(elapsed, 1e-9),
-           # GRPO guides aim for about 0.5-1.5; near 0 means the groups carry no signal.
-           "adv_var": float(own_advantages(samples, g)[0].var(unbiased=False))}
+    out = {
+        "reward/mean": rewards.mean(),
+        "reward/std": rewards.std(),
+        "frac_reward_zero_std": float((groups.std(1) == 0).mean()),
+        "completion_length": lengths.mean(),
+        "truncated_frac": float(np.mean([s.finish_reason == "length" for s in samples])),
+        "tokens_per_s": lengths.sum() / max(elapsed, 1e-9),
+        # GRPO guides aim for about 0.5-1.5; near 0 means the groups carry no signal.
+        "adv_var": float(own_advantages(samples, g)[0].var(unbiased=False)),
+    }
     for fam in sorted({s.prompt.family for s in samples}):
-        out[f"reward/{fam}/mean"] = float(np.mean([s.reward for s in samples if s.prompt.family == fam]))
+        out[f"reward/{fam}/mean"] = float(
+            np.mean([s.reward for s in samples if s.prompt.family == fam])
+        )
     return out
 
 
 def log_step(run: Run, step: int, samples, gen_time, update_stats, ctx, step_time) -> dict:
     record: dict = {"phase": "train", "step": step, "time_s": step_time}
     for name, ss in samples.items():
-        record.update(policy_metrics(run, name, ss, gen_time[name], update_stats.get(name, {}), ctx))
+        record.update(
+            policy_metrics(run, name, ss, gen_time[name], update_stats.get(name, {}), ctx)
+        )
     record.update(run_metrics(run))
     record.update({f"phase/{k}_time_s": v for k, v in run.step_phases.items()})
     run.writer.write(record)
     return record
 
 
-def policy_metrics(run: Run, name: str, samples: list[Sample], gen_time: float, update_stats: dict,
-                   ctx) -> dict:
+def policy_metrics(
+    run: Run, name: str, samples: list[Sample], gen_time: float, update_stats: dict, ctx
+) -> dict:
     """One policy's part of a step's record (namespaced); its reward joins the run's history."""
     m = sample_metrics(samples, gen_time, run.cfg.grpo)
     m.update(update_stats)
@@ -234,14 +278,25 @@ def run_metrics(run: Run) -> dict:
         errors, timeouts = run.rewards.failures()
         record.update({"rewards/errors": errors, "rewards/timeouts": timeouts})
     bus = run.bus.stats()
-    record.update({"exchange/published": bus["published"], "exchange/bytes": bus["bytes_written"],
-                   "exchange/raw_bytes": bus["raw_bytes_written"], "exchange/dropped": bus["dropped"],
-                   "exchange/duplicates": bus["duplicates"]})
+    record.update(
+        {
+            "exchange/published": bus["published"],
+            "exchange/bytes": bus["bytes_written"],
+            "exchange/raw_bytes": bus["raw_bytes_written"],
+            "exchange/dropped": bus["dropped"],
+            "exchange/duplicates": bus["duplicates"],
+        }
+    )
     return record
 
 
-def log_pace(run: Run, ctx: StrategyContext, samples: dict[str, list[Sample]],
-             busy: dict[str, float], versions: dict[str, int]) -> None:
+def log_pace(
+    run: Run,
+    ctx: StrategyContext,
+    samples: dict[str, list[Sample]],
+    busy: dict[str, float],
+    versions: dict[str, int],
+) -> None:
     """Per policy: seconds its worker was busy during the step (the rest of the step it idled)
     and, when its samples were drawn during its last update, how many versions they lag behind
     the weights they were trained from (``versions``: the run's record before the update)."""
@@ -249,8 +304,10 @@ def log_pace(run: Run, ctx: StrategyContext, samples: dict[str, list[Sample]],
         if name in busy:
             ctx.log(name, "pace/busy_time_s", busy[name])
         if run.cfg.allocation.async_generation and ss:
-            drawn = min((s.policy_version for s in ss if s.policy_version is not None),
-                        default=versions[name])
+            drawn = min(
+                (s.policy_version for s in ss if s.policy_version is not None),
+                default=versions[name],
+            )
             ctx.log(name, "pace/sample_version_lag", versions[name] - drawn)
 
 

@@ -8,9 +8,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 def make_progress(console: Console | None = None, transient: bool = False) -> Progress:
     """The project's progress layout: phase, bar, done/total, elapsed, live description."""
-    return Progress(TextColumn("[bold]{task.fields[phase]}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), TextColumn("{task.description}"),
-                    console=console or Console(stderr=True), transient=transient)
+    return Progress(
+        TextColumn("[bold]{task.fields[phase]}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.description}"),
+        console=console or Console(stderr=True),
+        transient=transient,
+    )
 
 
 class RunProgress:

@@ -41,17 +41,19 @@ class Restart(msgspec.Struct, frozen=True, kw_only=True):
     the run went back to."""
 
     policy: str
-    restart: int          # this policy's restarts so far, this one included
+    restart: int  # this policy's restarts so far, this one included
     max_restarts: int
     checkpoint_step: int  # the run continues after this step
     failure: WorkerFailure
 
     def line(self, out: Path) -> str:
         f = self.failure
-        return (f"mutualrl: policy {self.policy!r} failed: {f.method}(): {f.kind}: {f.exc_type}: "
-                f"{f.message}; restarting the run from its checkpoint after step "
-                f"{self.checkpoint_step} (restart {self.restart} of {self.max_restarts} for this "
-                f"policy, allocation.on_failure = \"restart\"); traceback in {out / FILE}")
+        return (
+            f"mutualrl: policy {self.policy!r} failed: {f.method}(): {f.kind}: {f.exc_type}: "
+            f"{f.message}; restarting the run from its checkpoint after step "
+            f"{self.checkpoint_step} (restart {self.restart} of {self.max_restarts} for this "
+            f'policy, allocation.on_failure = "restart"); traceback in {out / FILE}'
+        )
 
 
 def executor_allocation(alloc: AllocationConfig) -> AllocationConfig:
@@ -84,24 +86,35 @@ class Restarts:
         alloc = self.cfg.allocation
         if alloc.on_failure != "restart" or not exc.failures:
             raise exc
-        spent = [f.worker for f in exc.failures if self.counts.get(f.worker, 0) >= alloc.max_restarts]
+        spent = [
+            f.worker for f in exc.failures if self.counts.get(f.worker, 0) >= alloc.max_restarts
+        ]
         if spent:
-            self._say(f"policies {sorted(set(spent))} have failed again after "
-                      f"{alloc.max_restarts} restart(s) (allocation.max_restarts); stopping")
+            self._say(
+                f"policies {sorted(set(spent))} have failed again after "
+                f"{alloc.max_restarts} restart(s) (allocation.max_restarts); stopping"
+            )
             raise exc
         notes: list[str] = []
         ckpt = checkpoint.latest(self.out, report=notes.append)
         for note in notes:
             self._say(note)
         if ckpt is None:
-            self._say("a worker failed before the run's first checkpoint (written after the warm "
-                      "start under allocation.on_failure = \"restart\"), so there is nothing to "
-                      "restart from; stopping")
+            self._say(
+                "a worker failed before the run's first checkpoint (written after the warm "
+                'start under allocation.on_failure = "restart"), so there is nothing to '
+                "restart from; stopping"
+            )
             raise exc
         for f in exc.failures:
             self.counts[f.worker] = self.counts.get(f.worker, 0) + 1
-            record = Restart(policy=f.worker, restart=self.counts[f.worker],
-                             max_restarts=alloc.max_restarts, checkpoint_step=ckpt.step, failure=f)
+            record = Restart(
+                policy=f.worker,
+                restart=self.counts[f.worker],
+                max_restarts=alloc.max_restarts,
+                checkpoint_step=ckpt.step,
+                failure=f,
+            )
             with (self.out / FILE).open("ab") as fh:
                 fh.write(msgspec.json.encode(record) + b"\n")
             print(record.line(self.out), file=sys.stderr, flush=True)

@@ -65,7 +65,7 @@ class WarmPlan:
 @dataclass(frozen=True)
 class ScenarioSpec:
     params: type
-    plan: Callable[[Any, Any], dict[str, WarmPlan]]   # (params, RunConfig) -> plan per policy
+    plan: Callable[[Any, Any], dict[str, WarmPlan]]  # (params, RunConfig) -> plan per policy
     summary: str
 
 
@@ -74,21 +74,25 @@ SCENARIOS: Registry[ScenarioSpec] = Registry("scenario", entry_point_group="mutu
 
 def register_scenario(name: str, params: type, summary: str):
     """Decorator: ``@register_scenario("mine", MyParams, "one line")`` on a plan function."""
+
     def decorator(fn):
         SCENARIOS.register(name, ScenarioSpec(params, fn, summary))
         return fn
+
     return decorator
 
 
 def _all_families(cfg) -> tuple[str, ...]:
     from mutualrl.tasks import build_task
+
     return tuple(build_task(cfg.task).families)
 
 
 @register_scenario("disjoint", DisjointParams, "each policy knows only its own families (default)")
 def _disjoint(params: DisjointParams, cfg) -> dict[str, WarmPlan]:
-    return {p.name: WarmPlan(tuple(p.warmup_families), cfg.warmup.target_accuracy)
-            for p in cfg.policies}
+    return {
+        p.name: WarmPlan(tuple(p.warmup_families), cfg.warmup.target_accuracy) for p in cfg.policies
+    }
 
 
 @register_scenario("overlap", OverlapParams, "each policy solves its peers' families sometimes")
@@ -98,19 +102,29 @@ def _overlap(params: OverlapParams, cfg) -> dict[str, WarmPlan]:
     for p in cfg.policies:
         peers = tuple(f for f in every if f not in p.warmup_families) if p.warmup_families else ()
         share = params.peer_share if peers else 0.0
-        out[p.name] = WarmPlan(tuple(p.warmup_families), cfg.warmup.target_accuracy,
-                               peer_families=peers, peer_share=share,
-                               shared_fraction=params.shared_fraction)
+        out[p.name] = WarmPlan(
+            tuple(p.warmup_families),
+            cfg.warmup.target_accuracy,
+            peer_families=peers,
+            peer_share=share,
+            shared_fraction=params.shared_fraction,
+        )
     return out
 
 
 @register_scenario("asymmetric", AsymmetricParams, "one weak and one strong policy on every family")
 def _asymmetric(params: AsymmetricParams, cfg) -> dict[str, WarmPlan]:
     names = [p.name for p in cfg.policies]
-    weak = params.weak or names[0]    # a name RunConfig has checked
+    weak = params.weak or names[0]  # a name RunConfig has checked
     every = _all_families(cfg)
-    return {n: WarmPlan(every, cfg.warmup.target_accuracy,
-                        own_fraction=params.weak_known_fraction if n == weak else 1.0) for n in names}
+    return {
+        n: WarmPlan(
+            every,
+            cfg.warmup.target_accuracy,
+            own_fraction=params.weak_known_fraction if n == weak else 1.0,
+        )
+        for n in names
+    }
 
 
 def scenario_spec(cfg) -> ScenarioSpec:
@@ -128,11 +142,16 @@ def scenario_params(cfg) -> Any:
     if cfg.scenario in BUILTIN_SCENARIOS:
         return getattr(cfg.scenarios, cfg.scenario)
     try:
-        return msgspec.convert(cfg.scenarios.plugins.get(cfg.scenario, {}), spec.params, strict=True)
+        return msgspec.convert(
+            cfg.scenarios.plugins.get(cfg.scenario, {}), spec.params, strict=True
+        )
     except msgspec.ValidationError as exc:
         msg = str(exc)
-        msg = (msg.replace("at `$", f"at `$.scenarios.{cfg.scenario}") if "at `$" in msg
-               else f"{msg} - at `$.scenarios.{cfg.scenario}`")
+        msg = (
+            msg.replace("at `$", f"at `$.scenarios.{cfg.scenario}")
+            if "at `$" in msg
+            else f"{msg} - at `$.scenarios.{cfg.scenario}`"
+        )
         raise ConfigError(f"scenarios.{cfg.scenario}: {msg}") from None
 
 
@@ -155,8 +174,13 @@ def shared_answers(task, family: str, fraction: float, probe: int = 512) -> froz
     return frozenset(answers[: max(1, math.ceil(fraction * len(answers)))])
 
 
-def restricted_prompts(task, rng: np.random.Generator, n: int, families: Sequence[str],
-                       allowed: dict[str, frozenset[str]]) -> list:
+def restricted_prompts(
+    task,
+    rng: np.random.Generator,
+    n: int,
+    families: Sequence[str],
+    allowed: dict[str, frozenset[str]],
+) -> list:
     """``n`` train prompts of ``families`` whose answers are in ``allowed[family]``."""
     out: list = []
     while len(out) < n:
@@ -173,8 +197,9 @@ def own_prompts(task, rng: np.random.Generator, n: int, plan: WarmPlan) -> list:
     return restricted_prompts(task, rng, n, plan.families, allowed)
 
 
-def peer_prompts(task, rng: np.random.Generator, n: int, plan: WarmPlan,
-                 shared: dict[str, frozenset[str]]) -> list:
+def peer_prompts(
+    task, rng: np.random.Generator, n: int, plan: WarmPlan, shared: dict[str, frozenset[str]]
+) -> list:
     """``n`` train prompts of the plan's peer families whose answers are in the shared part."""
     return restricted_prompts(task, rng, n, plan.peer_families, shared)
 

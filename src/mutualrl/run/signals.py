@@ -28,15 +28,19 @@ class RunInterrupted(Exception):
         if checkpoint is not None:
             how = f"checkpoint at step {step} written; continue with: mutualrl train --resume {run_dir}"
         else:
-            how = ("no checkpoint to resume from (save_steps = 0, or still warming up); start "
-                   "again with --overwrite, or set save_steps to make runs resumable")
-        super().__init__(f"stopped by {name} after {'GRPO step ' + str(step) if step else 'the warm start step'}; {how}")
+            how = (
+                "no checkpoint to resume from (save_steps = 0, or still warming up); start "
+                "again with --overwrite, or set save_steps to make runs resumable"
+            )
+        super().__init__(
+            f"stopped by {name} after {'GRPO step ' + str(step) if step else 'the warm start step'}; {how}"
+        )
 
     @property
     def exit_code(self) -> int:
         return 128 + self.signum
 
-    def __reduce__(self):   # crosses process boundaries (compare --jobs workers)
+    def __reduce__(self):  # crosses process boundaries (compare --jobs workers)
         return (RunInterrupted, (self.signum, self.step, self.run_dir, self.checkpoint))
 
 
@@ -68,10 +72,17 @@ class StopRequests:
         if self.signum is not None and signum != self.signum:
             return
         if self.signum is not None:
-            print(f"\nmutualrl: {signal.Signals(signum).name} again: stopping at once; resume "
-                  "from the last checkpoint with `mutualrl train --resume RUN_DIR`",
-                  file=sys.stderr, flush=True)
+            print(
+                f"\nmutualrl: {signal.Signals(signum).name} again: stopping at once; resume "
+                "from the last checkpoint with `mutualrl train --resume RUN_DIR`",
+                file=sys.stderr,
+                flush=True,
+            )
             os._exit(128 + signum)
         self.signum = signum
-        print(f"\nmutualrl: {signal.Signals(signum).name}: stopping after this step (again to "
-              "stop at once)", file=sys.stderr, flush=True)
+        print(
+            f"\nmutualrl: {signal.Signals(signum).name}: stopping after this step (again to "
+            "stop at once)",
+            file=sys.stderr,
+            flush=True,
+        )

@@ -41,7 +41,7 @@ class Prefetched:
 
     step: int
     samples: list
-    seconds: float                    # the sampling's own wall time (it overlapped the update)
+    seconds: float  # the sampling's own wall time (it overlapped the update)
 
 
 @dataclass
@@ -66,20 +66,22 @@ class Run:
     retokenizers: dict[str, Retokenizer]
     executor: Any = None
     peer_logs: PeerLogPool | None = None
-    rewards: WeightedReward | None = None      # task.reward_funcs; None: the verifier alone
+    rewards: WeightedReward | None = None  # task.reward_funcs; None: the verifier alone
     reward_parts: dict[str, dict[str, float]] = field(default_factory=dict)  # last step's means
     history: dict[str, list[float]] = field(default_factory=dict)
     guards: Guards | None = None
     versions: dict[str, int] = field(default_factory=dict)
-    stop: StopRequests = field(default_factory=StopRequests)   # SIGINT/SIGTERM asked to stop
+    stop: StopRequests = field(default_factory=StopRequests)  # SIGINT/SIGTERM asked to stop
     phase_times: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     # Wall seconds of the current GRPO step by loop phase, logged as ``phase/<phase>_time_s``.
     step_phases: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     # Each policy's samples for its next step, drawn during its update (async_generation).
     prefetched: dict[str, Prefetched] = field(default_factory=dict)
-    pace: Any = None   # a paced run's own state (run.paced.Pace); None: lock-step
-    departures: Any = None   # policies that left under on_failure = "continue" (run.departures)
-    restarts: dict[str, int] = field(default_factory=dict)  # per policy, under "restart" (run.restarts)
+    pace: Any = None  # a paced run's own state (run.paced.Pace); None: lock-step
+    departures: Any = None  # policies that left under on_failure = "continue" (run.departures)
+    restarts: dict[str, int] = field(
+        default_factory=dict
+    )  # per policy, under "restart" (run.restarts)
 
     def timed(self, phase: str):
         """Add the block's wall time to ``phase_times[phase]`` (the run's totals)."""
@@ -112,14 +114,19 @@ class Run:
             "bus": self.bus.state_dict(),
             "guards": self.guards.state_dict() if self.guards is not None else None,
             "departures": self.departures.state_dict() if self.departures is not None else {},
-            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
-                    "python": random.getstate()},
+            "rng": {
+                "torch": torch.get_rng_state(),
+                "numpy": np.random.get_state(),
+                "python": random.getstate(),
+            },
         }
         strategy_state = getattr(self.strategy, "state_dict", None)
         if strategy_state is not None:
             state["strategy"] = strategy_state()
         if self.prefetched:
-            state["prefetched"] = {n: (p.step, p.samples, p.seconds) for n, p in self.prefetched.items()}
+            state["prefetched"] = {
+                n: (p.step, p.samples, p.seconds) for n, p in self.prefetched.items()
+            }
         if self.pace is not None:
             state["pace"] = self.pace.state_dict()
         return state
@@ -137,8 +144,9 @@ class Run:
         self.bus.load_state_dict(state["bus"])
         if self.guards is not None and state.get("guards") is not None:
             self.guards.load_state_dict(state["guards"])
-        self.prefetched = {n: Prefetched(*p) for n, p in state.get("prefetched", {}).items()
-                           if n in self.policies}
+        self.prefetched = {
+            n: Prefetched(*p) for n, p in state.get("prefetched", {}).items() if n in self.policies
+        }
         if self.pace is not None and state.get("pace") is not None:
             self.pace.load_state_dict(state["pace"])
         torch.set_rng_state(state["rng"]["torch"])
@@ -148,7 +156,7 @@ class Run:
     def close(self) -> None:
         """Stop the workers and flush and close everything the run writes."""
         self.executor.shutdown()
-        self.bus.close()           # flushes the experience log
+        self.bus.close()  # flushes the experience log
         self.writer.close()
         self.verifier.close()
         if self.rewards is not None:

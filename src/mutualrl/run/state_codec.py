@@ -49,11 +49,28 @@ TUPLE, SET, TENSOR, ARRAY, SCALAR, DELIVERY, RECORD, DATA = range(1, 9)
 #: The plain data classes a state may hold besides records (a paced or prefetching run's
 #: samples and the records in flight between paced loops), by the name the file gives them.
 PLAIN_DATA: MappingProxyType[str, type] = MappingProxyType(
-    {"sample": Sample, "prompt": Prompt, "paced_record": PacedRecord})
+    {"sample": Sample, "prompt": Prompt, "paced_record": PacedRecord}
+)
 
-_TORCH_DTYPES = MappingProxyType({str(d).removeprefix("torch."): d for d in (
-    torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
-    torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.complex128)})
+_TORCH_DTYPES = MappingProxyType(
+    {
+        str(d).removeprefix("torch."): d
+        for d in (
+            torch.bool,
+            torch.uint8,
+            torch.int8,
+            torch.int16,
+            torch.int32,
+            torch.int64,
+            torch.float16,
+            torch.bfloat16,
+            torch.float32,
+            torch.float64,
+            torch.complex64,
+            torch.complex128,
+        )
+    }
+)
 
 
 class StateEncodeError(TypeError):
@@ -76,8 +93,9 @@ class _File(msgspec.Struct, kw_only=True):
 
 def encode(state: Any, what: str) -> bytes:
     """``state`` as a state file's bytes; raises ``StateEncodeError`` naming what it cannot hold."""
-    return msgspec.msgpack.encode(_File(format=FORMAT, what=what,
-                                        state=_Encoder().data(state, what)))
+    return msgspec.msgpack.encode(
+        _File(format=FORMAT, what=what, state=_Encoder().data(state, what))
+    )
 
 
 def decode(data: bytes, what: str, where: str = "state file") -> Any:
@@ -87,15 +105,22 @@ def decode(data: bytes, what: str, where: str = "state file") -> Any:
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise StateDecodeError(f"{where}: not a state file ({exc})") from exc
     if head.format != FORMAT or head.what != what:
-        raise StateDecodeError(f"{where}: holds {head.what!r} state of format {head.format}, "
-                               f"expected {what!r} state of format {FORMAT}")
+        raise StateDecodeError(
+            f"{where}: holds {head.what!r} state of format {head.format}, "
+            f"expected {what!r} state of format {FORMAT}"
+        )
     hook = _Decoder(where).ext
     try:
         return msgspec.msgpack.decode(data, type=_File, ext_hook=hook).state
     except UnknownKindInState:
         raise
-    except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError,
-            ExchangeError) as exc:   # StateDecodeError is a ValueError
+    except (
+        msgspec.DecodeError,
+        msgspec.ValidationError,
+        ValueError,
+        TypeError,
+        ExchangeError,
+    ) as exc:  # StateDecodeError is a ValueError
         raise StateDecodeError(f"{where}: {exc}") from exc
 
 
@@ -114,7 +139,7 @@ class _Encoder:
         """``obj`` as msgpack's own types and ``msgspec.msgpack.Ext`` values."""
         if obj is None or type(obj) in (str, int, float, bool):
             return obj
-        if isinstance(obj, dict):   # defaultdict, Counter: their loaders rebuild them
+        if isinstance(obj, dict):  # defaultdict, Counter: their loaders rebuild them
             return {self._key(k, path): self.data(v, f"{path}.{k}") for k, v in obj.items()}
         if type(obj) is list:
             return [self.data(v, f"{path}[{i}]") for i, v in enumerate(obj)]
@@ -129,12 +154,18 @@ class _Encoder:
         if isinstance(obj, np.generic):
             return self._ext(SCALAR, [obj.dtype.str, obj.tobytes()])
         if type(obj) is Delivery:
-            return self._ext(DELIVERY, self._envelope(obj.record, obj.kind, obj.producer,
-                                                      obj.producer_version, obj.seq, path))
+            return self._ext(
+                DELIVERY,
+                self._envelope(
+                    obj.record, obj.kind, obj.producer, obj.producer_version, obj.seq, path
+                ),
+            )
         name = next((n for n, cls in PLAIN_DATA.items() if type(obj) is cls), None)
         if name is not None:
-            return self._ext(DATA, [name, {f: self.data(getattr(obj, f), f"{path}.{f}")
-                                           for f in _field_names(obj)}])
+            return self._ext(
+                DATA,
+                [name, {f: self.data(getattr(obj, f), f"{path}.{f}") for f in _field_names(obj)}],
+            )
         if isinstance(obj, msgspec.Struct):
             try:
                 kind = self.codec.kind_of(obj)
@@ -144,13 +175,16 @@ class _Encoder:
         raise StateEncodeError(
             f"{path}: a {type(obj).__module__}.{type(obj).__qualname__} cannot be kept in a "
             "checkpoint; expected dicts (str or int keys), lists, tuples, sets, str, numbers, "
-            "bool, None, tensors, numpy arrays and registered experience records")
+            "bool, None, tensors, numpy arrays and registered experience records"
+        )
 
-    def _envelope(self, record, kind: str, producer: str, version: int, seq: int,
-                  path: str) -> Envelope:
+    def _envelope(
+        self, record, kind: str, producer: str, version: int, seq: int, path: str
+    ) -> Envelope:
         try:
-            return self.codec.envelope(record, kind=kind, producer=producer, version=version,
-                                       seq=seq)
+            return self.codec.envelope(
+                record, kind=kind, producer=producer, version=version, seq=seq
+            )
         except ExchangeError as exc:
             raise StateEncodeError(f"{path}: {exc}") from exc
 
@@ -158,8 +192,10 @@ class _Encoder:
     def _key(key: Any, path: str) -> str | int:
         if type(key) in (str, int):
             return key
-        raise StateEncodeError(f"{path}: key {key!r} ({type(key).__name__}); a checkpoint keeps "
-                               "maps with str or int keys")
+        raise StateEncodeError(
+            f"{path}: key {key!r} ({type(key).__name__}); a checkpoint keeps "
+            "maps with str or int keys"
+        )
 
     @staticmethod
     def _ext(code: int, payload: Any) -> msgspec.msgpack.Ext:
@@ -175,8 +211,9 @@ def _field_names(obj: Any) -> list[str]:
 def _tensor_data(t: torch.Tensor, path: str) -> list:
     name = str(t.dtype).removeprefix("torch.")
     if name not in _TORCH_DTYPES:
-        raise StateEncodeError(f"{path}: a tensor of dtype {t.dtype}; a checkpoint keeps "
-                               f"{', '.join(_TORCH_DTYPES)}")
+        raise StateEncodeError(
+            f"{path}: a tensor of dtype {t.dtype}; a checkpoint keeps {', '.join(_TORCH_DTYPES)}"
+        )
     flat = t.detach().cpu().contiguous().reshape(-1)
     raw = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
     return [name, list(t.shape), raw]
@@ -194,9 +231,16 @@ class _Decoder:
     def __init__(self, where: str) -> None:
         self.where = where
         self.codec = RecordCodec()
-        self.by_code = {TUPLE: lambda v: tuple(v), SET: lambda v: set(v), TENSOR: _tensor,
-                        ARRAY: _array, SCALAR: _scalar, DELIVERY: self._delivery,
-                        RECORD: lambda v: self._delivery(v).record, DATA: _plain}
+        self.by_code = {
+            TUPLE: lambda v: tuple(v),
+            SET: lambda v: set(v),
+            TENSOR: _tensor,
+            ARRAY: _array,
+            SCALAR: _scalar,
+            DELIVERY: self._delivery,
+            RECORD: lambda v: self._delivery(v).record,
+            DATA: _plain,
+        }
 
     def ext(self, code: int, data: memoryview) -> Any:
         make = self.by_code.get(code)
@@ -211,10 +255,17 @@ class _Decoder:
         check_version(env.schema_version, self.where)
         record = self.codec.decode_record(env, where=self.where)
         if record is None:
-            raise UnknownKindInState(f"{self.where} holds records of experience kind {env.kind!r}, "
-                                     "which this process has not registered")
-        return Delivery(kind=env.kind, producer=env.producer,
-                        producer_version=env.producer_version, seq=env.seq, record=record)
+            raise UnknownKindInState(
+                f"{self.where} holds records of experience kind {env.kind!r}, "
+                "which this process has not registered"
+            )
+        return Delivery(
+            kind=env.kind,
+            producer=env.producer,
+            producer_version=env.producer_version,
+            seq=env.seq,
+            record=record,
+        )
 
 
 def _shape(value: Any) -> tuple[int, ...]:
@@ -231,8 +282,10 @@ def _tensor(v: Any) -> torch.Tensor:
     shape = _shape(shape)
     numel = int(np.prod(shape, dtype=np.int64))
     if len(raw) != numel * dtype.itemsize:
-        raise StateDecodeError(f"a tensor of shape {list(shape)} and dtype {dtype_name} holds "
-                               f"{len(raw)} bytes, expected {numel * dtype.itemsize}")
+        raise StateDecodeError(
+            f"a tensor of shape {list(shape)} and dtype {dtype_name} holds "
+            f"{len(raw)} bytes, expected {numel * dtype.itemsize}"
+        )
     if not numel:
         return torch.empty(shape, dtype=dtype)
     return torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype).reshape(shape)

@@ -33,6 +33,7 @@ class TensorBoardTracker:
 
     def __init__(self, out: Path, run_name: str, config: dict) -> None:
         from torch.utils.tensorboard import SummaryWriter
+
         self._writer = SummaryWriter(log_dir=str(out / "tensorboard"))
 
     def log(self, scalars: dict[str, float], step: int) -> None:
@@ -52,8 +53,14 @@ class WandbTracker:
 
     def __init__(self, out: Path, run_name: str, config: dict) -> None:
         import wandb
-        self._run = wandb.init(dir=str(out), project="mutualrl", name=run_name, config=config,
-                               mode=os.environ.get("WANDB_MODE", "offline"))
+
+        self._run = wandb.init(
+            dir=str(out),
+            project="mutualrl",
+            name=run_name,
+            config=config,
+            mode=os.environ.get("WANDB_MODE", "offline"),
+        )
 
     def log(self, scalars: dict[str, float], step: int) -> None:
         self._run.log(scalars, step=step)
@@ -71,10 +78,14 @@ def check_trackers(report_to: list[str]) -> None:
     """Fail before training if a tracker is unknown or its package is not installed."""
     for name in report_to:
         if name not in TRACKERS.names():
-            raise ConfigError(f"report_to: unknown tracker {name!r}; registered: {TRACKERS.names()}")
+            raise ConfigError(
+                f"report_to: unknown tracker {name!r}; registered: {TRACKERS.names()}"
+            )
         if importlib.util.find_spec(TRACKERS.get(name).module) is None:
-            raise ConfigError(f"report_to: {name!r} needs the {TRACKERS.get(name).module} package; "
-                              f"install it with pip install mutualrl[{name}]")
+            raise ConfigError(
+                f"report_to: {name!r} needs the {TRACKERS.get(name).module} package; "
+                f"install it with pip install mutualrl[{name}]"
+            )
 
 
 def scalars_of(record: dict[str, Any]) -> tuple[dict[str, float], int] | None:
@@ -83,9 +94,14 @@ def scalars_of(record: dict[str, Any]) -> tuple[dict[str, float], int] | None:
     if not isinstance(step, int):
         return None
     prefix = {"train": "", "eval": "eval/"}.get(record.get("phase"), "warmup/")
-    scalars = {prefix + k: float(v) for k, v in record.items()
-               if k not in ("phase", "step") and isinstance(v, (int, float)) and not isinstance(v, bool)
-               and math.isfinite(v)}
+    scalars = {
+        prefix + k: float(v)
+        for k, v in record.items()
+        if k not in ("phase", "step")
+        and isinstance(v, (int, float))
+        and not isinstance(v, bool)
+        and math.isfinite(v)
+    }
     return scalars, step
 
 

@@ -38,8 +38,14 @@ from mutualrl.run.metrics import MetricsWriter, namespaced, read_metrics
 from mutualrl.run.signals import RunInterrupted
 from mutualrl.policies.batch import SFTExample
 from mutualrl.provenance import source_digest
-from mutualrl.run.scenarios import (WarmPlan, own_prompts, peer_count, peer_prompts, shared_answers,
-                                warm_plans)
+from mutualrl.run.scenarios import (
+    WarmPlan,
+    own_prompts,
+    peer_count,
+    peer_prompts,
+    shared_answers,
+    warm_plans,
+)
 from mutualrl.allocation import call_each
 from mutualrl.policies.worker import FreezeReference, Generate, LoadState, SaveState, SFTStep
 
@@ -47,7 +53,15 @@ if TYPE_CHECKING:
     from mutualrl.run.state import Run
 
 # Config fields that only phases after the warm start read: runs differing only in these share it.
-AFTER_WARM_START = ("steps", "strategy", "output_dir", "strategies", "eval", "exchange", "diversity")
+AFTER_WARM_START = (
+    "steps",
+    "strategy",
+    "output_dir",
+    "strategies",
+    "eval",
+    "exchange",
+    "diversity",
+)
 CACHE_FORMAT = 1
 RECORDS = "metrics.jsonl"
 
@@ -73,33 +87,43 @@ def warm_start(run: Run) -> None:
 class _Warming:
     """One policy's warm start in progress."""
 
-    policy: Any                      # its PolicyView: tokenizer and config
-    rng: np.random.Generator         # its demonstration stream
-    probe: list                      # prompts its accuracy is measured on
-    plan: WarmPlan                   # what the scenario teaches it, and when it stops
-    shared: dict                     # peer family -> the answers its peer demonstrations cover
+    policy: Any  # its PolicyView: tokenizer and config
+    rng: np.random.Generator  # its demonstration stream
+    probe: list  # prompts its accuracy is measured on
+    plan: WarmPlan  # what the scenario teaches it, and when it stops
+    shared: dict  # peer family -> the answers its peer demonstrations cover
     step: int = 0
     loss: float = math.nan
     accuracy: float = 0.0
 
     def done_record(self) -> dict:
         name = self.policy.name
-        return {"phase": "warmup_done", "policy": name, "step": self.step,
-                **namespaced(name, {"steps": self.step, "accuracy": self.accuracy}, "warmup/")}
+        return {
+            "phase": "warmup_done",
+            "policy": name,
+            "step": self.step,
+            **namespaced(name, {"steps": self.step, "accuracy": self.accuracy}, "warmup/"),
+        }
 
 
-def supervised_warm_start(run: Run, names: list[str],
-                          plans: dict[str, WarmPlan]) -> tuple[list[dict], bool]:
+def supervised_warm_start(
+    run: Run, names: list[str], plans: dict[str, WarmPlan]
+) -> tuple[list[dict], bool]:
     """SFT steps for every named policy at once until each reaches its plan's target accuracy.
 
     Returns the metric records written and whether every policy finished (none failed)."""
     w, seed = run.cfg.warmup, run.cfg.seed
     index = {p.name: i for i, p in enumerate(run.cfg.policies)}
-    warming = {n: _Warming(run.policies[n], np.random.default_rng([seed, 1, index[n]]),
-                           own_prompts(run.task, np.random.default_rng([seed, 2]), w.eval_prompts,
-                                       plans[n]),
-                           plans[n], _shared(run.task, plans[n]))
-               for n in names}
+    warming = {
+        n: _Warming(
+            run.policies[n],
+            np.random.default_rng([seed, 1, index[n]]),
+            own_prompts(run.task, np.random.default_rng([seed, 2]), w.eval_prompts, plans[n]),
+            plans[n],
+            _shared(run.task, plans[n]),
+        )
+        for n in names
+    }
     records: list[dict] = []
 
     def write(record: dict) -> None:
@@ -109,27 +133,45 @@ def supervised_warm_start(run: Run, names: list[str],
     complete = True
     run.progress.start_phase("warm start", w.max_steps)
     for step in range(1, w.max_steps + 1):
-        if run.stop.requested:   # SIGINT/SIGTERM: nothing to checkpoint before GRPO starts
+        if run.stop.requested:  # SIGINT/SIGTERM: nothing to checkpoint before GRPO starts
             raise RunInterrupted(run.stop.signum, 0, run.out, None)
-        losses = call_each(run.executor, {n: SFTStep(demonstrations(run, s), w.learning_rate)
-                                          for n, s in warming.items()})
+        losses = call_each(
+            run.executor,
+            {n: SFTStep(demonstrations(run, s), w.learning_rate) for n, s in warming.items()},
+        )
         complete &= _keep_succeeded(warming, losses)
         for n, loss in losses.items():
             warming[n].step, warming[n].loss = step, loss
         if step % w.eval_every == 0 and warming:
-            greedy = call_each(run.executor, {
-                n: Generate(s.probe, num_generations=1, max_new_tokens=run.cfg.grpo.max_completion_length,
-                            temperature=0.0) for n, s in warming.items()})
+            greedy = call_each(
+                run.executor,
+                {
+                    n: Generate(
+                        s.probe,
+                        num_generations=1,
+                        max_new_tokens=run.cfg.grpo.max_completion_length,
+                        temperature=0.0,
+                    )
+                    for n, s in warming.items()
+                },
+            )
             complete &= _keep_succeeded(warming, greedy)
             for n, samples in greedy.items():
                 s = warming[n]
                 s.accuracy = accuracy(samples, run.verifier)
-                write({"phase": "warmup", "step": step, "policy": n,
-                       **namespaced(n, {"loss": s.loss, "accuracy": s.accuracy}, "warmup/")})
+                write(
+                    {
+                        "phase": "warmup",
+                        "step": step,
+                        "policy": n,
+                        **namespaced(n, {"loss": s.loss, "accuracy": s.accuracy}, "warmup/"),
+                    }
+                )
                 if s.accuracy >= s.plan.target_accuracy:
                     write(warming.pop(n).done_record())
-        run.progress.advance(" | ".join(f"{n}: loss {s.loss:.3f} acc {s.accuracy:.2f}"
-                                        for n, s in warming.items()))
+        run.progress.advance(
+            " | ".join(f"{n}: loss {s.loss:.3f} acc {s.accuracy:.2f}" for n, s in warming.items())
+        )
         if not warming:
             break
     for s in warming.values():
@@ -155,8 +197,12 @@ def demonstrations(run: Run, s: _Warming) -> tuple[SFTExample, ...]:
     prompts = own_prompts(run.task, s.rng, size - n_peer, s.plan)
     if n_peer:
         prompts += peer_prompts(run.task, s.rng, n_peer, s.plan, s.shared)
-    return tuple(SFTExample(s.policy.encode_prompt(p.text),
-                            s.policy.encode_completion(run.task.demonstration(p))) for p in prompts)
+    return tuple(
+        SFTExample(
+            s.policy.encode_prompt(p.text), s.policy.encode_completion(run.task.demonstration(p))
+        )
+        for p in prompts
+    )
 
 
 def _shared(task, plan: WarmPlan) -> dict:
@@ -178,8 +224,12 @@ def cache_key(cfg: RunConfig) -> tuple[str, dict[str, Any]]:
     keyed = {k: v for k, v in to_dict(cfg).items() if k not in AFTER_WARM_START}
     keyed["warmup"] = {k: v for k, v in keyed["warmup"].items() if k != "cache_dir"}
     # The code that ran it, not only the version: a change without a version bump must miss.
-    keyed["versions"] = {"cache_format": CACHE_FORMAT, "mutualrl": mutualrl.__version__,
-                         "code": source_digest(), "torch": torch.__version__}
+    keyed["versions"] = {
+        "cache_format": CACHE_FORMAT,
+        "mutualrl": mutualrl.__version__,
+        "code": source_digest(),
+        "torch": torch.__version__,
+    }
     return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:16], keyed
 
 
@@ -200,11 +250,15 @@ class WarmStartCache:
         loaded = call_each(run.executor, {n: LoadState(str(f)) for n, f in files.items()})
         missing = sorted(set(names) - set(loaded))
         if missing:
-            raise RuntimeError(f"warm-start cache {self.path}: loading {missing} failed; delete that "
-                               "folder to warm up afresh")
+            raise RuntimeError(
+                f"warm-start cache {self.path}: loading {missing} failed; delete that "
+                "folder to warm up afresh"
+            )
         for record in read_metrics(self.path / RECORDS):
             run.writer.write(record)
-        run.writer.write({"phase": "warmup_cache", "hit": True, "key": self.key, "path": str(self.path)})
+        run.writer.write(
+            {"phase": "warmup_cache", "hit": True, "key": self.key, "path": str(self.path)}
+        )
         return True
 
     def store(self, run: Run, names: list[str], records: list[dict]) -> None:
@@ -221,10 +275,11 @@ class WarmStartCache:
             writer.close()
             (tmp / "key.json").write_text(json.dumps(self.keyed, indent=2))
             try:
-                os.replace(tmp, self.path)    # atomic; if a twin run stored it first, its copy stays
+                os.replace(tmp, self.path)  # atomic; if a twin run stored it first, its copy stays
             except OSError:
                 return
-            run.writer.write({"phase": "warmup_cache", "hit": False, "key": self.key,
-                              "path": str(self.path)})
+            run.writer.write(
+                {"phase": "warmup_cache", "hit": False, "key": self.key, "path": str(self.path)}
+            )
         finally:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -2,8 +2,20 @@
 
 # importing the modules registers the built-ins
 from mutualrl.strategies import codistill, hacpo, hint, none, prp, sgt, xgrpo  # noqa: F401
-from mutualrl.strategies.base import (STRATEGIES, Strategy, StrategyContext, StrategySpec,
-                                      build_strategy, register_strategy)
+from mutualrl.strategies.base import (
+    STRATEGIES,
+    Strategy,
+    StrategyContext,
+    StrategySpec,
+    build_strategy,
+    register_strategy,
+)
 
-__all__ = ["STRATEGIES", "Strategy", "StrategyContext", "StrategySpec", "build_strategy",
-           "register_strategy"]
+__all__ = [
+    "STRATEGIES",
+    "Strategy",
+    "StrategyContext",
+    "StrategySpec",
+    "build_strategy",
+    "register_strategy",
+]

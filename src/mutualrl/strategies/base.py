@@ -43,11 +43,11 @@ class StrategyContext:
     step: int
     grpo: GRPOConfig
     policy_names: list[str]
-    rng: np.random.Generator                       # seeded per step: same seed, same choices
-    encode_prompt: dict[str, Callable[[str], tuple[int, ...]]]   # receiver's own prompt format
-    sequence_logprobs: dict[str, Callable[[list, list], Any]]    # receiver-side log p(text), (B,)
-    retokenizers: dict[str, Any] = field(default_factory=dict)   # THL Retokenizer per receiver
-    tokenizers: dict[str, Any] = field(default_factory=dict)     # TokenizerHandle by fingerprint
+    rng: np.random.Generator  # seeded per step: same seed, same choices
+    encode_prompt: dict[str, Callable[[str], tuple[int, ...]]]  # receiver's own prompt format
+    sequence_logprobs: dict[str, Callable[[list, list], Any]]  # receiver-side log p(text), (B,)
+    retokenizers: dict[str, Any] = field(default_factory=dict)  # THL Retokenizer per receiver
+    tokenizers: dict[str, Any] = field(default_factory=dict)  # TokenizerHandle by fingerprint
     # Deliveries (kind, producer, record) from the exchange this step, live peers and replayed logs.
     peer_experience: list[Any] = field(default_factory=list)
     metrics: dict[str, dict[str, float]] = field(default_factory=dict)  # per receiver
@@ -75,7 +75,9 @@ class Strategy(Protocol):
 
     def observe(self, ctx: StrategyContext, samples: dict[str, list[Sample]]) -> None: ...
 
-    def build_batches(self, ctx: StrategyContext, receiver: str, own: list[Sample]) -> list[TrainBatch]: ...
+    def build_batches(
+        self, ctx: StrategyContext, receiver: str, own: list[Sample]
+    ) -> list[TrainBatch]: ...
 
     def after_update(self, ctx: StrategyContext, receiver: str) -> None: ...
 
@@ -98,21 +100,30 @@ class StrategySpec:
 
 def _check_spec(name: str, obj: object) -> None:
     if not isinstance(obj, StrategySpec):
-        raise RegistryError(f"strategy {name!r}: expected a mutualrl.strategies.StrategySpec, got "
-                            f"{type(obj).__name__} {obj!r:.80}")
+        raise RegistryError(
+            f"strategy {name!r}: expected a mutualrl.strategies.StrategySpec, got "
+            f"{type(obj).__name__} {obj!r:.80}"
+        )
 
 
-STRATEGIES: Registry[StrategySpec] = Registry("strategy", entry_point_group="mutualrl.strategies",
-                                              check=_check_spec)
+STRATEGIES: Registry[StrategySpec] = Registry(
+    "strategy", entry_point_group="mutualrl.strategies", check=_check_spec
+)
 
 
 def register_strategy(name: str, params: type, summary: str, *, needs_lock_step: str | None = None):
     """Decorator: ``@register_strategy("mine", MyParams, "one line")`` on a factory.
     ``needs_lock_step``: why it cannot run paced, if it cannot (see ``StrategySpec``)."""
+
     def decorator(factory: StrategyFactory) -> StrategyFactory:
-        STRATEGIES.register(name, StrategySpec(params=params, factory=factory, summary=summary,
-                                               needs_lock_step=needs_lock_step))
+        STRATEGIES.register(
+            name,
+            StrategySpec(
+                params=params, factory=factory, summary=summary, needs_lock_step=needs_lock_step
+            ),
+        )
         return factory
+
     return decorator
 
 
@@ -129,7 +140,12 @@ def build_strategy(cfg: RunConfig, name: str | None = None) -> Strategy:
     except msgspec.ValidationError as exc:
         msg = str(exc)
         # msgspec gives a path only for errors inside a field; root-level ones get the table's.
-        msg = msg.replace("at `$", f"at `$.strategies.{name}") if "at `$" in msg else f"{msg} - at `$.strategies.{name}`"
+        msg = (
+            msg.replace("at `$", f"at `$.strategies.{name}")
+            if "at `$" in msg
+            else f"{msg} - at `$.strategies.{name}`"
+        )
         raise ConfigError(f"strategies.{name}: {msg}") from None
     from mutualrl.strategies.diversity import with_diversity
+
     return with_diversity(spec.factory(params, cfg), getattr(cfg, "diversity", None))

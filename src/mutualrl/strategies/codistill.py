@@ -36,18 +36,29 @@ import torch
 from mutualrl.config import ConfigError
 from mutualrl.policies.batch import TrainBatch, TrainSequence
 from mutualrl.strategies.base import StrategyContext, register_strategy
-from mutualrl.strategies.common import (batch_of, group_count, grpo_advantages, log_residuals,
-                                        own_sequences, peer_rollouts, receive_peers,
-                                        sequences_from_samples)
+from mutualrl.strategies.common import (
+    batch_of,
+    group_count,
+    grpo_advantages,
+    log_residuals,
+    own_sequences,
+    peer_rollouts,
+    receive_peers,
+    sequences_from_samples,
+)
 from mutualrl.strategies.prp import truncated_ratio
 
 
 class CoDistillParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    kd_coef: float = 0.5                                  # weight of the distillation reward
-    kd_reward: Literal["mean_prob", "mean_logprob"] = "mean_prob"  # per-token mean prob or log-prob under L
-    ratio_cap: float = 2.0                                # truncation of the larger's IS weight
-    larger_trains_on: Literal["peer", "both"] = "peer"  # the larger learns from S's rollouts, or also its own
-    larger: str | None = None                             # None: by parameter count
+    kd_coef: float = 0.5  # weight of the distillation reward
+    kd_reward: Literal["mean_prob", "mean_logprob"] = (
+        "mean_prob"  # per-token mean prob or log-prob under L
+    )
+    ratio_cap: float = 2.0  # truncation of the larger's IS weight
+    larger_trains_on: Literal["peer", "both"] = (
+        "peer"  # the larger learns from S's rollouts, or also its own
+    )
+    larger: str | None = None  # None: by parameter count
 
     def __post_init__(self) -> None:
         if self.kd_coef < 0:
@@ -81,6 +92,7 @@ class CoDistill:
             return None
         if self.larger is None:
             from mutualrl.policies.models import count_parameters
+
             for n in ctx.policy_names:
                 cfg, rt = self.policy_cfgs.get(n), ctx.retokenizers.get(n)
                 if cfg is not None and rt is not None:
@@ -109,10 +121,13 @@ class CoDistill:
         if not own:
             return []
         rt = ctx.retokenizers[larger]
-        moved = rt.retokenize_batch([s.text for s in own], source=ctx.retokenizers[receiver].target,
-                                    source_ids=[list(s.completion_ids) for s in own],
-                                    source_logprobs=[list(s.logprobs) for s in own],
-                                    ends_with_eos=[s.finish_reason == "stop" for s in own])
+        moved = rt.retokenize_batch(
+            [s.text for s in own],
+            source=ctx.retokenizers[receiver].target,
+            source_ids=[list(s.completion_ids) for s in own],
+            source_logprobs=[list(s.logprobs) for s in own],
+            ends_with_eos=[s.finish_reason == "stop" for s in own],
+        )
         # what moving the completions cost, which the distillation reward rests on
         log_residuals(ctx, receiver, [res.residuals for res in moved], prefix="codistill/thl/")
         completions = [tuple(int(t) for t in res.target_ids) for res in moved]
@@ -143,26 +158,38 @@ class CoDistill:
         w = truncated_ratio(recv, peer_total, self.p.ratio_cap)
         # each (producer, prompt) is a group of its own: the smaller policy's G samples
         index: dict[tuple[str, str], int] = {}
-        groups = torch.tensor([index.setdefault((d.producer, d.record.prompt_id), len(index))
-                               for d, _ in peers.adapted])
+        groups = torch.tensor(
+            [
+                index.setdefault((d.producer, d.record.prompt_id), len(index))
+                for d, _ in peers.adapted
+            ]
+        )
         rewards = torch.tensor([d.record.reward for d, _ in peers.adapted], dtype=torch.float32)
         adv = grpo_advantages(rewards, groups, len(index), ctx.grpo)
         seqs += peers.sequences(adv.advantages, w, adv.zero_std, ctx.grpo)
         ctx.log(receiver, "codistill/is_weight_mean", float(w.mean()))
         ctx.log(receiver, "codistill/is_weight_var", float(w.var(unbiased=False)))
-        ctx.log(receiver, "codistill/truncated_frac",
-                float((torch.exp(recv - peer_total) > self.p.ratio_cap).double().mean()))
+        ctx.log(
+            receiver,
+            "codistill/truncated_frac",
+            float((torch.exp(recv - peer_total) > self.p.ratio_cap).double().mean()),
+        )
         return seqs
 
     def after_update(self, ctx: StrategyContext, receiver: str) -> None:
         return None
 
 
-@register_strategy("codistill", CoDistillParams,
-                   "co-distillation: the smaller policy gets a KD reward, the larger trains on its rollouts")
+@register_strategy(
+    "codistill",
+    CoDistillParams,
+    "co-distillation: the smaller policy gets a KD reward, the larger trains on its rollouts",
+)
 def _make_codistill(params: CoDistillParams, cfg) -> CoDistill:
     policies = list(cfg.policies) if cfg is not None else []
     if params.larger is not None and policies and params.larger not in {p.name for p in policies}:
-        raise ConfigError(f"strategies.codistill.larger: {params.larger!r} is not a policy of this run "
-                          f"({[p.name for p in policies]}) - at `$.strategies.codistill.larger`")
+        raise ConfigError(
+            f"strategies.codistill.larger: {params.larger!r} is not a policy of this run "
+            f"({[p.name for p in policies]}) - at `$.strategies.codistill.larger`"
+        )
     return CoDistill(params, policies)

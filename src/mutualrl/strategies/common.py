@@ -32,12 +32,19 @@ def group_count(samples: list[Sample]) -> int:
     return max((s.group for s in samples), default=-1) + 1
 
 
-def grpo_advantages(rewards: torch.Tensor, groups: torch.Tensor, num_groups: int,
-                    grpo: GRPOConfig) -> Advantages:
+def grpo_advantages(
+    rewards: torch.Tensor, groups: torch.Tensor, num_groups: int, grpo: GRPOConfig
+) -> Advantages:
     """Advantages of rewards (N,) in groups (N,) under the run's ``scale_rewards``,
     ``advantage_estimator`` and ``advantage_std``."""
-    return group_advantages(rewards, groups, num_groups, scale=grpo.scale_rewards,
-                            estimator=grpo.advantage_estimator, advantage_std=grpo.advantage_std)
+    return group_advantages(
+        rewards,
+        groups,
+        num_groups,
+        scale=grpo.scale_rewards,
+        estimator=grpo.advantage_estimator,
+        advantage_std=grpo.advantage_std,
+    )
 
 
 def own_advantages(samples: list[Sample], grpo: GRPOConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,19 +66,28 @@ def kept_rows(zero_std: torch.Tensor, grpo: GRPOConfig) -> list[bool]:
     return [not (z and skip) for z in zero_std.tolist()]
 
 
-def sequences_from_samples(samples: list[Sample], advantages: torch.Tensor, zero_std: torch.Tensor,
-                           grpo: GRPOConfig) -> list[TrainSequence]:
+def sequences_from_samples(
+    samples: list[Sample], advantages: torch.Tensor, zero_std: torch.Tensor, grpo: GRPOConfig
+) -> list[TrainSequence]:
     """A policy's own samples (N) with (N,) advantages and zero-std flags as GRPO sequences:
     its own behaviour log-probs, weight 1; rows of zero-std groups as ``kept_rows`` decides."""
-    return [TrainSequence(prompt_ids=s.prompt_ids, completion_ids=s.completion_ids, advantage=a,
-                          old_logprobs=s.logprobs, truncated=s.finish_reason == "length",
-                          behaviour_version=s.policy_version)
-            for s, a, keep in zip(samples, advantages.tolist(), kept_rows(zero_std, grpo)) if keep]
+    return [
+        TrainSequence(
+            prompt_ids=s.prompt_ids,
+            completion_ids=s.completion_ids,
+            advantage=a,
+            old_logprobs=s.logprobs,
+            truncated=s.finish_reason == "length",
+            behaviour_version=s.policy_version,
+        )
+        for s, a, keep in zip(samples, advantages.tolist(), kept_rows(zero_std, grpo))
+        if keep
+    ]
 
 
 def own_sequences(samples: list[Sample], grpo: GRPOConfig) -> list[TrainSequence]:
     """Plain GRPO on a policy's own samples: advantages over its own groups, as sequences."""
-    if not samples:   # nothing to train; and the rank estimator needs at least one value
+    if not samples:  # nothing to train; and the rank estimator needs at least one value
         return []
     return sequences_from_samples(samples, *own_advantages(samples, grpo), grpo)
 
@@ -84,9 +100,13 @@ def batch_of(sequences: list[TrainSequence], **fields) -> list[TrainBatch]:
 # ---- peer experience ----------------------------------------------------------------------------
 def peer_rollouts(ctx, receiver: str, prompt_ids: set[str] | None = None) -> list:
     """Deliveries of other producers' rollouts (live peers or replayed logs), optionally for some prompts."""
-    return [d for d in ctx.peer_experience
-            if d.kind == "rollout" and d.producer != receiver
-            and (prompt_ids is None or d.record.prompt_id in prompt_ids)]
+    return [
+        d
+        for d in ctx.peer_experience
+        if d.kind == "rollout"
+        and d.producer != receiver
+        and (prompt_ids is None or d.record.prompt_id in prompt_ids)
+    ]
 
 
 def select_peers(ctx, receiver: str, own, max_per_group: int | None) -> tuple[dict[str, int], list]:
@@ -126,10 +146,12 @@ def adapt_to_receiver(ctx, receiver: str, deliveries: list) -> list[tuple[object
         recs = [deliveries[i].record for i in idx]
         source = ctx.tokenizers.get(fp)
         results = rt.retokenize_batch(
-            [r.completion for r in recs], source=source,
+            [r.completion for r in recs],
+            source=source,
             source_ids=[r.token_array for r in recs] if source else None,
             source_logprobs=[r.logprob_array for r in recs] if source else None,
-            ends_with_eos=[r.finish_reason == "stop" for r in recs])
+            ends_with_eos=[r.finish_reason == "stop" for r in recs],
+        )
         for i, res in zip(idx, results):
             out[i] = (deliveries[i], res)
     log_residuals(ctx, receiver, [res.residuals for _, res in out])
@@ -165,8 +187,10 @@ def peer_logprob_totals(adapted: list) -> tuple[torch.Tensor, torch.Tensor]:
         else:
             totals.append(float(np.sum(d.record.logprob_array, dtype=np.float64)))
             counts.append(len(d.record.token_array))
-    return (torch.tensor(totals, dtype=torch.float64),
-            torch.tensor(counts, dtype=torch.float64).clamp(min=1))
+    return (
+        torch.tensor(totals, dtype=torch.float64),
+        torch.tensor(counts, dtype=torch.float64).clamp(min=1),
+    )
 
 
 @dataclass(frozen=True)
@@ -174,9 +198,9 @@ class ReceivedPeers:
     """P peer rollouts as the receiver sees them: moved into its tokens through THL and put
     under its own prompt format. Lists are parallel, in delivery order."""
 
-    adapted: list                          # P (delivery, RetokenizedTrajectory) pairs
-    prompts: list[tuple[int, ...]]         # P prompts in the receiver's format and tokens
-    completions: list[tuple[int, ...]]     # P completions in the receiver's tokens
+    adapted: list  # P (delivery, RetokenizedTrajectory) pairs
+    prompts: list[tuple[int, ...]]  # P prompts in the receiver's format and tokens
+    completions: list[tuple[int, ...]]  # P completions in the receiver's tokens
 
     def __len__(self) -> int:
         return len(self.adapted)
@@ -190,8 +214,14 @@ class ReceivedPeers:
         """(P,) log p_peer of the moved text and (P,) peer tokens it spans (``peer_logprob_totals``)."""
         return peer_logprob_totals(self.adapted)
 
-    def sequences(self, advantages: torch.Tensor, weights: torch.Tensor, zero_std: torch.Tensor,
-                  grpo: GRPOConfig, select: torch.Tensor | None = None) -> list[TrainSequence]:
+    def sequences(
+        self,
+        advantages: torch.Tensor,
+        weights: torch.Tensor,
+        zero_std: torch.Tensor,
+        grpo: GRPOConfig,
+        select: torch.Tensor | None = None,
+    ) -> list[TrainSequence]:
         """(P,) advantages, (P,) detached loss weights, (P,) zero-std flags -> GRPO sequences.
 
         No behaviour log-probs: the receiver's current ones stand in (ratio 1 on the first
@@ -199,26 +229,45 @@ class ReceivedPeers:
         rows (None: all); zero-std rows as ``kept_rows`` decides.
         """
         picked = [True] * len(self) if select is None else select.tolist()
-        return [TrainSequence(p, c, float(a), None, weight=float(w), source=d.producer,
-                              truncated=d.record.finish_reason == "length")
-                for (d, _), p, c, a, w, keep, pick in zip(
-                    self.adapted, self.prompts, self.completions, advantages.tolist(),
-                    weights.tolist(), kept_rows(zero_std, grpo), picked)
-                if keep and pick]
+        return [
+            TrainSequence(
+                p,
+                c,
+                float(a),
+                None,
+                weight=float(w),
+                source=d.producer,
+                truncated=d.record.finish_reason == "length",
+            )
+            for (d, _), p, c, a, w, keep, pick in zip(
+                self.adapted,
+                self.prompts,
+                self.completions,
+                advantages.tolist(),
+                weights.tolist(),
+                kept_rows(zero_std, grpo),
+                picked,
+            )
+            if keep and pick
+        ]
 
     def sft_examples(self) -> tuple[SFTExample, ...]:
         """The moved rollouts as SFT examples (imitation of the peers' text)."""
-        return tuple(SFTExample(p, c, d.producer)
-                     for (d, _), p, c in zip(self.adapted, self.prompts, self.completions))
+        return tuple(
+            SFTExample(p, c, d.producer)
+            for (d, _), p, c in zip(self.adapted, self.prompts, self.completions)
+        )
 
 
 def receive_peers(ctx, receiver: str, deliveries: list) -> ReceivedPeers:
     """Peer rollout deliveries moved into the receiver (THL, ``adapt_to_receiver``) and encoded
     with its prompt format."""
     adapted = adapt_to_receiver(ctx, receiver, deliveries)
-    return ReceivedPeers(adapted=adapted,
-                         prompts=[ctx.encode_prompt[receiver](d.record.prompt) for d, _ in adapted],
-                         completions=[tuple(int(t) for t in res.target_ids) for _, res in adapted])
+    return ReceivedPeers(
+        adapted=adapted,
+        prompts=[ctx.encode_prompt[receiver](d.record.prompt) for d, _ in adapted],
+        completions=[tuple(int(t) for t in res.target_ids) for _, res in adapted],
+    )
 
 
 # ---- the mixed own-plus-peer group --------------------------------------------------------------
@@ -228,24 +277,31 @@ class MixedGroup:
     prompt groups: N = n own rows first, then P peer rows, each in the receiver's group of its
     prompt. Advantages over it are the strategy's to compute (over ``rewards``, ``groups``)."""
 
-    own: list[Sample]           # n
-    peers: ReceivedPeers        # P
-    rewards: torch.Tensor       # (N,) fp32 verified rewards, own then peers
-    groups: torch.Tensor        # (N,) int64 group index in [0, K)
-    num_groups: int             # K: the receiver's own groups (peers join them)
+    own: list[Sample]  # n
+    peers: ReceivedPeers  # P
+    rewards: torch.Tensor  # (N,) fp32 verified rewards, own then peers
+    groups: torch.Tensor  # (N,) int64 group index in [0, K)
+    num_groups: int  # K: the receiver's own groups (peers join them)
 
     @property
     def n_own(self) -> int:
         return len(self.own)
 
-    def own_sequences(self, advantages: torch.Tensor, zero_std: torch.Tensor,
-                      grpo: GRPOConfig) -> list[TrainSequence]:
+    def own_sequences(
+        self, advantages: torch.Tensor, zero_std: torch.Tensor, grpo: GRPOConfig
+    ) -> list[TrainSequence]:
         """(N,) advantages and zero-std flags -> the own rows' GRPO sequences."""
         n = self.n_own
         return sequences_from_samples(self.own, advantages[:n], zero_std[:n], grpo)
 
-    def peer_sequences(self, advantages: torch.Tensor, zero_std: torch.Tensor, weights: torch.Tensor,
-                       grpo: GRPOConfig, select: torch.Tensor | None = None) -> list[TrainSequence]:
+    def peer_sequences(
+        self,
+        advantages: torch.Tensor,
+        zero_std: torch.Tensor,
+        weights: torch.Tensor,
+        grpo: GRPOConfig,
+        select: torch.Tensor | None = None,
+    ) -> list[TrainSequence]:
         """(N,) advantages and zero-std flags, (P,) weights -> the peer rows' GRPO sequences
         (``ReceivedPeers.sequences``; ``select`` (P,) bool picks rows)."""
         n = self.n_own
@@ -257,9 +313,13 @@ def mixed_group(ctx, receiver: str, own: list[Sample], max_per_group: int | None
     ``max_per_group`` per prompt, None: all), moved into its tokens: one ``MixedGroup``."""
     pid_group, deliveries = select_peers(ctx, receiver, own, max_per_group)
     peers = receive_peers(ctx, receiver, deliveries)
-    rewards = torch.tensor([s.reward for s in own] + [d.record.reward for d, _ in peers.adapted],
-                           dtype=torch.float32)
-    groups = torch.tensor([s.group for s in own] + [pid_group[d.record.prompt_id] for d, _ in peers.adapted],
-                          dtype=torch.long)
-    return MixedGroup(own=list(own), peers=peers, rewards=rewards, groups=groups,
-                      num_groups=group_count(own))
+    rewards = torch.tensor(
+        [s.reward for s in own] + [d.record.reward for d, _ in peers.adapted], dtype=torch.float32
+    )
+    groups = torch.tensor(
+        [s.group for s in own] + [pid_group[d.record.prompt_id] for d, _ in peers.adapted],
+        dtype=torch.long,
+    )
+    return MixedGroup(
+        own=list(own), peers=peers, rewards=rewards, groups=groups, num_groups=group_count(own)
+    )

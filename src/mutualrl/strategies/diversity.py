@@ -29,7 +29,9 @@ def peer_success(ctx, receiver: str) -> dict[str, float]:
     return {pid: sum(v) / len(v) for pid, v in sums.items()}
 
 
-def repulsed_rewards(rewards: list[float], peer_rates: list[float | None], coef: float) -> list[float]:
+def repulsed_rewards(
+    rewards: list[float], peer_rates: list[float | None], coef: float
+) -> list[float]:
     """``r - coef * r * s`` per sample; ``s`` None (no peer data) leaves ``r``."""
     return [r if s is None else r - coef * r * s for r, s in zip(rewards, peer_rates)]
 
@@ -41,8 +43,8 @@ class DiversityRegularised:
         self.inner, self.coef = inner, coef
         self.name = inner.name
 
-    def __getattr__(self, attr):          # the wrapped strategy's parameters and state
-        if attr == "inner":               # not set yet (e.g. while unpickling)
+    def __getattr__(self, attr):  # the wrapped strategy's parameters and state
+        if attr == "inner":  # not set yet (e.g. while unpickling)
             raise AttributeError(attr)
         return getattr(self.inner, attr)
 
@@ -51,12 +53,20 @@ class DiversityRegularised:
 
     def build_batches(self, ctx, receiver: str, own):
         rates = peer_success(ctx, receiver)
-        shaped = repulsed_rewards([s.reward for s in own], [rates.get(s.prompt.id) for s in own], self.coef)
+        shaped = repulsed_rewards(
+            [s.reward for s in own], [rates.get(s.prompt.id) for s in own], self.coef
+        )
         if own:
-            ctx.log(receiver, "diversity/reward_shift_mean",
-                    sum(a - s.reward for a, s in zip(shaped, own)) / len(own))
-            ctx.log(receiver, "diversity/peer_success_mean",
-                    sum(rates.get(s.prompt.id, 0.0) for s in own) / len(own))
+            ctx.log(
+                receiver,
+                "diversity/reward_shift_mean",
+                sum(a - s.reward for a, s in zip(shaped, own)) / len(own),
+            )
+            ctx.log(
+                receiver,
+                "diversity/peer_success_mean",
+                sum(rates.get(s.prompt.id, 0.0) for s in own) / len(own),
+            )
         own = [replace(s, reward=r) for s, r in zip(own, shaped)]
         return self.inner.build_batches(ctx, receiver, own)
 
@@ -72,6 +82,9 @@ def with_diversity(strategy, cfg):
     why = getattr(strategy, "no_diversity", None)
     if why:
         from mutualrl.config import ConfigError
-        raise ConfigError(f"diversity.coef = {cfg.coef}: strategy {strategy.name!r} cannot take "
-                          f"the regulariser: {why}; set diversity.coef = 0 or use another strategy")
+
+        raise ConfigError(
+            f"diversity.coef = {cfg.coef}: strategy {strategy.name!r} cannot take "
+            f"the regulariser: {why}; set diversity.coef = 0 or use another strategy"
+        )
     return DiversityRegularised(strategy, cfg.coef)

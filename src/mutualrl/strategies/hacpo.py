@@ -54,14 +54,16 @@ CAPABILITY_FLOOR = 1e-8
 
 
 class HACPOParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    alpha: float = 1.0                   # exponent of the detached ratio factor
-    cross_clip_delta: float = 0.2        # lower clamp of a peer ratio: 1 - delta
-    cross_clip_step: float = 0.0         # the lower clamp rises this much per update in a step
-    updates_per_step: int = 1            # optimizer updates per step (the m of the stepwise clip)
-    capability_window: int = 5           # steps averaged into a policy's capability
-    capability_metric: Literal["positive_rate", "reward_mean"] = "positive_rate"  # share rewarded > 0, or mean reward
-    capability_ratio_min: float = 0.1    # lower clip of the capability coefficient P_src / P_recv
-    capability_ratio_max: float = 10.0   # upper clip of the capability coefficient
+    alpha: float = 1.0  # exponent of the detached ratio factor
+    cross_clip_delta: float = 0.2  # lower clamp of a peer ratio: 1 - delta
+    cross_clip_step: float = 0.0  # the lower clamp rises this much per update in a step
+    updates_per_step: int = 1  # optimizer updates per step (the m of the stepwise clip)
+    capability_window: int = 5  # steps averaged into a policy's capability
+    capability_metric: Literal["positive_rate", "reward_mean"] = (
+        "positive_rate"  # share rewarded > 0, or mean reward
+    )
+    capability_ratio_min: float = 0.1  # lower clip of the capability coefficient P_src / P_recv
+    capability_ratio_max: float = 10.0  # upper clip of the capability coefficient
     max_peer_per_group: int | None = None  # None: every peer sample for the prompt
 
     def __post_init__(self) -> None:
@@ -83,9 +85,15 @@ class HACPOParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
         return min(1.0, 1.0 - self.cross_clip_delta + m * self.cross_clip_step)
 
 
-def capability_advantages(rewards: torch.Tensor, groups: torch.Tensor, num_groups: int,
-                          omega: torch.Tensor, own: torch.Tensor, scale: str,
-                          advantage_std: str = "population"):
+def capability_advantages(
+    rewards: torch.Tensor,
+    groups: torch.Tensor,
+    num_groups: int,
+    omega: torch.Tensor,
+    own: torch.Tensor,
+    scale: str,
+    advantage_std: str = "population",
+):
     """Capability-aware advantages: rewards, groups, omega (N,), own (N,) bool ->
     advantages, baselines, zero-std flags, guarded flags.
 
@@ -95,8 +103,10 @@ def capability_advantages(rewards: torch.Tensor, groups: torch.Tensor, num_group
     """
     r = rewards.to(torch.float64)
     m = group_moments(r, groups, num_groups, advantage_std)
-    weighted = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, groups, r * omega.to(torch.float64))
-    base = weighted / m.count.clamp(min=1)                                     # (K,)
+    weighted = torch.zeros(num_groups, dtype=torch.float64).index_add_(
+        0, groups, r * omega.to(torch.float64)
+    )
+    base = weighted / m.count.clamp(min=1)  # (K,)
     own_f = own.to(torch.float64)
     own_n = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, groups, own_f)
     own_sum = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, groups, r * own_f)
@@ -128,7 +138,7 @@ class HACPO:
 
     def __init__(self, params: HACPOParams) -> None:
         self.p = params
-        self.history: dict[str, list[float]] = {}   # policy -> capability estimates, newest last
+        self.history: dict[str, list[float]] = {}  # policy -> capability estimates, newest last
 
     @property
     def updates_per_step(self) -> int:
@@ -150,22 +160,33 @@ class HACPO:
             if not own:
                 continue
             rewards = [s.reward for s in own]
-            value = (sum(r > 0 for r in rewards) / len(rewards) if self.p.capability_metric == "positive_rate"
-                     else sum(rewards) / len(rewards))
+            value = (
+                sum(r > 0 for r in rewards) / len(rewards)
+                if self.p.capability_metric == "positive_rate"
+                else sum(rewards) / len(rewards)
+            )
             h = self.history.setdefault(name, [])
             h.append(max(float(value), CAPABILITY_FLOOR))
-            del h[:-self.p.capability_window]
+            del h[: -self.p.capability_window]
 
     # ---- batches -------------------------------------------------------------------------
     def build_batches(self, ctx: StrategyContext, receiver: str, own) -> list[TrainBatch]:
         mixed = mixed_group(ctx, receiver, own, self.p.max_peer_per_group)
         n, p_recv = mixed.n_own, self.capability(receiver)
-        omega = torch.tensor([1.0] * n + [p_recv / self.capability(j) for j in mixed.peers.sources],
-                             dtype=torch.float64)
+        omega = torch.tensor(
+            [1.0] * n + [p_recv / self.capability(j) for j in mixed.peers.sources],
+            dtype=torch.float64,
+        )
         is_own = torch.arange(len(mixed.rewards)) < n
-        adv, _, zero, guarded = capability_advantages(mixed.rewards, mixed.groups, mixed.num_groups,
-                                                      omega, is_own, ctx.grpo.scale_rewards,
-                                                      ctx.grpo.advantage_std)
+        adv, _, zero, guarded = capability_advantages(
+            mixed.rewards,
+            mixed.groups,
+            mixed.num_groups,
+            omega,
+            is_own,
+            ctx.grpo.scale_rewards,
+            ctx.grpo.advantage_std,
+        )
         self._log_capabilities(ctx, receiver, guarded)
         own_seqs = mixed.own_sequences(adv, zero, ctx.grpo)
         return self._split(own_seqs, self._peer_sequences(ctx, receiver, mixed, adv, zero))
@@ -178,20 +199,26 @@ class HACPO:
         if not len(peers):
             ctx.log(receiver, "hacpo/peer_samples", 0)
             return [[] for _ in range(U)]
-        recv_total = ctx.sequence_logprobs[receiver](peers.prompts, peers.completions).to(torch.float64)
+        recv_total = ctx.sequence_logprobs[receiver](peers.prompts, peers.completions).to(
+            torch.float64
+        )
         recv_len = torch.tensor([max(len(c), 1) for c in peers.completions], dtype=torch.float64)
         src_total, src_len = peers.logprob_totals()
-        log_ratio = recv_total / recv_len - src_total / src_len            # (P,) length-normalised
-        coef = torch.tensor([self.coefficient(j, receiver) for j in peers.sources], dtype=torch.float64)
-        index = torch.arange(len(peers)) % U                               # (P,) update of each row
+        log_ratio = recv_total / recv_len - src_total / src_len  # (P,) length-normalised
+        coef = torch.tensor(
+            [self.coefficient(j, receiver) for j in peers.sources], dtype=torch.float64
+        )
+        index = torch.arange(len(peers)) % U  # (P,) update of each row
         clamped_all = torch.zeros(len(peers), dtype=torch.bool)
         weights_all = torch.zeros(len(peers), dtype=torch.float64)
         for m in range(U):
             w, clamped = cross_weights(log_ratio, coef, self.p.alpha, self.p.cross_clip_lower(m))
             sel = index == m
             weights_all[sel], clamped_all[sel] = w[sel], clamped[sel]
-        parts = [mixed.peer_sequences(adv, zero, weights_all, ctx.grpo, select=index == m)
-                 for m in range(U)]
+        parts = [
+            mixed.peer_sequences(adv, zero, weights_all, ctx.grpo, select=index == m)
+            for m in range(U)
+        ]
         ratio = torch.exp(log_ratio)
         ctx.log(receiver, "hacpo/peer_samples", len(peers))
         ctx.log(receiver, "hacpo/ratio_mean", float(ratio.mean()))
@@ -228,9 +255,12 @@ class HACPO:
         self.history = {str(k): [float(x) for x in v] for k, v in state.get("history", {}).items()}
 
 
-@register_strategy("hacpo", HACPOParams,
-                   "shared rollouts with capability-aware advantages and exponential IS (HACPO)",
-                   needs_lock_step="its capability-aware baseline weighs each peer by that peer's "
-                                   "rewards at the same step, which a paced receiver does not hold")
+@register_strategy(
+    "hacpo",
+    HACPOParams,
+    "shared rollouts with capability-aware advantages and exponential IS (HACPO)",
+    needs_lock_step="its capability-aware baseline weighs each peer by that peer's "
+    "rewards at the same step, which a paced receiver does not hold",
+)
 def _make_hacpo(params: HACPOParams, cfg) -> HACPO:
     return HACPO(params)

@@ -40,10 +40,10 @@ from mutualrl.tasks.base import Prompt
 
 
 class HintParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    tiers: tuple[float, ...] = (0.25, 0.5)   # shares of the peer solution given, tried in order
-    patience: int = 1                # failed sampled steps before a prompt is hinted
-    tau: float = 1.0                 # success threshold (reward >= tau; combined reward with weights)
-    max_hinted_prompts: int | None = None   # per receiver and step; None: every candidate
+    tiers: tuple[float, ...] = (0.25, 0.5)  # shares of the peer solution given, tried in order
+    patience: int = 1  # failed sampled steps before a prompt is hinted
+    tau: float = 1.0  # success threshold (reward >= tau; combined reward with weights)
+    max_hinted_prompts: int | None = None  # per receiver and step; None: every candidate
 
     def __post_init__(self) -> None:
         if not self.tiers:
@@ -61,7 +61,7 @@ class HintParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
 def hint_prefix(solution: str, share: float) -> str:
     """The first ``min(ceil(share * len), len - 1)`` characters of a solution ('' if too short)."""
     n = min(math.ceil(share * len(solution)), len(solution) - 1)
-    return solution[:max(n, 0)]
+    return solution[: max(n, 0)]
 
 
 class PeerHints:
@@ -69,7 +69,7 @@ class PeerHints:
 
     def __init__(self, params: HintParams) -> None:
         self.p = params
-        self.fail_streak: dict[str, dict[str, int]] = {}   # receiver -> prompt id -> failed steps
+        self.fail_streak: dict[str, dict[str, int]] = {}  # receiver -> prompt id -> failed steps
 
     def observe(self, ctx: StrategyContext, samples) -> None:
         for name, own in samples.items():
@@ -112,8 +112,10 @@ class PeerHints:
             hinted = replace(prompt, prefill=hint)
             samples = ctx.generate[receiver]([hinted], G)
             counts["generated"] += len(samples)
-            scored = [replace(s, group=group, reward=float(ctx.verify(prompt, hint + s.text)))
-                      for s in samples]
+            scored = [
+                replace(s, group=group, reward=float(ctx.verify(prompt, hint + s.text)))
+                for s in samples
+            ]
             if any(s.reward >= self.p.tau for s in scored):
                 counts[f"tier_{tier}"] += 1
                 return scored
@@ -122,10 +124,12 @@ class PeerHints:
     def build_batches(self, ctx: StrategyContext, receiver: str, own) -> list[TrainBatch]:
         candidates = self._candidates(ctx, receiver, own)
         if self.p.max_hinted_prompts is not None:
-            candidates = candidates[:self.p.max_hinted_prompts]
+            candidates = candidates[: self.p.max_hinted_prompts]
         if candidates and (receiver not in ctx.generate or ctx.verify is None):
-            raise RuntimeError("strategy 'hint' needs StrategyContext.generate and .verify "
-                               "(the training loop provides them)")
+            raise RuntimeError(
+                "strategy 'hint' needs StrategyContext.generate and .verify "
+                "(the training loop provides them)"
+            )
         counts = {"generated": 0, **{f"tier_{i}": 0 for i in range(len(self.p.tiers))}}
         extra, next_group = [], group_count(own)
         for prompt, solution in candidates:
@@ -151,11 +155,16 @@ class PeerHints:
         return {"fail_streak": {r: dict(v) for r, v in self.fail_streak.items()}}
 
     def load_state_dict(self, state: dict) -> None:
-        self.fail_streak = {str(r): {str(p): int(n) for p, n in v.items()}
-                            for r, v in state.get("fail_streak", {}).items()}
+        self.fail_streak = {
+            str(r): {str(p): int(n) for p, n in v.items()}
+            for r, v in state.get("fail_streak", {}).items()
+        }
 
 
-@register_strategy("hint", HintParams,
-                   "peer successes as tiered hints on prompts the receiver keeps failing (Scaf-GRPO)")
+@register_strategy(
+    "hint",
+    HintParams,
+    "peer successes as tiered hints on prompts the receiver keeps failing (Scaf-GRPO)",
+)
 def _make_hint(params: HintParams, cfg) -> PeerHints:
     return PeerHints(params)

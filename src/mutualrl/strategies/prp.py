@@ -30,10 +30,12 @@ from mutualrl.strategies.common import ReceivedPeers, batch_of, grpo_advantages,
 
 
 class PRPParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    peer_ratio: Literal["truncated_is", "on_receiver"] = "truncated_is"  # peer weight: truncated ratio, or 1
-    ratio_cap: float = 2.0                 # truncation of the sequence-level ratio
+    peer_ratio: Literal["truncated_is", "on_receiver"] = (
+        "truncated_is"  # peer weight: truncated ratio, or 1
+    )
+    ratio_cap: float = 2.0  # truncation of the sequence-level ratio
     max_peer_per_group: int | None = None  # None: every peer sample for the prompt
-    grad_diagnostic: bool = False          # per-source gradient norms and cosine (2 extra backwards)
+    grad_diagnostic: bool = False  # per-source gradient norms and cosine (2 extra backwards)
 
     def __post_init__(self) -> None:
         if self.ratio_cap <= 0:
@@ -42,12 +44,16 @@ class PRPParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
             raise ValueError("max_peer_per_group must be >= 0")
 
 
-def truncated_ratio(logp_receiver: torch.Tensor, logp_peer: torch.Tensor, cap: float) -> torch.Tensor:
+def truncated_ratio(
+    logp_receiver: torch.Tensor, logp_peer: torch.Tensor, cap: float
+) -> torch.Tensor:
     """Sequence-level importance weights (B,), (B,) -> (B,): min(exp(recv - peer), cap)."""
     return torch.exp(logp_receiver - logp_peer).clamp(max=cap)
 
 
-def drop_inert_peers(seqs: list[TrainSequence], n_own: int, grpo) -> tuple[list[TrainSequence], int, int]:
+def drop_inert_peers(
+    seqs: list[TrainSequence], n_own: int, grpo
+) -> tuple[list[TrainSequence], int, int]:
     """Peer rows (after the first ``n_own``) whose loss terms are exactly 0, left out of the update.
 
     A row's per-token loss is ``weight * (surrogate + beta * kl)``, so it is exactly 0 when the
@@ -57,6 +63,7 @@ def drop_inert_peers(seqs: list[TrainSequence], n_own: int, grpo) -> tuple[list[
     the mask would have counted), so loss and gradient are unchanged. At least one row is kept.
     Returns (kept sequences, skipped rows, skipped tokens).
     """
+
     def inert(s: TrainSequence) -> bool:
         return float(np.float32(s.weight)) == 0.0 or (s.advantage == 0.0 and grpo.beta == 0.0)
 
@@ -64,8 +71,10 @@ def drop_inert_peers(seqs: list[TrainSequence], n_own: int, grpo) -> tuple[list[
     if not kept:
         return seqs, 0, 0
     dropped = [s for s in seqs[n_own:] if inert(s)]
-    tokens = sum(0 if (s.truncated and grpo.mask_truncated_completions) else len(s.completion_ids)
-                 for s in dropped)
+    tokens = sum(
+        0 if (s.truncated and grpo.mask_truncated_completions) else len(s.completion_ids)
+        for s in dropped
+    )
     return kept, len(dropped), tokens
 
 
@@ -89,10 +98,14 @@ class PeerRolloutPooling:
         ctx.log(receiver, "prp/peer_share", peers / max(n + peers, 1))
         ctx.log(receiver, "prp/peer_samples", peers)
         ctx.log(receiver, "prp/skipped_rows", rows)
-        ctx.log(receiver, "prp/frac_reward_zero_std_mixed",
-                float(adv.zero_std[:n].float().mean()) if n else 0.0)
-        return batch_of(kept, diagnose_sources=self.p.grad_diagnostic, skipped_rows=rows,
-                        skipped_tokens=tokens)
+        ctx.log(
+            receiver,
+            "prp/frac_reward_zero_std_mixed",
+            float(adv.zero_std[:n].float().mean()) if n else 0.0,
+        )
+        return batch_of(
+            kept, diagnose_sources=self.p.grad_diagnostic, skipped_rows=rows, skipped_tokens=tokens
+        )
 
     def _weights(self, ctx, receiver, peers: ReceivedPeers) -> torch.Tensor:
         """(P,) fp32 loss weights of the peer rows."""
@@ -117,6 +130,8 @@ class PeerRolloutPooling:
         return None
 
 
-@register_strategy("prp", PRPParams, "peer rollout pooling: retokenized peer samples join the group")
+@register_strategy(
+    "prp", PRPParams, "peer rollout pooling: retokenized peer samples join the group"
+)
 def _make_prp(params: PRPParams, cfg) -> PeerRolloutPooling:
     return PeerRolloutPooling(params)

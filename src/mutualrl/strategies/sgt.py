@@ -30,15 +30,17 @@ from mutualrl.strategies.common import own_sequences, receive_peers
 class SGTParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     # success threshold on the step's reward: built-in verifiers reward in [0, 1]; with
     # task.reward_weights, the combined reward a success must reach (it may exceed 1)
-    tau: float = 1.0                  # success threshold (reward >= tau)
-    gate: Literal["receiver_failed", "always"] = "receiver_failed"  # use peers' successes where it failed, or always
-    interval: int = 1                 # s: 1 adds the SFT term to every step; > 1 SFT-only steps every s
-    alpha: float = 0.5                # SFT weight when interval == 1
-    sft_batch_size: int = 16          # peer successes per SFT batch (fewer when fewer are available)
-    sft_steps: int = 4                # SFT-only steps every `interval` steps when interval > 1
-    max_per_prompt: int = 4           # successes kept per prompt in the buffer (newest kept)
-    max_age: int = 20                 # steps
-    max_uses: int | None = None       # per success and receiver; None: until it ages out
+    tau: float = 1.0  # success threshold (reward >= tau)
+    gate: Literal["receiver_failed", "always"] = (
+        "receiver_failed"  # use peers' successes where it failed, or always
+    )
+    interval: int = 1  # s: 1 adds the SFT term to every step; > 1 SFT-only steps every s
+    alpha: float = 0.5  # SFT weight when interval == 1
+    sft_batch_size: int = 16  # peer successes per SFT batch (fewer when fewer are available)
+    sft_steps: int = 4  # SFT-only steps every `interval` steps when interval > 1
+    max_per_prompt: int = 4  # successes kept per prompt in the buffer (newest kept)
+    max_age: int = 20  # steps
+    max_uses: int | None = None  # per success and receiver; None: until it ages out
     # SFT-only steps (interval > 1); None: the run's warmup.learning_rate. With interval == 1 the
     # SFT term is part of the GRPO step and takes its learning rate.
     sft_learning_rate: float | None = None
@@ -57,15 +59,17 @@ class SGTParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
             if not self.sft_learning_rate > 0:
                 raise ValueError("sft_learning_rate must be > 0 (or absent: warmup.learning_rate)")
             if self.interval == 1:
-                raise ValueError("sft_learning_rate applies to SFT-only steps, which need interval > 1; "
-                                 "with interval = 1 the SFT term shares the GRPO step's learning rate")
+                raise ValueError(
+                    "sft_learning_rate applies to SFT-only steps, which need interval > 1; "
+                    "with interval = 1 the SFT term shares the GRPO step's learning rate"
+                )
 
 
 @dataclass
 class Success:
-    delivery: object                  # the rollout's Delivery (producer, record)
+    delivery: object  # the rollout's Delivery (producer, record)
     step: int
-    uses: dict[str, int] = field(default_factory=dict)   # receiver -> times drawn
+    uses: dict[str, int] = field(default_factory=dict)  # receiver -> times drawn
 
     @property
     def source(self) -> str:
@@ -83,12 +87,14 @@ class SuccessBuffer:
     def add(self, delivery, step: int) -> None:
         rec = delivery.record
         entries = self.by_prompt.setdefault(rec.prompt_id, [])
-        if any(e.delivery.record.completion == rec.completion and e.source == delivery.producer
-               for e in entries):
+        if any(
+            e.delivery.record.completion == rec.completion and e.source == delivery.producer
+            for e in entries
+        ):
             self.duplicates += 1
             return
         entries.append(Success(delivery, step))
-        del entries[:-self.max_per_prompt]    # keep the newest
+        del entries[: -self.max_per_prompt]  # keep the newest
 
     def age(self, step: int) -> None:
         for pid in list(self.by_prompt):
@@ -98,12 +104,16 @@ class SuccessBuffer:
             else:
                 del self.by_prompt[pid]
 
-    def available(self, receiver: str, prompt_ids: set[str] | None,
-                  max_uses: int | None = None) -> list[Success]:
-        return [e for pid, entries in self.by_prompt.items()
-                if prompt_ids is None or pid in prompt_ids
-                for e in entries if e.source != receiver
-                and (max_uses is None or e.uses.get(receiver, 0) < max_uses)]
+    def available(
+        self, receiver: str, prompt_ids: set[str] | None, max_uses: int | None = None
+    ) -> list[Success]:
+        return [
+            e
+            for pid, entries in self.by_prompt.items()
+            if prompt_ids is None or pid in prompt_ids
+            for e in entries
+            if e.source != receiver and (max_uses is None or e.uses.get(receiver, 0) < max_uses)
+        ]
 
     def __len__(self) -> int:
         return sum(len(v) for v in self.by_prompt.values())
@@ -116,7 +126,7 @@ class SuccessGatedTransfer:
         self.p = params
         self.sft_learning_rate = params.sft_learning_rate or sft_learning_rate
         self.buffer = SuccessBuffer(params.max_per_prompt, params.max_age)
-        self.failed: dict[str, set[str]] = {}   # receiver -> prompts whose latest own group failed
+        self.failed: dict[str, set[str]] = {}  # receiver -> prompts whose latest own group failed
 
     def observe(self, ctx: StrategyContext, samples) -> None:
         # Age once per step, here: it depends on no particular receiver having been updated.
@@ -144,11 +154,15 @@ class SuccessGatedTransfer:
             e.uses[receiver] = e.uses.get(receiver, 0) + 1
         return chosen
 
-    def _examples(self, ctx: StrategyContext, receiver: str, chosen: list[Success]) -> tuple[SFTExample, ...]:
+    def _examples(
+        self, ctx: StrategyContext, receiver: str, chosen: list[Success]
+    ) -> tuple[SFTExample, ...]:
         peers = receive_peers(ctx, receiver, [e.delivery for e in chosen])
         for e in chosen:
             key = f"sgt/received/{e.source}"
-            ctx.metrics.setdefault(receiver, {})[key] = ctx.metrics.get(receiver, {}).get(key, 0.0) + 1
+            ctx.metrics.setdefault(receiver, {})[key] = (
+                ctx.metrics.get(receiver, {}).get(key, 0.0) + 1
+            )
         return peers.sft_examples()
 
     def build_batches(self, ctx: StrategyContext, receiver: str, own) -> list[TrainBatch]:
@@ -168,11 +182,16 @@ class SuccessGatedTransfer:
                 for _ in range(self.p.sft_steps):
                     chosen = self._draw(ctx, receiver)
                     if not chosen:
-                        break          # early stop: nothing (left) to learn from
+                        break  # early stop: nothing (left) to learn from
                     rescued |= {e.delivery.record.prompt_id for e in chosen}
-                    batches.append(TrainBatch(sft=self._examples(ctx, receiver, chosen),
-                                              sft_coef=1.0, tag="sft",
-                                              learning_rate=self.sft_learning_rate))
+                    batches.append(
+                        TrainBatch(
+                            sft=self._examples(ctx, receiver, chosen),
+                            sft_coef=1.0,
+                            tag="sft",
+                            learning_rate=self.sft_learning_rate,
+                        )
+                    )
         ctx.log(receiver, "sgt/buffer_size", len(self.buffer))
         ctx.log(receiver, "sgt/rescued_prompts", len(rescued))
         ctx.log(receiver, "sgt/sft_examples", sum(len(b.sft) for b in batches))
@@ -186,14 +205,20 @@ class SuccessGatedTransfer:
     def state_dict(self) -> dict:
         """The success buffer (entries in order, with their step and use counts), its duplicate
         count, and each receiver's failed prompts: everything later draws depend on."""
-        return {"buffer": {pid: [(e.delivery, e.step, dict(e.uses)) for e in entries]
-                           for pid, entries in self.buffer.by_prompt.items()},
-                "duplicates": self.buffer.duplicates,
-                "failed": {n: sorted(s) for n, s in self.failed.items()}}
+        return {
+            "buffer": {
+                pid: [(e.delivery, e.step, dict(e.uses)) for e in entries]
+                for pid, entries in self.buffer.by_prompt.items()
+            },
+            "duplicates": self.buffer.duplicates,
+            "failed": {n: sorted(s) for n, s in self.failed.items()},
+        }
 
     def load_state_dict(self, state: dict) -> None:
-        self.buffer.by_prompt = {pid: [Success(d, step, dict(uses)) for d, step, uses in entries]
-                                 for pid, entries in state["buffer"].items()}
+        self.buffer.by_prompt = {
+            pid: [Success(d, step, dict(uses)) for d, step, uses in entries]
+            for pid, entries in state["buffer"].items()
+        }
         self.buffer.duplicates = int(state["duplicates"])
         self.failed = {n: set(s) for n, s in state["failed"].items()}
 

@@ -22,7 +22,9 @@ from mutualrl.strategies.common import batch_of, group_count, sequences_from_sam
 
 
 class XGRPOParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    estimator: Literal["zscore", "rank"] = "zscore"  # baseline over the union: z-score or within-group ranks
+    estimator: Literal["zscore", "rank"] = (
+        "zscore"  # baseline over the union: z-score or within-group ranks
+    )
 
 
 def pooled_stats(deliveries, prompt_ids: set[str]) -> dict[str, object]:
@@ -38,16 +40,20 @@ def pooled_stats(deliveries, prompt_ids: set[str]) -> dict[str, object]:
 def pooled_std(stats, advantage_std: str) -> float:
     """The ``advantage_std`` std of a merged ``GroupStats`` (its count and M2)."""
     m2 = torch.tensor(stats.m2, dtype=torch.float64)
-    return float(std_from_m2(m2, torch.tensor(float(stats.count), dtype=torch.float64), advantage_std))
+    return float(
+        std_from_m2(m2, torch.tensor(float(stats.count), dtype=torch.float64), advantage_std)
+    )
 
 
 class CrossPolicyAdvantages:
     name = "xgrpo"
     # The diversity regulariser shapes the receiver's own rewards, and this strategy's baselines
     # pool them with the peers' verified rewards: refused (``strategies.diversity``).
-    no_diversity = ("its baselines pool the receiver's rewards with the peers' verified ones, so "
-                    "a shaped reward would be centred on verified ones (a success could fall below "
-                    "the baseline) or, under estimator = \"rank\", not be found among them")
+    no_diversity = (
+        "its baselines pool the receiver's rewards with the peers' verified ones, so "
+        "a shaped reward would be centred on verified ones (a success could fall below "
+        'the baseline) or, under estimator = "rank", not be found among them'
+    )
 
     def __init__(self, params: XGRPOParams) -> None:
         self.p = params
@@ -62,16 +68,26 @@ class CrossPolicyAdvantages:
         rewards = torch.tensor([s.reward for s in own], dtype=torch.float64)
         groups = torch.tensor([s.group for s in own])
         kind = ctx.grpo.advantage_std
-        mine = group_moments(rewards, groups, group_count(own), kind)   # the receiver's own groups
+        mine = group_moments(rewards, groups, group_count(own), kind)  # the receiver's own groups
         if self.p.estimator == "zscore":
             stats = pooled_stats(ctx.peer_experience, set(pids))
             missing = sum(p not in stats for p in set(pids))
-            if missing:   # e.g. dropped by a bounded queue: fall back to the own group's moments
+            if missing:  # e.g. dropped by a bounded queue: fall back to the own group's moments
                 ctx.log(receiver, "xgrpo/prompts_without_pooled_stats", missing)
-            mean = torch.tensor([stats[p].mean if p in stats else float(mine.mean[s.group])
-                                 for p, s in zip(pids, own)], dtype=torch.float64)
-            std = torch.tensor([pooled_std(stats[p], kind) if p in stats else float(mine.std[s.group])
-                                for p, s in zip(pids, own)], dtype=torch.float64)
+            mean = torch.tensor(
+                [
+                    stats[p].mean if p in stats else float(mine.mean[s.group])
+                    for p, s in zip(pids, own)
+                ],
+                dtype=torch.float64,
+            )
+            std = torch.tensor(
+                [
+                    pooled_std(stats[p], kind) if p in stats else float(mine.std[s.group])
+                    for p, s in zip(pids, own)
+                ],
+                dtype=torch.float64,
+            )
             adv = normalize(rewards, mean, std, ctx.grpo.scale_rewards, kind)
         else:
             adv, std = self._rank(ctx, pids, rewards)
@@ -88,23 +104,30 @@ class CrossPolicyAdvantages:
         index = {p: i for i, p in enumerate(dict.fromkeys(pids))}
         # The exchange carries every producer's rollouts, the receiver's own included, so these
         # are exactly the union of all policies' rewards for the step's prompts.
-        peer = [(d.record.prompt_id, d.record.reward) for d in ctx.peer_experience
-                if d.kind == "rollout" and d.record.prompt_id in index]
+        peer = [
+            (d.record.prompt_id, d.record.reward)
+            for d in ctx.peer_experience
+            if d.kind == "rollout" and d.record.prompt_id in index
+        ]
         values = torch.tensor([r for _, r in peer], dtype=torch.float64)
         groups = torch.tensor([index[p] for p, _ in peer])
         ranks = within_group_ranks(values, groups, len(index))
         m = group_moments(ranks, groups, len(index), ctx.grpo.advantage_std)
         # each own reward takes the rank its value has in the union (ties share a rank)
-        own_rank = torch.stack([ranks[(groups == index[p]) & (values == r)][0]
-                                for p, r in zip(pids, rewards.tolist())])
+        own_rank = torch.stack(
+            [ranks[(groups == index[p]) & (values == r)][0] for p, r in zip(pids, rewards.tolist())]
+        )
         g = torch.tensor([index[p] for p in pids])
-        return normalize(own_rank, m.mean[g], m.std[g], ctx.grpo.scale_rewards,
-                         ctx.grpo.advantage_std), m.std[g]
+        return normalize(
+            own_rank, m.mean[g], m.std[g], ctx.grpo.scale_rewards, ctx.grpo.advantage_std
+        ), m.std[g]
 
     def after_update(self, ctx: StrategyContext, receiver: str) -> None:
         return None
 
 
-@register_strategy("xgrpo", XGRPOParams, "cross-policy advantages: baselines over all policies' rewards")
+@register_strategy(
+    "xgrpo", XGRPOParams, "cross-policy advantages: baselines over all policies' rewards"
+)
 def _make_xgrpo(params: XGRPOParams, cfg) -> CrossPolicyAdvantages:
     return CrossPolicyAdvantages(params)

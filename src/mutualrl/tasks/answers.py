@@ -47,7 +47,7 @@ def last_boxed(text: str) -> str | None:
     for j in range(i, len(text)):
         depth += {"{": 1, "}": -1}.get(text[j], 0)
         if depth == 0:
-            return text[i + 1:j]
+            return text[i + 1 : j]
     return None  # unbalanced: no answer rather than a guess
 
 
@@ -68,7 +68,9 @@ def _as_number(s: str) -> Fraction | None:
     s = s.replace(",", "") if re.fullmatch(r"-?\d{1,3}(,\d{3})+(\.\d+)?", s) else s
     percent = s.endswith(r"\%") or s.endswith("%")
     s = s.removesuffix(r"\%").removesuffix("%")
-    m = re.fullmatch(r"(-?)\\frac\{(-?\d+)\}\{(-?\d+)\}", s) or re.fullmatch(r"(-?)(-?\d+)/(-?\d+)", s)
+    m = re.fullmatch(r"(-?)\\frac\{(-?\d+)\}\{(-?\d+)\}", s) or re.fullmatch(
+        r"(-?)(-?\d+)/(-?\d+)", s
+    )
     try:
         if m:
             value = Fraction(int(m.group(2)), int(m.group(3))) * (-1 if m.group(1) else 1)

@@ -56,11 +56,11 @@ PROMPT_STYLES = {
     "instruction": "{question} Answer with the number only.",
     "completion": "Question: {question}\nAnswer:",
 }
-MAX_DRAWS = 1000   # attempts per training prompt before a family counts as all held out
+MAX_DRAWS = 1000  # attempts per training prompt before a family counts as all held out
 
 
 def _operand(rng: np.random.Generator, digits: int) -> int:
-    return int(rng.integers(10 ** (digits - 1), 10 ** digits))
+    return int(rng.integers(10 ** (digits - 1), 10**digits))
 
 
 def _span(digits: int) -> int:
@@ -92,22 +92,23 @@ def _count(rng: np.random.Generator, d: int) -> tuple[str, int]:
     digit = int(rng.integers(10))
     times = int(rng.integers(1, max(1, d // 2) + 1))
     others = [x for x in range(10) if x != digit]
-    while True:   # no leading zero, so the string reads as a number too
+    while True:  # no leading zero, so the string reads as a number too
         chars = [others[i] for i in rng.integers(9, size=d)]
         for i in rng.choice(d, times, replace=False):
             chars[i] = digit
         if chars[0] != 0:
             break
-    return (f"How many times does the digit {digit} appear in {''.join(map(str, chars))}?",
-            times)
+    return (f"How many times does the digit {digit} appear in {''.join(map(str, chars))}?", times)
 
 
 @dataclass(frozen=True)
 class Family:
-    draw: Callable[[np.random.Generator, int], tuple[str, int]]  # (rng, digits) -> (question, answer)
+    draw: Callable[
+        [np.random.Generator, int], tuple[str, int]
+    ]  # (rng, digits) -> (question, answer)
     default_digits: int
-    digit_range: tuple[int, int]            # allowed digits, inclusive
-    size: Callable[[int], int]              # distinct problems at ``digits``
+    digit_range: tuple[int, int]  # allowed digits, inclusive
+    size: Callable[[int], int]  # distinct problems at ``digits``
 
 
 FAMILIES = {
@@ -122,21 +123,32 @@ DEFAULT_FAMILIES = ("add", "sub", "mul", "count")
 
 def _family_seed(seed: int, family: str) -> list[int]:
     """A seed for one family's held-out draw, independent of the order families are listed in."""
-    return [seed, int.from_bytes(hashlib.blake2b(family.encode(), digest_size=4).digest(), "little")]
+    return [
+        seed,
+        int.from_bytes(hashlib.blake2b(family.encode(), digest_size=4).digest(), "little"),
+    ]
 
 
 class ArithmeticTask:
-    def __init__(self, families: Sequence[str] = DEFAULT_FAMILIES, digits: dict[str, int] | None = None,
-                 prompt_style: str = "both", heldout_size: int = 64, heldout_seed: int = 0) -> None:
+    def __init__(
+        self,
+        families: Sequence[str] = DEFAULT_FAMILIES,
+        digits: dict[str, int] | None = None,
+        prompt_style: str = "both",
+        heldout_size: int = 64,
+        heldout_seed: int = 0,
+    ) -> None:
         self.families = tuple(families) or DEFAULT_FAMILIES
         unknown = [f for f in self.families if f not in FAMILIES]
         if unknown:
-            raise TaskError(f"task.families: unknown arithmetic families {unknown}; "
-                            f"known: {sorted(FAMILIES)}")
+            raise TaskError(
+                f"task.families: unknown arithmetic families {unknown}; known: {sorted(FAMILIES)}"
+            )
         self.digits = self._check_digits(digits or {})
         if prompt_style not in PROMPT_STYLES:
-            raise TaskError(f"task.prompt_style: unknown style {prompt_style!r}; "
-                            f"known: {sorted(PROMPT_STYLES)}")
+            raise TaskError(
+                f"task.prompt_style: unknown style {prompt_style!r}; known: {sorted(PROMPT_STYLES)}"
+            )
         if heldout_size < 1:
             raise TaskError(f"task.heldout_size must be >= 1, got {heldout_size}")
         self.template = PROMPT_STYLES[prompt_style]
@@ -147,7 +159,9 @@ class ArithmeticTask:
     def _check_digits(self, digits: dict[str, int]) -> dict[str, int]:
         unknown = sorted(set(digits) - set(FAMILIES))
         if unknown:
-            raise TaskError(f"task.digits: unknown arithmetic families {unknown}; known: {sorted(FAMILIES)}")
+            raise TaskError(
+                f"task.digits: unknown arithmetic families {unknown}; known: {sorted(FAMILIES)}"
+            )
         for family, d in digits.items():
             lo, hi = FAMILIES[family].digit_range
             if not lo <= d <= hi:
@@ -156,24 +170,29 @@ class ArithmeticTask:
 
     def _prompt(self, family: str, rng: np.random.Generator) -> Prompt:
         question, answer = FAMILIES[family].draw(rng, self.digits[family])
-        return Prompt(text=self.template.format(question=question), answer=str(answer), family=family)
+        return Prompt(
+            text=self.template.format(question=question), answer=str(answer), family=family
+        )
 
     def _heldout_set(self, family: str, size: int, seed: int) -> list[Prompt]:
         """``size`` distinct problems (at most a quarter of the family's), in drawing order."""
         size = min(size, max(1, FAMILIES[family].size(self.digits[family]) // 4))
         rng = np.random.default_rng(_family_seed(seed, family))
         chosen: dict[str, Prompt] = {}
-        while len(chosen) < size:   # a quarter of the problems at most: a few draws each
+        while len(chosen) < size:  # a quarter of the problems at most: a few draws each
             p = self._prompt(family, rng)
             chosen.setdefault(p.text, p)
         return list(chosen.values())
 
-    def sample(self, rng: np.random.Generator, n: int, split: Split,
-               families: Sequence[str] | None = None) -> list[Prompt]:
+    def sample(
+        self, rng: np.random.Generator, n: int, split: Split, families: Sequence[str] | None = None
+    ) -> list[Prompt]:
         fams = tuple(families) if families else self.families
         unknown = [f for f in fams if f not in self.heldout]
         if unknown:
-            raise TaskError(f"arithmetic families {unknown} are not in this task's {list(self.families)}")
+            raise TaskError(
+                f"arithmetic families {unknown} are not in this task's {list(self.families)}"
+            )
         # Stratified families (round robin from a random start), as in the pointer task.
         start = int(rng.integers(len(fams)))
         order = [fams[(start + i) % len(fams)] for i in range(n)]
@@ -196,7 +215,9 @@ class ArithmeticTask:
             p = self._prompt(family, rng)
             if p.text not in self._held[family]:
                 return p
-        raise TaskError(f"arithmetic family {family!r}: no training problem left outside the held-out set")
+        raise TaskError(
+            f"arithmetic family {family!r}: no training problem left outside the held-out set"
+        )
 
     def demonstration(self, prompt: Prompt) -> str:
         return " " + prompt.answer
@@ -214,6 +235,10 @@ class ArithmeticVerifier:
 
 @TASKS.register("arithmetic")
 def _make_arithmetic(cfg) -> ArithmeticTask:
-    return ArithmeticTask(families=cfg.families or DEFAULT_FAMILIES, digits=dict(cfg.digits),
-                          prompt_style=cfg.prompt_style, heldout_size=cfg.heldout_size,
-                          heldout_seed=cfg.heldout_seed)
+    return ArithmeticTask(
+        families=cfg.families or DEFAULT_FAMILIES,
+        digits=dict(cfg.digits),
+        prompt_style=cfg.prompt_style,
+        heldout_size=cfg.heldout_size,
+        heldout_seed=cfg.heldout_seed,
+    )

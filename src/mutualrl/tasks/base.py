@@ -42,6 +42,7 @@ class Prompt:
     def id(self) -> str:
         """The prompt's content hash as the exchange names it (same for every policy)."""
         from mutualrl.exchange import prompt_id
+
         return prompt_id(self.text)
 
 
@@ -56,8 +57,9 @@ class Task(Protocol):
     families: Sequence[str]
     verifier: Verifier
 
-    def sample(self, rng: np.random.Generator, n: int, split: Split,
-               families: Sequence[str] | None = None) -> list[Prompt]: ...
+    def sample(
+        self, rng: np.random.Generator, n: int, split: Split, families: Sequence[str] | None = None
+    ) -> list[Prompt]: ...
 
     def demonstration(self, prompt: Prompt) -> str:
         """A correct completion for ``prompt`` (used by the supervised warm start)."""
@@ -92,14 +94,16 @@ class GuardedVerifier:
         self.counters = VerifierCounters()
         self._turn = threading.RLock()
         self._clock = threading.Lock()
-        self._spent: dict[int, float] = {}   # thread ident -> seconds inside finished calls
-        self._since: dict[int, float] = {}   # thread ident -> start of its call in progress
+        self._spent: dict[int, float] = {}  # thread ident -> seconds inside finished calls
+        self._since: dict[int, float] = {}  # thread ident -> start of its call in progress
         # A verifier that hangs is abandoned (threads cannot be killed) with its pool, and a
         # fresh pool is made, so later calls are not stuck behind it.
         self._pool = self._new_pool()
 
     def _new_pool(self) -> cf.ThreadPoolExecutor:
-        return cf.ThreadPoolExecutor(max_workers=max(1, self.threads), thread_name_prefix="verifier")
+        return cf.ThreadPoolExecutor(
+            max_workers=max(1, self.threads), thread_name_prefix="verifier"
+        )
 
     def _abandon_pool(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -117,7 +121,7 @@ class GuardedVerifier:
     def _clocked(self):
         ident = threading.get_ident()
         with self._clock:
-            outer = ident not in self._since   # score_many's per-sample calls count once
+            outer = ident not in self._since  # score_many's per-sample calls count once
             if outer:
                 self._since[ident] = time.monotonic()
         try:
@@ -175,8 +179,9 @@ class GuardedVerifier:
             todo = self._collect(futures, started, out)
         return out
 
-    def _collect(self, futures: dict[cf.Future, int], started: dict[int, float],
-                 out: list[float]) -> list[int]:
+    def _collect(
+        self, futures: dict[cf.Future, int], started: dict[int, float], out: list[float]
+    ) -> list[int]:
         """Settle ``futures`` into ``out``; calls past their time limit count as time-outs and
         their pool is abandoned. Returns the calls that had not started then (to resubmit)."""
         pending, todo = set(futures), []
@@ -185,8 +190,11 @@ class GuardedVerifier:
             for f in done:
                 out[futures[f]] = self._settle(f)
             now = time.monotonic()
-            hung = {f for f in pending
-                    if not f.done() and now - started.get(futures[f], now) > self.timeout_s}
+            hung = {
+                f
+                for f in pending
+                if not f.done() and now - started.get(futures[f], now) > self.timeout_s
+            }
             if hung:
                 self.counters.timeouts += len(hung)
                 pending -= hung
@@ -199,9 +207,15 @@ class GuardedVerifier:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-def sample_split(splits: dict[str, list[Prompt]], default_families: Sequence[str], source: object,
-                 rng: np.random.Generator, n: int, split: Split,
-                 families: Sequence[str] | None = None) -> list[Prompt]:
+def sample_split(
+    splits: dict[str, list[Prompt]],
+    default_families: Sequence[str],
+    source: object,
+    rng: np.random.Generator,
+    n: int,
+    split: Split,
+    families: Sequence[str] | None = None,
+) -> list[Prompt]:
     """``n`` prompts drawn with replacement from a file-based task's ``split`` in ``families``."""
     fams = set(families or default_families)
     pool = [p for p in splits[split] if p.family in fams]

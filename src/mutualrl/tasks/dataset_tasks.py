@@ -36,8 +36,13 @@ import numpy as np
 from mutualrl.tasks.answers import gsm8k_equal, last_boxed, math_equal, math_reference
 from mutualrl.tasks.base import TASKS, Prompt, Split, TaskError, sample_split
 
-FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".arrow": "arrow",
-                 ".csv": "csv"}
+FILE_BUILDERS = {
+    ".jsonl": "json",
+    ".json": "json",
+    ".parquet": "parquet",
+    ".arrow": "arrow",
+    ".csv": "csv",
+}
 HELDOUT_NAMES = {"heldout": "heldout", "test": "heldout", "train": "train"}
 
 
@@ -54,21 +59,26 @@ def load_rows(path: str, split: str = "train", config: str | None = None) -> tup
     try:
         import datasets
     except ImportError:
-        raise TaskError("task.path: dataset tasks need the `datasets` package "
-                        "(pip install datasets)") from None
+        raise TaskError(
+            "task.path: dataset tasks need the `datasets` package (pip install datasets)"
+        ) from None
     p = Path(path)
     looks_local = p.suffix in FILE_BUILDERS or path.startswith((".", "/", "~")) or p.exists()
     if looks_local and not p.exists():
-        raise TaskError(f"task.path: file not found: {path} (expected one of "
-                        f"{sorted(FILE_BUILDERS)} or a save_to_disk folder)")
+        raise TaskError(
+            f"task.path: file not found: {path} (expected one of "
+            f"{sorted(FILE_BUILDERS)} or a save_to_disk folder)"
+        )
     try:
         if p.is_dir():
             ds = datasets.load_from_disk(str(p))
             ds = ds[split] if isinstance(ds, datasets.DatasetDict) else ds
         elif p.is_file():
             if p.suffix not in FILE_BUILDERS:
-                raise TaskError(f"task.path: {path}: unknown file type {p.suffix!r}; "
-                                f"expected one of {sorted(FILE_BUILDERS)}")
+                raise TaskError(
+                    f"task.path: {path}: unknown file type {p.suffix!r}; "
+                    f"expected one of {sorted(FILE_BUILDERS)}"
+                )
             check_text_file(p)
             ds = datasets.load_dataset(FILE_BUILDERS[p.suffix], data_files=str(p), split="train")
         else:
@@ -76,15 +86,20 @@ def load_rows(path: str, split: str = "train", config: str | None = None) -> tup
     except TaskError:
         raise
     except Exception as exc:  # noqa: BLE001 - datasets raises many kinds; all mean "unusable"
-        if "corresponds to no data" in str(exc):   # datasets' word for an empty file or split
-            raise TaskError(f"task.path: {path} (split {split!r}) holds no rows; expected "
-                            "question and answer rows") from None
+        if "corresponds to no data" in str(exc):  # datasets' word for an empty file or split
+            raise TaskError(
+                f"task.path: {path} (split {split!r}) holds no rows; expected "
+                "question and answer rows"
+            ) from None
         where = "file" if p.exists() else "hub dataset (is the hub reachable from here?)"
-        raise TaskError(f"task.path: cannot read {where} {path!r} "
-                        f"(split {split!r}): {type(exc).__name__}: {exc}") from None
+        raise TaskError(
+            f"task.path: cannot read {where} {path!r} "
+            f"(split {split!r}): {type(exc).__name__}: {exc}"
+        ) from None
     if len(ds) == 0:
-        raise TaskError(f"task.path: {path} (split {split!r}) holds no rows; expected question "
-                        "and answer rows")
+        raise TaskError(
+            f"task.path: {path} (split {split!r}) holds no rows; expected question and answer rows"
+        )
     return ds.to_list(), list(ds.column_names)
 
 
@@ -97,9 +112,11 @@ def check_text_file(p: Path) -> None:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        line = data[:exc.start].count(b"\n") + 1
-        raise TaskError(f"task.path: {p}:{line}: not UTF-8 text (byte {exc.start}: "
-                        f"{exc.reason}); expected a UTF-8 encoded file") from None
+        line = data[: exc.start].count(b"\n") + 1
+        raise TaskError(
+            f"task.path: {p}:{line}: not UTF-8 text (byte {exc.start}: "
+            f"{exc.reason}); expected a UTF-8 encoded file"
+        ) from None
     if not text.strip():
         raise TaskError(f"task.path: {p} is empty; expected question and answer rows")
     if p.suffix == ".jsonl":
@@ -108,18 +125,27 @@ def check_text_file(p: Path) -> None:
                 try:
                     json.loads(line)
                 except json.JSONDecodeError as exc:
-                    raise TaskError(f"task.path: {p}:{number}: not a JSON value ({exc}); "
-                                    "expected one JSON object a line") from None
+                    raise TaskError(
+                        f"task.path: {p}:{number}: not a JSON value ({exc}); "
+                        "expected one JSON object a line"
+                    ) from None
 
 
-def _resolve(cfg_value: str | None, default: str | None, present: list[str], path: str,
-             field: str, required: bool) -> str | None:
+def _resolve(
+    cfg_value: str | None,
+    default: str | None,
+    present: list[str],
+    path: str,
+    field: str,
+    required: bool,
+) -> str | None:
     name = cfg_value or default
     if name in present:
         return name
     if required or cfg_value is not None:
-        raise TaskError(f"task.{field}: column {name!r} not found in {path}; "
-                        f"columns present: {present}")
+        raise TaskError(
+            f"task.{field}: column {name!r} not found in {path}; columns present: {present}"
+        )
     return None
 
 
@@ -130,10 +156,13 @@ class DatasetTask:
         self.path, self.kind = path, kind
         rows, present = load_rows(path, cfg.dataset_split, cfg.dataset_config)
         cols = Columns(
-            question=_resolve(cfg.question_column, kind.question, present, path, "question_column", True),
+            question=_resolve(
+                cfg.question_column, kind.question, present, path, "question_column", True
+            ),
             answer=_resolve(cfg.answer_column, kind.answer, present, path, "answer_column", True),
             split=_resolve(cfg.split_column, "split", present, path, "split_column", False),
-            family=_resolve(cfg.family_column, "family", present, path, "family_column", False))
+            family=_resolve(cfg.family_column, "family", present, path, "family_column", False),
+        )
         self.splits = split_rows(rows, cols, cfg.heldout_every, path)
         known = sorted({p.family for s in self.splits.values() for p in s})
         missing = [f for f in cfg.families if f not in known]
@@ -142,15 +171,18 @@ class DatasetTask:
         self.families = tuple(cfg.families) or tuple(known)
         self.verifier = AnswerVerifier(kind)
 
-    def sample(self, rng: np.random.Generator, n: int, split: Split,
-               families: Sequence[str] | None = None) -> list[Prompt]:
+    def sample(
+        self, rng: np.random.Generator, n: int, split: Split, families: Sequence[str] | None = None
+    ) -> list[Prompt]:
         return sample_split(self.splits, self.families, self.path, rng, n, split, families)
 
     def demonstration(self, prompt: Prompt) -> str:
         return " " + prompt.answer
 
 
-def split_rows(rows: list[dict], cols: Columns, heldout_every: int, path: str) -> dict[str, list[Prompt]]:
+def split_rows(
+    rows: list[dict], cols: Columns, heldout_every: int, path: str
+) -> dict[str, list[Prompt]]:
     splits: dict[str, list[Prompt]] = {"train": [], "heldout": []}
     for i, row in enumerate(rows, start=1):
         tag = row.get(cols.split) if cols.split else None
@@ -159,11 +191,18 @@ def split_rows(rows: list[dict], cols: Columns, heldout_every: int, path: str) -
         elif str(tag) in HELDOUT_NAMES:
             split = HELDOUT_NAMES[str(tag)]
         else:
-            raise TaskError(f"{path}: row {i}: column {cols.split!r} must be one of "
-                            f"{sorted(HELDOUT_NAMES)}, got {tag!r}")
+            raise TaskError(
+                f"{path}: row {i}: column {cols.split!r} must be one of "
+                f"{sorted(HELDOUT_NAMES)}, got {tag!r}"
+            )
         family = row.get(cols.family) if cols.family else None
-        splits[split].append(Prompt(text=str(row[cols.question]), answer=str(row[cols.answer]),
-                                    family=str(family) if family is not None else "default"))
+        splits[split].append(
+            Prompt(
+                text=str(row[cols.question]),
+                answer=str(row[cols.answer]),
+                family=str(family) if family is not None else "default",
+            )
+        )
     if not splits["train"]:
         raise TaskError(f"{path}: no training rows")
     return splits
@@ -174,7 +213,7 @@ class TaskKind:
     name: str
     question: str
     answer: str
-    equal: Callable[[str, str], bool]   # (completion, reference answer column) -> correct?
+    equal: Callable[[str, str], bool]  # (completion, reference answer column) -> correct?
     version: int = 1
 
 

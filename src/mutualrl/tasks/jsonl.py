@@ -45,7 +45,9 @@ class JsonlTask:
         present = sorted({p.family for s in self.splits.values() for p in s})
         missing = [f for f in families if f not in present]
         if missing:
-            raise TaskError(f"task.families: {missing} not found in {self.path}; present: {present}")
+            raise TaskError(
+                f"task.families: {missing} not found in {self.path}; present: {present}"
+            )
         self.families = tuple(families) or tuple(present)
         self.verifier = NumericAnswerVerifier()
 
@@ -55,10 +57,14 @@ class JsonlTask:
         except FileNotFoundError:
             raise TaskError(f"task.path: file not found: {self.path}") from None
         except IsADirectoryError:
-            raise TaskError(f"task.path: {self.path} is a folder; expected a JSON Lines file") from None
+            raise TaskError(
+                f"task.path: {self.path} is a folder; expected a JSON Lines file"
+            ) from None
         except UnicodeDecodeError as exc:
-            raise TaskError(f"task.path: {self.path}: not UTF-8 text (byte {exc.start}: "
-                            f"{exc.reason}); expected a UTF-8 encoded JSON Lines file") from None
+            raise TaskError(
+                f"task.path: {self.path}: not UTF-8 text (byte {exc.start}: "
+                f"{exc.reason}); expected a UTF-8 encoded JSON Lines file"
+            ) from None
         for number, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
@@ -66,18 +72,26 @@ class JsonlTask:
                 row = json.loads(line)
                 question, answer = row["question"], row["answer"]
             except (json.JSONDecodeError, KeyError, TypeError) as exc:
-                raise TaskError(f"{self.path}:{number}: expected a JSON object with 'question' "
-                                f"and 'answer' ({type(exc).__name__}: {exc})") from None
+                raise TaskError(
+                    f"{self.path}:{number}: expected a JSON object with 'question' "
+                    f"and 'answer' ({type(exc).__name__}: {exc})"
+                ) from None
             split = row.get("split") or ("heldout" if number % 8 == 0 else "train")
             if split not in self.splits:
-                raise TaskError(f"{self.path}:{number}: split must be 'train' or 'heldout', got {split!r}")
-            self.splits[split].append(Prompt(text=str(question), answer=str(answer),
-                                             family=str(row.get("family", "default"))))
+                raise TaskError(
+                    f"{self.path}:{number}: split must be 'train' or 'heldout', got {split!r}"
+                )
+            self.splits[split].append(
+                Prompt(
+                    text=str(question), answer=str(answer), family=str(row.get("family", "default"))
+                )
+            )
         if not self.splits["train"]:
             raise TaskError(f"{self.path}: no training prompts")
 
-    def sample(self, rng: np.random.Generator, n: int, split: Split,
-               families: Sequence[str] | None = None) -> list[Prompt]:
+    def sample(
+        self, rng: np.random.Generator, n: int, split: Split, families: Sequence[str] | None = None
+    ) -> list[Prompt]:
         return sample_split(self.splits, self.families, self.path, rng, n, split, families)
 
     def demonstration(self, prompt: Prompt) -> str:

@@ -28,14 +28,20 @@ from mutualrl.tasks.pointer import ExactMatchVerifier
 # Keys and values, 16 per family (the first ``num_keys`` of each are used). Disjoint from each
 # other and from the context words.
 FACT_WORDS = {
-    "alpha": ("apple bread chair table glass stone river cloud grass horse mouse sheep lion bear "
-              "wolf duck snake salt sugar rice corn bean soup meat cheese butter honey water juice "
-              "coffee tea wine").split(),
-    "beta": ("beer coat shoe sock ring belt bag cap shirt dress north south east west green black "
-             "white brown pink gray one two three four five six seven eight nine ten piano drum").split(),
-    "gamma": ("guitar iron copper silver steel wood paper cotton wool silk hill lake sea ocean island "
-              "forest desert valley field farm bank shop school church hotel office market garden "
-              "park street army navy").split(),
+    "alpha": (
+        "apple bread chair table glass stone river cloud grass horse mouse sheep lion bear "
+        "wolf duck snake salt sugar rice corn bean soup meat cheese butter honey water juice "
+        "coffee tea wine"
+    ).split(),
+    "beta": (
+        "beer coat shoe sock ring belt bag cap shirt dress north south east west green black "
+        "white brown pink gray one two three four five six seven eight nine ten piano drum"
+    ).split(),
+    "gamma": (
+        "guitar iron copper silver steel wood paper cotton wool silk hill lake sea ocean island "
+        "forest desert valley field farm bank shop school church hotel office market garden "
+        "park street army navy"
+    ).split(),
 }
 MAX_KEYS = 16
 HELDOUT_SHARE = 8  # one prompt in 8 is held out
@@ -53,13 +59,18 @@ def _is_heldout(text: str) -> bool:
 
 
 class LookupTask:
-    def __init__(self, families: Sequence[str] = ("alpha", "beta"), num_words: int = 4,
-                 num_keys: int = 8) -> None:
+    def __init__(
+        self, families: Sequence[str] = ("alpha", "beta"), num_words: int = 4, num_keys: int = 8
+    ) -> None:
         unknown = [f for f in families if f not in FACT_WORDS]
         if unknown:
-            raise TaskError(f"task.families: unknown lookup families {unknown}; known: {sorted(FACT_WORDS)}")
+            raise TaskError(
+                f"task.families: unknown lookup families {unknown}; known: {sorted(FACT_WORDS)}"
+            )
         if not 2 <= num_words <= len(CONTEXT_WORDS) + 1:
-            raise TaskError(f"task.num_words must be in [2, {len(CONTEXT_WORDS) + 1}], got {num_words}")
+            raise TaskError(
+                f"task.num_words must be in [2, {len(CONTEXT_WORDS) + 1}], got {num_words}"
+            )
         if not 1 <= num_keys <= MAX_KEYS:
             raise TaskError(f"task.num_keys must be in [1, {MAX_KEYS}], got {num_keys}")
         self.families = tuple(families) or ("alpha", "beta")
@@ -67,20 +78,25 @@ class LookupTask:
         self.tables = {f: table(f, num_keys) for f in self.families}
         self.verifier = ExactMatchVerifier()
 
-    def sample(self, rng: np.random.Generator, n: int, split: Split,
-               families: Sequence[str] | None = None) -> list[Prompt]:
+    def sample(
+        self, rng: np.random.Generator, n: int, split: Split, families: Sequence[str] | None = None
+    ) -> list[Prompt]:
         fams = tuple(families) if families else self.families
         unknown = [f for f in fams if f not in self.tables]
         if unknown:
-            raise TaskError(f"lookup families {unknown} are not in this task's {list(self.families)}")
-        start = int(rng.integers(len(fams)))     # stratified, as in the pointer task
+            raise TaskError(
+                f"lookup families {unknown} are not in this task's {list(self.families)}"
+            )
+        start = int(rng.integers(len(fams)))  # stratified, as in the pointer task
         out: list[Prompt] = []
         while len(out) < n:
             family = fams[(start + len(out)) % len(fams)]
             keys = list(self.tables[family])
             key = keys[int(rng.integers(len(keys)))]
-            context = [CONTEXT_WORDS[i] for i in
-                       rng.choice(len(CONTEXT_WORDS), self.num_words - 1, replace=False)]
+            context = [
+                CONTEXT_WORDS[i]
+                for i in rng.choice(len(CONTEXT_WORDS), self.num_words - 1, replace=False)
+            ]
             text = f"{' '.join([*context, key])} ="
             if _is_heldout(text) != (split == "heldout"):
                 continue
@@ -93,5 +109,6 @@ class LookupTask:
 
 @TASKS.register("lookup")
 def _make_lookup(cfg) -> LookupTask:
-    return LookupTask(families=cfg.families or ("alpha", "beta"), num_words=cfg.num_words,
-                      num_keys=cfg.num_keys)
+    return LookupTask(
+        families=cfg.families or ("alpha", "beta"), num_words=cfg.num_words, num_keys=cfg.num_keys
+    )

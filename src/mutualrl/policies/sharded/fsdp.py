@@ -24,8 +24,13 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import (CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy,
-                                    OffloadPolicy, fully_shard)
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
 
 from mutualrl.config import ShardingConfig
 from mutualrl.policies.models import TokenizerFacts, build_model, empty_model
@@ -38,26 +43,42 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     names = set(getattr(model, "_no_split_modules", None) or ())
     layers = [m for m in model.modules() if type(m).__name__ in names]
     if not layers:
-        raise ValueError(f"{type(model).__name__} names no decoder layer classes "
-                         f"(_no_split_modules = {sorted(names)}): it cannot be sharded per layer")
+        raise ValueError(
+            f"{type(model).__name__} names no decoder layer classes "
+            f"(_no_split_modules = {sorted(names)}): it cannot be sharded per layer"
+        )
     return layers
 
 
-def shard(model: torch.nn.Module, mesh, sharding: ShardingConfig, bf16: bool,
-          frozen: bool = False) -> torch.nn.Module:
+def shard(
+    model: torch.nn.Module, mesh, sharding: ShardingConfig, bf16: bool, frozen: bool = False
+) -> torch.nn.Module:
     """``fully_shard`` per decoder layer, then the root; reductions sum (see the module docstring).
 
     The root of a trained model keeps its gathered parameters from forward to backward (FSDP2's
     default: backward needs them at once); a ``frozen`` one (the KL reference) has no backward
     and frees them after each forward."""
-    mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16
-          else MixedPrecisionPolicy())
+    mp = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if bf16
+        else MixedPrecisionPolicy()
+    )
     offload = CPUOffloadPolicy() if sharding.cpu_offload else OffloadPolicy()
     for layer in decoder_layers(model):
-        fully_shard(layer, mesh=mesh, mp_policy=mp, offload_policy=offload,
-                    reshard_after_forward=sharding.reshard_after_forward)
-    fully_shard(model, mesh=mesh, mp_policy=mp, offload_policy=offload,
-                reshard_after_forward=True if frozen else None)
+        fully_shard(
+            layer,
+            mesh=mesh,
+            mp_policy=mp,
+            offload_policy=offload,
+            reshard_after_forward=sharding.reshard_after_forward,
+        )
+    fully_shard(
+        model,
+        mesh=mesh,
+        mp_policy=mp,
+        offload_policy=offload,
+        reshard_after_forward=True if frozen else None,
+    )
     for m in model.modules():
         if isinstance(m, FSDPModule):
             m.set_gradient_divide_factor(1.0)
@@ -68,12 +89,12 @@ def shard(model: torch.nn.Module, mesh, sharding: ShardingConfig, bf16: bool,
 class Sharded:
     """Rank ``rank`` of a learner sharded over ``world`` ranks (the default process group)."""
 
-    autocast = False                  # FSDP2's mixed precision casts; no autocast on top
+    autocast = False  # FSDP2's mixed precision casts; no autocast on top
 
     def __init__(self, rank: int, world: int, device: str, sharding: ShardingConfig) -> None:
         self.rank, self.world, self.sharding = rank, world, sharding
         self.share = GroupShare(rank, world, torch.device(device))
-        self.full: torch.nn.Module | None = None   # rank 0: the whole model (the generator's copy)
+        self.full: torch.nn.Module | None = None  # rank 0: the whole model (the generator's copy)
 
     def build(self, learner, facts: TokenizerFacts, seed: int):
         cfg, device = learner.cfg, learner.device
@@ -91,8 +112,11 @@ class Sharded:
             shard(m, mesh, self.sharding, bf16, frozen=m is not model)
             m.to_empty(device="cpu" if self.sharding.cpu_offload else device)
             # each load consumes the dict it is given: a fresh one per model
-            set_model_state_dict(m, dict(full_state), options=StateDictOptions(
-                full_state_dict=True, broadcast_from_rank0=True))
+            set_model_state_dict(
+                m,
+                dict(full_state),
+                options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
+            )
             self._broadcast_buffers(m, device)
         if self.full is not None:
             # the generator's copy in the policy's compute precision: what the plan counts for it
@@ -112,6 +136,7 @@ class Sharded:
                     t = (source[full_name] if self.rank == 0 else buf).to(device).clone()
                     dist.broadcast(t, src=0)
                     module._buffers[name] = t
+
 
 def settle(model: torch.nn.Module) -> None:
     """Free what a forward without backward left gathered (the root's parameters), so the

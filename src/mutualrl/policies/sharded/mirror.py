@@ -23,7 +23,7 @@ from mutualrl.policies.generation import sync_tolerance
 from mutualrl.policies.generation.vllm import WeightSyncError
 from mutualrl.policies.sharded.fsdp import settle
 
-PROBE_TOKENS = 32                     # a fixed sequence: token ids 1..32 (modulo the vocabulary)
+PROBE_TOKENS = 32  # a fixed sequence: token ids 1..32 (modulo the vocabulary)
 
 
 def _whole(p: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -52,7 +52,7 @@ class WeightMirror:
         """Largest |log-prob difference| between the sharded model and the copy on the probe
         sequence (all ranks call this together); None on ranks without the copy."""
         ids = tuple(1 + i % (vocab_size - 1) for i in range(PROBE_TOKENS))
-        c = collate([ids[:PROBE_TOKENS // 2]], [ids[PROBE_TOKENS // 2:]], 0)
+        c = collate([ids[: PROBE_TOKENS // 2]], [ids[PROBE_TOKENS // 2 :]], 0)
         model = self.learner.model
         was_training = model.training
         model.eval()
@@ -75,9 +75,11 @@ class WeightMirror:
             return {}
         tol = sync_tolerance(gen, self.learner.cfg.dtype == "fp32")
         if gap > tol:
-            raise WeightSyncError(f"policy {self.learner.name!r}: rank 0's copy of the sharded "
-                                  f"weights differs from them by {gap:.3g} in log-prob on the probe "
-                                  f"(generation.sync_tolerance {tol:g})")
+            raise WeightSyncError(
+                f"policy {self.learner.name!r}: rank 0's copy of the sharded "
+                f"weights differs from them by {gap:.3g} in log-prob on the probe "
+                f"(generation.sync_tolerance {tol:g})"
+            )
         return {"sync/shard_probe_gap": gap}
 
 

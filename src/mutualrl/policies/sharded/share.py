@@ -13,7 +13,7 @@ class GroupShare:
     flags and statistics reduced over the default process group (tensors on ``device``, as NCCL
     needs them on the GPU)."""
 
-    stops_early = False               # every rank runs every pass: each is a collective
+    stops_early = False  # every rank runs every pass: each is a collective
 
     def __init__(self, rank: int, world: int, device: torch.device) -> None:
         self.rank, self.world, self.device = rank, world, device

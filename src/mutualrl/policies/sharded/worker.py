@@ -25,8 +25,13 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from mutualrl.config import GRPOConfig, PolicyConfig, TrainingConfig
 from mutualrl.policies.batch import SFTExample, TrainBatch
 from mutualrl.policies.checkpoints import save_pretrained_quietly
-from mutualrl.policies.dcp import (full_state, is_sharded_checkpoint, load_full_state,
-                                   load_sharded, save_sharded)
+from mutualrl.policies.dcp import (
+    full_state,
+    is_sharded_checkpoint,
+    load_full_state,
+    load_sharded,
+    save_sharded,
+)
 from mutualrl.policies.device_memory import peak_memory_stats
 from mutualrl.policies.generation import build_backend, close_backend
 from mutualrl.policies.learner import Learner
@@ -43,9 +48,18 @@ class ShardedPolicy:
     loads the tokenizer and holds a generation backend; ``facts`` gives the others what the
     model is built from."""
 
-    def __init__(self, cfg: PolicyConfig, grpo: GRPOConfig, seed: int, facts: TokenizerFacts,
-                 rank: int, world: int, device: str = "cpu", total_steps: int | None = None,
-                 training: TrainingConfig | None = None) -> None:
+    def __init__(
+        self,
+        cfg: PolicyConfig,
+        grpo: GRPOConfig,
+        seed: int,
+        facts: TokenizerFacts,
+        rank: int,
+        world: int,
+        device: str = "cpu",
+        total_steps: int | None = None,
+        training: TrainingConfig | None = None,
+    ) -> None:
         self.cfg, self.grpo, self.name, self.rank = cfg, grpo, cfg.name, rank
         self.facts = facts
         placement = Sharded(rank, world, device, cfg.sharding)
@@ -55,8 +69,9 @@ class ShardedPolicy:
         self.view = self.backend = None
         if rank == 0:
             self.view = PolicyView(cfg, load_tokenizer(cfg.tokenizer))
-            self.backend = build_backend(self.view, MirrorSource(self.learner, placement.full),
-                                         self.generator)
+            self.backend = build_backend(
+                self.view, MirrorSource(self.learner, placement.full), self.generator
+            )
         # the mismatch correction recomputes log-probs, a collective: every rank must agree on it
         exact = [self.backend.exact_logprobs if self.backend is not None else None]
         dist.broadcast_object_list(exact, src=0)
@@ -75,8 +90,15 @@ class ShardedPolicy:
     def generate(self, prompts, num_generations: int, max_new_tokens: int, temperature: float):
         if self.rank != 0:
             return []
-        return sample(self.view, self.backend, self.grpo, prompts, num_generations,
-                      max_new_tokens, temperature)
+        return sample(
+            self.view,
+            self.backend,
+            self.grpo,
+            prompts,
+            num_generations,
+            max_new_tokens,
+            temperature,
+        )
 
     def sequence_logprobs(self, prompts, completions) -> torch.Tensor:
         out = self.learner.sequence_logprobs(prompts, completions)
@@ -102,7 +124,9 @@ class ShardedPolicy:
         stats.update(peak_memory_stats(self.learner.device))
         return stats, self.version
 
-    def sft_step(self, examples: tuple[SFTExample, ...], learning_rate: float | None = None) -> float:
+    def sft_step(
+        self, examples: tuple[SFTExample, ...], learning_rate: float | None = None
+    ) -> float:
         loss = self.learner.sft_step(examples, learning_rate)
         self._sync()
         return loss
@@ -121,7 +145,9 @@ class ShardedPolicy:
         """Continue from a ``Policy.save_state`` (or ``save_state``) file; rank 0 reads it."""
         state = torch.load(path, map_location="cpu", weights_only=True) if self.rank == 0 else None
         if state is not None and state.get("name") != self.name:
-            raise ValueError(f"{path}: holds the state of policy {state.get('name')!r}, not {self.name!r}")
+            raise ValueError(
+                f"{path}: holds the state of policy {state.get('name')!r}, not {self.name!r}"
+            )
         self._loaded(load_full_state(self.learner, state))
 
     def save_checkpoint(self, directory: str | Path) -> None:
@@ -136,8 +162,11 @@ class ShardedPolicy:
         first = self.rank == 0
         state = torch.load(d / "state.pt", map_location="cpu", weights_only=True) if first else None
         ref_file = d / "reference.pt"
-        reference = (torch.load(ref_file, map_location="cpu", weights_only=True)
-                     if first and ref_file.is_file() else None)
+        reference = (
+            torch.load(ref_file, map_location="cpu", weights_only=True)
+            if first and ref_file.is_file()
+            else None
+        )
         self._loaded(load_full_state(self.learner, state, reference))
 
     def _loaded(self, small: dict) -> None:
@@ -149,17 +178,27 @@ class ShardedPolicy:
         """The fp32 weights, gathered whole to rank 0 tensor by tensor, as a ``from_pretrained``
         folder ``directory/<name>`` (rank 0's copy gives the structure), complete or absent."""
         path = Path(directory) / self.name
-        state = get_model_state_dict(self.learner.model, options=StateDictOptions(
-            full_state_dict=True, cpu_offload=True))
+        state = get_model_state_dict(
+            self.learner.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
         if self.rank == 0:
             with atomic_folder(path, f"policy {self.name!r}", within=directory) as tmp:
                 save_pretrained_quietly(self.mirror.full, tmp, self.view.tokenizer, state)
         return path
 
 
-def build_rank(cfg: PolicyConfig, grpo: GRPOConfig, seed: int, facts: TokenizerFacts, device: str,
-               total_steps: int | None, training: TrainingConfig | None, ctx) -> ShardedPolicy:
+def build_rank(
+    cfg: PolicyConfig,
+    grpo: GRPOConfig,
+    seed: int,
+    facts: TokenizerFacts,
+    device: str,
+    total_steps: int | None,
+    training: TrainingConfig | None,
+    ctx,
+) -> ShardedPolicy:
     """A rank's worker, from the executor's ``RankContext`` (``allocation.ranks``): a picklable
     factory with ``functools.partial``."""
-    return ShardedPolicy(cfg, grpo, seed, facts, ctx.rank, ctx.world_size, device, total_steps,
-                         training)
+    return ShardedPolicy(
+        cfg, grpo, seed, facts, ctx.rank, ctx.world_size, device, total_steps, training
+    )
