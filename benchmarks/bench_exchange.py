@@ -198,7 +198,9 @@ def run_all(repeat: int) -> dict:
             "compressed_bytes_per_rollout": len(data) / N_ROLLOUTS,
             "uncompressed_bytes_per_rollout": fmt.raw_bytes / N_ROLLOUTS,
             "encode": _summary(time_calls(fmt.encode, repeat), fmt.raw_bytes),
-            "decode": _summary(time_calls(lambda: fmt.decode(data), repeat), fmt.raw_bytes),
+            "decode": _summary(
+                time_calls(lambda fmt=fmt, data=data: fmt.decode(data), repeat), fmt.raw_bytes
+            ),
         }
     ours = results["mutualrl"]
     ratios = {

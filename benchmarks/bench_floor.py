@@ -7,7 +7,8 @@ times come from the run's own ``phase/*_time_s``.
 
 The bare side is the least code that computes the same thing, written from scratch in this file:
 a KV-cache decode loop (``logits_to_keep=1`` prefill, one forward per drawn token, none after the
-last) with inverse-CDF sampling, a reward (``reward`` below, on both sides), group-normalised advantages, one
+last) with inverse-CDF sampling, a reward (``reward`` below, on both sides), group-normalised
+advantages, one
 forward/backward with the LM head on the completion positions only, the clipped GRPO loss
 (``loss_type = "grpo"``, ratio 1 on the single pass), ``clip_grad_norm_`` and AdamW. It starts
 from the policy's weights, optimizer state and sampler generator, copied again before every step

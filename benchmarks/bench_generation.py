@@ -137,7 +137,7 @@ def measure(a, policies: dict[str, Policy], size: int) -> dict:
             ),
             flush=True,
         )
-    for v, m in out.items():
+    for m in out.values():
         m["tokens_per_s_median"] = statistics.median(
             n / s for n, s in zip(m["tokens"], m["seconds"])
         )

@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from mutualrl.allocation.malloc import reuse_large_buffers
-from mutualrl.config import GRPOConfig, TrainingConfig, PolicyConfig
+from mutualrl.config import GRPOConfig, PolicyConfig, TrainingConfig
 from mutualrl.grpo import group_advantages
 from mutualrl.policies.batch import TrainBatch
 from mutualrl.policies.policy import Policy

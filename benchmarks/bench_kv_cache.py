@@ -166,7 +166,8 @@ def main() -> None:
     }
     for m, r in results["models"].items():
         print(
-            f"{m}: static {r['static']['median_s']:.2f} s, dynamic {r['dynamic']['median_s']:.2f} s "
+            f"{m}: static {r['static']['median_s']:.2f} s, "
+            f"dynamic {r['dynamic']['median_s']:.2f} s "
             f"(static / dynamic {r['static_over_dynamic_time']:.2f})"
         )
     a.json.parent.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,8 @@
 """Retokenization benchmarks (pytest-benchmark) and a script entry.
 
     pytest benchmarks/bench_retokenize.py --benchmark-only      # per-pair timings, ours vs peers
-    python benchmarks/bench_retokenize.py [--repeats N ...]      # same as `mutualrl bench retokenize`
+    python benchmarks/bench_retokenize.py [--repeats N ...]      # same as `mutualrl bench
+    retokenize`
 
 The measurement logic lives in ``mutualrl.bench.retokenize`` (shared with the CLI); peers
 (TRL's byte-offset walk, spacy-alignments, a naive decode-prefix aligner) are in

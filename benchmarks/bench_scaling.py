@@ -33,9 +33,9 @@ from pathlib import Path
 
 from mutualrl.allocation.malloc import reuse_large_buffers
 from mutualrl.config import config_from_dict, load_config, to_dict
-from mutualrl.run.metrics import read_metrics
 from mutualrl.provenance import git_commit, machine_info
 from mutualrl.run import train
+from mutualrl.run.metrics import read_metrics
 
 PHASES = ("generate", "verify", "publish", "strategy", "update")
 
@@ -181,7 +181,8 @@ def main() -> None:
     for r in rows:
         ph = r["phases_median_s"]
         print(
-            f"{r['key']:22s} {r['step_s_median']:8.2f} ({r['step_s_min']:.2f}-{r['step_s_max']:.2f})"
+            f"{r['key']:22s} {r['step_s_median']:8.2f} "
+            f"({r['step_s_min']:.2f}-{r['step_s_max']:.2f})"
             f"{r['ratio_to_first']:8.2f}x {r['linear_ratio']:8.2f}x {r['completion_tokens']:11.0f} "
             f"{r['completion_tokens_per_s']:8.0f}  {ph['update']:.2f} / {ph['generate']:.2f} / "
             f"{ph['strategy']:.2f}"

@@ -28,10 +28,10 @@ from pathlib import Path
 
 from mutualrl.allocation.malloc import reuse_large_buffers
 from mutualrl.config import load_config
-from mutualrl.run.metrics import read_metrics
 from mutualrl.provenance import git_commit, machine_info
-from mutualrl.strategies.base import STRATEGIES
 from mutualrl.run import train
+from mutualrl.run.metrics import read_metrics
+from mutualrl.strategies.base import STRATEGIES
 
 PHASES = ("generate", "verify", "publish", "strategy", "update")
 PARTS = ("strategy.retokenize", "strategy.logprobs", "strategy.generate")  # inside "strategy"
@@ -147,7 +147,8 @@ def main() -> None:
         print(
             f"{n:9s} step x{s['step_ratio_median']:.2f} ({s['step_ratio_min']:.2f}-"
             f"{s['step_ratio_max']:.2f})  model {s['extra_model_compute']:+.1%}  pure overhead "
-            f"{s['pure_overhead']:+.1%} ({s['pure_overhead_min']:+.1%}..{s['pure_overhead_max']:+.1%})"
+            f"{s['pure_overhead']:+.1%} "
+            f"({s['pure_overhead_min']:+.1%}..{s['pure_overhead_max']:+.1%})"
             f"  [{extra}]"
         )
     print(f"wrote {a.output}")

@@ -124,12 +124,11 @@ def main() -> None:
     import torch
 
     t_torch = time.perf_counter() - t0
-    from mutualrl.config import load_config
-
     # timed with the imports: what the build and the generation below use
     import mutualrl.policies.policy  # noqa: F401
     import mutualrl.run.build  # noqa: F401
     import mutualrl.tasks.base  # noqa: F401
+    from mutualrl.config import load_config
 
     t_imp = time.perf_counter() - t0
     out: dict = {"import_torch_s": t_torch, "import_all_s": t_imp}

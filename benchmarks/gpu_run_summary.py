@@ -5,7 +5,8 @@ a GPU memory trace polled beside the run (``nvidia-smi --query-gpu=memory.used``
 ``--query-compute-apps=pid,used_memory``, CSV without header or units, one file each). Medians
 over the GRPO steps after the first (the first pays CUDA's lazy initialisation and the allocator's
 growth); torch's own peak memory counters (``cuda/peak_*_gib``, ``cuda/alloc_retries``) as their
-largest over the run. A run stopped before its end is summarised from the steps it logged (``finished``:
+largest over the run. A run stopped before its end is summarised from the steps it logged
+(``finished``:
 false); one that logged none gets an ``error``. ``benchmarks/gpu_check.sh`` calls it; it runs
 anywhere the run folders are.
 

@@ -12,7 +12,8 @@ record for record (kind, producer, sequence number, payload).
 The base tree is checked out with ``git worktree`` into a temporary folder (removed afterwards);
 the current tree is the working tree this script stands in. Exit 1 when anything differs, with
 the first differing row. The base tree's fingerprints are kept under ``--work`` by commit and
-job, so a base measured once is not trained again (``--work``, default under the system's temporary folder).
+job, so a base measured once is not trained again (``--work``, default under the system's temporary
+folder).
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ def jobs(only: str | None, names: list[str] | None = None) -> list[tuple[str, li
 
 
 def all_jobs(only: str | None) -> list[tuple[str, list[str]]]:
-    """(name, train arguments) of every job; a resumed run is two invocations, marked by 'resume'."""
+    """(name, train arguments) of every job; a resumed run is two invocations, marked by
+    'resume'."""
     out: list[tuple[str, list[str]]] = []
     for config in ("tiny", "default"):
         if only and only != config:

@@ -1,4 +1,5 @@
-"""Bounded staleness past this machine: the real ``run_paced`` driving workers whose steps only wait.
+"""Bounded staleness past this machine: the real ``run_paced`` driving workers whose steps only
+wait.
 
 Each worker is an ``allocation.PhasedWorker`` whose ``produce`` (generation) and ``learn`` (the
 update) sleep for times drawn from a heavy-tailed distribution: a log-normal around the worker's

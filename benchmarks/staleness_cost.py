@@ -1,9 +1,11 @@
-"""What staleness costs in learning: the embedded default at ``allocation.max_staleness`` k = 0, 1, 2.
+"""What staleness costs in learning: the embedded default at ``allocation.max_staleness`` k = 0, 1,
+2.
 
 One ``mutualrl compare`` per k (the same strategies and seeds, ``--set allocation.max_staleness=k``,
 into ``reports/staleness/k<k>/``), then, per policy and strategy, the final held-out pass@1 on its
 own and its peer's family at each k (mean ± sample std over seeds, as the compare report gives
-it), and the paired difference of k >= 1 against k = 0 (seed by seed, prompt by prompt: the runs of one seed start from the same warm start
+it), and the paired difference of k >= 1 against k = 0 (seed by seed, prompt by prompt: the runs of
+one seed start from the same warm start
 and are asked the same held-out prompts) with the compare report's hierarchical bootstrap
 interval. Paced runs depend on how the policies' steps interleave on the machine, so their
 numbers are one draw of that too; lock-step ones are reproducible.
@@ -19,7 +21,6 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-
 
 from mutualrl.provenance import git_commit, machine_info
 from mutualrl.report.analysis import load_curves, paired_metrics, prompt_metrics, prompt_roles
@@ -121,7 +122,8 @@ def main() -> None:
             cells.append(
                 f"{m.split('(')[1][:-1]} {c['mean']:.3f} ± {c['std']:.3f}"
                 + (
-                    f" ({diff['mean']:+.3f} [{diff['lo']:+.3f}, {diff['hi']:+.3f}] {diff['verdict']})"
+                    f" ({diff['mean']:+.3f} [{diff['lo']:+.3f}, {diff['hi']:+.3f}]"
+                    f" {diff['verdict']})"
                     if diff
                     else ""
                 )

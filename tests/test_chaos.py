@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from test_resume import ROOT, per_step, replay, run, shortened
 
 pytestmark = pytest.mark.slow

@@ -7,12 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from mutualrl.run import checkpoint
 from mutualrl.compare import compare, read_state
 from mutualrl.config import ConfigError, load_config
-from mutualrl.run.metrics import read_metrics
 from mutualrl.provenance import source_digest
-from mutualrl.run import train
+from mutualrl.run import checkpoint, train
+from mutualrl.run.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.toml"

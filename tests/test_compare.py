@@ -17,9 +17,9 @@ import pytest
 from mutualrl.cli import main
 from mutualrl.compare import compare, read_state
 from mutualrl.config import ConfigError, to_dict
+from mutualrl.run import RunSummary
 from mutualrl.run.metrics import MetricsWriter, read_metrics
 from mutualrl.strategies import STRATEGIES
-from mutualrl.run import RunSummary
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.toml"

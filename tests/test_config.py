@@ -1,13 +1,13 @@
-"""Run configuration: every shipped config parses; overrides; each bad value names its field path."""
+"""Run configuration: every shipped config parses; overrides; each bad value names its field
+path."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 

@@ -1,7 +1,8 @@
 """The documentation cannot drift from the code.
 
 * Every field of the typed config and of every registered strategy's parameters carries a
-  comment, the text the generated configuration reference shows (``docs/hooks/config_reference.py``).
+  comment, the text the generated configuration reference shows
+  (``docs/hooks/config_reference.py``).
 * The generated command-line reference lists every option of every subcommand.
 * The code blocks the guides mark with ``<!-- docs-test -->`` run as they are, in a fresh process
   from a folder laid out like the repository's root, and do what the page says.
@@ -18,7 +19,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import msgspec
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]

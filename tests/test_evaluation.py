@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from mutualrl.config import load_config
+from mutualrl.run import train
 from mutualrl.run.evaluation import read_heldout
 from mutualrl.run.metrics import read_metrics
-from mutualrl.run import train
 
 TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.toml"
 pytestmark = pytest.mark.usefixtures("fast_run_builds")

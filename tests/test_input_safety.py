@@ -101,7 +101,7 @@ def test_remove_tree_removes_only_inside_and_a_link_not_its_target(tmp_path):
     assert not (run / "link").exists() and (outside / "keep").read_text() == "k"
 
 
-# ---- --overwrite deletes a run's files only -------------------------------------------------------
+# ---- --overwrite deletes a run's files only ------------------------------------------------------
 def test_overwrite_never_deletes_run_named_files_no_run_wrote(tmp_path, capsys):
     (tmp_path / "config.json").write_text('{"mine": true}')
     (tmp_path / "checkpoints").mkdir()
@@ -126,7 +126,7 @@ def test_overwrite_removes_a_linked_run_folder_entry_not_what_it_points_to(tmp_p
     assert not (run / "policies").exists() and (elsewhere / "keep").read_text() == "k"
 
 
-# ---- CLI paths reach the config as values -----------------------------------------------------------
+# ---- CLI paths reach the config as values --------------------------------------------------------
 ODD = 'odd \\t "quoted" name'  # a backslash-t (not a tab), quotes and spaces
 
 
@@ -172,7 +172,7 @@ def test_a_run_folder_named_with_quotes_and_backslashes_trains_and_resumes(
     assert sorted(p.name for p in tmp_path.iterdir()) == [ODD]
 
 
-# ---- damage is found before a resume trains -------------------------------------------------------------
+# ---- damage is found before a resume trains ------------------------------------------------------
 @pytest.fixture
 def checkpointed(tmp_path, fast_run_builds):
     out = tmp_path / "run"
@@ -234,7 +234,7 @@ def test_a_recorded_length_inside_a_line_is_damage(tmp_path):
         check_records(tmp_path, {"metrics.jsonl": 12}, "step-000001")
 
 
-# ---- an output folder that cannot be written ----------------------------------------------------------------
+# ---- an output folder that cannot be written -----------------------------------------------------
 def test_an_output_folder_under_a_file_is_one_error(tmp_path, capsys):
     (tmp_path / "file").write_text("x")
     out = tmp_path / "file" / "run"

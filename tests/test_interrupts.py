@@ -243,7 +243,8 @@ def test_a_killed_compare_leaves_no_worker_training(tmp_path):
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     _, alive = psutil.wait_procs(workers, timeout=120)
-    # an exited worker whose parent is gone may stay a zombie until someone reaps it: it runs nothing
+    # an exited worker whose parent is gone may stay a zombie until someone reaps it: it runs
+    # nothing
     alive = [p for p in alive if _running(p, psutil)]
     for p in alive:
         p.kill()

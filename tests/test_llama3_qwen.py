@@ -10,10 +10,10 @@ exercised, not learning. The tokenizers and THL byte tables are loaded once for 
 from __future__ import annotations
 
 import math
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 import torch
 from conftest import install_fast_run_builds
 

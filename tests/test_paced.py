@@ -279,7 +279,7 @@ def test_a_paced_run_killed_and_resumed_loses_and_replays_nothing(tmp_path):
         assert [seq for _, _, seq, _ in records] == list(range(len(records))), producer
 
 
-# ---- a policy that fails or hangs ------------------------------------------------------------------
+# ---- a policy that fails or hangs ----------------------------------------------------------------
 def _breaking(
     monkeypatch, how: str, at_version: int = 2, who: tuple[str, ...] = ("qwen-deepseek",)
 ) -> threading.Event:

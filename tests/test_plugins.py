@@ -14,17 +14,18 @@ import os
 import shutil
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGINS = ROOT / "tests" / "plugins"
 
 
 def _dist_info(package: Path, site: Path) -> Path:
-    """Write ``package``'s dist-info (name, version, entry points) into ``site``; its source root."""
+    """Write ``package``'s dist-info (name, version, entry points) into ``site``; its source
+    root."""
     project = tomllib.loads((package / "pyproject.toml").read_text())["project"]
     name, version = project["name"], project["version"]
     info = site / f"{name.replace('-', '_')}-{version}.dist-info"

@@ -15,8 +15,8 @@ import torch
 from mutualrl.allocation import PlanError
 from mutualrl.config import ConfigError, config_from_dict
 from mutualrl.retokenize.loaders import load_tokenizer
-from mutualrl.tasks import TaskError
 from mutualrl.run import train
+from mutualrl.tasks import TaskError
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATES = ROOT / "tests" / "data" / "chat_templates"

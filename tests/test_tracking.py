@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from mutualrl.config import ConfigError, load_config
+from mutualrl.run import train
 from mutualrl.run.metrics import read_metrics
 from mutualrl.run.progress import RunProgress
 from mutualrl.run.tracking import TrackedWriter, check_trackers, scalars_of
-from mutualrl.run import train
 
 TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.toml"
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from mutualrl.config import ConfigError, load_config
-from mutualrl.run.metrics import read_metrics
 from mutualrl.run import train
+from mutualrl.run.metrics import read_metrics
 
 TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.toml"
 POLICIES = ("llama-mistral", "qwen-deepseek")

@@ -11,8 +11,8 @@ import pytest
 
 from mutualrl.allocation.executors import WorkerFailedError
 from mutualrl.config import load_config
-from mutualrl.run.metrics import read_metrics
 from mutualrl.run import train
+from mutualrl.run.metrics import read_metrics
 from mutualrl.run.warmup import cache_key
 
 TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.toml"

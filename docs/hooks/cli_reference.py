@@ -93,7 +93,8 @@ def render_command(parser: argparse.ArgumentParser) -> str:
 def render() -> str:
     from mutualrl.cli import build_parser
 
-    # argparse wraps usage lines at the terminal's width: fix it so every build writes the same page.
+    # argparse wraps usage lines at the terminal's width: fix it so every build writes the same
+    # page.
     saved = os.environ.get("COLUMNS")
     os.environ["COLUMNS"] = "100"
     try:

@@ -12,15 +12,15 @@ writes ``reference/configuration.md``. Nothing is copied by hand, so the page fo
 from __future__ import annotations
 
 import ast
-import re
 import inspect
 import io
+import re
 import sys
 import tokenize
 import types
 import typing
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import msgspec
@@ -45,7 +45,7 @@ class FieldDoc:
 # ---- reading the comments ----------------------------------------------------------------------
 
 
-@lru_cache(maxsize=None)
+@cache
 def _source_comments(filename: str) -> tuple[dict[int, str], set[int]]:
     """line -> comment text, and the lines that hold nothing but a comment."""
     text = Path(filename).read_text()
@@ -165,7 +165,8 @@ def anchor(path: str) -> str:
 def _field_type(tp: object, nested: type | None, sub: str, child: str) -> str:
     if nested is None:
         return "`" + type_name(tp) + "`"
-    link = f"[{'array of tables' if sub == '[]' else 'map of tables' if sub else 'table'}](#{anchor(child)})"
+    kind = "array of tables" if sub == "[]" else "map of tables" if sub else "table"
+    link = f"[{kind}](#{anchor(child)})"
     return link + (" or unset" if typing.get_origin(tp) in (typing.Union, types.UnionType) else "")
 
 
@@ -244,8 +245,9 @@ A run is one TOML file decoded into typed, frozen structs (`src/mutualrl/config/
 before any work starts; a wrong type, an unknown key or an impossible value fails with the field
 path, e.g. `Expected int, got str - at $.grpo.num_generations`. Any field can be overridden on the
 command line with `--set dotted.path=value` (the value a TOML literal: `0.01`, `"text"`,
-`[1, 2]`, `true`; an element of an array by its index: `policies.0.learning_rate=3e-4`). Names follow TRL's `GRPOConfig` and transformers' `TrainingArguments` where
-the concept exists there ([TRL parity](../trl-parity.md) lists where the behaviour departs).
+`[1, 2]`, `true`; an element of an array by its index: `policies.0.learning_rate=3e-4`). Names
+follow TRL's `GRPOConfig` and transformers' `TrainingArguments` where the concept exists there
+([TRL parity](../trl-parity.md) lists where the behaviour departs).
 
 This page is generated when the site is built, from the structs and the comments on their fields,
 so it lists exactly what the code accepts. *unset* means the key is left out (Python's `None`).

@@ -23,7 +23,8 @@ def render() -> str:
         [
             title,
             "",
-            '*This page is `protocols/experience.md`, where "this folder" is `protocols/`; the JSON '
+            '*This page is `protocols/experience.md`, where "this folder" is `protocols/`; '
+            "the JSON "
             "Schema it names is [at the end](#json-schema).*",
             body.rstrip(),
             "",

@@ -51,7 +51,8 @@ def _add_train(sub) -> None:
         action="append",
         default=[],
         metavar="RUN_DIR",
-        help="replay a recorded experience log as a frozen peer: its rollouts and group statistics (every sharing strategy reads one or the other)",
+        help="replay a recorded experience log as a frozen peer: its rollouts and group statistics "
+        "(every sharing strategy reads one or the other)",
     )
     p.add_argument(
         "--overwrite",
@@ -115,8 +116,8 @@ def _train_config(args):
 def _run_train(args) -> int:
     from rich.console import Console
 
-    from mutualrl.run.progress import RunProgress
     from mutualrl.run import train
+    from mutualrl.run.progress import RunProgress
 
     # Strategy name and parameters are validated by train's first step, before anything is built.
     cfg = _train_config(args)
@@ -227,7 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# Exit code of a run a guard stopped (mutualrl.run.guards): not a crash (2 is a usage error), not success.
+# Exit code of a run a guard stopped (mutualrl.run.guards): not a crash (2 is a usage error), not
+# success.
 GUARD_EXIT = 3
 
 

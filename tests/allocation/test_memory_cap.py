@@ -186,7 +186,7 @@ class Take:
 
 
 @pytest.mark.gpu
-def test_on_a_gpu_a_capped_process_cannot_take_more_than_its_cap_and_an_uncapped_one_beside_it_can():
+def test_on_a_gpu_a_capped_process_cannot_take_more_than_its_cap_and_an_uncapped_one_beside_it_can():  # noqa: E501
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     slot = (GpuSlot(node=0, gpu=0, fraction=0.5),)

@@ -6,10 +6,16 @@ import json
 
 import pytest
 
-from mutualrl.config import AllocationConfig, ArchitectureDims, MemoryModel
 from mutualrl.allocation.dims import Dims, dims_from_config_json, dims_from_hint, resolve_dims
 from mutualrl.allocation.specs import activation_bytes, kv_cache_bytes, worker_specs_from_config
-from mutualrl.config import ConfigError, PolicyConfig, config_from_dict
+from mutualrl.config import (
+    AllocationConfig,
+    ArchitectureDims,
+    ConfigError,
+    MemoryModel,
+    PolicyConfig,
+    config_from_dict,
+)
 
 # Qwen2.5-1.5B-Instruct's config.json (published): 28 layers, hidden 1536, 12 heads, 2 KV heads.
 QWEN15 = {

@@ -295,7 +295,7 @@ def test_phased_workers_use_a_peers_step_at_their_own_step_when_the_peer_is_ahea
         step_timeout_s=2.0,
     )
     assert report.balanced() and not report.failures
-    for name, k, incoming in seen:
+    for _name, k, incoming in seen:
         assert all(step <= k for _, step in incoming)  # nothing from a step ahead of it
     slow = {k: [s for _, s in incoming] for name, k, incoming in seen if name == "slow"}
     assert all(slow[k] == [k] for k in range(10))  # the fast one's step k, at step k

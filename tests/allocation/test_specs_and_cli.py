@@ -9,8 +9,8 @@ import pytest
 
 from mutualrl.allocation import PlanError, plan, worker_specs_from_config
 from mutualrl.allocation.cli import configure, format_devices, run
-from mutualrl.allocation.planner import GpuSlot
 from mutualrl.allocation.dims import dims_from_policy
+from mutualrl.allocation.planner import GpuSlot
 from mutualrl.allocation.specs import (
     activation_bytes,
     inventory_from_config,

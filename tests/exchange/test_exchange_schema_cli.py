@@ -6,8 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from mutualrl.exchange import ExperienceBus, ExperienceLog, Rollout, Watermark
-from mutualrl.exchange import cli
+from mutualrl.exchange import ExperienceBus, ExperienceLog, Rollout, Watermark, cli
 from mutualrl.exchange.schema import build_schema, main, render
 
 ROOT = Path(__file__).resolve().parents[2]

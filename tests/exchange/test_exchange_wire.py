@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+from exchange_golden import GOLDEN_DIR, v1_deliveries
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -27,8 +28,6 @@ from mutualrl.exchange import (
 from mutualrl.exchange.codec import Envelope, RecordCodec
 from mutualrl.exchange.framing import HEADER_SIZE, encode_frame, make_compressor
 from mutualrl.exchange.wire import FrameCodec
-
-from exchange_golden import GOLDEN_DIR, v1_deliveries
 
 
 def mark(seq: int, producer: str = "a") -> Delivery:

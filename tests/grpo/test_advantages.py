@@ -105,7 +105,8 @@ def test_batch_scale_uses_the_std_of_the_whole_batch():
 
 
 def test_rank_estimator_with_ties():
-    # ranks of [5, 1, 5, 3]: sorted 1, 3, 5, 5 -> positions 0, 1, (2+3)/2 -> /3 -> [5/6, 0, 5/6, 1/3]
+    # ranks of [5, 1, 5, 3]: sorted 1, 3, 5, 5 -> positions 0, 1, (2+3)/2 -> /3 -> [5/6, 0, 5/6,
+    # 1/3]
     ranks = within_group_ranks(t(5, 1, 5, 3), g(0, 0, 0, 0), 1)
     torch.testing.assert_close(ranks, t(5 / 6, 0, 5 / 6, 1 / 3))
     adv = group_advantages(t(5, 1, 5, 3), g(0, 0, 0, 0), 1, estimator="rank").advantages

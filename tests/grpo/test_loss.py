@@ -1,4 +1,5 @@
-"""The GRPO objective: aggregation, clipped surrogate, k3 KL, masks, against hand-computed values."""
+"""The GRPO objective: aggregation, clipped surrogate, k3 KL, masks, against hand-computed
+values."""
 
 from __future__ import annotations
 
@@ -59,9 +60,8 @@ def test_aggregate_unknown_loss_type():
         aggregate(PER_TOKEN, MASK, "ppo", 4)
 
 
-def surrogate(
-    logp, old, adv, mask, *, ref_logp=None, sample_weight=None, share=LossShare(), **settings
-):
+def surrogate(logp, old, adv, mask, *, ref_logp=None, sample_weight=None, share=None, **settings):
+    share = LossShare() if share is None else share
     settings.setdefault("epsilon", 0.2)
     settings.setdefault("epsilon_high", None)
     settings.setdefault("loss_type", "dapo")

@@ -33,7 +33,8 @@ import torch
 trl = pytest.importorskip("trl")
 
 from datasets import Dataset  # noqa: E402
-from trl import GRPOConfig as TRLConfig, GRPOTrainer  # noqa: E402
+from trl import GRPOConfig as TRLConfig  # noqa: E402
+from trl import GRPOTrainer  # noqa: E402
 from trl.trainer.utils import split_tensor_dict  # noqa: E402
 
 from mutualrl.config import GRPOConfig, PolicyConfig, TrainingConfig  # noqa: E402

@@ -103,8 +103,8 @@ class OldStyleLM(torch.nn.Module):
 
 
 def test_the_kv_cache_keyword_is_the_models_own_on_old_and_new_transformers(tokenizer_handles):
-    from packaging.version import Version
     import transformers
+    from packaging.version import Version
 
     pol = make_policy(tokenizer_handles)
     new = "cache" if Version(transformers.__version__) >= Version("5.24") else "past_key_values"
@@ -465,13 +465,13 @@ def test_a_failed_push_says_the_engine_must_be_rebuilt(tokenizer_handles):
 
 
 def test_engine_settings_are_checked_for_the_platform(tokenizer_handles):
+    from mutualrl.config import LoraConfig
     from mutualrl.policies.generation.vllm_engine import (
         VLLMStartError,
         check_version,
         engine_kwargs,
         lora_rank,
     )
-    from mutualrl.config import LoraConfig
 
     view = make_policy(tokenizer_handles, generation=GenerationConfig(backend="torch"))
     cpu = msgspec.structs.replace(view.cfg, generation=GenerationConfig(backend="vllm"))

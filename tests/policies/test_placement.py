@@ -1,7 +1,7 @@
 """A policy's device from the run's device and its learner's planned GPUs."""
 
-from mutualrl.allocation.planner import Assignment, GpuSlot
 from mutualrl.allocation.placement import policy_device
+from mutualrl.allocation.planner import Assignment, GpuSlot
 
 
 def learner(gpus) -> Assignment:

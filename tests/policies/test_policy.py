@@ -1,4 +1,5 @@
-"""Policies of both architectures on real tokenizers: sampling, log-prob consistency, updates, saving."""
+"""Policies of both architectures on real tokenizers: sampling, log-prob consistency, updates,
+saving."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""bf16 on a CPU without bf16 matrix instructions: a warning before training, naming the policies."""
+"""bf16 on a CPU without bf16 matrix instructions: a warning before training, naming the
+policies."""
 
 import warnings
 
@@ -8,7 +9,6 @@ import torch
 from mutualrl.config import PolicyConfig, load_config
 from mutualrl.policies.precision import SlowPrecisionWarning, check_precision
 from mutualrl.run.build import prepare
-
 from tests.test_paced import TINY
 
 

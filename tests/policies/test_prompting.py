@@ -34,7 +34,8 @@ def test_two_families_render_the_same_question_in_their_own_format(handles):
     assert llama.chat.render("What is 2 + 3?") == (
         "<s><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
         "Today Date: 26 Jul 2024\n\nAnswer briefly.<|eot_id|><|start_header_id|>user"
-        "<|end_header_id|>\n\nWhat is 2 + 3?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+        "<|end_header_id|>\n\nWhat is 2 + 3?<|eot_id|><|start_header_id|>assistant"
+        "<|end_header_id|>\n\n"
     )
     ids = llama.encode_prompt("What is 2 + 3?")
     # the template writes the BOS itself: exactly one, first

@@ -35,7 +35,6 @@ from mutualrl.policies.worker import (
     Update,
 )
 from mutualrl.tasks.base import Prompt
-
 from tests.policies.batches import mixed_batch
 
 # Gradients: the two ranks' micro-batches are cut differently from one rank's and summed by the

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from mutualrl.allocation import ProcessExecutor, call_one
+from mutualrl.allocation.dims import dims_from_policy
 from mutualrl.allocation.planner import Assignment, GpuSlot
 from mutualrl.allocation.ranks import RankGroup
-from mutualrl.allocation.dims import dims_from_policy
 from mutualrl.allocation.specs import (
     activation_bytes,
     gathered_bytes,
@@ -165,7 +165,7 @@ def test_two_ranks_on_cuda_update_like_one():
         s2, _ = call_one(two, "q", Update([batch()]))
         assert s2["loss"] == pytest.approx(s1["loss"], rel=1e-4)
         a, b = call_one(one, "q", Snapshot()), call_one(two, "q", Snapshot())
-        for name, (p, g) in a.items():
+        for name, (_p, g) in a.items():
             torch.testing.assert_close(b[name][1], g, rtol=1e-4, atol=1e-4 * float(g.abs().max()))
     finally:
         one.shutdown()

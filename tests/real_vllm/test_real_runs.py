@@ -1,6 +1,7 @@
 """``mutualrl train`` with both policies on real vLLM engines, each in a worker process of its own
 (``configs/tiny-vllm.toml``): the run logs the mismatch correction, its engines live in two
-separate processes (or two Ray actors, with the same numbers to float rounding), and a run whose driver is SIGKILLed leaves no engine behind and resumes to the
+separate processes (or two Ray actors, with the same numbers to float rounding), and a run whose
+driver is SIGKILLed leaves no engine behind and resumes to the
 uninterrupted run's numbers."""
 
 from __future__ import annotations

@@ -11,10 +11,10 @@ import numpy as np
 
 from mutualrl.compare import compare, parse_strategies, scenario_overrides
 from mutualrl.config import to_dict
-from mutualrl.run.evaluation import append_heldout
-from mutualrl.run.metrics import MetricsWriter
 from mutualrl.report.analysis import starting_point_line
 from mutualrl.run import RunSummary
+from mutualrl.run.evaluation import append_heldout
+from mutualrl.run.metrics import MetricsWriter
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = str(ROOT / "configs" / "tiny.toml")

@@ -62,7 +62,8 @@ def test_the_bootstrap_is_seeded_and_resamples_both_levels():
 
 def test_interval_coverage_is_sane():
     """No true difference, seed-level noise plus prompt noise: the 95% interval should contain 0
-    most of the time (the percentile bootstrap with few seeds is a bit narrow, so not 95% exactly)."""
+    most of the time (the percentile bootstrap with few seeds is a bit narrow, so not 95%
+    exactly)."""
     rng = np.random.default_rng(2)
     covered, trials = 0, 200
     for i in range(trials):

@@ -112,10 +112,10 @@ def test_ends_short_of_the_text_take_the_numpy_pass(batch):
     full = [k for k in range(len(totals)) if src[k].size and tgt[k].size]
     if not full or all(src[k][-1] == totals[k] == tgt[k][-1] for k in full):
         return
-    cat = lambda ends: (
-        np.concatenate([ends[k] for k in full]),  # noqa: E731
-        np.array([ends[k].size for k in full]),
-    )
+
+    def cat(ends):
+        return np.concatenate([ends[k] for k in full]), np.array([ends[k].size for k in full])
+
     assert kernels.align(*cat(src), *cat(tgt), np.array([totals[k] for k in full])) is None
 
 

@@ -1,4 +1,5 @@
-"""Strategy arithmetic on hand-built batches: advantages, pooled baselines, weights, SFT selection."""
+"""Strategy arithmetic on hand-built batches: advantages, pooled baselines, weights, SFT
+selection."""
 
 from __future__ import annotations
 

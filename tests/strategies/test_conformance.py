@@ -7,17 +7,17 @@ loop, the exchange, THL and the policies' updates are what is exercised here, no
 from __future__ import annotations
 
 import math
-import tomllib
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from mutualrl.config import config_from_dict
-from mutualrl.run.metrics import read_metrics
-from mutualrl.strategies import STRATEGIES
 from mutualrl.run import build_run, train
+from mutualrl.run.metrics import read_metrics
 from mutualrl.run.phases import generate, make_context, publish, sample_prompts, verify
+from mutualrl.strategies import STRATEGIES
 
 TINY = Path(__file__).resolve().parents[2] / "configs" / "tiny.toml"
 NAMES = STRATEGIES.names()
@@ -265,7 +265,8 @@ def test_hints_are_sampled_on_the_receiver_and_scored_by_the_task(one_step):
 
 
 def test_extra_sampling_by_a_strategy_is_counted_in_tokens(one_step):
-    """What a strategy samples beyond the step's groups is paid for: ``strategy/generated_tokens``."""
+    """What a strategy samples beyond the step's groups is paid for:
+    ``strategy/generated_tokens``."""
     name, run, _, _, _, ctx = one_step
     limit = run.cfg.grpo.max_completion_length
     generated = {n: m.get("hint/generated", 0) for n, m in ctx.metrics.items()}

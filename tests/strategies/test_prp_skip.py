@@ -1,4 +1,5 @@
-"""PRP leaves peer rows whose loss is exactly 0 out of the update; loss and gradient are unchanged."""
+"""PRP leaves peer rows whose loss is exactly 0 out of the update; loss and gradient are
+unchanged."""
 
 from __future__ import annotations
 

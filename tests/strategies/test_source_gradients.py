@@ -1,4 +1,5 @@
-"""The per-source gradient diagnostic of a pooled batch: own and peer parts sum to the full gradient."""
+"""The per-source gradient diagnostic of a pooled batch: own and peer parts sum to the full
+gradient."""
 
 from __future__ import annotations
 

@@ -87,10 +87,12 @@ def test_digits_set_the_operand_sizes(family, digits, pattern):
 
 def test_same_seed_same_prompts_and_heldout_set_is_fixed_by_heldout_seed():
     a, b = ArithmeticTask(), ArithmeticTask()
-    draw = lambda t, seed, split: [
-        (p.text, p.answer, p.family)  # noqa: E731
-        for p in t.sample(np.random.default_rng(seed), 40, split)
-    ]
+
+    def draw(t, seed, split):
+        return [
+            (p.text, p.answer, p.family) for p in t.sample(np.random.default_rng(seed), 40, split)
+        ]
+
     assert draw(a, 7, "train") == draw(b, 7, "train")
     assert draw(a, 7, "train") != draw(a, 8, "train")
     # The held-out set does not depend on the run's generator, only on heldout_seed.
@@ -193,7 +195,8 @@ EXTRACT = [
     ("\nQuestion: What is 3 + 4?\nAnswer: 7", None),
     ("42<|im_end|>\nAnswer: 7", "42"),
     (" 30<eos>", "30"),
-    # a base model repeating the answer pattern: its first answer counts; a cut-off "17 +" is an operand
+    # a base model repeating the answer pattern: its first answer counts; a cut-off "17 +" is an
+    # operand
     (" 42\nAnswer: 7\nAnswer: 9", "42"),
     ("Let me see.\nAnswer: 42", "42"),
     (" 17 + 25 = 17 +", None),

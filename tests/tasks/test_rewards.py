@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-
 import pytest
 
 from mutualrl.config import ConfigError, TaskConfig
 from mutualrl.tasks.base import Prompt
-from tests.tasks.test_verifier import Raises, Sleeps
 from mutualrl.tasks.rewards import REWARD_FUNCS, WeightedReward, build_rewards, mean_parts
+from tests.tasks.test_verifier import Raises, Sleeps
 
 P = Prompt(text="2 + 2?", answer="2 + 2 = 4\n#### 4", family="default")
 

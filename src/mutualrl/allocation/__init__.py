@@ -21,7 +21,6 @@ from mutualrl.allocation.calls import (
     call_one,
 )
 from mutualrl.allocation.executors import LocalExecutor
-from mutualrl.allocation.processes import ProcessExecutor
 from mutualrl.allocation.kinds import EXECUTORS, make_executor
 from mutualrl.allocation.paced import PacedReport, StepWorker, run_paced
 from mutualrl.allocation.pacing import (
@@ -40,6 +39,7 @@ from mutualrl.allocation.planner import (
     largest_remainder,
     plan,
 )
+from mutualrl.allocation.processes import ProcessExecutor
 from mutualrl.allocation.specs import (
     Inventory,
     WorkerSpec,

@@ -107,7 +107,6 @@ def run(args) -> int:
     from mutualrl.allocation.planner import plan
     from mutualrl.allocation.specs import resolve_inventory, worker_specs_from_config
     from mutualrl.config import load_config
-
     from mutualrl.policies.model_cache import LineStages, resolve_policies
 
     cfg = load_config(args.config, list(args.set))

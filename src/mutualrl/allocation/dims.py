@@ -13,7 +13,10 @@ from dataclasses import dataclass
 from mutualrl.config import AllocationConfig, ArchitectureDims, ConfigError, PolicyConfig
 from mutualrl.policies.checkpoints import read_checkpoint_config
 
-DIM_KEYS = "num_hidden_layers, hidden_size, num_attention_heads, num_key_value_heads, intermediate_size, vocab_size"
+DIM_KEYS = (
+    "num_hidden_layers, hidden_size, num_attention_heads, num_key_value_heads, intermediate_size, "
+    "vocab_size"
+)
 
 
 @dataclass(frozen=True)

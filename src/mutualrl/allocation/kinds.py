@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from mutualrl.allocation.calls import Executor
-from mutualrl.config import AllocationConfig
 from mutualrl.allocation.executors import LocalExecutor
 from mutualrl.allocation.processes import ProcessExecutor
+from mutualrl.config import AllocationConfig
 from mutualrl.registry import Registry
 
 EXECUTORS: Registry[Callable[[AllocationConfig], Executor]] = Registry("executor kind")

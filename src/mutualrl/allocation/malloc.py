@@ -52,7 +52,7 @@ def _apply() -> str:
             return f"preloaded: {lib}"
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.gnu_get_libc_version
+        libc.gnu_get_libc_version  # noqa: B018 (raises AttributeError off glibc)
         mallopt = libc.mallopt
     except (OSError, AttributeError) as exc:
         return f"unavailable: {exc}"

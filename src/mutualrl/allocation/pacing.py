@@ -24,7 +24,8 @@ import msgspec
 
 
 def is_fresh(record_version: int, consumer_version: int, max_staleness: int) -> bool:
-    """Whether a record of ``record_version`` may still be used by a consumer at ``consumer_version``.
+    """Whether a record of ``record_version`` may still be used by a consumer at
+    ``consumer_version``.
 
     Records from consumers' future (a faster producer) are always fresh."""
     return consumer_version - record_version <= max_staleness

@@ -3,7 +3,8 @@
 ``device = "cpu"`` keeps every policy on the CPU whatever the plan says. ``device = "cuda"``
 places each policy on its learner's first planned GPU: ``cuda:<gpu index>`` when the policy is
 built in the driver's process (local executor), ``cuda:0`` in a Ray actor or a worker process of
-the ``process`` executor, where the actor's or process's planned GPUs are the only visible ones. Any other value (``"cuda:1"``, ``"mps"``) is used as
+the ``process`` executor, where the actor's or process's planned GPUs are the only visible ones. Any
+other value (``"cuda:1"``, ``"mps"``) is used as
 given; so is ``"cuda"`` for a policy the plan gave no GPU.
 
 ``policy_memory_cap``: what a policy's process may take of a GPU it shares with other processes;

@@ -163,7 +163,8 @@ def _need_lines(groups: Sequence[_Group], usable: int, unit: str) -> list[str]:
                 if s.ranks is None or unit == "node"
                 else f"{_gib(s.memory_bytes)} on one GPU"
                 if s.ranks == 1
-                else f"{_gib(s.memory_bytes)} on each of {s.ranks} GPUs (its {s.ranks} ranks' shards)"
+                else f"{_gib(s.memory_bytes)} on each of {s.ranks} GPUs "
+                f"(its {s.ranks} ranks' shards)"
             )
             lines.append(f"  {s.name} ({s.role}, {s.num_parameters:,} params) needs {need}")
         if g.ranks is not None and unit == "GPU":

@@ -119,7 +119,8 @@ def join_group(
         hint = (
             "the port is in use (another group, or set allocation.master_port elsewhere)"
             if "in use" in str(exc).lower()
-            else f"not every rank joined within {timeout_s:g} s (allocation.process_group_timeout_s)"
+            else f"not every rank joined within {timeout_s:g} s "
+            "(allocation.process_group_timeout_s)"
         )
         raise ProcessGroupError(
             f"{where}: the process group could not form: {hint} ({cause})"

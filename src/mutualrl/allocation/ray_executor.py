@@ -47,7 +47,6 @@ from ray.util.scheduling_strategies import (
     PlacementGroupSchedulingStrategy,
 )
 
-from mutualrl.config import AllocationConfig
 from mutualrl.allocation.calls import (
     CallResult,
     FailurePolicy,
@@ -69,7 +68,7 @@ from mutualrl.allocation.ranks import (
     merge_ranks,
     rank_env,
 )
-
+from mutualrl.config import AllocationConfig
 
 # How long a shutdown waits for its workers to close before it kills them.
 CLOSE_TIMEOUT_S = 10.0

@@ -179,7 +179,8 @@ def check_engine_fits(reserved_bytes: int, weight_bytes: int, where: str) -> Non
     """An engine whose reservation cannot even hold the weights fails at startup: say so now."""
     if reserved_bytes <= weight_bytes:
         raise ConfigError(
-            f"{where}.gpu_memory_utilization reserves {reserved_bytes / GIB:.2f} GiB, not more than "
+            f"{where}.gpu_memory_utilization reserves {reserved_bytes / GIB:.2f} GiB, "
+            "not more than "
             f"the model's {weight_bytes / GIB:.2f} GiB of weights: the vLLM engine would have no "
             f"room for its KV cache; raise it"
         )

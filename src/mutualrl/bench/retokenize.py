@@ -31,7 +31,8 @@ whose median and range are reported under ``paired`` — robust to the machine's
 between the separate passes above. TRL's walk takes about 20 times as long as ours, so call by
 call ours always runs right after 10 ms of other work, which on a shared VM slows a short call by
 itself (``benchmarks/cold_call.py``); ``align_speedup_vs_trl_turns`` alternates turns of at least
-``ALIGN_TURN_S`` each (a few calls of TRL's, a few tens of ours; ``provenance.time_turns``). ``floor`` is the least any byte-offset retokenizer of the batch
+``ALIGN_TURN_S`` each (a few calls of TRL's, a few tens of ours; ``provenance.time_turns``).
+``floor`` is the least any byte-offset retokenizer of the batch
 does (see ``_floor``): end_to_end_batch over it is what the checks, log-prob sums, residuals and
 per-text results cost. For a receiver that is not lossless (WordPiece) a fourth contender,
 ``floor_rendered``, adds the decode of its ids that the round-trip residuals need, and a fifth,

@@ -10,7 +10,8 @@ and the warm start is paid once per seed.
 Runs go into ``<report>/runs/<strategy>-seed<s>/``, one after another, or ``jobs`` at a time in
 worker processes (``--jobs``): a seed's first run goes first and its other runs start once it has
 stored the warm start, so every run computes exactly what it would sequentially. The compare's
-own state (``compare.json``: what was asked, the commit, each run's status) is rewritten after every change,
+own state (``compare.json``: what was asked, the commit, each run's status) is rewritten after every
+change,
 so ``--resume`` continues an interrupted compare: a run is finished when its ``summary.json``
 exists; anything else is cleared and redone. The report is built only from what runs wrote
 (``mutualrl.report``), so ``--report-only`` can rebuild it at any time.
@@ -42,7 +43,8 @@ STATE_VERSION = 1
 DEFAULT_CONFIG = "default"  # the packaged config (config.packaged): any folder
 # What `--scenario` adds to every run (before --set/--steps, which win): a schedule meant to fit
 # one scenario of the embedded default at 3 seeds with every registered strategy in about 20
-# minutes on 2 CPU cores with --jobs 2 (docs/concepts/scenarios.md says what was measured). Evaluations at
+# minutes on 2 CPU cores with --jobs 2 (docs/concepts/scenarios.md says what was measured).
+# Evaluations at
 # steps 0, 10, 20, 30 give the held-out curve its area. One torch thread per run: hidden size 64
 # gains little from more, and the results then do not depend on --jobs.
 SCENARIO_BUDGET = (
@@ -314,7 +316,8 @@ def _new_state(config_path, strategies, seeds, overrides, runs) -> dict[str, Any
 
 
 def open_state(out: Path, fresh: dict[str, Any], resume: bool) -> dict[str, Any]:
-    """The state to continue from: the fresh one, or (``--resume``) the recorded one if it matches."""
+    """The state to continue from: the fresh one, or (``--resume``) the recorded one if it
+    matches."""
     existing = out / STATE_FILE
     if not resume:
         if existing.exists() or (out / "runs").exists():

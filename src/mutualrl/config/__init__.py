@@ -10,7 +10,8 @@ may import it. Checks that need more than the config (a scenario's name in its p
 building the task) live with what they need (``mutualrl.run.scenarios.check_scenario``).
 
 * ``base``: ``ConfigError``, ``ConfigStruct``, ``check``;
-* ``grpo``: ``GRPOConfig`` (``[grpo]``), ``TrainingConfig`` (``[training]``); ``sections``: warm start, policy (LoRA, generation), task, evaluation,
+* ``grpo``: ``GRPOConfig`` (``[grpo]``), ``TrainingConfig`` (``[training]``); ``sections``: warm
+start, policy (LoRA, generation), task, evaluation,
   exchange, diversity, guards; ``allocation``: ``[allocation]``; ``scenarios``: ``[scenarios]``;
 * ``run``: ``RunConfig``; ``load``: ``load_config``, ``config_from_dict``, ``apply_override``,
   ``to_dict``.

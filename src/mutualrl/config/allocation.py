@@ -68,8 +68,10 @@ class MemoryModel(ConfigStruct):
     optimizer_bytes: int = 8  # Adam: two fp32 moments
     usable_memory_fraction: float = 0.9  # headroom for temporaries, allocator fragmentation
     activation_bytes: int | None = None  # per stored activation value; None: weight_bytes
-    # Sequences per learner forward/backward (a micro-batch). None: training.per_device_train_batch_size
-    # when the run config has it, else every sequence of a step (prompts_per_step x num_generations).
+    # Sequences per learner forward/backward (a micro-batch). None:
+    # training.per_device_train_batch_size
+    # when the run config has it, else every sequence of a step (prompts_per_step x
+    # num_generations).
     micro_batch_rows: int | None = None  # sequences per learner forward/backward (see above)
     # None: training.gradient_checkpointing.
     gradient_checkpointing: bool | None = None  # whether activations are recomputed (see above)
@@ -203,7 +205,8 @@ class AllocationConfig(ConfigStruct):
     architectures: dict[str, ArchitectureDims] = msgspec.field(
         default_factory=dict
     )  # policy -> dims
-    # Estimated facts replaced per worker name ("<policy>/learner", "<policy>/generator", "verifier").
+    # Estimated facts replaced per worker name ("<policy>/learner", "<policy>/generator",
+    # "verifier").
     workers: dict[str, WorkerOverride] = msgspec.field(default_factory=dict)  # worker -> override
 
     def __post_init__(self) -> None:

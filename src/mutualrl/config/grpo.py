@@ -68,7 +68,8 @@ class GRPOConfig(ConfigStruct):
     vllm_importance_sampling_clip_min: float | None = (
         None  # smallest weight kept/allowed; None: no bound
     )
-    # sequence_* modes: exp of the mean token log-ratio (ours: length-normalised) or of the sum (TRL's)
+    # sequence_* modes: exp of the mean token log-ratio (ours: length-normalised) or of the sum
+    # (TRL's)
     vllm_importance_sampling_sequence_ratio: Literal["mean", "sum"] = (
         "mean"  # sequence ratio: mean or sum
     )
@@ -115,7 +116,8 @@ class GRPOConfig(ConfigStruct):
                 and low is None
                 and high is None
             ),
-            "a *_truncate vllm_importance_sampling_mode needs vllm_importance_sampling_clip_max or _clip_min",
+            "a *_truncate vllm_importance_sampling_mode needs vllm_importance_sampling_clip_max "
+            "or _clip_min",
         )
 
 
@@ -152,7 +154,8 @@ class TrainingConfig(ConfigStruct):
     weight_decay: float = 0.01  # AdamW's (torch's default 0.01)
     # The logged entropy: computed at this many completion tokens per micro-batch, evenly spaced
     # over them (a pass over the whole (rows, T, V) log-softmax cost 12% of a small GRPO step on
-    # CPU; 128 tokens still cost 3% of a 129k-vocabulary update); None: every token. Not in the loss.
+    # CPU; 128 tokens still cost 3% of a 129k-vocabulary update); None: every token. Not in the
+    # loss.
     entropy_sample_size: int | None = 64  # tokens per micro-batch the logged entropy is taken at
 
     def __post_init__(self) -> None:

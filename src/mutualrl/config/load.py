@@ -8,18 +8,17 @@ from __future__ import annotations
 
 import json
 import math
-import tomllib
 import warnings
 from pathlib import Path
 from typing import Any
 
 import msgspec
+import tomllib
 
 from mutualrl.config.base import ConfigError
 from mutualrl.config.packaged import resolve_config
 from mutualrl.config.run import RunConfig
 from mutualrl.config.scenarios import file_plugin_tables
-
 
 # A value starting like a TOML string, array or table must parse as one: a typo there (a missing
 # quote or bracket) is an error, never a bare string (``output_dir="runs/o3`` is no folder name).

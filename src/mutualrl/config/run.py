@@ -22,13 +22,15 @@ from mutualrl.config.sections import (
 
 
 class RunConfig(ConfigStruct):
-    """The whole run. ``strategies`` holds per-strategy parameter tables, checked by each strategy."""
+    """The whole run. ``strategies`` holds per-strategy parameter tables, checked by each
+    strategy."""
 
     policies: list[PolicyConfig]  # the policies trained side by side (at least one)
     seed: int = 0  # seeds every random choice of the run
     steps: int = 40  # GRPO steps after the warm start
     strategy: str = "none"  # how policies share experience (mutualrl.strategies.STRATEGIES)
-    # Where the policies start (mutualrl.run.scenarios): disjoint | overlap | asymmetric, or one that
+    # Where the policies start (mutualrl.run.scenarios): disjoint | overlap | asymmetric, or one
+    # that
     # another package registers; parameters in [scenarios.<name>]. The name is checked where the
     # registry lives (mutualrl.run.scenarios.check_scenario).
     scenario: str = "disjoint"  # the scenario that plans every policy's warm start

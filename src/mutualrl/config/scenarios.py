@@ -1,8 +1,10 @@
-"""The ``[scenarios.<name>]`` tables: parameters of the built-in scenarios (``mutualrl.run.scenarios``).
+"""The ``[scenarios.<name>]`` tables: parameters of the built-in scenarios
+(``mutualrl.run.scenarios``).
 
 Every built-in table is typed and checked at load, whichever scenario the run picks. Scenarios
 that other packages register keep their tables as plain dicts in ``plugins``: only
-``mutualrl.run.scenarios.check_scenario`` knows their parameter structs. A config may still write such
+``mutualrl.run.scenarios.check_scenario`` knows their parameter structs. A config may still write
+such
 a table as ``[scenarios.<name>]``; ``config_from_dict`` files it under ``plugins``.
 """
 

@@ -74,7 +74,8 @@ class GenerationConfig(ConfigStruct):
     max_model_len: int | None = None  # vLLM: context length; None: the model's
     sync_check: bool = True  # probe the engine after every weight load
     # largest probe log-prob gap accepted (vLLM: mean |engine - trainer|; a sharded learner's
-    # copy: max); None: 0.01 when the probe runs in float32, 0.1 in bf16/fp16 (generation.sync_tolerance)
+    # copy: max); None: 0.01 when the probe runs in float32, 0.1 in bf16/fp16
+    # (generation.sync_tolerance)
     sync_tolerance: float | None = None
 
     def __post_init__(self) -> None:
@@ -119,7 +120,7 @@ def safe_policy_name(name: str) -> bool:
 class PolicyConfig(ConfigStruct):
     """One policy: a model of some architecture on some tokenizer, trained by its own optimizer."""
 
-    name: str  # unique; 1-64 letters, digits, - _ . (not . or ..): names its workers, metrics, folders
+    name: str  # unique; 1-64 letters, digits, - _ . (not . or ..); names workers, metrics, folders
     architecture: str = (
         "llama"  # random-init model: a registered architecture (policies.models.ARCHITECTURES)
     )
@@ -279,7 +280,8 @@ class DiversityConfig(ConfigStruct):
 
 
 class GuardsConfig(ConfigStruct):
-    """Stop the run cleanly when a policy goes wrong (mutualrl.guards); every guard off by default."""
+    """Stop the run cleanly when a policy goes wrong (mutualrl.guards); every guard off by
+    default."""
 
     max_kl: float | None = None  # stop when a policy's kl to its reference exceeds it
     reward_collapse_fraction: float | None = (

@@ -32,7 +32,8 @@ def check_record_type(kind: str, cls: object) -> None:
     """Raise ``RegistryError`` unless ``cls`` can be an experience type named ``kind``."""
     if not isinstance(kind, str) or not _KIND_RE.match(kind):
         raise RegistryError(
-            f"experience kind must match {_KIND_RE.pattern} (lower-case, dot-namespaced), got {kind!r}"
+            f"experience kind must match {_KIND_RE.pattern} (lower-case, dot-namespaced), "
+            f"got {kind!r}"
         )
     if not (isinstance(cls, type) and issubclass(cls, msgspec.Struct)):
         raise RegistryError(

@@ -18,9 +18,9 @@ from mutualrl.grpo.loss import (
     completion_mask,
     entropy_from_logits,
     entropy_from_logprobs,
-    sampled_entropy,
     importance_ratio,
     k3_kl,
+    sampled_entropy,
     selective_log_softmax,
     token_logprobs,
 )

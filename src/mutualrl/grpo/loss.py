@@ -25,7 +25,8 @@ from mutualrl.grpo.normalise import WHOLE_BATCH, LossShare, loss_normaliser
 
 
 def selective_log_softmax(logits: Tensor, targets: Tensor) -> Tensor:
-    """log p(target) per position: (B, T, V), (B, T) -> (B, T), without keeping a (B,T,V) log-softmax.
+    """log p(target) per position: (B, T, V), (B, T) -> (B, T), without keeping a (B,T,V)
+    log-softmax.
 
     For log-probs that are not differentiated (behaviour, reference, off-policy ratios)."""
     picked = torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1)

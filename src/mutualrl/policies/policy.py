@@ -16,6 +16,7 @@ import torch
 from mutualrl.config import ConfigError, GRPOConfig, PolicyConfig, TrainingConfig
 from mutualrl.policies.batch import SFTExample, TrainBatch, stale_rows
 from mutualrl.policies.checkpoints import save_pretrained_quietly
+from mutualrl.policies.dcp import is_sharded_checkpoint, load_sharded
 from mutualrl.policies.device_memory import peak_memory_stats
 from mutualrl.policies.generation import (
     SamplingSettings,
@@ -27,7 +28,6 @@ from mutualrl.policies.learner import Learner
 from mutualrl.policies.models import TokenizerFacts
 from mutualrl.policies.prompting import chat_prompt
 from mutualrl.policies.samples import Sample
-from mutualrl.policies.dcp import is_sharded_checkpoint, load_sharded
 from mutualrl.retokenize.loaders import TokenizerHandle, TokenizerLoadError, load_tokenizer
 from mutualrl.storage import atomic_folder
 from mutualrl.tasks.base import Prompt
@@ -132,14 +132,16 @@ class Policy(PolicyView):
     def sequence_logprobs(
         self, prompts: list[tuple[int, ...]], completions: list[tuple[int, ...]]
     ) -> torch.Tensor:
-        """Total log-prob of each completion under the current policy: (B,). Used for off-policy ratios."""
+        """Total log-prob of each completion under the current policy: (B,). Used for off-policy
+        ratios."""
         return self.learner.sequence_logprobs(prompts, completions)
 
     # ---- updates --------------------------------------------------------------------------
     def train_step(
         self, batch: TrainBatch, push: bool = True, step_version: int | None = None
     ) -> dict[str, float]:
-        """One update (``num_iterations`` optimizer steps) on a batch; NaN losses are skipped, counted.
+        """One update (``num_iterations`` optimizer steps) on a batch; NaN losses are skipped,
+        counted.
 
         Own samples drawn by older weights than the learner's (generation overlapped an update)
         are corrected as an inexact sampler's: the trainer's log-probs before the update become
@@ -208,7 +210,8 @@ class Policy(PolicyView):
     def sft_step(
         self, examples: tuple[SFTExample, ...], learning_rate: float | None = None
     ) -> float:
-        """A plain supervised step (warm start); ``learning_rate`` overrides the optimizer's for it."""
+        """A plain supervised step (warm start); ``learning_rate`` overrides the optimizer's for
+        it."""
         loss = self.learner.sft_step(examples, learning_rate)
         self.backend.load_weights(self.version)
         return loss

@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 
-from mutualrl.run.evaluation import read_heldout
 from mutualrl.report.data import (
     THL_HEADLINE,
     THL_PREFIX,
@@ -28,6 +27,7 @@ from mutualrl.report.data import (
     tokens_per_step,
 )
 from mutualrl.report.stats import cost_to_target, curve_area, paired_difference, wilson_interval
+from mutualrl.run.evaluation import read_heldout
 
 # Held-out pass@1 (all families) a regime must reach for "tokens to target".
 TARGET_ACCURACY = 0.75
@@ -353,7 +353,8 @@ def tradeoff_of(run: RunData, policy: str, curve: Curve | None) -> dict[str, flo
 
 
 def tradeoff(runs: list[RunData], curves: dict, strategies: Sequence[str]) -> list[dict[str, Any]]:
-    """Per policy and strategy: every trade-off number as its values per seed (None: not measured)."""
+    """Per policy and strategy: every trade-off number as its values per seed (None: not
+    measured)."""
     rows = []
     for policy in policies_of(runs):
         for strategy in strategies:

@@ -39,8 +39,8 @@ def _table(head: list[str], rows: list[list[str]], left: int) -> list[str]:
 START = """\
 Held-out results at step 0, after the warm start and before any sharing: greedy pass@1 and
 sampled success (the share of the k samples at the GRPO temperature that are correct), per prompt
-family, mean ± std over seeds: what the scenario set up. A family with sampled success 0 gives GRPO no
-signal; one between 0 and 1 does."""
+family, mean ± std over seeds: what the scenario set up. A family with sampled success 0 gives GRPO
+no signal; one between 0 and 1 does."""
 
 
 def section_start(rows: list[dict[str, Any]], scenario: str) -> list[str]:
@@ -228,7 +228,8 @@ share of held-out prompts whose greedy answer differs between step 0 and the end
 that needs no reference); *IS-weight var*: variance of the importance weights the strategy put on
 peer samples (PRP's density ratios, HACPO's and CoDistill's ratios), mean over steps. **Support**:
 *rescued*: held-out prompts the policy failed (greedy) at step 0 and solves at the end; *lost*:
-the reverse; out of *failed at start*. **THL residuals** of the peer rollouts it received (mean over steps). **Cost**: time in
+the reverse; out of *failed at start*. **THL residuals** of the peer rollouts it received (mean
+over steps). **Cost**: time in
 GRPO steps, completion tokens generated (its own groups and any extra sampling by the strategy,
 such as `hint`'s), bytes through the exchange (per run)."""
 

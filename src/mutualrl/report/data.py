@@ -1,4 +1,5 @@
-"""A compare's runs as numbers: loading what the runs wrote, per-run columns, aggregation over seeds.
+"""A compare's runs as numbers: loading what the runs wrote, per-run columns, aggregation over
+seeds.
 
 Reads only ``runs/<strategy>-seed<s>/{metrics.jsonl,summary.json,config.json}`` of finished runs
 (those with a ``summary.json``). Tables give mean ± sample std over seeds.
@@ -89,7 +90,8 @@ def load_runs(out: Path, state: dict[str, Any]) -> list[RunData]:
 
 # ---- per-run quantities -----------------------------------------------------------------------
 def heldout_scores(record: dict[str, Any], policy: str) -> dict[str, float]:
-    """``pass@1/<family>``, ``pass@1``, ``pass@<k>/<family>`` of ``policy`` in an evaluation record."""
+    """``pass@1/<family>``, ``pass@1``, ``pass@<k>/<family>`` of ``policy`` in an evaluation
+    record."""
     out = {}
     head = f"policy/{policy}/"
     for key, value in record.items():
@@ -117,7 +119,8 @@ def tokens_per_step(run: RunData, policy: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def tokens_generated(run: RunData, policy: str) -> float:
-    """Completion tokens the policy sampled in GRPO steps, summed over steps (``tokens_per_step``)."""
+    """Completion tokens the policy sampled in GRPO steps, summed over steps
+    (``tokens_per_step``)."""
     return float(tokens_per_step(run, policy)[1].sum())
 
 
@@ -143,7 +146,8 @@ def is_weight_var(run: RunData, policy: str) -> float | None:
 
 def bytes_exchanged(run: RunData) -> tuple[float, str]:
     """(bytes, source): the exchange log's byte counter (cumulative, so its max), or the size of
-    the run's ``experience/`` folder when the counter is absent or zero (it counts flushed frames)."""
+    the run's ``experience/`` folder when the counter is absent or zero (it counts flushed
+    frames)."""
     _, counter = run.series("exchange/bytes", "train")
     if len(counter) and counter.max() > 0:
         return float(counter.max()), "exchange/bytes"

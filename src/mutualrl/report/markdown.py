@@ -12,10 +12,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mutualrl.report.analysis import analyse
+from mutualrl.report.analysis_md import analysis_sections, section_glance
 from mutualrl.report.data import (
+    DENSITY_PREFIX,
     THL_HEADLINE,
     THL_PREFIX,
-    DENSITY_PREFIX,
     RunData,
     accuracy_columns,
     build_table,
@@ -25,8 +27,6 @@ from mutualrl.report.data import (
     policies_of,
     transfer_columns,
 )
-from mutualrl.report.analysis import analyse
-from mutualrl.report.analysis_md import analysis_sections, section_glance
 from mutualrl.report.plots import MAX_PANELS, make_plots
 
 
@@ -98,7 +98,8 @@ std over seeds; plot lines are means over seeds, shaded bands span min–max. Ti
 per run (shared by its policies); the GRPO steps time is what a strategy costs, while a run's wall
 time also holds its warm start, paid only by the first run of each seed (the others load it).
 Tokens are the completion tokens each policy sampled in GRPO steps, its groups and any extra
-sampling by the strategy. With few seeds, differences smaller than the spread are not evidence. Details: `docs/reading-the-report.md`."""
+sampling by the strategy. With few seeds, differences smaller than the spread are not evidence.
+Details: `docs/reading-the-report.md`."""
 
 
 TRANSFER = """\

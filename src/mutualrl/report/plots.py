@@ -101,7 +101,8 @@ def plot_panels(
             if b is None:
                 continue
             steps, mean, lo, hi = b
-            # The control is dashed, hollow and on top, so it stays visible where lines coincide; other
+            # The control is dashed, hollow and on top, so it stays visible where lines coincide;
+            # other
             # strategies get their own marker, larger for earlier ones, so coinciding points show.
             control = strategy == "none"
             marker = MARKERS[i % len(MARKERS)] if len(steps) <= 12 else None

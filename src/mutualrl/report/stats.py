@@ -42,7 +42,8 @@ class PairedDiff:
 
 
 def bootstrap_means(diff: np.ndarray, *, n_boot: int = 2000, seed: int = 0) -> np.ndarray:
-    """Hierarchical bootstrap replicates of ``diff.mean()`` for ``diff`` of shape (S seeds, P prompts).
+    """Hierarchical bootstrap replicates of ``diff.mean()`` for ``diff`` of shape (S seeds, P
+    prompts).
 
     Returns (n_boot,): each replicate resamples seeds, then prompts within each drawn seed."""
     d = np.asarray(diff, float)

@@ -248,7 +248,8 @@ def spelled_ends(
     texts' bytes in whole-batch numpy passes instead of a join and a cumsum per text.
 
     Returns ``spells`` (N,) bool: ``profile.text_bytes(ids_i) == datas[i]``; and ``ends``, aligned
-    with ``flat``: each token's byte end within its own text (``cumsum(piece_len[ids_i])``), read-only.
+    with ``flat``: each token's byte end within its own text (``cumsum(piece_len[ids_i])``),
+    read-only.
     With the compiled kernels (``kernels.available``) this is one loop over the tokens and their
     bytes, stopping at a text's first wrong byte.
     """

@@ -70,7 +70,8 @@ def spelled_ends(
     datas: list[bytes],
 ):
     """``encoding.spelled_ends`` in one pass: (spells, ends), or None where the kernels are not
-    used or an id is out of the vocabulary. ``buf`` / ``start`` are the profile's piece table (``TokenizerProfile.piece_table``)."""
+    used or an id is out of the vocabulary. ``buf`` / ``start`` are the profile's piece table
+    (``TokenizerProfile.piece_table``)."""
     k = _for(flat.size)
     if k is None or (flat.size and (flat.min() < 0 or flat.max() >= piece_len.size)):
         return None  # an id out of range: the numpy pass raises for it, as it always did

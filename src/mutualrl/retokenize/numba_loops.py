@@ -15,7 +15,8 @@ _jit = numba.njit(cache=True, nogil=True)
 @_jit
 def spelled(flat, sizes, piece_len, buf, start, data, off):
     """(spells per text, byte end of each token in its text): ``encoding.spelled_ends``. Text
-    ``i`` is ``data[off[i]:off[i+1]]``; id ``t``'s piece is ``buf[start[t]:start[t]+piece_len[t]]``."""
+    ``i`` is ``data[off[i]:off[i+1]]``; id ``t``'s piece is
+    ``buf[start[t]:start[t]+piece_len[t]]``."""
     n = sizes.size
     ends = np.empty(flat.size, np.int64)
     spells = np.empty(n, np.bool_)

@@ -400,7 +400,8 @@ def cut_back(run_dir: Path, ckpt: Checkpoint) -> dict[str, int]:
 
 
 def discarded_path(path: Path) -> Path:
-    """Where the part of an append-only file after a checkpoint goes: ``metrics.discarded.jsonl``."""
+    """Where the part of an append-only file after a checkpoint goes:
+    ``metrics.discarded.jsonl``."""
     return path.with_name(f"{path.stem}.discarded{path.suffix}")
 
 

@@ -34,7 +34,8 @@ def check_inputs(cfg: RunConfig) -> None:
 
 
 def registered(registry: Registry, name: str, field: str) -> None:
-    """``name`` is in ``registry``; otherwise a ``ConfigError`` naming ``field`` and the known names."""
+    """``name`` is in ``registry``; otherwise a ``ConfigError`` naming ``field`` and the known
+    names."""
     try:
         registry.get(name)
     except RegistryError as exc:

@@ -27,6 +27,8 @@ from mutualrl.run.evaluation import evaluate
 from mutualrl.run.folder import claim
 from mutualrl.run.guards import GuardTripped
 from mutualrl.run.jsonl import check_records
+from mutualrl.run.metrics import read_metrics
+from mutualrl.run.paced import pace_summary, paced_train_loop
 from mutualrl.run.phases import (
     build_batches,
     check_guards,
@@ -39,8 +41,6 @@ from mutualrl.run.phases import (
     update,
     verify,
 )
-from mutualrl.run.metrics import read_metrics
-from mutualrl.run.paced import pace_summary, paced_train_loop
 from mutualrl.run.progress import RunProgress
 from mutualrl.run.restarts import Restarts, checkpoint_at_start
 from mutualrl.run.signals import RunInterrupted, StopRequests
@@ -185,7 +185,8 @@ def open_checkpoint(
         print(f"mutualrl: {line}", file=sys.stderr)
     if ckpt is None:
         raise ConfigError(
-            f"--resume: no complete checkpoint in {Path(cfg.output_dir) / checkpoint.CHECKPOINT_DIR} "
+            "--resume: no complete checkpoint in "
+            f"{Path(cfg.output_dir) / checkpoint.CHECKPOINT_DIR} "
             "(checkpoints are written every save_steps steps; save_steps = 0 writes none)"
         )
     harmless = checkpoint.check_config(ckpt, cfg)

@@ -347,7 +347,8 @@ class PolicyStepper:
 
 # ---- the loop ------------------------------------------------------------------------------------
 def sync_points(cfg: RunConfig, start: int) -> int:
-    """The next step after ``start`` where all policies meet: an evaluation, a checkpoint, the end."""
+    """The next step after ``start`` where all policies meet: an evaluation, a checkpoint, the
+    end."""
     for step in range(start + 1, cfg.steps + 1):
         if (cfg.eval.every and step % cfg.eval.every == 0) or (
             cfg.save_steps and step % cfg.save_steps == 0

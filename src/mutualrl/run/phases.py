@@ -75,7 +75,8 @@ def verify(run: Run, samples: dict[str, list[Sample]]) -> dict[str, list[Sample]
 
 
 def verify_weighted(run: Run, samples: dict[str, list[Sample]]) -> dict[str, list[Sample]]:
-    """Rewards as the weighted sum of ``task.reward_funcs``; each function's mean is kept for the log."""
+    """Rewards as the weighted sum of ``task.reward_funcs``; each function's mean is kept for the
+    log."""
     out = {}
     for name, ss in samples.items():
         scored = run.rewards.score_many([(s.prompt, s.text) for s in ss])

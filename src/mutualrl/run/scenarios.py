@@ -19,7 +19,8 @@ The run config picks one (``scenario = "overlap"``) and gives its parameters in
   not work on the embedded default: its probe accuracy jumps from about 0.35 (with sampled
   success near 0.01) to 1.0 within ten warm-start steps.
 
-Third-party scenarios register on ``SCENARIOS`` (or the entry point group ``mutualrl.run.scenarios``);
+Third-party scenarios register on ``SCENARIOS`` (or the entry point group
+``mutualrl.run.scenarios``);
 their ``[scenarios.<name>]`` tables reach them through ``RunConfig.scenarios.plugins``. The built-in
 parameter structs live in ``mutualrl.config.scenarios``, checked when the config is loaded;
 ``check_scenario`` checks what needs this registry or the task.

@@ -26,15 +26,17 @@ class RunInterrupted(Exception):
         self.signum, self.step, self.run_dir, self.checkpoint = signum, step, run_dir, checkpoint
         name = signal.Signals(signum).name
         if checkpoint is not None:
-            how = f"checkpoint at step {step} written; continue with: mutualrl train --resume {run_dir}"
+            how = (
+                f"checkpoint at step {step} written; continue with: "
+                f"mutualrl train --resume {run_dir}"
+            )
         else:
             how = (
                 "no checkpoint to resume from (save_steps = 0, or still warming up); start "
                 "again with --overwrite, or set save_steps to make runs resumable"
             )
-        super().__init__(
-            f"stopped by {name} after {'GRPO step ' + str(step) if step else 'the warm start step'}; {how}"
-        )
+        after = f"GRPO step {step}" if step else "the warm start step"
+        super().__init__(f"stopped by {name} after {after}; {how}")
 
     @property
     def exit_code(self) -> int:

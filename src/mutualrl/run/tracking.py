@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from mutualrl.config import ConfigError
-from mutualrl.run.metrics import MetricsWriter
 from mutualrl.registry import Registry
+from mutualrl.run.metrics import MetricsWriter
 
 
 class Tracker(Protocol):

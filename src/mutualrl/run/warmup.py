@@ -32,12 +32,13 @@ import numpy as np
 import torch
 
 import mutualrl
+from mutualrl.allocation import call_each
 from mutualrl.config import RunConfig, to_dict
+from mutualrl.policies.batch import SFTExample
+from mutualrl.policies.worker import FreezeReference, Generate, LoadState, SaveState, SFTStep
+from mutualrl.provenance import source_digest
 from mutualrl.run.evaluation import accuracy
 from mutualrl.run.metrics import MetricsWriter, namespaced, read_metrics
-from mutualrl.run.signals import RunInterrupted
-from mutualrl.policies.batch import SFTExample
-from mutualrl.provenance import source_digest
 from mutualrl.run.scenarios import (
     WarmPlan,
     own_prompts,
@@ -46,8 +47,7 @@ from mutualrl.run.scenarios import (
     shared_answers,
     warm_plans,
 )
-from mutualrl.allocation import call_each
-from mutualrl.policies.worker import FreezeReference, Generate, LoadState, SaveState, SFTStep
+from mutualrl.run.signals import RunInterrupted
 
 if TYPE_CHECKING:
     from mutualrl.run.state import Run

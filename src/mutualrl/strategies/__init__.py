@@ -1,4 +1,5 @@
-"""Sharing strategies: built-ins register on ``STRATEGIES``; third parties via ``mutualrl.strategies``."""
+"""Sharing strategies: built-ins register on ``STRATEGIES``; third parties via
+``mutualrl.strategies``."""
 
 # importing the modules registers the built-ins
 from mutualrl.strategies import codistill, hacpo, hint, none, prp, sgt, xgrpo  # noqa: F401

@@ -128,7 +128,8 @@ def register_strategy(name: str, params: type, summary: str, *, needs_lock_step:
 
 
 def build_strategy(cfg: RunConfig, name: str | None = None) -> Strategy:
-    """Build the run's strategy with its validated parameters (errors name ``$.strategies.<name>``)."""
+    """Build the run's strategy with its validated parameters (errors name
+    ``$.strategies.<name>``)."""
     name = name or cfg.strategy
     try:
         spec = STRATEGIES.get(name)

@@ -99,7 +99,8 @@ def batch_of(sequences: list[TrainSequence], **fields) -> list[TrainBatch]:
 
 # ---- peer experience ----------------------------------------------------------------------------
 def peer_rollouts(ctx, receiver: str, prompt_ids: set[str] | None = None) -> list:
-    """Deliveries of other producers' rollouts (live peers or replayed logs), optionally for some prompts."""
+    """Deliveries of other producers' rollouts (live peers or replayed logs), optionally for some
+    prompts."""
     return [
         d
         for d in ctx.peer_experience
@@ -174,7 +175,8 @@ def log_residuals(ctx, receiver: str, residuals: list, prefix: str = "thl/") -> 
 
 
 def peer_logprob_totals(adapted: list) -> tuple[torch.Tensor, torch.Tensor]:
-    """log p_peer of the text each receiver sees, and how many peer tokens it spans: (B,), (B,) fp64.
+    """log p_peer of the text each receiver sees, and how many peer tokens it spans: (B,), (B,)
+    fp64.
 
     When THL cut a completion, only the kept alignment groups count (whole groups are kept or
     dropped); a rollout without per-group sums (unknown tokenizer) counts whole.
@@ -211,7 +213,8 @@ class ReceivedPeers:
         return [d.producer for d, _ in self.adapted]
 
     def logprob_totals(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(P,) log p_peer of the moved text and (P,) peer tokens it spans (``peer_logprob_totals``)."""
+        """(P,) log p_peer of the moved text and (P,) peer tokens it spans
+        (``peer_logprob_totals``)."""
         return peer_logprob_totals(self.adapted)
 
     def sequences(

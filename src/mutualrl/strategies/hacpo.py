@@ -98,7 +98,8 @@ def capability_advantages(
     advantages, baselines, zero-std flags, guarded flags.
 
     ``omega`` is ``P_receiver / P_source`` per sample (1 for own samples); ``scale`` and
-    ``advantage_std`` are the run's ``grpo.scale_rewards`` and ``grpo.advantage_std``. Returns (N,) advantages,
+    ``advantage_std`` are the run's ``grpo.scale_rewards`` and ``grpo.advantage_std``. Returns (N,)
+    advantages,
     (K,) baselines, (N,) zero-std flags and (K,) flags of groups whose baseline fell back.
     """
     r = rewards.to(torch.float64)

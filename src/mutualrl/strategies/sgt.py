@@ -1,7 +1,8 @@
 """``sgt`` — Success-Gated Transfer (outcome level).
 
 Every verified success (reward >= ``tau``) enters a shared success buffer with its source.
-Hygiene: exact duplicates from one source per prompt are dropped, each prompt keeps at most ``max_per_prompt``
+Hygiene: exact duplicates from one source per prompt are dropped, each prompt keeps at most
+``max_per_prompt``
 (newest kept), and entries older than ``max_age`` steps age out. A receiver learns from *peer*
 successes (source != receiver), by default only for prompts where its own group had no success
 (``gate = "receiver_failed"``, the rescue set). A success stays available until it ages out,

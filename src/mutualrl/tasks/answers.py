@@ -1,4 +1,5 @@
-"""Final answers of math problems: extraction (GSM8K ``#### N``, MATH ``\\boxed{...}``) and equality.
+"""Final answers of math problems: extraction (GSM8K ``#### N``, MATH ``\\boxed{...}``) and
+equality.
 
 ``math_equal`` uses ``math-verify`` (optional: ``pip install mutualrl[math]``) when it is
 installed, else the fallback normaliser below. The fallback is deliberately simple and documented
@@ -36,7 +37,8 @@ def gsm8k_equal(completion: str, reference: str) -> bool:
 
 
 def last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``), braces balanced; None if absent."""
+    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``), braces balanced; None if
+    absent."""
     start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
     if start < 0:
         return None

@@ -1,4 +1,5 @@
-"""Math tasks read with Hugging Face ``datasets``: ``gsm8k`` and ``math`` (MATH-style ``\\boxed{}``).
+"""Math tasks read with Hugging Face ``datasets``: ``gsm8k`` and ``math`` (MATH-style
+``\\boxed{}``).
 
 Sources (``task.path``): a local ``.jsonl``/``.json``, ``.parquet``, ``.arrow`` or ``.csv`` file, a
 folder written by ``Dataset.save_to_disk``, or a hub name (``openai/gsm8k`` with
@@ -26,7 +27,6 @@ naming the file, the column and the columns present.
 from __future__ import annotations
 
 import json
-
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path

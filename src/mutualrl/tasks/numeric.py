@@ -10,9 +10,11 @@ question of its own. ``final_answer(completion, question)`` takes the answer as 
    restates the question (it holds every number of the question) is kept. A line starting with
    ``Answer:`` or ``A:`` once an answer is stated also ends it (``42\nAnswer: 7``: a base model
    repeating the pattern).
-2. **Boxed.** With a ``\\boxed{...}``, the answer is that of its content (rules 3-4 on the last box).
+2. **Boxed.** With a ``\\boxed{...}``, the answer is that of its content (rules 3-4 on the last
+box).
 3. **Marker.** Otherwise the last ``=``, ``equals``, ``answer is``/``answer:`` or
-   ``result is``/``result:`` followed on its line by a number that is not an operand: the first such number
+   ``result is``/``result:`` followed on its line by a number that is not an operand: the first such
+   number
    after it. ``17 + 25 = 32`` is judged by 32.
 4. **First sentence.** Otherwise the first sentence (lines split at ``.``/``!``/``?``) holding a
    number that is not an operand: its last such number that is not a restatement of a number of
@@ -20,7 +22,8 @@ question of its own. ``final_answer(completion, question)`` takes the answer as 
    last of them. ``The digit 7 appears 3 times in 370717`` gives 3.
 
 An *operand* is a number joined to another by ``+``, ``-``, ``*``, ``x``, ``×``, ``/``, ``plus``,
-``minus``, ``times``, ``multiplied by`` or ``divided by``, or followed by ``+``, ``-``, ``*``, ``x``,
+``minus``, ``times``, ``multiplied by`` or ``divided by``, or followed by ``+``, ``-``, ``*``,
+``x``,
 ``×`` or ``/`` at the end of its line (a cut-off ``17 +``): ``17 + 25`` alone states no answer (not
 25). Numbers keep a leading minus where it is a sign (``-5``, ``= -8``), not a subtraction
 (``17-25``); thousands separators are dropped (``1,234`` is 1234). No number: no answer.

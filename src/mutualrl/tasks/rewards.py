@@ -1,4 +1,5 @@
-"""Reward functions and their weighted sum (``task.reward_funcs``, ``task.reward_weights``; TRL's names).
+"""Reward functions and their weighted sum (``task.reward_funcs``, ``task.reward_weights``; TRL's
+names).
 
 A reward function is registered on ``REWARD_FUNCS`` as a factory: given the task, it returns a
 verifier (``(prompt, completion) -> float`` with ``verifier_id`` and ``version``). The built-ins:
@@ -13,7 +14,8 @@ verifier (``(prompt, completion) -> float`` with ``verifier_id`` and ``version``
 The reward a policy trains on is ``sum_i weight_i * f_i`` (weights default to 1). Every function
 runs under its own ``GuardedVerifier``: an error or a time-out gives that function 0 and is
 counted, never stopping the run. Each function's mean per policy per step is logged as
-``policy/<policy>/rewards/<name>/mean``. Held-out evaluation keeps scoring correctness alone, so pass@k
+``policy/<policy>/rewards/<name>/mean``. Held-out evaluation keeps scoring correctness alone, so
+pass@k
 stays comparable between runs with different format rewards.
 
 Third-party packages register theirs through the ``mutualrl.reward_funcs`` entry point group.

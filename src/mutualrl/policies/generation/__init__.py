@@ -144,6 +144,7 @@ def check_backends(policies) -> None:
 def build_backend(view, learner, generator) -> GenerationBackend:
     """The backend ``view.cfg.generation.backend`` names, sampling ``learner``'s weights."""
     # Imported for their registrations; vllm itself is imported only when that backend is built.
-    from mutualrl.policies.generation import torch as _torch, vllm as _vllm  # noqa: F401
+    from mutualrl.policies.generation import torch as _torch  # noqa: F401
+    from mutualrl.policies.generation import vllm as _vllm  # noqa: F401
 
     return GENERATION_BACKENDS.get(view.cfg.generation.backend)(view, learner, generator)

@@ -122,7 +122,8 @@ def engine_dtype(cfg) -> str:
 
 
 def engine_kwargs(view, platform_cpu: bool, device: str) -> dict:
-    """The ``vllm.LLM`` settings of the policy's ``generation`` section, checked for the platform."""
+    """The ``vllm.LLM`` settings of the policy's ``generation`` section, checked for the
+    platform."""
     g, lora, name = view.cfg.generation, view.cfg.lora, view.name
     field = f"policies[{name}].generation"
     if platform_cpu:
