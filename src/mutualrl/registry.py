@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from importlib.metadata import EntryPoint, entry_points
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, overload
 
 T = TypeVar("T")
 
@@ -56,6 +56,12 @@ class Registry(Generic[T]):
         self._failed: dict[str, str] = {}  # entry point name -> why it was skipped (one line)
         self._entry_points_loaded = entry_point_group is None
 
+    @overload
+    def register(self, name: str) -> Callable[[T], T]: ...
+
+    @overload
+    def register(self, name: str, obj: T) -> T: ...
+
     def register(self, name: str, obj: T | None = None) -> Callable[[T], T] | T:
         """Register ``obj`` under ``name``; usable as ``@registry.register("name")``."""
         if obj is None:
@@ -83,6 +89,8 @@ class Registry(Generic[T]):
         if self._entry_points_loaded:
             return
         self._entry_points_loaded = True
+        if self.entry_point_group is None:  # a registry without plug-ins
+            return
         for ep in entry_points(group=self.entry_point_group):
             problem = self._load_entry_point(ep)
             if problem is not None:

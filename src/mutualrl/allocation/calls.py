@@ -36,7 +36,7 @@ import traceback
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 import msgspec
 
@@ -48,6 +48,8 @@ FailureKind = Literal["raised", "timeout", "unavailable"]
 
 class WorkerCall(Protocol):
     """A call on one worker: a dataclass of its arguments, applied to the worker object."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]  # a dataclass (``call_fields`` reads them)
 
     def __call__(self, worker: Any) -> Any: ...
 
@@ -143,7 +145,7 @@ def check_names(method: str, calls: dict[str, Any], known: dict) -> None:
 
 
 def build_worker(factory: Callable[[], object], restarted: bool) -> object:
-    obj = factory()
+    obj: Any = factory()
     if restarted and callable(getattr(obj, "load_checkpoint", None)):
         obj.load_checkpoint()
     return obj

@@ -174,7 +174,7 @@ class LocalExecutor:
                 self._busy[name] = self._busy.get(name, 0.0) + time.perf_counter() - t0
 
     def _run(
-        self, jobs: dict[str, Callable[[], Any]], method: str, timeout_s: float
+        self, jobs: dict[str, Callable[..., Any]], method: str, timeout_s: float
     ) -> dict[str, CallResult]:
         if self.mode == "sequential":
             return {n: self._outcome(n, method, _done_future(job)) for n, job in jobs.items()}

@@ -14,6 +14,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from mutualrl.allocation.malloc import reuse_large_buffers
 from mutualrl.run.progress import RunProgress
@@ -77,7 +78,7 @@ def run_parallel(runner, todo: list, jobs: int) -> None:
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
-    leaders = {}
+    leaders: dict[int, Any] = {}  # seed -> its first run
     for r in todo:
         leaders.setdefault(r.seed, r)
     pending = list(leaders.values()) + [r for r in todo if leaders[r.seed] is not r]

@@ -43,7 +43,7 @@ from mutualrl.config.base import ConfigStruct, check
 GIB = 1024**3  # the unit of every *_gb field
 
 
-class InventoryConfig(ConfigStruct):
+class InventoryConfig(ConfigStruct, frozen=True):
     """A described cluster; when ``[allocation.inventory]`` is absent the machine is detected."""
 
     nodes: int = 1  # machines
@@ -60,7 +60,7 @@ class InventoryConfig(ConfigStruct):
         check(self.host_memory_gb > 0, "host_memory_gb must be > 0")
 
 
-class MemoryModel(ConfigStruct):
+class MemoryModel(ConfigStruct, frozen=True):
     """Bytes per parameter for each kind of state (see the module docstring)."""
 
     weight_bytes: int = 4  # fp32; 2 for bf16 weights
@@ -95,7 +95,7 @@ class MemoryModel(ConfigStruct):
         check(0 < self.usable_memory_fraction <= 1, "usable_memory_fraction must be in (0, 1]")
 
 
-class ArchitectureDims(ConfigStruct):
+class ArchitectureDims(ConfigStruct, frozen=True):
     """Dimensions of a checkpoint that is not on the machine that plans (its config.json names)."""
 
     num_hidden_layers: int  # decoder layers
@@ -127,7 +127,7 @@ class ArchitectureDims(ConfigStruct):
         )
 
 
-class WorkerOverride(ConfigStruct):
+class WorkerOverride(ConfigStruct, frozen=True):
     """Replace estimated facts of one worker (``[allocation.workers."<policy>/learner"]``)."""
 
     num_parameters: int | None = None  # the worker's parameter count; None: estimated
@@ -147,7 +147,7 @@ class WorkerOverride(ConfigStruct):
         check(self.memory_gb is None or self.memory_gb >= 0, "memory_gb must be >= 0")
 
 
-class AllocationConfig(ConfigStruct):
+class AllocationConfig(ConfigStruct, frozen=True):
     """How the run's workers are planned (sizes, placement), executed and paced."""
 
     executor: str = (

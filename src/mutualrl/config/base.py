@@ -10,7 +10,10 @@ class ConfigError(ValueError):
 
 
 class ConfigStruct(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Base of every config section: frozen, keyword-only, unknown keys rejected."""
+    """Base of every config section: frozen, keyword-only, unknown keys rejected.
+
+    Sections say ``frozen=True`` again (msgspec inherits it; type checkers read each class's own
+    arguments, and take a section without it for a mutable one)."""
 
 
 def check(cond: bool, msg: str) -> None:

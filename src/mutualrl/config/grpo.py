@@ -8,7 +8,7 @@ from typing import Literal
 from mutualrl.config.base import ConfigStruct, check
 
 
-class GRPOConfig(ConfigStruct):
+class GRPOConfig(ConfigStruct, frozen=True):
     """The GRPO objective and sampling; names as in TRL's GRPOConfig."""
 
     num_generations: int = 8  # completions sampled per prompt (the group size G)
@@ -121,7 +121,7 @@ class GRPOConfig(ConfigStruct):
         )
 
 
-class TrainingConfig(ConfigStruct):
+class TrainingConfig(ConfigStruct, frozen=True):
     """Each learner's optimizer, schedule and memory (``[training]``, the update engine of
     ``policies/update.py``). These are the trainer's settings, under the names of transformers'
     ``TrainingArguments`` that TRL's ``GRPOConfig`` inherits; what is GRPO's own is in ``[grpo]``

@@ -21,7 +21,7 @@ from mutualrl.config.sections import (
 )
 
 
-class RunConfig(ConfigStruct):
+class RunConfig(ConfigStruct, frozen=True):
     """The whole run. ``strategies`` holds per-strategy parameter tables, checked by each
     strategy."""
 

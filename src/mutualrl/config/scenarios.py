@@ -17,11 +17,11 @@ import msgspec
 from mutualrl.config.base import ConfigStruct, check
 
 
-class DisjointParams(ConfigStruct):
+class DisjointParams(ConfigStruct, frozen=True):
     """``disjoint`` takes no parameters."""
 
 
-class OverlapParams(ConfigStruct):
+class OverlapParams(ConfigStruct, frozen=True):
     """``overlap``: a share of every warm-start batch from the peers' families."""
 
     # Share of each warm-start batch from the peers' families. 0.2 on the embedded default (seed
@@ -35,7 +35,7 @@ class OverlapParams(ConfigStruct):
         check(0 < self.shared_fraction <= 1, "shared_fraction must be in (0, 1]")
 
 
-class AsymmetricParams(ConfigStruct):
+class AsymmetricParams(ConfigStruct, frozen=True):
     """``asymmetric``: everyone is taught every family, the weak policy only part of each."""
 
     weak: str | None = None  # the weak policy's name; None: the first policy
@@ -48,7 +48,7 @@ class AsymmetricParams(ConfigStruct):
         check(0 < self.weak_known_fraction <= 1, "weak_known_fraction must be in (0, 1]")
 
 
-class ScenariosConfig(ConfigStruct):
+class ScenariosConfig(ConfigStruct, frozen=True):
     """Parameters per scenario; the run's ``scenario`` picks which table is used."""
 
     disjoint: DisjointParams = msgspec.field(default_factory=DisjointParams)  # no parameters

@@ -11,7 +11,7 @@ import msgspec
 from mutualrl.config.base import ConfigStruct, check
 
 
-class WarmupConfig(ConfigStruct):
+class WarmupConfig(ConfigStruct, frozen=True):
     """Supervised warm start on each policy's own prompt families, part of every run.
 
     It stops at ``target_accuracy`` on the policy's families (checked every ``eval_every``
@@ -41,7 +41,7 @@ class WarmupConfig(ConfigStruct):
         check(self.learning_rate > 0, "learning_rate must be > 0")
 
 
-class LoraConfig(ConfigStruct):
+class LoraConfig(ConfigStruct, frozen=True):
     """A LoRA adapter on a policy (``[policies.lora]``, PEFT's settings): only it is trained."""
 
     r: int = 8  # adapter rank
@@ -58,7 +58,7 @@ class LoraConfig(ConfigStruct):
         check(0 <= self.dropout < 1, "dropout must be in [0, 1)")
 
 
-class GenerationConfig(ConfigStruct):
+class GenerationConfig(ConfigStruct, frozen=True):
     """How one policy samples: the backend (policies.generation.GENERATION_BACKENDS) and the
     vLLM engine's settings (ignored by the torch backend)."""
 
@@ -91,7 +91,7 @@ class GenerationConfig(ConfigStruct):
         )
 
 
-class ShardingConfig(ConfigStruct):
+class ShardingConfig(ConfigStruct, frozen=True):
     """How a policy's learner runs across ``learner_ranks`` processes (``[policies.sharding]``,
     FSDP2; ignored at one rank). Mixed precision follows the policy's ``dtype``: "bf16" computes in
     bf16 with fp32 parameters and fp32 gradient reduction (FSDP2's ``MixedPrecisionPolicy``)."""
@@ -117,7 +117,7 @@ def safe_policy_name(name: str) -> bool:
     return POLICY_NAME.fullmatch(name) is not None and name not in (".", "..")
 
 
-class PolicyConfig(ConfigStruct):
+class PolicyConfig(ConfigStruct, frozen=True):
     """One policy: a model of some architecture on some tokenizer, trained by its own optimizer."""
 
     name: str  # unique; 1-64 letters, digits, - _ . (not . or ..); names workers, metrics, folders
@@ -184,7 +184,7 @@ class PolicyConfig(ConfigStruct):
         )
 
 
-class TaskConfig(ConfigStruct):
+class TaskConfig(ConfigStruct, frozen=True):
     """The task every policy is trained and evaluated on, and its rewards."""
 
     name: str = "pointer"  # a registered task (tasks.TASKS)
@@ -236,7 +236,7 @@ class TaskConfig(ConfigStruct):
         check(not few, f"digits.{few[0] if few else ''} must be >= 1")
 
 
-class EvalConfig(ConfigStruct):
+class EvalConfig(ConfigStruct, frozen=True):
     """Held-out evaluation: pass@k on every family, at the start, every N steps and at the end."""
 
     every: int = 10  # held-out evaluation every N steps (0: only at the end)
@@ -249,7 +249,7 @@ class EvalConfig(ConfigStruct):
         check(self.k >= 1, "k must be >= 1")
 
 
-class ExchangeConfig(ConfigStruct):
+class ExchangeConfig(ConfigStruct, frozen=True):
     """How experience moves: the bus, the run's experience log, recorded peers."""
 
     log: bool = True  # write RUN_DIR/experience/ (replayable, `mutualrl exchange inspect`)
@@ -266,7 +266,7 @@ class ExchangeConfig(ConfigStruct):
         check(self.block_timeout_s > 0, "block_timeout_s must be > 0")
 
 
-class DiversityConfig(ConfigStruct):
+class DiversityConfig(ConfigStruct, frozen=True):
     """Optional diversity regulariser on top of any strategy (``mutualrl.strategies.diversity``).
 
     ``coef`` > 0 makes a policy's success worth less where its peers succeed on the same prompt:
@@ -279,7 +279,7 @@ class DiversityConfig(ConfigStruct):
         check(0 <= self.coef <= 1, "coef must be in [0, 1] (0 turns the regulariser off)")
 
 
-class GuardsConfig(ConfigStruct):
+class GuardsConfig(ConfigStruct, frozen=True):
     """Stop the run cleanly when a policy goes wrong (mutualrl.guards); every guard off by
     default."""
 

@@ -241,7 +241,7 @@ class ExperienceBus:
             seen.add(seq)
             self._next_seq[producer] = max(self._next_seq.get(producer, 0), seq + 1)
             self._published[kind] += 1
-            if self._log is not None:
+            if self._log is not None and envelope is not None:  # an envelope iff a log
                 self._log.append(envelope)
             targets = [s for s in self._subs.values() if s.matches(kind, producer, record)]
         # Outside the bus lock: a blocking subscriber must not stall unrelated publishers.

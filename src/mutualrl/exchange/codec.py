@@ -9,7 +9,7 @@ kind to read the rest of a batch.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import msgspec
 
@@ -130,7 +130,7 @@ class RecordCodec:
         payload is not a msgpack array at all.
         """
         try:
-            envelopes: list[Envelope | RecordDecodeError] = self._batch_decoder.decode(data)
+            envelopes = cast("list[Envelope | RecordDecodeError]", self._batch_decoder.decode(data))
         except (msgspec.ValidationError, msgspec.DecodeError):
             envelopes = self._decode_one_by_one(data, where)
         for env in envelopes:

@@ -239,7 +239,7 @@ class FrameReader:
             raise DamagedFrameError("frame header CRC-32 mismatch", source=self.source, offset=pos)
         return header
 
-    def _decompress(self, body: Buffer, raw_len: int, pos: int, frame_end: int) -> bytes:
+    def _decompress(self, body: bytes, raw_len: int, pos: int, frame_end: int) -> bytes:
         try:
             payload = self._decompressor.decompress(body, max_output_size=raw_len)
         except zstandard.ZstdError as exc:

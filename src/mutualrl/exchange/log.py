@@ -143,7 +143,7 @@ class ExperienceLog:
         append_whole(
             fd,
             frame,
-            self.path,
+            str(self.path),
             f"a frame of {len(self._pending)} records was not "
             f"written; the log's {self.bytes_written} bytes before it are kept",
         )

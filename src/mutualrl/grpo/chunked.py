@@ -76,11 +76,11 @@ class _ChunkedLogprobs(torch.autograd.Function):
                 glog = p.mul_(-g).scatter_add_(-1, targets[s:e].unsqueeze(-1), g)
                 if ctx.temperature != 1:
                     glog.div_(ctx.temperature)
-                if need_h:
+                if gh is not None:
                     gh[s:e] = (glog.to(dtype) @ weight.to(dtype)).to(gh.dtype)
-                if need_w:
+                if gw is not None:
                     gw += (glog.to(dtype).T @ hidden[s:e].to(dtype)).float()
-                if need_b:
+                if gb is not None:
                     gb += glog.sum(0)
         return (
             gh,

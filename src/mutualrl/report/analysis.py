@@ -104,7 +104,7 @@ def significance(
     """Per policy, strategy (not ``none``) and metric: the paired difference to ``none`` with its
     hierarchical bootstrap interval and verdict, over the seeds both ran."""
     by_key = {(r.strategy, r.seed): r for r in runs}
-    rows = []
+    rows: list[dict[str, Any]] = []
     for policy in policies_of(runs):
         for strategy in [s for s in strategies if s != "none"]:
             seeds = sorted(

@@ -49,7 +49,9 @@ class TokenizerLoadError(ValueError):
 class TokenizerHandle:
     name: str  # the spec it was loaded from (packaged name or path)
     family: str  # "bpe" | "sentencepiece" | "wordpiece" | "unknown"
-    tokenizer: object  # transformers PreTrainedTokenizerFast (has offsets, a Rust backend)
+    # transformers PreTrainedTokenizerFast (has offsets, a Rust backend); Any: its loaders return
+    # the several classes transformers builds for a folder
+    tokenizer: Any
     fingerprint: str  # sha256 hex of the serialized backend tokenizer
 
     @property
@@ -62,7 +64,7 @@ class TokenizerHandle:
         return self.tokenizer.backend_tokenizer
 
 
-PACKAGED_TOKENIZERS: Registry[Callable[[], object]] = Registry("packaged tokenizer")
+PACKAGED_TOKENIZERS: Registry[Callable[[], Any]] = Registry("packaged tokenizer")
 
 
 def _package_dir(package: str, hint: str, extra: str | None = None) -> Path:
@@ -76,7 +78,7 @@ def _package_dir(package: str, hint: str, extra: str | None = None) -> Path:
             f"the Python package {package!r} ({hint}) is not installed; install it with: "
             f"pip install {hint}{also}"
         ) from exc
-    return Path(mod.__file__).parent
+    return Path(str(mod.__file__)).parent  # a regular package: it has a file
 
 
 def cache_dir() -> Path:
@@ -145,7 +147,7 @@ _QWEN_SPECIALS = (
 )
 
 
-def _converted_json(kind: str, source: Path, build: Callable[[], object], recipe: str = "") -> Path:
+def _converted_json(kind: str, source: Path, build: Callable[[], Any], recipe: str = "") -> Path:
     """Path of a cached ``tokenizer.json`` built by ``build()`` from ``source``.
 
     Keyed by ``kind`` and the sha256 of the source and ``recipe`` (what else the build depends

@@ -247,7 +247,7 @@ class TokenizerProfile:
                 pieces[idx] = b"" if added[idx].special else token.encode("utf-8")
                 continue
             piece = _piece_bytes(token, byte_level, byte_fallback, wp_prefix)
-            if continuing is not None:
+            if continuing is not None and wp_prefix:  # continuing is made iff wp_prefix
                 continuing[idx] = token.startswith(wp_prefix)
             if piece is None:
                 representable, piece = False, token.encode("utf-8")

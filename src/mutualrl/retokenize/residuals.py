@@ -54,7 +54,7 @@ try:  # rapidfuzz's Levenshtein is C++ and bit-parallel; the numpy DP below is t
     from rapidfuzz.distance import Levenshtein as _Levenshtein
     from rapidfuzz.process import cpdist as _cpdist
 except ImportError:  # pragma: no cover - depends on the environment
-    _Levenshtein = _cpdist = None
+    _Levenshtein = _cpdist = None  # type: ignore[assignment]  # checked before use
 
 import numpy as np
 

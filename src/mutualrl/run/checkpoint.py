@@ -43,6 +43,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -302,6 +303,7 @@ _MISSING = object()
 
 
 def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    items: Iterable[tuple[Any, Any]]
     if isinstance(d, dict):
         items = d.items()
     elif isinstance(d, list) and d and all(isinstance(x, dict) for x in d):

@@ -21,13 +21,14 @@ from mutualrl.exchange import (
     ExperienceLog,
     GroupStats,
     Rollout,
+    Subscription,
     VerifiedSuccess,
     Watermark,
     read_log,
 )
 
 
-def open_bus(run_dir: Path, cfg) -> tuple[ExperienceBus, object]:
+def open_bus(run_dir: Path, cfg) -> tuple[ExperienceBus, Subscription]:
     """A bus with the run's log attached (if enabled) and the loop's subscription to it: every
     kind, the built-in ones and any a user registered, so what a strategy publishes
     (``ctx.publish``) reaches the strategies of the next step."""

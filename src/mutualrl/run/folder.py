@@ -55,7 +55,8 @@ class RunFolder:
     """The exclusive claim on one run folder; ``release`` (or process exit) gives it up."""
 
     def __init__(self, path: Path, fd: int) -> None:
-        self.path, self._fd = path, fd
+        self.path = path
+        self._fd: int | None = fd
 
     def release(self) -> None:
         if self._fd is not None:

@@ -79,7 +79,7 @@ def check_records(run_dir: str | Path, recorded: dict[str, int], checkpoint: str
     up to the length ``recorded`` at the checkpoint (named ``checkpoint``), the others
     (``UNRECORDED``) entirely. The first damage is a ``DamagedRecords`` naming file and byte."""
     run_dir = Path(run_dir)
-    files = [(run_dir / name, size) for name, size in recorded.items()]
+    files: list[tuple[Path, int | None]] = [(run_dir / n, size) for n, size in recorded.items()]
     files += [(run_dir / name, None) for name in UNRECORDED]
     for path, size in files:
         if not path.is_file():

@@ -13,7 +13,9 @@ name.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import replace
+from typing import ParamSpec, TypeVar
 
 import numpy as np
 
@@ -26,7 +28,7 @@ from mutualrl.run.metrics import namespaced
 from mutualrl.run.state import Prefetched, Run
 from mutualrl.strategies import StrategyContext
 from mutualrl.strategies.common import own_advantages
-from mutualrl.tasks.rewards import mean_parts
+from mutualrl.tasks.rewards import WeightedReward, mean_parts
 
 
 def sample_prompts(run: Run, step: int):
@@ -64,7 +66,7 @@ def sampling_call(run: Run, prompts) -> Generate:
 
 def verify(run: Run, samples: dict[str, list[Sample]]) -> dict[str, list[Sample]]:
     if run.rewards is not None:
-        return verify_weighted(run, samples)
+        return verify_weighted(run, run.rewards, samples)
     return {
         name: [
             replace(s, reward=r)
@@ -74,12 +76,14 @@ def verify(run: Run, samples: dict[str, list[Sample]]) -> dict[str, list[Sample]
     }
 
 
-def verify_weighted(run: Run, samples: dict[str, list[Sample]]) -> dict[str, list[Sample]]:
+def verify_weighted(
+    run: Run, rewards: WeightedReward, samples: dict[str, list[Sample]]
+) -> dict[str, list[Sample]]:
     """Rewards as the weighted sum of ``task.reward_funcs``; each function's mean is kept for the
     log."""
     out = {}
     for name, ss in samples.items():
-        scored = run.rewards.score_many([(s.prompt, s.text) for s in ss])
+        scored = rewards.score_many([(s.prompt, s.text) for s in ss])
         run.reward_parts[name] = mean_parts([parts for _, parts in scored])
         out[name] = [replace(s, reward=total) for s, (total, _) in zip(ss, scored)]
     return out
@@ -154,8 +158,12 @@ def remote_logprobs(run: Run, name: str):
     return sequence_logprobs
 
 
-def _timed(fn, run: Run, part: str):
-    def call(*args, **kwargs):
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+def _timed(fn: Callable[_P, _T], run: Run, part: str) -> Callable[_P, _T]:
+    def call(*args: _P.args, **kwargs: _P.kwargs) -> _T:
         with run.step_phase(part):
             return fn(*args, **kwargs)
 
@@ -178,15 +186,14 @@ def _counting_tokens(generate, ctx: StrategyContext, receiver: str):
 
 
 class _TimedRetokenizer:
-    """A receiver's Retokenizer whose retokenize calls count as ``strategy.retokenize`` time."""
+    """A receiver's Retokenizer whose retokenize calls count as ``strategy.retokenize`` time
+    (a ``strategies.StrategyRetokenizer``)."""
 
     def __init__(self, rt: Retokenizer, run: Run) -> None:
-        self._rt = rt
+        self.target, self.max_length = rt.target, rt.max_length
+        self.encode_prompt, self.encode_completion = rt.encode_prompt, rt.encode_completion
         self.retokenize = _timed(rt.retokenize, run, "strategy.retokenize")
         self.retokenize_batch = _timed(rt.retokenize_batch, run, "strategy.retokenize")
-
-    def __getattr__(self, name: str):
-        return getattr(self._rt, name)
 
 
 # ---- batches and updates ----------------------------------------------------------------------

@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 
 def make_progress(console: Console | None = None, transient: bool = False) -> Progress:
@@ -23,7 +30,7 @@ class RunProgress:
     def __init__(self, enabled: bool = True, console: Console | None = None) -> None:
         self.enabled = enabled
         self._progress = None
-        self._task = None
+        self._task: TaskID | None = None
         if enabled:
             self._progress = make_progress(console)
 

@@ -15,6 +15,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -51,7 +52,7 @@ class StopRequests:
 
     def __init__(self) -> None:
         self.signum: int | None = None
-        self._saved: dict[int, object] = {}
+        self._saved: dict[int, Any] = {}  # signal -> the handler it had
 
     @property
     def requested(self) -> bool:

@@ -15,14 +15,14 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 
-from mutualrl.allocation import call_each
+from mutualrl.allocation import Executor, call_each
 from mutualrl.config import RunConfig
-from mutualrl.exchange import ExperienceBus
+from mutualrl.exchange import ExperienceBus, Subscription
 from mutualrl.policies.policy import PolicyView
 from mutualrl.retokenize import Retokenizer
 from mutualrl.run.experience import PeerLogPool
@@ -62,9 +62,9 @@ class Run:
     writer: MetricsWriter
     progress: RunProgress
     bus: ExperienceBus
-    subscription: object
+    subscription: Subscription
     retokenizers: dict[str, Retokenizer]
-    executor: Any = None
+    executor: Executor  # where the policies' workers live (allocation.make_executor)
     peer_logs: PeerLogPool | None = None
     rewards: WeightedReward | None = None  # task.reward_funcs; None: the verifier alone
     reward_parts: dict[str, dict[str, float]] = field(default_factory=dict)  # last step's means
@@ -134,7 +134,8 @@ class Run:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Put every part back; wall time spent before is added to this run's phase times."""
         if state.get("strategy") is not None:
-            self.strategy.load_state_dict(state["strategy"])
+            # it has state_dict, so load_state_dict too (a stateful strategy has both)
+            cast(Any, self.strategy).load_state_dict(state["strategy"])
         self.history.update({n: list(h) for n, h in state["history"].items()})
         for phase, seconds in state["phase_times"].items():
             self.phase_times[phase] += seconds

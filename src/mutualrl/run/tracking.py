@@ -93,7 +93,7 @@ def scalars_of(record: dict[str, Any]) -> tuple[dict[str, float], int] | None:
     step = record.get("step")
     if not isinstance(step, int):
         return None
-    prefix = {"train": "", "eval": "eval/"}.get(record.get("phase"), "warmup/")
+    prefix = {"train": "", "eval": "eval/"}.get(str(record.get("phase")), "warmup/")
     scalars = {
         prefix + k: float(v)
         for k, v in record.items()

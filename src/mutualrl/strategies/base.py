@@ -23,7 +23,7 @@ so a bad parameter fails before any work starts.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -31,9 +31,45 @@ import msgspec
 import numpy as np
 
 from mutualrl.config import ConfigError, GRPOConfig, RunConfig
+from mutualrl.exchange import Delivery
 from mutualrl.policies.batch import TrainBatch
 from mutualrl.policies.policy import Sample
 from mutualrl.registry import Registry, RegistryError
+from mutualrl.retokenize import RetokenizedTrajectory, TokenizerHandle
+
+
+class StrategyRetokenizer(Protocol):
+    """What a strategy may use of a receiver's THL retokenizer: ``retokenize.Retokenizer`` is one;
+    the run hands strategies one whose retokenize calls count as the step's strategy time."""
+
+    target: TokenizerHandle  # the receiver's tokenizer
+    max_length: int | None
+
+    def encode_prompt(
+        self, prompt: str | list[dict], *, add_generation_prompt: bool = True
+    ) -> np.ndarray: ...
+
+    def encode_completion(self, text: str) -> np.ndarray: ...
+
+    def retokenize(
+        self,
+        text: str,
+        *,
+        source: TokenizerHandle | None = None,
+        source_ids: Sequence[int] | np.ndarray | None = None,
+        source_logprobs: Sequence[float] | np.ndarray | None = None,
+        ends_with_eos: bool = False,
+    ) -> RetokenizedTrajectory: ...
+
+    def retokenize_batch(
+        self,
+        texts: Sequence[str],
+        *,
+        source: TokenizerHandle | None = None,
+        source_ids: Sequence | None = None,
+        source_logprobs: Sequence | None = None,
+        ends_with_eos: bool | Sequence[bool] = False,
+    ) -> list[RetokenizedTrajectory]: ...
 
 
 @dataclass
@@ -46,13 +82,13 @@ class StrategyContext:
     rng: np.random.Generator  # seeded per step: same seed, same choices
     encode_prompt: dict[str, Callable[[str], tuple[int, ...]]]  # receiver's own prompt format
     sequence_logprobs: dict[str, Callable[[list, list], Any]]  # receiver-side log p(text), (B,)
-    retokenizers: dict[str, Any] = field(default_factory=dict)  # THL Retokenizer per receiver
-    tokenizers: dict[str, Any] = field(default_factory=dict)  # TokenizerHandle by fingerprint
+    retokenizers: dict[str, StrategyRetokenizer] = field(default_factory=dict)  # per receiver
+    tokenizers: dict[str, TokenizerHandle] = field(default_factory=dict)  # by fingerprint
     # Deliveries (kind, producer, record) from the exchange this step, live peers and replayed logs.
-    peer_experience: list[Any] = field(default_factory=list)
+    peer_experience: list[Delivery] = field(default_factory=list)
     metrics: dict[str, dict[str, float]] = field(default_factory=dict)  # per receiver
     # Publish a record to the exchange on a receiver's behalf (e.g. THL residuals); None: drop.
-    publish: Callable[[Any, str], None] | None = None
+    publish: Callable[[Any, str], object] | None = None
     # Receiver-side sampling, as ``sequence_logprobs``: (prompts, num_generations) -> [Sample]
     # drawn at the run's temperature and completion length (e.g. on hinted prompts); and the
     # task's verifier, (Prompt, completion text) -> reward. Empty / None: not offered.
@@ -137,7 +173,7 @@ def build_strategy(cfg: RunConfig, name: str | None = None) -> Strategy:
         raise ConfigError(f"strategy: {exc}") from None
     raw = cfg.strategies.get(name, {})
     try:
-        params = msgspec.convert(raw, spec.params, strict=True)
+        params: object = msgspec.convert(raw, spec.params, strict=True)
     except msgspec.ValidationError as exc:
         msg = str(exc)
         # msgspec gives a path only for errors inside a field; root-level ones get the table's.

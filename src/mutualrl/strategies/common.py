@@ -21,9 +21,11 @@ import numpy as np
 import torch
 
 from mutualrl.config import GRPOConfig
+from mutualrl.exchange import Delivery
 from mutualrl.grpo import Advantages, group_advantages
 from mutualrl.policies.batch import SFTExample, TrainBatch, TrainSequence
 from mutualrl.policies.policy import Sample
+from mutualrl.retokenize import RetokenizedTrajectory
 
 
 # ---- own experience -----------------------------------------------------------------------------
@@ -119,7 +121,7 @@ def select_peers(ctx, receiver: str, own, max_per_group: int | None) -> tuple[di
         pid_group.setdefault(s.prompt.id, s.group)
     peers = peer_rollouts(ctx, receiver, set(pid_group))
     if max_per_group is not None:
-        kept, count = [], {}
+        kept, count = [], dict[str, int]()
         for d in peers:
             pid = d.record.prompt_id
             if count.get(pid, 0) < max_per_group:
@@ -129,7 +131,9 @@ def select_peers(ctx, receiver: str, own, max_per_group: int | None) -> tuple[di
     return pid_group, peers
 
 
-def adapt_to_receiver(ctx, receiver: str, deliveries: list) -> list[tuple[object, object]]:
+def adapt_to_receiver(
+    ctx, receiver: str, deliveries: list
+) -> list[tuple[Delivery, RetokenizedTrajectory]]:
     """Retokenize peer rollouts into the receiver's tokenizer through THL.
 
     Returns (delivery, RetokenizedTrajectory) pairs in input order and logs the THL residuals of

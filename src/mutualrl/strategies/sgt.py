@@ -23,6 +23,7 @@ from typing import Literal
 
 import msgspec
 
+from mutualrl.exchange import Delivery
 from mutualrl.policies.batch import SFTExample, TrainBatch
 from mutualrl.strategies.base import StrategyContext, register_strategy
 from mutualrl.strategies.common import own_sequences, receive_peers
@@ -68,7 +69,7 @@ class SGTParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
 
 @dataclass
 class Success:
-    delivery: object  # the rollout's Delivery (producer, record)
+    delivery: Delivery  # the rollout's (producer, record)
     step: int
     uses: dict[str, int] = field(default_factory=dict)  # receiver -> times drawn
 

@@ -14,7 +14,7 @@ from typing import Literal
 import msgspec
 import torch
 
-from mutualrl.exchange import merge
+from mutualrl.exchange import GroupStats, merge
 from mutualrl.grpo import group_moments, normalize, std_from_m2, within_group_ranks
 from mutualrl.policies.batch import TrainBatch
 from mutualrl.strategies.base import StrategyContext, register_strategy
@@ -27,9 +27,9 @@ class XGRPOParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     )
 
 
-def pooled_stats(deliveries, prompt_ids: set[str]) -> dict[str, object]:
+def pooled_stats(deliveries, prompt_ids: set[str]) -> dict[str, GroupStats]:
     """prompt id -> the exact merge of every producer's latest GroupStats for it."""
-    out: dict[str, object] = {}
+    out: dict[str, GroupStats] = {}
     for d in deliveries:
         if d.kind == "group_stats" and d.record.prompt_id in prompt_ids:
             pid = d.record.prompt_id

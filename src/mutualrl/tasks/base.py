@@ -54,8 +54,12 @@ class Verifier(Protocol):
 
 
 class Task(Protocol):
-    families: Sequence[str]
-    verifier: Verifier
+    # read-only here, so a task may hold a narrower type (a tuple, its own verifier class)
+    @property
+    def families(self) -> Sequence[str]: ...
+
+    @property
+    def verifier(self) -> Verifier: ...
 
     def sample(
         self, rng: np.random.Generator, n: int, split: Split, families: Sequence[str] | None = None
