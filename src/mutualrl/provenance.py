@@ -52,7 +52,7 @@ def source_digest() -> str:
     return h.hexdigest()[:16]
 
 
-def machine_info(**versions: str) -> dict[str, object]:
+def machine_info(**versions: str | None) -> dict[str, object]:
     """Platform, processor, cores, load and Python, plus the library ``versions`` a benchmark names.
 
     ``loadavg`` (1, 5, 15 min) says how busy the machine was: on a shared host, absolute timings

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Literal
 
 from mutualrl.allocation.planner import Assignment, GpuSlot, Plan
 from mutualrl.config import GIB
@@ -83,7 +84,7 @@ def plan_table(p: Plan):
         else f"{inv.nodes} node(s), CPU only, {inv.host_memory_bytes / GIB:.0f} GiB RAM"
     )
     table = Table(title=f"plan ({p.mode}): {what}, {inv.cpus_per_node} cores/node ({inv.source})")
-    for col, justify in (
+    columns: tuple[tuple[str, Literal["left", "right"]], ...] = (
         ("worker", "left"),
         ("role", "left"),
         ("policy", "left"),
@@ -93,7 +94,8 @@ def plan_table(p: Plan):
         ("devices", "left"),
         ("threads", "right"),
         ("memory", "right"),
-    ):
+    )
+    for col, justify in columns:
         table.add_column(col, justify=justify)
     for a in p.assignments:
         table.add_row(*_row(a))

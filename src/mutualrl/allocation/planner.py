@@ -96,7 +96,7 @@ class _Group(msgspec.Struct, kw_only=True):
 
 def _group(name: str, members: list[WorkerSpec]) -> _Group:
     ranked = [s for s in members if s.ranks is not None]
-    ranks = max((s.ranks for s in ranked), default=None)
+    ranks = max((s.ranks for s in ranked if s.ranks is not None), default=None)
     spread = sum(s.memory_bytes for s in members if s.ranks is None)
     peak = sum(s.memory_bytes for s in ranked) + (-(-spread // ranks) if ranks else spread)
     # Colocated workers alternate in time, so the group needs the largest minimum, not the sum.

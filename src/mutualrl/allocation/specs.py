@@ -283,10 +283,11 @@ def worker_specs_from_config(
         n = alloc.num_parameters.get(p.name) or _count(p, alloc, count_params, vocab_size)
         learner_mem, gen_mem = _policy_memory(cfg, alloc, i, n, tokens, vocab_size)
         # the generator is rank 0's copy of the weights (or one engine): one GPU
-        for role, role_tokens, memory, role_ranks in (
+        roles: tuple[tuple[Role, int, int, int | None], ...] = (
             ("learner", tokens * g.num_iterations, learner_mem, p.learner_ranks),
             ("generator", tokens, gen_mem, 1),
-        ):
+        )
+        for role, role_tokens, memory, role_ranks in roles:
             name = f"{p.name}/{role}"
             specs.append(
                 WorkerSpec(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -169,7 +170,7 @@ def config_from_dict(data: dict[str, Any], source: str = "<config>") -> RunConfi
         raise ConfigError(f"{source}: {exc}") from None
 
 
-def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+def load_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
     """Read a TOML file, apply dotted overrides, and validate everything once. A bare name
     (``"tiny"``: no ``/`` or ``.``) is a config ``mutualrl`` ships (``config.packaged``)."""
     path = resolve_config(path)

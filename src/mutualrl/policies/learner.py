@@ -89,10 +89,12 @@ class Placement(Protocol):
 class OnDevice:
     """The whole model on the learner's device, in this process."""
 
-    share = ONE_RANK
+    share: RankShare = ONE_RANK
     autocast = True
 
-    def build(self, learner: Learner, facts: TokenizerFacts, seed: int):
+    def build(
+        self, learner: Learner, facts: TokenizerFacts, seed: int
+    ) -> tuple[torch.nn.Module, torch.nn.Module | None]:
         # Seeded initialisation draws from torch's global RNG: built one learner at a time.
         with _BUILD_LOCK:
             model = _on_device(learner.cfg, facts, seed, learner.device)
@@ -124,7 +126,7 @@ class Learner:
         self.training = training or TrainingConfig()
         self.pad_id = facts.pad_token_id
         self.device = torch.device(device)
-        self.placement = placement or OnDevice()
+        self.placement: Placement = placement or OnDevice()
         self.model, self.reference = self.placement.build(self, facts, seed)
         self.optimizer, self.scheduler = make_optimizer(
             self.model, cfg, grpo, self.training, total_steps

@@ -199,7 +199,9 @@ def verified_gguf(model: PackagedModel, work: Path) -> Path:
 
 
 def is_packaged_name(spec: str | None) -> bool:
-    return bool(spec) and spec in PACKAGED_MODELS and not Path(spec).exists()
+    if not spec:
+        return False
+    return spec in PACKAGED_MODELS and not Path(spec).exists()
 
 
 def models_dir() -> Path:
