@@ -217,3 +217,52 @@ def test_gpu_build_threads_profiles_the_build_and_times_generation_alone_and_in_
     assert len(probe["gen_threads_default_stream_s"]) == 1
     assert "gen_threads_own_streams_s" not in probe  # no streams on the CPU
     assert probe["build_llama-mistral_s"] > 0 and probe["device"] == "cpu"
+
+
+def test_real_cpu_summarises_a_finished_run(tmp_path):
+    """--run-dir: a run folder's held-out records and summary become the JSON the results page
+    quotes (the training itself needs the real models: CI's real-models step)."""
+    from mutualrl.run.evaluation import append_heldout
+
+    run = tmp_path / "run"
+    run.mkdir()
+
+    def rec(step, greedy):
+        n = len(greedy)
+        return {
+            "step": step,
+            "policy": "p",
+            "k": 1,
+            "prompt_ids": [f"q{i}" for i in range(n)],
+            "families": ["add"] * (n // 2) + ["count"] * (n // 2),
+            "greedy": greedy,
+            "sampled": greedy,
+            "greedy_text": ["x"] * n,
+        }
+
+    append_heldout(run, [rec(0, [1] * 10 + [0] * 30 + [0] * 40)])
+    append_heldout(run, [rec(30, [1] * 30 + [0] * 10 + [1] * 20 + [0] * 20)])
+    (run / "summary.json").write_text(
+        json.dumps(
+            {
+                "reward_first": {"p": 0.1},
+                "reward_last": {"p": 0.4},
+                "wall_time_s": 12.0,
+                "phase_times_s": {"train": 10.0},
+            }
+        )
+    )
+    out = tmp_path / "real_cpu.json"
+    got = _run("real_cpu.py", "--run-dir", str(run), "--commit", "abc", "--json", str(out), out=out)
+    p = got["policies"]["p"]
+    assert got["commit"] == "abc" and got["run_wall_s"] == 12.0
+    assert (
+        p["heldout_pass@1"]["start"]["mean"] == 0.125
+        and p["heldout_pass@1"]["end"]["mean"] == 0.625
+    )
+    assert p["heldout_pass@1"]["verdict"].startswith("rose")
+    assert p["families"] == {
+        "add": {"start": 0.25, "end": 0.75, "prompts": 40},
+        "count": {"start": 0.0, "end": 0.5, "prompts": 40},
+    }
+    assert p["train_reward_last_quarter"] == 0.4
