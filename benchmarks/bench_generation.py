@@ -46,6 +46,7 @@ import torch
 
 from mutualrl.config import GenerationConfig, GRPOConfig, PolicyConfig, TaskConfig
 from mutualrl.policies.generation import SamplingSettings, generation_stats
+from mutualrl.policies.model_cache import resolve_checkpoint
 from mutualrl.policies.policy import Policy
 from mutualrl.provenance import git_commit, machine_info
 from mutualrl.tasks import build_task
@@ -73,7 +74,9 @@ def policy_config(a, backend: str) -> PolicyConfig:
             num_heads=1,
             generation=generation,
         )
-    return PolicyConfig(name="bench", checkpoint=a.model, dtype=a.dtype, generation=generation)
+    # a packaged name becomes its converted folder here, as `mutualrl train` resolves it
+    checkpoint = resolve_checkpoint(a.model)
+    return PolicyConfig(name="bench", checkpoint=checkpoint, dtype=a.dtype, generation=generation)
 
 
 def make(a, backend: str) -> Policy:
