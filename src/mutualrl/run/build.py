@@ -23,7 +23,6 @@ from mutualrl.allocation.ranks import RankGroup
 from mutualrl.config import AllocationConfig, ConfigError, RunConfig, to_dict
 from mutualrl.policies.checkpoints import check_checkpoints, check_policies
 from mutualrl.policies.device_memory import Capped
-from mutualrl.policies.generation import check_engine_processes
 from mutualrl.policies.models import TokenizerFacts
 from mutualrl.policies.policy import Policy, PolicyView, load_handles
 from mutualrl.policies.precision import check_precision
@@ -92,7 +91,6 @@ def prepare(cfg: RunConfig) -> Prepared:
     handles = load_handles(cfg.policies)  # each tokenizer once; the driver encodes prompts
     check_policies(cfg.policies, handles, checkpoints)  # chat templates present, vocab fits
     check_precision(cfg.policies, cfg.device)  # bf16 on a CPU that emulates it: a warning
-    check_engine_processes(cfg.policies, cfg.allocation.executor)  # one vLLM engine a process
     check_paced(cfg)  # the strategy can run at its own pace, if asked
     check_rank_groups(cfg)  # sharded learners need one process per rank
     check_colocated(cfg)  # generators run with their learners

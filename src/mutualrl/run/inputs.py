@@ -12,7 +12,7 @@ import torch
 
 from mutualrl.allocation import EXECUTORS
 from mutualrl.config import ConfigError, RunConfig
-from mutualrl.policies.generation import check_backends
+from mutualrl.policies.generation import check_backends, check_engine_processes
 from mutualrl.policies.models import ARCHITECTURES
 from mutualrl.registry import Registry, RegistryError
 from mutualrl.tasks import TASKS
@@ -30,6 +30,9 @@ def check_inputs(cfg: RunConfig) -> None:
     for p in cfg.policies:
         if p.checkpoint is None:  # a checkpoint's own config.json names its architecture
             registered(ARCHITECTURES, p.architecture, f"policies.{p.name}.architecture")
+    # What the config asks for first (two vLLM engines in one process is wrong everywhere), then
+    # whether this install has the packages it names
+    check_engine_processes(cfg.policies, cfg.allocation.executor)
     check_backends(cfg.policies)
 
 
