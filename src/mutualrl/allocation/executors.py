@@ -21,16 +21,17 @@ from typing import TYPE_CHECKING, Any
 
 from mutualrl.allocation.calls import (
     CallResult,
-    FailurePolicy,
     WorkerCall,
-    WorkerFailedError,
     WorkerFailure,
     build_worker,
-    call_name,
-    check_names,
     close_worker,
     failure_from_exception,
 )
+from mutualrl.allocation.calls import (  # what a failed call raises, read from here by callers
+    WorkerFailedError as WorkerFailedError,
+)
+from mutualrl.allocation.replies import failure_result
+from mutualrl.allocation.roster import Roster, check_built, check_rebuilt
 from mutualrl.config import AllocationConfig
 
 if TYPE_CHECKING:
@@ -92,18 +93,16 @@ class LocalExecutor:
     def __init__(self, alloc: AllocationConfig | None = None, mode: str | None = None) -> None:
         self.alloc = alloc or AllocationConfig()
         self.mode = mode or self.alloc.local_mode
-        self.policy = FailurePolicy(self.alloc)
-        self._factories: dict[str, Callable[[], object]] = {}
+        self.roster = Roster(self.alloc, self._restart, self._remove)
         self._workers: dict[str, object] = {}
         self._threads: dict[str, _WorkerThread] = {}
         self._planned_threads: dict[str, int] = {}
         # Calls may come from several driver threads at once (a paced run steps each policy in a
-        # thread of its own): the bookkeeping below is guarded; waiting for results is not.
+        # thread of its own): the worker threads' books are guarded, as the roster's are.
         self._lock = threading.RLock()
-        self._busy: dict[str, float] = {}
 
     def start(self, factories: dict[str, Callable[[], object]], plan: Plan | None = None) -> None:
-        self._factories = dict(factories)
+        self.roster.factories = dict(factories)
         if plan is not None:
             self._planned_threads = {
                 a.worker: a.threads for a in plan.assignments if a.worker in factories
@@ -116,23 +115,19 @@ class LocalExecutor:
             "__init__",
             self.alloc.call_timeout_s,
         )
-        failures = [r.failure for r in results.values() if r.failure is not None]
-        if failures:
-            self.shutdown()
-            raise WorkerFailedError(failures, results)
+        check_built(results, self.shutdown)
 
     def _build(self, name: str, restarted: bool) -> None:
-        self._workers[name] = build_worker(self._factories[name], restarted)
+        self._workers[name] = build_worker(self.roster.factories[name], restarted)
 
     def put(self, obj: Any) -> Any:
         return obj  # in process nothing is copied: the object itself is the reference
 
     def live_workers(self) -> list[str]:
-        return [n for n in self._factories if n not in self.policy.removed]
+        return self.roster.live()
 
     def removed(self) -> dict[str, WorkerFailure]:
-        """Workers removed under ``on_failure = "continue"``, each with the failure that did it."""
-        return dict(self.policy.removed)
+        return self.roster.removed()
 
     def worker(self, name: str) -> object:
         """The object a worker runs (in process). A restart replaces it: read it again after one."""
@@ -143,25 +138,16 @@ class LocalExecutor:
     ) -> dict[str, CallResult]:
         """Apply each named worker's call at once; one ``CallResult`` per name (``fetch`` is the
         Ray executor's: in process nothing is copied)."""
-        method = call_name(next(iter(calls.values()))) if calls else "call"
-        check_names(method, calls, self._factories)
-        with self._lock:
-            live = {n: c for n, c in calls.items() if n not in self.policy.removed}
-        jobs = {n: (lambda n=n, c=c: self._invoke(n, c)) for n, c in live.items()}
-        results = self._run(jobs, method, timeout_s or self.alloc.call_timeout_s)
-        with self._lock:
-            for n in calls:
-                if n not in live:
-                    results[n] = self.policy.unavailable(n, method)
-        # Not under the lock: a restart rebuilds its worker (seconds for a real model), and the
-        # other workers' calls, from other driver threads, go on meanwhile.
-        self.policy.apply(results, self._restart, self._remove)
-        return {n: results[n] for n in calls}
+
+        def send(live: dict[str, WorkerCall], method: str) -> dict[str, CallResult]:
+            jobs = {n: (lambda n=n, c=c: self._invoke(n, c)) for n, c in live.items()}
+            return self._run(jobs, method, timeout_s or self.alloc.call_timeout_s)
+
+        return self.roster.call(calls, send)
 
     def busy_seconds(self) -> dict[str, float]:
         """Seconds each worker has spent inside calls so far (its idle time is the rest)."""
-        with self._lock:
-            return dict(self._busy)
+        return self.roster.busy_seconds()
 
     def _invoke(self, name: str, call: WorkerCall) -> Any:
         if self.mode == "sequential" and self._planned_threads.get(name):
@@ -170,8 +156,7 @@ class LocalExecutor:
         try:
             return call(self._workers[name])
         finally:
-            with self._lock:
-                self._busy[name] = self._busy.get(name, 0.0) + time.perf_counter() - t0
+            self.roster.add_busy(name, time.perf_counter() - t0)
 
     def _run(
         self, jobs: dict[str, Callable[..., Any]], method: str, timeout_s: float
@@ -188,17 +173,13 @@ class LocalExecutor:
 
     def _outcome(self, name: str, method: str, fut: Future, timeout_s: float = 0.0) -> CallResult:
         if not fut.done():
-            where = self._threads[name].stack()
-            return CallResult(
+            return failure_result(
                 name,
-                failure=WorkerFailure(
-                    worker=name,
-                    method=method,
-                    exc_type="TimeoutError",
-                    kind="timeout",
-                    message=f"no result within {timeout_s:g} s; its thread is abandoned",
-                    traceback=f"where it was when abandoned:\n{where}",
-                ),
+                method,
+                "TimeoutError",
+                f"no result within {timeout_s:g} s; its thread is abandoned",
+                kind="timeout",
+                traceback=f"where it was when abandoned:\n{self._threads[name].stack()}",
             )
         try:
             return CallResult(name, value=fut.result(timeout=0))
@@ -219,8 +200,7 @@ class LocalExecutor:
         res = self._run(
             {name: lambda: self._build(name, True)}, "restart", self.alloc.call_timeout_s
         )
-        if not res[name].ok:
-            raise RuntimeError(f"restart of worker {name!r} failed: {res[name].failure}")
+        check_rebuilt(name, res)
 
     def _remove(self, name: str) -> None:
         self._abandon(name)
