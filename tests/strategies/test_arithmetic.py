@@ -546,9 +546,8 @@ def test_sgt_parameter_messages_say_what_is_wrong():
     with pytest.raises(ConfigError, match=r"tau must be > 0"):
         build_strategy(load_config(TINY, ['strategy="sgt"', "strategies.sgt.tau=0"]))
     # a combined reward (task.reward_weights) may exceed 1: a threshold above 1 is accepted
-    assert (
-        build_strategy(load_config(TINY, ['strategy="sgt"', "strategies.sgt.tau=1.1"])).p.tau == 1.1
-    )
+    accepted = build_strategy(load_config(TINY, ['strategy="sgt"', "strategies.sgt.tau=1.1"]))
+    assert accepted.params.tau == 1.1
     with pytest.raises(ConfigError, match="bogus"):
         build_strategy(load_config(TINY, ['strategy="sgt"', "strategies.sgt.bogus=1"]))
     with pytest.raises(ConfigError, match="Expected `int`"):
@@ -563,7 +562,7 @@ def test_parameters_of_other_strategies_are_not_checked_by_the_run_strategy():
             TINY, ['strategy="sgt"', "strategies.sgt.alpha=0.1", "strategies.sgt.interval=3"]
         )
     )
-    assert sgt.p.alpha == 0.1 and sgt.p.interval == 3
+    assert sgt.params.alpha == 0.1 and sgt.params.interval == 3
 
 
 def test_unknown_strategy_lists_the_known_ones():

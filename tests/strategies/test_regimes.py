@@ -342,7 +342,7 @@ def test_diversity_wraps_any_strategy_only_when_on(handles):
     assert isinstance(wrapped, DiversityRegularised) and isinstance(
         wrapped.inner, SuccessGatedTransfer
     )
-    assert wrapped.name == "sgt" and wrapped.p.tau == 1.0  # the inner's parameters
+    assert wrapped.name == "sgt" and wrapped.params.tau == 1.0  # the inner's parameters
     own = group(PA, 0, [1.0, 0.0])
     peers = [
         rollout(PEER, handles[PEER], PA, " cat", 1.0),

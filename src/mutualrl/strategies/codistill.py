@@ -81,7 +81,7 @@ class CoDistill:
     name = "codistill"
 
     def __init__(self, params: CoDistillParams, policies: list) -> None:
-        self.p = params
+        self.params = params
         self.policy_cfgs = {p.name: p for p in policies}
         self.larger: str | None = params.larger
         self.parameter_counts: dict[str, int] = {}
@@ -133,9 +133,9 @@ class CoDistill:
         completions = [tuple(int(t) for t in res.target_ids) for res in moved]
         prompts = [ctx.encode_prompt[larger](s.prompt.text) for s in own]
         total = ctx.sequence_logprobs[larger](prompts, completions).to(torch.float64)
-        kd = kd_rewards(total, torch.tensor([len(c) for c in completions]), self.p.kd_reward)
+        kd = kd_rewards(total, torch.tensor([len(c) for c in completions]), self.params.kd_reward)
         verified = torch.tensor([s.reward for s in own], dtype=torch.float64)
-        shaped = (verified + self.p.kd_coef * kd).to(torch.float32)
+        shaped = (verified + self.params.kd_coef * kd).to(torch.float32)
         groups = torch.tensor([s.group for s in own])
         adv = grpo_advantages(shaped, groups, group_count(own), ctx.grpo)
         ctx.log(receiver, "codistill/kd_reward_mean", float(kd.mean()))
@@ -147,7 +147,7 @@ class CoDistill:
     # ---- the larger policy: GRPO on the smaller ones' rollouts, importance reweighted -----
     def _larger_sequences(self, ctx, receiver, own) -> list[TrainSequence]:
         seqs: list[TrainSequence] = []
-        if self.p.larger_trains_on == "both":
+        if self.params.larger_trains_on == "both":
             seqs += own_sequences(own, ctx.grpo)
         peers = receive_peers(ctx, receiver, peer_rollouts(ctx, receiver))
         ctx.log(receiver, "codistill/peer_samples", len(peers))
@@ -155,7 +155,7 @@ class CoDistill:
             return seqs
         recv = ctx.sequence_logprobs[receiver](peers.prompts, peers.completions).to(torch.float64)
         peer_total, _ = peers.logprob_totals()
-        w = truncated_ratio(recv, peer_total, self.p.ratio_cap)
+        w = truncated_ratio(recv, peer_total, self.params.ratio_cap)
         # each (producer, prompt) is a group of its own: the smaller policy's G samples
         index: dict[tuple[str, str], int] = {}
         groups = torch.tensor(
@@ -172,7 +172,7 @@ class CoDistill:
         ctx.log(
             receiver,
             "codistill/truncated_frac",
-            float((torch.exp(recv - peer_total) > self.p.ratio_cap).double().mean()),
+            float((torch.exp(recv - peer_total) > self.params.ratio_cap).double().mean()),
         )
         return seqs
 

@@ -138,13 +138,13 @@ class HACPO:
     name = "hacpo"
 
     def __init__(self, params: HACPOParams) -> None:
-        self.p = params
+        self.params = params
         self.history: dict[str, list[float]] = {}  # policy -> capability estimates, newest last
 
     @property
     def updates_per_step(self) -> int:
         """Optimizer updates per step and policy (the run sizes learning-rate schedules by it)."""
-        return self.p.updates_per_step
+        return self.params.updates_per_step
 
     # ---- capability ----------------------------------------------------------------------
     def capability(self, name: str) -> float:
@@ -154,7 +154,7 @@ class HACPO:
     def coefficient(self, source: str, target: str) -> float:
         """``c = clip(P_source / P_target, ratio_min, ratio_max)``."""
         raw = self.capability(source) / self.capability(target)
-        return min(max(raw, self.p.capability_ratio_min), self.p.capability_ratio_max)
+        return min(max(raw, self.params.capability_ratio_min), self.params.capability_ratio_max)
 
     def observe(self, ctx: StrategyContext, samples) -> None:
         for name, own in samples.items():
@@ -163,16 +163,16 @@ class HACPO:
             rewards = [s.reward for s in own]
             value = (
                 sum(r > 0 for r in rewards) / len(rewards)
-                if self.p.capability_metric == "positive_rate"
+                if self.params.capability_metric == "positive_rate"
                 else sum(rewards) / len(rewards)
             )
             h = self.history.setdefault(name, [])
             h.append(max(float(value), CAPABILITY_FLOOR))
-            del h[: -self.p.capability_window]
+            del h[: -self.params.capability_window]
 
     # ---- batches -------------------------------------------------------------------------
     def build_batches(self, ctx: StrategyContext, receiver: str, own) -> list[TrainBatch]:
-        mixed = mixed_group(ctx, receiver, own, self.p.max_peer_per_group)
+        mixed = mixed_group(ctx, receiver, own, self.params.max_peer_per_group)
         n, p_recv = mixed.n_own, self.capability(receiver)
         omega = torch.tensor(
             [1.0] * n + [p_recv / self.capability(j) for j in mixed.peers.sources],
@@ -196,7 +196,7 @@ class HACPO:
         """Per update index m, the peer sequences weighted with that update's clamp.
 
         adv, zero: (N,) over the mixed group; returns U lists of sequences."""
-        U, peers = self.p.updates_per_step, mixed.peers
+        U, peers = self.params.updates_per_step, mixed.peers
         if not len(peers):
             ctx.log(receiver, "hacpo/peer_samples", 0)
             return [[] for _ in range(U)]
@@ -213,7 +213,9 @@ class HACPO:
         clamped_all = torch.zeros(len(peers), dtype=torch.bool)
         weights_all = torch.zeros(len(peers), dtype=torch.float64)
         for m in range(U):
-            w, clamped = cross_weights(log_ratio, coef, self.p.alpha, self.p.cross_clip_lower(m))
+            w, clamped = cross_weights(
+                log_ratio, coef, self.params.alpha, self.params.cross_clip_lower(m)
+            )
             sel = index == m
             weights_all[sel], clamped_all[sel] = w[sel], clamped[sel]
         parts = [
@@ -232,7 +234,7 @@ class HACPO:
         return parts
 
     def _split(self, own_seqs, peer_parts) -> list[TrainBatch]:
-        U = self.p.updates_per_step
+        U = self.params.updates_per_step
         batches = []
         for m in range(U):
             seqs = tuple(own_seqs[m::U]) + tuple(peer_parts[m])

@@ -68,14 +68,14 @@ class PeerHints:
     name = "hint"
 
     def __init__(self, params: HintParams) -> None:
-        self.p = params
+        self.params = params
         self.fail_streak: dict[str, dict[str, int]] = {}  # receiver -> prompt id -> failed steps
 
     def observe(self, ctx: StrategyContext, samples) -> None:
         for name, own in samples.items():
             solved: dict[str, bool] = {}
             for s in own:
-                solved[s.prompt.id] = solved.get(s.prompt.id, False) or s.reward >= self.p.tau
+                solved[s.prompt.id] = solved.get(s.prompt.id, False) or s.reward >= self.params.tau
             streak = self.fail_streak.setdefault(name, {})
             for pid, ok in solved.items():
                 if ok:
@@ -88,12 +88,12 @@ class PeerHints:
         streak = self.fail_streak.get(receiver, {})
         solutions: dict[str, str] = {}
         for d in peer_rollouts(ctx, receiver):
-            if d.record.reward >= self.p.tau:
+            if d.record.reward >= self.params.tau:
                 solutions.setdefault(d.record.prompt_id, d.record.completion)
         out, seen = [], set()
         for s in own:
             pid = s.prompt.id
-            if pid in seen or streak.get(pid, 0) < self.p.patience:
+            if pid in seen or streak.get(pid, 0) < self.params.patience:
                 continue
             seen.add(pid)
             if pid in solutions:
@@ -103,7 +103,7 @@ class PeerHints:
     def _hinted_group(self, ctx, receiver, prompt: Prompt, solution: str, group: int, counts: dict):
         """The first hinted group with a success, tier by tier; None when no tier succeeds."""
         G = ctx.grpo.num_generations
-        for tier, share in enumerate(self.p.tiers):
+        for tier, share in enumerate(self.params.tiers):
             hint = hint_prefix(solution, share)
             if not hint:
                 continue
@@ -116,21 +116,21 @@ class PeerHints:
                 replace(s, group=group, reward=float(ctx.verify(prompt, hint + s.text)))
                 for s in samples
             ]
-            if any(s.reward >= self.p.tau for s in scored):
+            if any(s.reward >= self.params.tau for s in scored):
                 counts[f"tier_{tier}"] += 1
                 return scored
         return None
 
     def build_batches(self, ctx: StrategyContext, receiver: str, own) -> list[TrainBatch]:
         candidates = self._candidates(ctx, receiver, own)
-        if self.p.max_hinted_prompts is not None:
-            candidates = candidates[: self.p.max_hinted_prompts]
+        if self.params.max_hinted_prompts is not None:
+            candidates = candidates[: self.params.max_hinted_prompts]
         if candidates and (receiver not in ctx.generate or ctx.verify is None):
             raise RuntimeError(
                 "strategy 'hint' needs StrategyContext.generate and .verify "
                 "(the training loop provides them)"
             )
-        counts = {"generated": 0, **{f"tier_{i}": 0 for i in range(len(self.p.tiers))}}
+        counts = {"generated": 0, **{f"tier_{i}": 0 for i in range(len(self.params.tiers))}}
         extra, next_group = [], group_count(own)
         for prompt, solution in candidates:
             group = self._hinted_group(ctx, receiver, prompt, solution, next_group, counts)
@@ -141,7 +141,7 @@ class PeerHints:
         ctx.log(receiver, "hint/candidates", len(candidates))
         ctx.log(receiver, "hint/rescued_prompts", next_group - group_count(own))
         ctx.log(receiver, "hint/generated", counts["generated"])
-        for i in range(len(self.p.tiers)):
+        for i in range(len(self.params.tiers)):
             ctx.log(receiver, f"hint/tier_{i}_used", counts[f"tier_{i}"])
         if extra:
             ctx.log(receiver, "hint/hinted_reward_mean", sum(s.reward for s in extra) / len(extra))

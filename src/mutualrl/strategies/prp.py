@@ -82,13 +82,13 @@ class PeerRolloutPooling:
     name = "prp"
 
     def __init__(self, params: PRPParams) -> None:
-        self.p = params
+        self.params = params
 
     def observe(self, ctx: StrategyContext, samples) -> None:
         return None
 
     def build_batches(self, ctx: StrategyContext, receiver: str, own) -> list[TrainBatch]:
-        mixed = mixed_group(ctx, receiver, own, self.p.max_peer_per_group)
+        mixed = mixed_group(ctx, receiver, own, self.params.max_peer_per_group)
         weights = self._weights(ctx, receiver, mixed.peers)
         adv = grpo_advantages(mixed.rewards, mixed.groups, mixed.num_groups, ctx.grpo)
         seqs = mixed.own_sequences(adv.advantages, adv.zero_std, ctx.grpo)
@@ -104,26 +104,31 @@ class PeerRolloutPooling:
             float(adv.zero_std[:n].float().mean()) if n else 0.0,
         )
         return batch_of(
-            kept, diagnose_sources=self.p.grad_diagnostic, skipped_rows=rows, skipped_tokens=tokens
+            kept,
+            diagnose_sources=self.params.grad_diagnostic,
+            skipped_rows=rows,
+            skipped_tokens=tokens,
         )
 
     def _weights(self, ctx, receiver, peers: ReceivedPeers) -> torch.Tensor:
         """(P,) fp32 loss weights of the peer rows."""
         if not len(peers):
             return torch.zeros(0)
-        if self.p.peer_ratio == "on_receiver":
+        if self.params.peer_ratio == "on_receiver":
             return torch.ones(len(peers))
         recv = ctx.sequence_logprobs[receiver](peers.prompts, peers.completions).to(torch.float64)
         # log p_peer of the text the receiver actually sees. Rounded to fp32 on purpose: PRP's
         # weights have always been taken against fp32 peer totals (HACPO and CoDistill keep fp64);
         # dropping the rounding would move every PRP weight by about 1e-7 relative.
         peer = peers.logprob_totals()[0].to(torch.float32)
-        w = truncated_ratio(recv, peer, self.p.ratio_cap)
+        w = truncated_ratio(recv, peer, self.params.ratio_cap)
         raw = torch.exp(recv - peer)
         ctx.log(receiver, "prp/density_ratio_var", float(w.var(unbiased=False)))
         ctx.log(receiver, "prp/density_ratio_mean", float(w.mean()))
         ctx.log(receiver, "prp/log_ratio_mean", float((recv - peer).mean()))
-        ctx.log(receiver, "prp/truncated_frac", float((raw > self.p.ratio_cap).double().mean()))
+        ctx.log(
+            receiver, "prp/truncated_frac", float((raw > self.params.ratio_cap).double().mean())
+        )
         return w.to(torch.float32)
 
     def after_update(self, ctx: StrategyContext, receiver: str) -> None:

@@ -125,7 +125,7 @@ class SuccessGatedTransfer:
     name = "sgt"
 
     def __init__(self, params: SGTParams, sft_learning_rate: float | None = None) -> None:
-        self.p = params
+        self.params = params
         self.sft_learning_rate = params.sft_learning_rate or sft_learning_rate
         self.buffer = SuccessBuffer(params.max_per_prompt, params.max_age)
         self.failed: dict[str, set[str]] = {}  # receiver -> prompts whose latest own group failed
@@ -134,23 +134,23 @@ class SuccessGatedTransfer:
         # Age once per step, here: it depends on no particular receiver having been updated.
         self.buffer.age(ctx.step)
         for d in ctx.peer_experience:
-            if d.kind == "rollout" and d.record.reward >= self.p.tau:
+            if d.kind == "rollout" and d.record.reward >= self.params.tau:
                 self.buffer.add(d, ctx.step)
         for name, own in samples.items():
             solved: dict[str, bool] = {}
             for s in own:
                 pid = s.prompt.id
-                solved[pid] = solved.get(pid, False) or s.reward >= self.p.tau
+                solved[pid] = solved.get(pid, False) or s.reward >= self.params.tau
             failed = self.failed.setdefault(name, set())
             failed.difference_update(p for p, ok in solved.items() if ok)
             failed.update(p for p, ok in solved.items() if not ok)
 
     def _draw(self, ctx: StrategyContext, receiver: str) -> list[Success]:
-        gate = self.failed.get(receiver, set()) if self.p.gate == "receiver_failed" else None
-        pool = self.buffer.available(receiver, gate, self.p.max_uses)
+        gate = self.failed.get(receiver, set()) if self.params.gate == "receiver_failed" else None
+        pool = self.buffer.available(receiver, gate, self.params.max_uses)
         if not pool:
             return []
-        take = min(self.p.sft_batch_size, len(pool))
+        take = min(self.params.sft_batch_size, len(pool))
         chosen = [pool[i] for i in sorted(ctx.rng.choice(len(pool), take, replace=False))]
         for e in chosen:
             e.uses[receiver] = e.uses.get(receiver, 0) + 1
@@ -171,17 +171,17 @@ class SuccessGatedTransfer:
         seqs = tuple(own_sequences(own, ctx.grpo))
         batches: list[TrainBatch] = []
         rescued: set[str] = set()
-        if self.p.interval == 1:
+        if self.params.interval == 1:
             chosen = self._draw(ctx, receiver)
             rescued |= {e.delivery.record.prompt_id for e in chosen}
             sft = self._examples(ctx, receiver, chosen) if chosen else ()
             if seqs or sft:
-                batches.append(TrainBatch(sequences=seqs, sft=sft, sft_coef=self.p.alpha))
+                batches.append(TrainBatch(sequences=seqs, sft=sft, sft_coef=self.params.alpha))
         else:
             if seqs:
                 batches.append(TrainBatch(sequences=seqs))
-            if ctx.step % self.p.interval == 0:
-                for _ in range(self.p.sft_steps):
+            if ctx.step % self.params.interval == 0:
+                for _ in range(self.params.sft_steps):
                     chosen = self._draw(ctx, receiver)
                     if not chosen:
                         break  # early stop: nothing (left) to learn from

@@ -56,7 +56,7 @@ class CrossPolicyAdvantages:
     )
 
     def __init__(self, params: XGRPOParams) -> None:
-        self.p = params
+        self.params = params
 
     def observe(self, ctx: StrategyContext, samples) -> None:
         return None
@@ -69,7 +69,7 @@ class CrossPolicyAdvantages:
         groups = torch.tensor([s.group for s in own])
         kind = ctx.grpo.advantage_std
         mine = group_moments(rewards, groups, group_count(own), kind)  # the receiver's own groups
-        if self.p.estimator == "zscore":
+        if self.params.estimator == "zscore":
             stats = pooled_stats(ctx.peer_experience, set(pids))
             missing = sum(p not in stats for p in set(pids))
             if missing:  # e.g. dropped by a bounded queue: fall back to the own group's moments
