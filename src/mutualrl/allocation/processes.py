@@ -49,32 +49,26 @@ import signal
 import tempfile
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any
 
 from mutualrl.allocation.calls import (
     CallResult,
-    FailurePolicy,
     WorkerCall,
-    WorkerFailedError,
     WorkerFailure,
     build_worker,
-    call_name,
-    check_names,
     close_worker,
 )
 from mutualrl.allocation.malloc import reuse_large_buffers
-from mutualrl.allocation.ranks import (
-    RANK_FAILURE_GRACE_S,
-    RankFactory,
-    RankGroup,
-    free_port,
-    group_size,
-    merge_ranks,
-    rank_env,
+from mutualrl.allocation.ranks import RankFactory, RankGroup, free_port, group_size, rank_env
+from mutualrl.allocation.replies import (
+    failure_result,
+    gather_ranks,
+    raised_failure,
+    raised_status,
 )
+from mutualrl.allocation.roster import Roster, check_built, check_rebuilt
 from mutualrl.config import AllocationConfig
 from mutualrl.storage import sweep_scratch
 
@@ -203,7 +197,7 @@ def _answer(
         obj = build_worker(pickle.loads(factory), restarted)
         conn.send(("ok", None, 0.0))
     except BaseException as exc:
-        conn.send(_raised(exc))
+        conn.send(raised_status(exc))
         return
     try:
         _calls(conn, obj)
@@ -224,16 +218,11 @@ def _calls(conn: Connection, obj: object) -> None:
             value = call(obj)
             reply = ("ok", value, time.perf_counter() - t0)
         except BaseException as exc:  # reported to the driver, never swallowed
-            reply = _raised(exc, time.perf_counter() - t0)
+            reply = raised_status(exc, time.perf_counter() - t0)
         try:
             conn.send(reply)
         except Exception as exc:  # e.g. a value that cannot be pickled
-            conn.send(_raised(exc))
-
-
-def _raised(exc: BaseException, seconds: float = 0.0) -> tuple:
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    return ("raised", type(exc).__name__, str(exc), tb, seconds)
+            conn.send(raised_status(exc))
 
 
 def worker_env(threads: int, gpus: tuple[int, ...] | None) -> dict[str, str]:
@@ -312,20 +301,17 @@ class ProcessExecutor:
 
     def __init__(self, alloc: AllocationConfig | None = None) -> None:
         self.alloc = alloc or AllocationConfig()
-        self.policy = FailurePolicy(self.alloc)
-        self._factories: dict[str, Callable[[], object]] = {}
+        self.roster = Roster(self.alloc, self._restart, self._retire)
         self._procs: dict[str, list[_Proc]] = {}  # a worker's processes, in rank order
         self._threads: dict[str, int] = {}
         self._gpus: dict[str, tuple[int, ...] | None] = {}
         # Calls may come from several driver threads at once (a paced run steps each policy in a
-        # thread of its own): one pipe per worker carries one call at a time (``_holding``), and
-        # the bookkeeping is guarded.
+        # thread of its own): one pipe per worker carries one call at a time (``_holding``).
         self._lock = threading.RLock()
         self._pipes: dict[str, threading.Lock] = {}
-        self._busy: dict[str, float] = {}
 
     def start(self, factories: dict[str, Callable[[], object]], plan: Plan | None = None) -> None:
-        self._factories = dict(factories)
+        self.roster.factories = dict(factories)
         for n, factory in factories.items():
             a = next((a for a in plan.assignments if a.worker == n), None) if plan else None
             if a and len({s.node for s in a.gpus}) > 1:
@@ -341,13 +327,10 @@ class ProcessExecutor:
         for n in factories:
             self._spawn(n, restarted=False)
         results = self._collect(list(factories), "__init__", self.alloc.call_timeout_s)
-        failures = [r.failure for r in results.values() if r.failure is not None]
-        if failures:
-            self.shutdown()
-            raise WorkerFailedError(failures, results)
+        check_built(results, self.shutdown)
 
     def _spawn(self, name: str, restarted: bool) -> None:
-        factory, gpus, threads = self._factories[name], self._gpus[name], self._threads[name]
+        factory, gpus, threads = self.roster.factories[name], self._gpus[name], self._threads[name]
         if not isinstance(factory, RankGroup):
             self._procs[name] = [
                 _Proc(name, factory, worker_env(threads, gpus), threads, restarted)
@@ -358,9 +341,8 @@ class ProcessExecutor:
                 f"worker {name!r} runs as {factory.ranks} ranks but was planned "
                 f"{len(gpus)} GPU(s): one GPU per rank"
             )
-        index = sorted(
-            n for n in self._factories if isinstance(self._factories[n], RankGroup)
-        ).index(name)
+        factories = self.roster.factories
+        index = sorted(n for n in factories if isinstance(factories[n], RankGroup)).index(name)
         port = self.alloc.master_port + index if self.alloc.master_port else free_port()
         self._procs[name] = [
             _Proc(
@@ -382,50 +364,41 @@ class ProcessExecutor:
         return obj  # pickled into each call that carries it
 
     def live_workers(self) -> list[str]:
-        return [n for n in self._factories if n not in self.policy.removed]
+        return self.roster.live()
 
     def removed(self) -> dict[str, WorkerFailure]:
-        """Workers removed under ``on_failure = "continue"``, each with the failure that did it."""
-        return dict(self.policy.removed)
+        return self.roster.removed()
 
     def call(
         self, calls: dict[str, WorkerCall], timeout_s: float | None = None, *, fetch: bool = True
     ) -> dict[str, CallResult]:
         """Send each named worker its call (every rank of a group), then gather the replies
-        (``fetch`` is the Ray executor's; here every value comes back)."""
-        method = call_name(next(iter(calls.values()))) if calls else "call"
-        check_names(method, calls, self._factories)
-        with self._holding(sorted(calls)):
-            with self._lock:
-                live = [n for n in calls if n not in self.policy.removed]
-            sent: list[str] = []
-            results: dict[str, CallResult] = {}
-            for n in live:
-                try:
-                    for proc in self._procs[n]:
-                        proc.conn.send(calls[n])
-                    sent.append(n)
-                except (OSError, ValueError, pickle.PicklingError) as exc:
-                    # a process that died between calls breaks its pipe: it is the death, as
-                    # when it dies during a call (``_receive``), not the pipe, that failed
-                    dead = [p.process.exitcode for p in self._procs[n] if not p.process.is_alive()]
-                    self._kill(n)
-                    results[n] = (
-                        self._failure(
-                            n, method, "WorkerDied", f"its process exited with code {dead[0]}"
-                        )
-                        if isinstance(exc, OSError) and dead
-                        else self._failure(n, method, type(exc).__name__, f"cannot send: {exc}")
-                    )
-            results.update(self._collect(sent, method, timeout_s or self.alloc.call_timeout_s))
-            with self._lock:
-                for n in calls:
-                    if n not in live:
-                        results[n] = self.policy.unavailable(n, method)
-            # With these workers' pipes held but not the executor's lock: a restart starts a
-            # process and rebuilds its worker (seconds), and other workers' calls go on meanwhile.
-            self.policy.apply(results, self._restart, self._remove)
-        return {n: results[n] for n in calls}
+        (``fetch`` is the Ray executor's; here every value comes back). With these workers'
+        pipes held but not the executor's lock: a restart starts a process and rebuilds its
+        worker (seconds), and other workers' calls go on meanwhile."""
+
+        def send(live: dict[str, WorkerCall], method: str) -> dict[str, CallResult]:
+            unsent = {n: f for n, c in live.items() if (f := self._send(n, c, method)) is not None}
+            sent = [n for n in live if n not in unsent]
+            return {**unsent, **self._collect(sent, method, timeout_s or self.alloc.call_timeout_s)}
+
+        return self.roster.call(calls, send, hold=self._holding)
+
+    def _send(self, name: str, call: WorkerCall, method: str) -> CallResult | None:
+        """The call to every process of ``name``; a failure when it cannot go."""
+        try:
+            for proc in self._procs[name]:
+                proc.conn.send(call)
+            return None
+        except (OSError, ValueError, pickle.PicklingError) as exc:
+            # a process that died between calls breaks its pipe: it is the death, as when it
+            # dies during a call (``_receive``), not the pipe, that failed
+            dead = [p.process.exitcode for p in self._procs[name] if not p.process.is_alive()]
+            self._kill(name)
+            if isinstance(exc, OSError) and dead:
+                why = f"its process exited with code {dead[0]}"
+                return failure_result(name, method, "WorkerDied", why)
+            return failure_result(name, method, type(exc).__name__, f"cannot send: {exc}")
 
     @contextlib.contextmanager
     def _holding(self, names: list[str]):
@@ -440,57 +413,20 @@ class ProcessExecutor:
 
     def busy_seconds(self) -> dict[str, float]:
         """Seconds each worker has spent inside calls so far, as its process measured them."""
-        with self._lock:
-            return dict(self._busy)
+        return self.roster.busy_seconds()
 
     def _collect(self, names: list[str], method: str, timeout_s: float) -> dict[str, CallResult]:
         """One reply per process within ``timeout_s``; a process that died or hung is a failure
-        of its worker. A rank group's failed rank ends its other ranks at once: they would wait
-        in a collective for it."""
-        deadline = time.monotonic() + timeout_s
-        waiting = {p.conn: (n, r) for n in names for r, p in enumerate(self._procs[n])}
-        replies: dict[str, list[CallResult | None]] = {
-            n: [None] * len(self._procs[n]) for n in names
-        }
-        failed: dict[str, CallResult] = {}
-        while waiting and (left := deadline - time.monotonic()) > 0:
-            for conn in wait(list(waiting), timeout=left):
-                if conn not in waiting:  # a rank of a group that failed meanwhile
-                    continue
-                n, r = waiting.pop(conn)
-                replies[n][r] = self._receive(n, r, method)
-                if not replies[n][r].ok and len(replies[n]) > 1 and n not in failed:
-                    self._late_ranks(n, method, waiting, replies[n], deadline)
-                    failed[n] = merge_ranks(n, method, [x or CallResult(n) for x in replies[n]])
-                    waiting = {c: w for c, w in waiting.items() if w[0] != n}
-                    self._kill(n)
-        for n, r in waiting.values():
-            if n not in failed:
-                self._kill(n)
-                failed[n] = self._failure(
-                    n,
-                    method,
-                    "TimeoutError",
-                    f"no result within {timeout_s:g} s"
-                    + (f" from rank {r} of {len(replies[n])}" if len(replies[n]) > 1 else "")
-                    + "; its process was killed",
-                    kind="timeout",
-                )
-        return {n: failed.get(n) or merge_ranks(n, method, replies[n]) for n in names}
-
-    def _late_ranks(
-        self, name: str, method: str, waiting: dict, replies: list, deadline: float
-    ) -> None:
-        """After a group's first failed rank, its other ranks' replies for a moment: the rank
-        whose death broke the others' collectives may report after them (a dead process's pipe
-        and a peer's broken socket close at once), and the failure should name it."""
-        until = min(time.monotonic() + RANK_FAILURE_GRACE_S, deadline)
-        rest = {c: r for c, (n, r) in waiting.items() if n == name}
-        while rest and (left := until - time.monotonic()) > 0:
-            for conn in wait(list(rest), timeout=left):
-                rank = rest.pop(conn)
-                del waiting[conn]
-                replies[rank] = self._receive(name, rank, method)
+        of its worker, and a rank group's failed rank ends its other ranks (``gather_ranks``)."""
+        return gather_ranks(
+            {n: [p.conn for p in self._procs[n]] for n in names},
+            method,
+            timeout_s,
+            ready=lambda conns, left: wait(conns, timeout=left),
+            receive=lambda name, rank, late: self._receive(name, rank, method),
+            kill=self._kill,
+            hung="; its process was killed",
+        )
 
     def _receive(self, name: str, rank: int, method: str) -> CallResult:
         proc = self._procs[name][rank]
@@ -498,41 +434,13 @@ class ProcessExecutor:
             reply = proc.conn.recv()
         except (EOFError, OSError):
             proc.process.join(_EXIT_GRACE_S)
-            return self._failure(
-                name, method, "WorkerDied", f"its process exited with code {proc.process.exitcode}"
-            )
+            why = f"its process exited with code {proc.process.exitcode}"
+            return failure_result(name, method, "WorkerDied", why)
         if rank == 0:  # a rank group's ranks compute together: its time is rank 0's
-            with self._lock:
-                self._busy[name] = self._busy.get(name, 0.0) + reply[-1]
+            self.roster.add_busy(name, reply[-1])
         if reply[0] == "ok":
             return CallResult(name, value=reply[1])
-        return CallResult(
-            name,
-            failure=WorkerFailure(
-                worker=name,
-                method=method,
-                exc_type=reply[1],
-                message=reply[2],
-                traceback=reply[3],
-                kind="raised",
-            ),
-        )
-
-    @staticmethod
-    def _failure(
-        name: str, method: str, exc_type: str, message: str, kind: str = "raised"
-    ) -> CallResult:
-        return CallResult(
-            name,
-            failure=WorkerFailure(
-                worker=name,
-                method=method,
-                exc_type=exc_type,
-                message=message,
-                traceback="",
-                kind=kind,
-            ),
-        )
+        return raised_failure(name, method, reply)
 
     def _kill(self, name: str) -> None:
         for proc in self._procs.get(name, ()):
@@ -550,12 +458,7 @@ class ProcessExecutor:
     def _restart(self, name: str) -> None:
         self._retire(name)
         self._spawn(name, restarted=True)
-        res = self._collect([name], "restart", self.alloc.call_timeout_s)
-        if not res[name].ok:
-            raise RuntimeError(f"restart of worker {name!r} failed: {res[name].failure}")
-
-    def _remove(self, name: str) -> None:
-        self._retire(name)
+        check_rebuilt(name, self._collect([name], "restart", self.alloc.call_timeout_s))
 
     def shutdown(self) -> None:
         """Every worker asked at once, so their own shutdowns (an engine's: about 4 s) overlap."""
