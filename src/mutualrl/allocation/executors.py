@@ -139,11 +139,11 @@ class LocalExecutor:
         """Apply each named worker's call at once; one ``CallResult`` per name (``fetch`` is the
         Ray executor's: in process nothing is copied)."""
 
-        def send(live: dict[str, WorkerCall], method: str) -> dict[str, CallResult]:
+        def send(live: dict[str, WorkerCall], method: str, timeout: float) -> dict[str, CallResult]:
             jobs = {n: (lambda n=n, c=c: self._invoke(n, c)) for n, c in live.items()}
-            return self._run(jobs, method, timeout_s or self.alloc.call_timeout_s)
+            return self._run(jobs, method, timeout)
 
-        return self.roster.call(calls, send)
+        return self.roster.call(calls, timeout_s, send)
 
     def busy_seconds(self) -> dict[str, float]:
         """Seconds each worker has spent inside calls so far (its idle time is the rest)."""

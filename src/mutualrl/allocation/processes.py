@@ -61,14 +61,20 @@ from mutualrl.allocation.calls import (
     close_worker,
 )
 from mutualrl.allocation.malloc import reuse_large_buffers
-from mutualrl.allocation.ranks import RankFactory, RankGroup, free_port, group_size, rank_env
+from mutualrl.allocation.ranks import RankGroup, free_port, group_size, rank_env
 from mutualrl.allocation.replies import (
     failure_result,
     gather_ranks,
     raised_failure,
     raised_status,
 )
-from mutualrl.allocation.roster import Roster, check_built, check_rebuilt
+from mutualrl.allocation.roster import (
+    Roster,
+    check_built,
+    check_rank_gpus,
+    check_rebuilt,
+    rank_threads,
+)
 from mutualrl.config import AllocationConfig
 from mutualrl.storage import sweep_scratch
 
@@ -320,9 +326,7 @@ class ProcessExecutor:
                     "nodes; the process executor runs on one machine: use "
                     'allocation.executor = "ray"'
                 )
-            ranks = group_size(factory)
-            # each rank of a group gets an equal share of the group's threads, at least one
-            self._threads[n] = max(a.threads // ranks, 1) if a and a.threads else 0
+            self._threads[n] = rank_threads(a.threads if a else 0, group_size(factory))
             self._gpus[n] = tuple(sorted({s.gpu for s in a.gpus})) if a and a.gpus else None
         for n in factories:
             self._spawn(n, restarted=False)
@@ -336,20 +340,12 @@ class ProcessExecutor:
                 _Proc(name, factory, worker_env(threads, gpus), threads, restarted)
             ]
             return
-        if gpus is not None and len(gpus) < factory.ranks:
-            raise ValueError(
-                f"worker {name!r} runs as {factory.ranks} ranks but was planned "
-                f"{len(gpus)} GPU(s): one GPU per rank"
-            )
-        factories = self.roster.factories
-        index = sorted(n for n in factories if isinstance(factories[n], RankGroup)).index(name)
-        port = self.alloc.master_port + index if self.alloc.master_port else free_port()
+        check_rank_gpus(name, factory.ranks, len(gpus or ()))
+        port = self.roster.rank_port(name) or free_port()
         self._procs[name] = [
             _Proc(
                 f"{name}-rank{r}",
-                RankFactory(
-                    factory, r, self.alloc.process_group_timeout_s, self.alloc.call_timeout_s
-                ),
+                rank_factory,
                 {
                     **worker_env(threads, None if gpus is None else (gpus[r],)),
                     **rank_env(r, factory.ranks, "127.0.0.1", port),
@@ -357,7 +353,7 @@ class ProcessExecutor:
                 threads,
                 restarted,
             )
-            for r in range(factory.ranks)
+            for r, rank_factory in enumerate(self.roster.rank_factories(name))
         ]
 
     def put(self, obj: Any) -> Any:
@@ -377,12 +373,12 @@ class ProcessExecutor:
         pipes held but not the executor's lock: a restart starts a process and rebuilds its
         worker (seconds), and other workers' calls go on meanwhile."""
 
-        def send(live: dict[str, WorkerCall], method: str) -> dict[str, CallResult]:
+        def send(live: dict[str, WorkerCall], method: str, timeout: float) -> dict[str, CallResult]:
             unsent = {n: f for n, c in live.items() if (f := self._send(n, c, method)) is not None}
             sent = [n for n in live if n not in unsent]
-            return {**unsent, **self._collect(sent, method, timeout_s or self.alloc.call_timeout_s)}
+            return {**unsent, **self._collect(sent, method, timeout)}
 
-        return self.roster.call(calls, send, hold=self._holding)
+        return self.roster.call(calls, timeout_s, send, hold=self._holding)
 
     def _send(self, name: str, call: WorkerCall, method: str) -> CallResult | None:
         """The call to every process of ``name``; a failure when it cannot go."""

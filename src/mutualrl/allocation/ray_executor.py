@@ -30,7 +30,6 @@ refs and the worker calls ``ray.get`` itself.
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -49,24 +48,26 @@ from ray.util.scheduling_strategies import (
 
 from mutualrl.allocation.calls import (
     CallResult,
-    FailurePolicy,
     WorkerCall,
-    WorkerFailedError,
     WorkerFailure,
     build_worker,
     call_fields,
-    call_name,
-    check_names,
     close_worker,
 )
 from mutualrl.allocation.planner import Assignment, Plan
-from mutualrl.allocation.ranks import (
-    RANK_FAILURE_GRACE_S,
-    RankFactory,
-    RankGroup,
-    free_port,
-    merge_ranks,
-    rank_env,
+from mutualrl.allocation.ranks import RankFactory, RankGroup, free_port, rank_env
+from mutualrl.allocation.replies import (
+    failure_result,
+    gather_ranks,
+    raised_failure,
+    raised_status,
+)
+from mutualrl.allocation.roster import (
+    Roster,
+    check_built,
+    check_rank_gpus,
+    check_rebuilt,
+    rank_threads,
 )
 from mutualrl.config import AllocationConfig
 
@@ -92,15 +93,12 @@ def _invoke(obj: object, call: type, fields: dict) -> tuple[tuple, Any]:
     # The call's fields travel as Ray task arguments, so top-level ObjectRefs among them are
     # resolved in the actor, straight from the object store; the call is rebuilt there. The
     # status ends with the seconds the call took in the actor (the worker's busy time).
-    import traceback
-
     t0 = time.perf_counter()
     try:
         value = call(**fields)(obj)
         return ("ok", time.perf_counter() - t0), value
     except Exception as exc:
-        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        return ("raised", type(exc).__name__, str(exc), tb, time.perf_counter() - t0), None
+        return raised_status(exc, time.perf_counter() - t0), None
 
 
 class _Hosting:
@@ -190,14 +188,12 @@ class _RankHost(_Hosting):
         self, factory: RankFactory, env: dict[str, str], threads: int, restarted: bool
     ) -> tuple:
         import os
-        import traceback
 
         os.environ.update(env)
         try:
             self.obj = build_worker(factory, restarted)
         except Exception as exc:  # reported as the rank's failure, never swallowed
-            tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-            return ("raised", type(exc).__name__, str(exc), tb, 0.0)
+            return raised_status(exc)
         _set_threads(threads)
         return ("ok", 0.0)
 
@@ -231,15 +227,12 @@ def _share(amount: float, ways: int) -> float:
 class RayExecutor:
     def __init__(self, alloc: AllocationConfig | None = None) -> None:
         self.alloc = alloc or AllocationConfig()
-        self.policy = FailurePolicy(self.alloc)
-        self._factories: dict[str, Callable[[], object]] = {}
+        self.roster = Roster(self.alloc, self._restart, self._remove)
         self._options: dict[str, dict] = {}
         self._threads: dict[str, int] = {}
         self._actors: dict[str, Any] = {}
         self._where: dict[str, list[tuple[str, int]]] = {}  # worker -> its actors' node, pid
         self._pgs: dict[str, PlacementGroup] = {}
-        self._busy: dict[str, float] = {}
-        self._lock = threading.Lock()  # paced runs call from several driver threads
 
     # ---- placement --------------------------------------------------------------------------
 
@@ -331,11 +324,7 @@ class RayExecutor:
     def _rank_options(self, gang: str, a: Assignment, rank: int, ranks: int) -> dict:
         """Rank ``rank``'s actor: one whole GPU of its node's bundle, an equal share of the
         bundle's threads with the other ranks there."""
-        if a.gpus and len(a.gpus) < ranks:
-            raise ValueError(
-                f"worker {a.worker!r} runs as {ranks} ranks but was planned "
-                f"{len(a.gpus)} GPU(s): one GPU per rank"
-            )
+        check_rank_gpus(a.worker, ranks, len(a.gpus))
         bundles = _gang_bundles([a], self.alloc.gpu_resource)
         opts: dict[str, Any] = {"num_cpus": 0, "max_restarts": 0}
         if not bundles:
@@ -356,7 +345,7 @@ class RayExecutor:
     def start(self, factories: dict[str, Callable[[], object]], plan: Plan | None = None) -> None:
         if not ray.is_initialized():
             ray.init(address=self.alloc.ray_address, include_dashboard=False)
-        self._factories = dict(factories)
+        self.roster.factories = dict(factories)
         gangs = self._gangs(list(factories), plan)
         self._reserve(gangs)
         try:
@@ -373,11 +362,7 @@ class RayExecutor:
         except BaseException:
             self.shutdown()
             raise
-        results = self._wait(ready, "__init__", self.alloc.call_timeout_s)
-        failures = [r.failure for r in results.values() if r.failure is not None]
-        if failures:
-            self.shutdown()
-            raise WorkerFailedError(failures, results)
+        check_built(self._wait(ready, "__init__", self.alloc.call_timeout_s), self.shutdown)
         self._locate(list(factories))
 
     def _locate(self, names: list[str]) -> None:
@@ -388,7 +373,7 @@ class RayExecutor:
 
     def _spawn(self, name: str, restarted: bool) -> list:
         """Start the worker's actor(s); the refs that say each is built."""
-        factory, threads = self._factories[name], self._threads[name]
+        factory, threads = self.roster.factories[name], self._threads[name]
         if not isinstance(factory, RankGroup):
             actor = (
                 ray.remote(_Host)
@@ -400,20 +385,11 @@ class RayExecutor:
         actors = [ray.remote(_RankHost).options(**o).remote() for o in self._options[name]]
         self._actors[name] = actors
         addr, port = ray.get(actors[0].rendezvous.remote(), timeout=self.alloc.call_timeout_s)
-        if self.alloc.master_port:
-            groups = sorted(n for n, f in self._factories.items() if isinstance(f, RankGroup))
-            port = self.alloc.master_port + groups.index(name)
-        each = max(threads // factory.ranks, 1) if threads else 0
+        port = self.roster.rank_port(name) or port
+        each = rank_threads(threads, factory.ranks)
         return [
-            a.join.remote(
-                RankFactory(
-                    factory, r, self.alloc.process_group_timeout_s, self.alloc.call_timeout_s
-                ),
-                rank_env(r, factory.ranks, addr, port),
-                each,
-                restarted,
-            )
-            for r, a in enumerate(actors)
+            a.join.remote(rank_factory, rank_env(r, factory.ranks, addr, port), each, restarted)
+            for r, (a, rank_factory) in enumerate(zip(actors, self.roster.rank_factories(name)))
         ]
 
     def put(self, obj: Any) -> Any:
@@ -422,113 +398,62 @@ class RayExecutor:
     def busy_seconds(self) -> dict[str, float]:
         """Seconds each worker has spent inside calls so far, as its actor timed them (the
         transfers to and from it aside)."""
-        with self._lock:
-            return dict(self._busy)
+        return self.roster.busy_seconds()
 
     def live_workers(self) -> list[str]:
-        return [n for n in self._factories if n not in self.policy.removed]
+        return self.roster.live()
 
     def removed(self) -> dict[str, WorkerFailure]:
-        """Workers removed under ``on_failure = "continue"``, each with the failure that did it."""
-        return dict(self.policy.removed)
+        return self.roster.removed()
 
     def call(
         self, calls: dict[str, WorkerCall], timeout_s: float | None = None, *, fetch: bool = True
     ) -> dict[str, CallResult]:
-        method = call_name(next(iter(calls.values()))) if calls else "call"
-        check_names(method, calls, self._factories)
-        live = [n for n in calls if n not in self.policy.removed]
-        refs = {
-            n: [
-                a.invoke.options(num_returns=2).remote(type(calls[n]), **call_fields(calls[n]))
-                for a in self._actors[n]
-            ]
-            for n in live
-        }
-        results = self._wait(refs, method, timeout_s or self.alloc.call_timeout_s, fetch=fetch)
-        for n in calls:
-            if n not in live:
-                results[n] = self.policy.unavailable(n, method)
-        self.policy.apply(results, self._restart, self._remove)
-        return {n: results[n] for n in calls}
+        def send(live: dict[str, WorkerCall], method: str, timeout: float) -> dict[str, CallResult]:
+            refs = {
+                n: [
+                    a.invoke.options(num_returns=2).remote(type(call), **call_fields(call))
+                    for a in self._actors[n]
+                ]
+                for n, call in live.items()
+            }
+            return self._wait(refs, method, timeout, fetch=fetch)
+
+        return self.roster.call(calls, timeout_s, send)
 
     def _wait(
         self, refs: dict[str, list], method: str, timeout_s: float, *, fetch: bool = True
     ) -> dict[str, CallResult]:
         """Every worker's result within ``timeout_s``. ``refs[name]``: per rank, a status ref,
-        or a (status, value) pair of refs. A failed rank ends its group's actors at once."""
-        pending = {
-            (x[0] if isinstance(x, list) else x): (n, r)
-            for n, per in refs.items()
-            for r, x in enumerate(per)
-        }
-        ranks: dict[str, list] = {n: [None] * len(per) for n, per in refs.items()}
-        failed: dict[str, CallResult] = {}
-        deadline = time.monotonic() + timeout_s
-        while pending and (left := deadline - time.monotonic()) > 0:
-            done, _ = ray.wait(list(pending), num_returns=1, timeout=left)
-            for ref in done:
-                n, r = pending.pop(ref)
-                ranks[n][r] = self._result(n, method, refs[n][r], fetch and r == 0, r == 0)
-                if not ranks[n][r].ok and len(refs[n]) > 1 and n not in failed:
-                    # the cause may report after a rank its death broke: give the rest a moment
-                    rest = [k for k, v in pending.items() if v[0] == n]
-                    grace = min(RANK_FAILURE_GRACE_S, max(0.0, deadline - time.monotonic()))
-                    late = ray.wait(rest, num_returns=len(rest), timeout=grace)[0] if rest else []
-                    for k in late:
-                        rank = pending[k][1]
-                        ranks[n][rank] = self._result(n, method, refs[n][rank], False, False)
-                    failed[n] = merge_ranks(n, method, [x or CallResult(n) for x in ranks[n]])
-                    self._kill(n)
-                    pending = {k: v for k, v in pending.items() if v[0] != n}
-        for n, r in pending.values():
-            if n not in failed:
-                where = f" from rank {r} of {len(refs[n])}" if len(refs[n]) > 1 else ""
-                failed[n] = CallResult(
-                    n,
-                    failure=WorkerFailure(
-                        worker=n,
-                        method=method,
-                        exc_type="TimeoutError",
-                        kind="timeout",
-                        traceback="",
-                        message=f"no result within {timeout_s:g} s{where} from its actor",
-                    ),
-                )
-                self._kill(n)  # hung: it would never get to a close() (``_retire``)
-        return {n: failed.get(n) or merge_ranks(n, method, ranks[n]) for n in refs}
+        or a (status, value) pair of refs. A failed rank ends its group's actors at once, and so
+        does a hung one: it would never get to a close() (``_retire``)."""
+
+        def receive(name: str, rank: int, late: bool) -> CallResult:
+            first = rank == 0 and not late  # a failed group's late rank: neither timed nor fetched
+            return self._result(name, method, refs[name][rank], fetch and first, first)
+
+        return gather_ranks(
+            {n: [x[0] if isinstance(x, list) else x for x in per] for n, per in refs.items()},
+            method,
+            timeout_s,
+            ready=lambda pending, left: ray.wait(pending, num_returns=1, timeout=left)[0],
+            receive=receive,
+            kill=self._kill,
+            hung=" from its actor",
+        )
 
     def _result(self, name: str, method: str, refs: Any, fetch: bool, timed: bool) -> CallResult:
         status_ref = refs[0] if isinstance(refs, list) else refs
         try:
             status = ray.get(status_ref)
         except Exception as exc:  # the actor died, or its constructor raised
-            return CallResult(
-                name,
-                failure=WorkerFailure(
-                    worker=name,
-                    method=method,
-                    exc_type=type(exc).__name__,
-                    message=str(exc)[:2000],
-                    traceback=str(exc),
-                    kind="raised",
-                ),
+            return failure_result(
+                name, method, type(exc).__name__, str(exc)[:2000], traceback=str(exc)
             )
         if timed:  # a rank group's ranks compute together: its time is rank 0's
-            with self._lock:
-                self._busy[name] = self._busy.get(name, 0.0) + status[-1]
+            self.roster.add_busy(name, status[-1])
         if status[0] != "ok":
-            return CallResult(
-                name,
-                failure=WorkerFailure(
-                    worker=name,
-                    method=method,
-                    exc_type=status[1],
-                    message=status[2],
-                    traceback=status[3],
-                    kind="raised",
-                ),
-            )
+            return raised_failure(name, method, status)
         if not isinstance(refs, list):
             return CallResult(name)
         return CallResult(name, value=ray.get(refs[1]) if fetch else refs[1])
@@ -573,9 +498,7 @@ class RayExecutor:
     def _restart(self, name: str) -> None:
         self._retire([name])  # frees their share of the bundle for the new actors
         ready = self._spawn(name, restarted=True)
-        res = self._wait({name: ready}, "restart", self.alloc.call_timeout_s)
-        if not res[name].ok:
-            raise RuntimeError(f"restart of worker {name!r} failed: {res[name].failure}")
+        check_rebuilt(name, self._wait({name: ready}, "restart", self.alloc.call_timeout_s))
         self._locate([name])
 
     def _remove(self, name: str) -> None:

@@ -6,7 +6,9 @@ them in a ``Roster``: the factories it started, the live workers and those remov
 ``on_failure = "continue"`` with the failure that removed them, and the seconds each has spent
 inside calls. A call takes one course on every kind (``Roster.call``): its names are checked, it
 goes to the live workers only, a removed one's result says it is ``unavailable``, and then
-``on_failure`` applies to the results (``calls.FailurePolicy``).
+``on_failure`` applies to the results (``calls.FailurePolicy``). A worker that is a rank group
+(``allocation.ranks``) gets one host per rank on the kinds that start processes, each built by its
+``RankFactory``, with the group's rendezvous port and an equal share of its planned threads.
 """
 
 from __future__ import annotations
@@ -26,12 +28,13 @@ from mutualrl.allocation.calls import (
     call_name,
     check_names,
 )
+from mutualrl.allocation.ranks import RankFactory, RankGroup
 
 if TYPE_CHECKING:
     from mutualrl.config import AllocationConfig
 
-# Sends each named worker its call and gathers their results: (calls, method) -> results.
-Send = Callable[[dict[str, WorkerCall], str], dict[str, CallResult]]
+# Sends each named worker its call and gathers their results: (calls, method, timeout_s) -> results.
+Send = Callable[[dict[str, WorkerCall], str, float], dict[str, CallResult]]
 
 
 def _hold_nothing(names: list[str]) -> AbstractContextManager[None]:
@@ -49,6 +52,7 @@ class Roster:
         restart: Callable[[str], None],
         remove: Callable[[str], None],
     ) -> None:
+        self.alloc = alloc
         self.policy = FailurePolicy(alloc)
         self.factories: dict[str, Callable[[], object]] = {}
         self._restart = restart
@@ -76,18 +80,20 @@ class Roster:
     def call(
         self,
         calls: dict[str, WorkerCall],
+        timeout_s: float | None,
         send: Send,
         hold: Callable[[list[str]], AbstractContextManager[None]] = _hold_nothing,
     ) -> dict[str, CallResult]:
         """Each named worker's result, in the order of ``calls``: ``send`` gets the live ones'
-        calls; ``hold(names)`` is held from the send to the end of ``on_failure`` (the process
+        calls and their timeout (``allocation.call_timeout_s`` unless ``timeout_s``);
+        ``hold(names)`` is held from the send to the end of ``on_failure`` (the process
         executor's pipes: one call at a time each, a restart included)."""
         method = call_name(next(iter(calls.values()))) if calls else "call"
         check_names(method, calls, self.factories)
         with hold(sorted(calls)):
             with self.lock:
                 live = {n: c for n, c in calls.items() if n not in self.policy.removed}
-            results = send(live, method)
+            results = send(live, method, timeout_s or self.alloc.call_timeout_s)
             with self.lock:
                 for n in calls:
                     if n not in live:
@@ -96,6 +102,35 @@ class Roster:
             # other workers' calls, from other driver threads, go on meanwhile.
             self.policy.apply(results, self._restart, self._remove)
         return {n: results[n] for n in calls}
+
+    def rank_factories(self, name: str) -> list[RankFactory]:
+        """What each rank of rank group ``name`` runs: join the group, then build its worker."""
+        group = self.factories[name]
+        assert isinstance(group, RankGroup)
+        timeouts = (self.alloc.process_group_timeout_s, self.alloc.call_timeout_s)
+        return [RankFactory(group, rank, *timeouts) for rank in range(group.ranks)]
+
+    def rank_port(self, name: str) -> int | None:
+        """Rank group ``name``'s rendezvous port where ``allocation.master_port`` fixes them (the
+        groups in order of name take that port and the next ones); else None: a free one."""
+        if not self.alloc.master_port:
+            return None
+        groups = sorted(n for n, f in self.factories.items() if isinstance(f, RankGroup))
+        return self.alloc.master_port + groups.index(name)
+
+
+def rank_threads(threads: int, ranks: int) -> int:
+    """Each rank's share of its worker's planned CPU threads: an equal one, at least one (0: the
+    plan set none)."""
+    return max(threads // ranks, 1) if threads else 0
+
+
+def check_rank_gpus(name: str, ranks: int, gpus: int) -> None:
+    """A worker of ``ranks`` ranks that was planned GPUs needs one per rank."""
+    if gpus and gpus < ranks:
+        raise ValueError(
+            f"worker {name!r} runs as {ranks} ranks but was planned {gpus} GPU(s): one GPU per rank"
+        )
 
 
 def check_built(results: dict[str, CallResult], shutdown: Callable[[], None]) -> None:
