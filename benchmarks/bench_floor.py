@@ -31,6 +31,7 @@ import copy
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -42,6 +43,7 @@ from mutualrl.config import load_config
 from mutualrl.grpo.advantages import EPS
 from mutualrl.policies.batch import collate
 from mutualrl.policies.generation.torch import cache_keyword
+from mutualrl.policies.model_cache import resolve_checkpoint
 from mutualrl.policies.sampling import sample_tokens
 from mutualrl.provenance import git_commit, machine_info
 from mutualrl.run.build import build_run
@@ -67,12 +69,48 @@ def config(a, out: Path):
         "grpo.temperature=1.0",
         "grpo.beta=0.0",
         'grpo.loss_type="grpo"',
-        'task.name="lookup"',
-        "task.families=[]",
-        f'policies=[{{name="p", architecture="{ARCH[a.tokenizer]}", tokenizer="{a.tokenizer}", '
-        f"hidden_size={a.hidden}, num_layers={a.layers}, num_heads=4}}]",
     ]
+    if a.checkpoint:
+        # a pretrained checkpoint on the real-models task, its prompts as a run renders them
+        # (SmolLM2 through its chat template); one micro-batch, as the bare side computes it
+        chat = "true" if a.chat_template else "false"
+        folder = resolve_checkpoint(a.checkpoint)
+        sets += [
+            'task.name="arithmetic"',
+            'task.families=["add", "mul", "count"]',
+            "task.digits={mul=1}",
+            f"training.per_device_train_batch_size={a.prompts * a.generations}",
+            f'policies=[{{name="p", checkpoint="{folder}", chat_template={chat}}}]',
+        ]
+    else:
+        sets += [
+            'task.name="lookup"',
+            "task.families=[]",
+            f'policies=[{{name="p", architecture="{ARCH[a.tokenizer]}", '
+            f'tokenizer="{a.tokenizer}", hidden_size={a.hidden}, num_layers={a.layers}, '
+            "num_heads=4}]",
+        ]
     return load_config(ROOT / "configs" / "tiny.toml", sets)
+
+
+def label(a) -> str:
+    """Which run of ``floor.json`` a measurement replaces: its model, or its tokenizer."""
+    return a.checkpoint or a.tokenizer
+
+
+def write(path: Path, record: dict) -> None:
+    """Write ``record``; into a file of several runs (``{"runs": [...]}``, as
+    ``results/floor.json``), replace the run with the same label and keep the others."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    old = json.loads(path.read_text()) if path.exists() else None
+    if isinstance(old, dict) and isinstance(old.get("runs"), list):
+        runs = [
+            r
+            for r in old["runs"]
+            if (r.get("label") or r["settings"]["tokenizer"]) != record["label"]
+        ]
+        record = {**old, "runs": [*runs, record]}
+    path.write_text(json.dumps(record, indent=2) + "\n")
 
 
 def reward(prompt, text: str) -> float:
@@ -212,6 +250,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", type=Path, required=True)
     ap.add_argument("--tokenizer", default="mistral-v1", choices=sorted(ARCH))
+    ap.add_argument(
+        "--checkpoint",
+        help="a pretrained model instead of the random one: a packaged model's name "
+        "(smollm2-135m-instruct, gemma-3-270m) or a from_pretrained folder",
+    )
+    ap.add_argument(
+        "--chat-template",
+        action="store_true",
+        help="render the checkpoint's prompts with its chat template",
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
@@ -259,6 +307,8 @@ def main() -> None:
     ratio = {k: med["mutualrl"][k] / med["bare"][k] for k in med["bare"] if med["bare"][k] > 0}
     record = {
         "benchmark": "floor",
+        "label": label(a),
+        "command": "python benchmarks/bench_floor.py " + " ".join(sys.argv[1:]),
         "commit": git_commit(),
         "machine": machine_info(torch=torch.__version__),
         "settings": {k: v for k, v in vars(a).items() if k != "json"},
@@ -268,8 +318,7 @@ def main() -> None:
         "max_abs_diff": {"loss": max(d[0] for d in agree), "grad_norm": max(d[1] for d in agree)},
         "per_step_s": times,
     }
-    a.json.parent.mkdir(parents=True, exist_ok=True)
-    a.json.write_text(json.dumps(record, indent=2) + "\n")
+    write(a.json, record)
     print(
         json.dumps(
             {"median_s": med, "ratio": ratio, "max_abs_diff": record["max_abs_diff"]}, indent=1

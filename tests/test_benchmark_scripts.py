@@ -43,6 +43,52 @@ def test_bench_floor_steps_both_sides_to_the_same_loss(tmp_path):
     assert got["max_abs_diff"]["loss"] < 1e-5 and got["max_abs_diff"]["grad_norm"] < 1e-5
 
 
+def test_bench_floor_steps_a_checkpoint_and_keeps_the_other_runs_of_its_file(tmp_path):
+    """--checkpoint: a from_pretrained folder (a tiny Llama saved here, with a real tokenizer)
+    steps on both sides to the same loss; the run replaces only its own label in a file of
+    several runs, as results/floor.json holds them."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from mutualrl.retokenize.loaders import load_tokenizer
+
+    folder = tmp_path / "tiny-llama"
+    hf_tok = load_tokenizer("mistral-v1").tokenizer
+    hf_tok.save_pretrained(folder)
+    cfg = LlamaConfig(
+        vocab_size=len(hf_tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        bos_token_id=hf_tok.bos_token_id,
+        eos_token_id=hf_tok.eos_token_id,
+        tie_word_embeddings=True,
+    )
+    LlamaForCausalLM(cfg).save_pretrained(folder)
+    out = tmp_path / "floor.json"
+    out.write_text(json.dumps({"note": "kept", "runs": [{"label": "mistral-v1", "x": 1}]}))
+    small = ["--steps", "2", "--threads", "1", "--prompts", "2", "--generations", "2"]
+    got = _run(
+        "bench_floor.py",
+        "--json",
+        str(out),
+        "--checkpoint",
+        str(folder),
+        *small,
+        "--tokens",
+        "4",
+        out=out,
+    )
+    assert got["note"] == "kept" and [r["label"] for r in got["runs"]] == [
+        "mistral-v1",
+        str(folder),
+    ]
+    run = got["runs"][1]
+    assert run["command"].startswith("python benchmarks/bench_floor.py ")
+    assert run["max_abs_diff"]["loss"] < 1e-5 and run["max_abs_diff"]["grad_norm"] < 1e-5
+
+
 def test_bench_kv_cache_times_both_caches_on_the_same_policy(tmp_path):
     out = tmp_path / "kv.json"
     got = _run(

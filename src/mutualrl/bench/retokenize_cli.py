@@ -14,6 +14,7 @@ from pathlib import Path
 from mutualrl.bench.retokenize import DEFAULT_PAIRS, run_benchmark
 from mutualrl.provenance import git_commit, machine_info
 from mutualrl.retokenize.encoding import rust_threads
+from mutualrl.retokenize.loaders import TokenizerHandle, load_tokenizer
 
 _ROWS = (
     "encode",
@@ -40,8 +41,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--pairs",
         default=None,
-        help="comma-separated SOURCE:TARGET tokenizer pairs "
-        "(default: both directions of deepseek-v3, mistral-v1, bert-wordpiece)",
+        help="comma-separated SOURCE:TARGET tokenizer pairs: packaged tokenizers, tokenizer "
+        "files or folders, or packaged models (smollm2-135m-instruct: its converted folder's "
+        "tokenizer) (default: both directions of deepseek-v3, mistral-v1, bert-wordpiece)",
     )
     parser.add_argument("--repeats", type=int, default=5, help="timed passes per measurement")
     parser.add_argument(
@@ -162,15 +164,27 @@ def set_threads(threads: int | None) -> dict:
     }
 
 
+def _model_tokenizers(pairs: tuple[tuple[str, str], ...]) -> dict[str, TokenizerHandle]:
+    """The tokenizers of the packaged models a pair names, from their converted folders (built
+    once, as `mutualrl train` builds them), kept under the model's name in the results."""
+    from mutualrl.policies.model_cache import resolve_checkpoint
+    from mutualrl.policies.packaged import is_packaged_name
+
+    names = {n for pair in pairs for n in pair if is_packaged_name(n)}
+    return {name: load_tokenizer(str(resolve_checkpoint(name))) for name in sorted(names)}
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         pairs = _parse_pairs(args.pairs)
         threads = set_threads(args.threads)
-    except ValueError as exc:
+        handles = _model_tokenizers(pairs)
+    except ValueError as exc:  # PackagedModelError included: a model not installed
         print(f"error: {exc}", file=sys.stderr)
         return 2
     results = run_benchmark(
         pairs,
+        handles=handles,
         corpus=args.corpus,
         repeats=args.repeats,
         naive_texts=0 if args.no_peers else args.naive_texts,
