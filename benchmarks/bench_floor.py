@@ -21,7 +21,11 @@ machine. Medians per phase and their ratios go to JSON.
     python benchmarks/bench_floor.py --json floor_32k.json --steps 24
     python benchmarks/bench_floor.py --tokenizer deepseek-v3 --json floor_129k.json --steps 24
 
-``benchmarks/results/floor.json`` holds the newest run of both, each with its command.
+``benchmarks/results/floor.json`` holds the newest run of each ``--tokenizer`` and
+``--checkpoint``, each with its command; a run replaces only its own.
+
+    python benchmarks/bench_floor.py --checkpoint smollm2-135m-instruct --chat-template \\
+        --prompts 2 --generations 8 --tokens 64 --steps 6 --json benchmarks/results/floor.json
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from pathlib import Path
 import torch
 
 from mutualrl.allocation.malloc import reuse_large_buffers
+from mutualrl.bench.results import write_run
 from mutualrl.config import load_config
 from mutualrl.grpo.advantages import EPS
 from mutualrl.policies.batch import collate
@@ -96,21 +101,6 @@ def config(a, out: Path):
 def label(a) -> str:
     """Which run of ``floor.json`` a measurement replaces: its model, or its tokenizer."""
     return a.checkpoint or a.tokenizer
-
-
-def write(path: Path, record: dict) -> None:
-    """Write ``record``; into a file of several runs (``{"runs": [...]}``, as
-    ``results/floor.json``), replace the run with the same label and keep the others."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    old = json.loads(path.read_text()) if path.exists() else None
-    if isinstance(old, dict) and isinstance(old.get("runs"), list):
-        runs = [
-            r
-            for r in old["runs"]
-            if (r.get("label") or r["settings"]["tokenizer"]) != record["label"]
-        ]
-        record = {**old, "runs": [*runs, record]}
-    path.write_text(json.dumps(record, indent=2) + "\n")
 
 
 def reward(prompt, text: str) -> float:
@@ -318,7 +308,7 @@ def main() -> None:
         "max_abs_diff": {"loss": max(d[0] for d in agree), "grad_norm": max(d[1] for d in agree)},
         "per_step_s": times,
     }
-    write(a.json, record)
+    write_run(a.json, record)
     print(
         json.dumps(
             {"median_s": med, "ratio": ratio, "max_abs_diff": record["max_abs_diff"]}, indent=1

