@@ -145,11 +145,11 @@ def build_run(
         },
         peer_logs=prep.peer_logs,
         executor=executor,
+        departures=Departures(out),
         rewards=prep.rewards,
         guards=Guards(cfg.guards),
         versions={n: 0 for n in policies},
     )
-    run.departures = Departures(out)
     run.departures.load_state_dict(departed)
     if cfg.allocation.max_staleness >= 1:
         run.pace = Pace(run)  # built before a resume loads its state into it

@@ -14,16 +14,27 @@ evaluation, each lock-step step, each paced segment, the final evaluation.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import msgspec
 
-from mutualrl.allocation.calls import WorkerFailedError, WorkerFailure
+from mutualrl.allocation.calls import Executor, WorkerFailedError, WorkerFailure
 
-if TYPE_CHECKING:
-    from mutualrl.run.state import Run
+
+class RunMembers(Protocol):
+    """What ``Departures.check`` reads of the run (``run.state.Run``, which holds the
+    ``Departures``): its policies, those still in it, and the workers its executor removed."""
+
+    @property
+    def policies(self) -> Mapping[str, object]: ...
+
+    @property
+    def executor(self) -> Executor: ...
+
+    def live(self) -> list[str]: ...
+
 
 FILE = "failures.jsonl"
 
@@ -54,7 +65,7 @@ class Departures:
 
     def check(
         self,
-        run: Run,
+        run: RunMembers,
         step: int,
         phase: str,
         failures: Iterable[WorkerFailure] = (),

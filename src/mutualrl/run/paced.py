@@ -32,6 +32,7 @@ import dataclasses
 import threading
 import time
 from collections import defaultdict
+from typing import cast
 
 import numpy as np
 
@@ -360,7 +361,8 @@ def sync_points(cfg: RunConfig, start: int) -> int:
 def paced_train_loop(run: Run, save_checkpoint, stop_here) -> None:
     """Every live policy at its own pace, segment by segment between the steps where all meet
     (``save_checkpoint(run, step)`` and ``stop_here(run, step)`` are the lock-step loop's)."""
-    pace, cfg = run.pace, run.cfg
+    # run.build made it for this paced run (Run.pace names only what the run itself uses of it)
+    pace, cfg = cast(Pace, run.pace), run.cfg
     run.subscription.close()  # the lock-step loop's; each policy here has its own
     run.progress.start_phase("train", cfg.steps, completed=pace.rows.next)
     steppers = {n: PolicyStepper(run, n, pace) for n in run.policies}
@@ -371,7 +373,7 @@ def paced_train_loop(run: Run, save_checkpoint, stop_here) -> None:
             break
         end = sync_points(cfg, begin)
         with run.timed("train"):
-            _segment(run, {n: steppers[n] for n in live}, end)
+            _segment(run, pace, {n: steppers[n] for n in live}, end)
         if pace.tripped is not None:  # its record is written; the run checkpoints and stops
             raise pace.tripped
         reached = all(pace.gate.version(n) >= end for n in pace.live(run))
@@ -387,9 +389,9 @@ def paced_train_loop(run: Run, save_checkpoint, stop_here) -> None:
     run.progress.finish_phase(f"{cfg.steps} steps done")
 
 
-def _segment(run: Run, steppers: dict[str, PolicyStepper], end: int) -> None:
+def _segment(run: Run, pace: Pace, steppers: dict[str, PolicyStepper], end: int) -> None:
     """The policies' loops up to step ``end``; a failure under ``on_failure = "stop"`` raises."""
-    pace, alloc = run.pace, run.cfg.allocation
+    alloc = run.cfg.allocation
     # the last segment's end closed the gate and its finished loops left it: open it again
     pace.gate.reopen(steppers)
     report = run_paced(

@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import ParamSpec, TypeVar
 
 import numpy as np
+import torch
 
 from mutualrl.allocation import WorkerUnavailable, call_each, call_one
 from mutualrl.policies.samples import Sample
@@ -27,7 +28,9 @@ from mutualrl.run.experience import publish_step
 from mutualrl.run.metrics import namespaced
 from mutualrl.run.state import Prefetched, Run
 from mutualrl.strategies import StrategyContext
+from mutualrl.strategies.base import ReceiverLogprobs, ReceiverSampler, TokenIds
 from mutualrl.strategies.common import own_advantages
+from mutualrl.tasks import Prompt
 from mutualrl.tasks.rewards import WeightedReward, mean_parts
 
 
@@ -135,11 +138,11 @@ def make_context(run: Run, step: int, prompts, experience: list | None = None) -
     return ctx
 
 
-def remote_generate(run: Run, name: str):
+def remote_generate(run: Run, name: str) -> ReceiverSampler:
     """A policy's sampler for the strategy (e.g. on hinted prompts), run where its weights are."""
     g = run.cfg.grpo
 
-    def generate(prompts, num_generations):
+    def generate(prompts: list[Prompt], num_generations: int) -> list[Sample]:
         return call_one(
             run.executor,
             name,
@@ -149,10 +152,10 @@ def remote_generate(run: Run, name: str):
     return generate
 
 
-def remote_logprobs(run: Run, name: str):
+def remote_logprobs(run: Run, name: str) -> ReceiverLogprobs:
     """A policy's ``sequence_logprobs`` for the strategy, computed where its weights are."""
 
-    def sequence_logprobs(prompts, completions):
+    def sequence_logprobs(prompts: list[TokenIds], completions: list[TokenIds]) -> torch.Tensor:
         return call_one(run.executor, name, SequenceLogprobs(prompts, completions))
 
     return sequence_logprobs
@@ -170,11 +173,13 @@ def _timed(fn: Callable[_P, _T], run: Run, part: str) -> Callable[_P, _T]:
     return call
 
 
-def _counting_tokens(generate, ctx: StrategyContext, receiver: str):
+def _counting_tokens(
+    generate: ReceiverSampler, ctx: StrategyContext, receiver: str
+) -> ReceiverSampler:
     """The strategy's extra sampling, counted in ``strategy/generated_tokens`` (completion tokens
     beyond the step's own groups: rollouts are paid for wherever they are drawn)."""
 
-    def call(prompts, num_generations):
+    def call(prompts: list[Prompt], num_generations: int) -> list[Sample]:
         samples = generate(prompts, num_generations)
         m = ctx.metrics.setdefault(receiver, {})
         m["strategy/generated_tokens"] = m.get("strategy/generated_tokens", 0.0) + float(

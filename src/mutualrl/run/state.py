@@ -13,24 +13,26 @@ import contextlib
 import random
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import numpy as np
 import torch
 
-from mutualrl.allocation import Executor, call_each
+from mutualrl.allocation import Executor, WorkerCall, call_each
 from mutualrl.config import RunConfig
 from mutualrl.exchange import ExperienceBus, Subscription
-from mutualrl.policies.policy import PolicyView
+from mutualrl.policies.policy import PolicyView, Sample
 from mutualrl.retokenize import Retokenizer
+from mutualrl.run.departures import Departures
 from mutualrl.run.experience import PeerLogPool
 from mutualrl.run.guards import Guards
 from mutualrl.run.metrics import MetricsWriter
 from mutualrl.run.progress import RunProgress
 from mutualrl.run.signals import StopRequests
-from mutualrl.strategies import Strategy
+from mutualrl.strategies import StatefulStrategy, Strategy
 from mutualrl.tasks import GuardedVerifier, Task
 from mutualrl.tasks.rewards import WeightedReward
 
@@ -40,8 +42,19 @@ class Prefetched:
     """Samples a policy drew for ``step`` while it updated (``allocation.async_generation``)."""
 
     step: int
-    samples: list
+    samples: list[Sample]
     seconds: float  # the sampling's own wall time (it overlapped the update)
+
+
+class PacedState(Protocol):
+    """What the run and the lock-step loop use of a paced run's own state: ``run.paced.Pace``,
+    whose module imports this one (so it is named here by what it offers)."""
+
+    def books(self) -> dict[str, dict[str, dict[str, list[list[int]]]]]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 @dataclass
@@ -65,6 +78,8 @@ class Run:
     subscription: Subscription
     retokenizers: dict[str, Retokenizer]
     executor: Executor  # where the policies' workers live (allocation.make_executor)
+    # policies that left under on_failure = "continue" (run.departures)
+    departures: Departures
     peer_logs: PeerLogPool | None = None
     rewards: WeightedReward | None = None  # task.reward_funcs; None: the verifier alone
     reward_parts: dict[str, dict[str, float]] = field(default_factory=dict)  # last step's means
@@ -77,17 +92,16 @@ class Run:
     step_phases: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     # Each policy's samples for its next step, drawn during its update (async_generation).
     prefetched: dict[str, Prefetched] = field(default_factory=dict)
-    pace: Any = None  # a paced run's own state (run.paced.Pace); None: lock-step
-    departures: Any = None  # policies that left under on_failure = "continue" (run.departures)
+    pace: PacedState | None = None  # a paced run's own state (run.paced.Pace); None: lock-step
     restarts: dict[str, int] = field(
         default_factory=dict
     )  # per policy, under "restart" (run.restarts)
 
-    def timed(self, phase: str):
+    def timed(self, phase: str) -> contextlib.AbstractContextManager[None]:
         """Add the block's wall time to ``phase_times[phase]`` (the run's totals)."""
         return _clocked(self.phase_times, phase)
 
-    def step_phase(self, phase: str):
+    def step_phase(self, phase: str) -> contextlib.AbstractContextManager[None]:
         """Add the block's wall time to this step's ``step_phases[phase]``."""
         return _clocked(self.step_phases, phase)
 
@@ -95,10 +109,10 @@ class Run:
         """The policies still in the run: their workers are live (``on_failure`` may have
         removed some), and none has left it (``departures``: a paced policy whose loop failed on
         the driver's side keeps a live worker, and is evaluated, saved and checkpointed no more)."""
-        gone = self.departures.seen if self.departures is not None else {}
+        gone = self.departures.seen
         return [n for n in self.executor.live_workers() if n not in gone]
 
-    def call_live(self, call) -> dict[str, Any]:
+    def call_live(self, call: WorkerCall) -> dict[str, Any]:
         """The same call on every policy still in the run (``live``) at once; the values of
         those that succeeded."""
         return call_each(self.executor, {n: call for n in self.live()})
@@ -106,14 +120,14 @@ class Run:
     # ---- state ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The run's own state, part by part (``strategy`` only for a strategy that keeps any)."""
-        state = {
+        state: dict[str, Any] = {
             "history": {n: list(h) for n, h in self.history.items()},
             "phase_times": dict(self.phase_times),
             "versions": dict(self.versions),
             "verifier": vars(self.verifier.counters).copy(),
             "bus": self.bus.state_dict(),
             "guards": self.guards.state_dict() if self.guards is not None else None,
-            "departures": self.departures.state_dict() if self.departures is not None else {},
+            "departures": self.departures.state_dict(),
             "rng": {
                 "torch": torch.get_rng_state(),
                 "numpy": np.random.get_state(),
@@ -135,7 +149,7 @@ class Run:
         """Put every part back; wall time spent before is added to this run's phase times."""
         if state.get("strategy") is not None:
             # it has state_dict, so load_state_dict too (a stateful strategy has both)
-            cast(Any, self.strategy).load_state_dict(state["strategy"])
+            cast(StatefulStrategy, self.strategy).load_state_dict(state["strategy"])
         self.history.update({n: list(h) for n, h in state["history"].items()})
         for phase, seconds in state["phase_times"].items():
             self.phase_times[phase] += seconds
@@ -165,7 +179,7 @@ class Run:
 
 
 @contextlib.contextmanager
-def _clocked(bucket: dict[str, float], key: str):
+def _clocked(bucket: dict[str, float], key: str) -> Iterator[None]:
     """Add the block's wall time to ``bucket[key]``, also when it raises."""
     t0 = time.perf_counter()
     try:

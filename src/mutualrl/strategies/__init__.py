@@ -5,6 +5,7 @@
 from mutualrl.strategies import codistill, hacpo, hint, none, prp, sgt, xgrpo  # noqa: F401
 from mutualrl.strategies.base import (
     STRATEGIES,
+    StatefulStrategy,
     Strategy,
     StrategyContext,
     StrategyRetokenizer,
@@ -15,6 +16,7 @@ from mutualrl.strategies.base import (
 
 __all__ = [
     "STRATEGIES",
+    "StatefulStrategy",
     "Strategy",
     "StrategyContext",
     "StrategyRetokenizer",

@@ -29,13 +29,21 @@ from typing import Any, Protocol
 
 import msgspec
 import numpy as np
+import torch
 
 from mutualrl.config import ConfigError, GRPOConfig, RunConfig
 from mutualrl.exchange import Delivery
 from mutualrl.policies.batch import TrainBatch
 from mutualrl.policies.policy import Sample
 from mutualrl.registry import Registry, RegistryError
-from mutualrl.retokenize import RetokenizedTrajectory, TokenizerHandle
+from mutualrl.retokenize import AlignmentResiduals, RetokenizedTrajectory, TokenizerHandle
+from mutualrl.tasks import Prompt
+
+TokenIds = tuple[int, ...]
+# A receiver's (prompts, completions) in its own tokens -> (B,) total log p of each completion.
+ReceiverLogprobs = Callable[[list[TokenIds], list[TokenIds]], torch.Tensor]
+# A receiver's sampler: (prompts, num_generations) -> num_generations samples per prompt.
+ReceiverSampler = Callable[[list[Prompt], int], list[Sample]]
 
 
 class StrategyRetokenizer(Protocol):
@@ -80,23 +88,23 @@ class StrategyContext:
     grpo: GRPOConfig
     policy_names: list[str]
     rng: np.random.Generator  # seeded per step: same seed, same choices
-    encode_prompt: dict[str, Callable[[str], tuple[int, ...]]]  # receiver's own prompt format
-    sequence_logprobs: dict[str, Callable[[list, list], Any]]  # receiver-side log p(text), (B,)
+    encode_prompt: dict[str, Callable[[str], TokenIds]]  # receiver's own prompt format
+    sequence_logprobs: dict[str, ReceiverLogprobs]  # receiver-side log p(text), (B,)
     retokenizers: dict[str, StrategyRetokenizer] = field(default_factory=dict)  # per receiver
     tokenizers: dict[str, TokenizerHandle] = field(default_factory=dict)  # by fingerprint
     # Deliveries (kind, producer, record) from the exchange this step, live peers and replayed logs.
     peer_experience: list[Delivery] = field(default_factory=list)
     metrics: dict[str, dict[str, float]] = field(default_factory=dict)  # per receiver
     # Publish a record to the exchange on a receiver's behalf (e.g. THL residuals); None: drop.
-    publish: Callable[[Any, str], object] | None = None
+    publish: Callable[[msgspec.Struct, str], object] | None = None
     # Receiver-side sampling, as ``sequence_logprobs``: (prompts, num_generations) -> [Sample]
     # drawn at the run's temperature and completion length (e.g. on hinted prompts); and the
     # task's verifier, (Prompt, completion text) -> reward. Empty / None: not offered.
-    generate: dict[str, Callable[[list, int], list]] = field(default_factory=dict)
-    verify: Callable[[Any, str], float] | None = None
+    generate: dict[str, ReceiverSampler] = field(default_factory=dict)
+    verify: Callable[[Prompt, str], float] | None = None
     # THL residuals of what was moved this step, per (receiver, metric prefix): the logged
     # residual metrics cover all of it (``common.log_residuals``).
-    moved: dict[tuple[str, str], list] = field(default_factory=dict)
+    moved: dict[tuple[str, str], list[AlignmentResiduals]] = field(default_factory=dict)
 
     def log(self, receiver: str, key: str, value: float) -> None:
         self.metrics.setdefault(receiver, {})[key] = float(value)
@@ -116,6 +124,15 @@ class Strategy(Protocol):
     ) -> list[TrainBatch]: ...
 
     def after_update(self, ctx: StrategyContext, receiver: str) -> None: ...
+
+
+class StatefulStrategy(Strategy, Protocol):
+    """A strategy that keeps state across steps (buffers, pooled statistics, counters): what a
+    run checkpoint stores of it (see the module docstring)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 StrategyFactory = Callable[[Any, RunConfig], Strategy]
