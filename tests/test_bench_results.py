@@ -34,3 +34,22 @@ def test_a_single_run_file_is_written_whole(tmp_path):
     write_run(path, {"label": "smoke", "x": 1})
     write_run(path, {"label": "other", "x": 2})
     assert json.loads(path.read_text()) == {"label": "other", "x": 2}
+
+
+def test_bench_retokenize_writes_its_pairs_run_into_the_results_file(tmp_path):
+    """``mutualrl bench retokenize --output`` into a file of runs replaces the run of its own
+    ``--pairs`` and keeps the others, as ``benchmarks/results/retokenize.json`` holds them."""
+    from mutualrl.bench import retokenize_cli
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    texts = ["The answer is 42.", "Zwölf Äpfel kosten 3,50 €."]
+    (corpus / "a.jsonl").write_text("".join(json.dumps({"completion": t}) + "\n" for t in texts))
+    out = tmp_path / "retokenize.json"
+    out.write_text(json.dumps({"runs": [{"label": "default", "x": 1}]}))
+    pairs = "mistral-v1:deepseek-v3"
+    argv = ["--pairs", pairs, "--corpus", str(corpus), "--repeats", "1", "--no-peers"]
+    assert retokenize_cli.main([*argv, "--output", str(out)]) == 0
+    runs = json.loads(out.read_text())["runs"]
+    assert [r["label"] for r in runs] == ["default", pairs]
+    assert [(p["source"], p["target"]) for p in runs[1]["pairs"]] == [("mistral-v1", "deepseek-v3")]

@@ -6,11 +6,11 @@ The main CLI wires this module as a subcommand through ``configure(parser)`` and
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
 
+from mutualrl.bench.results import write_run
 from mutualrl.bench.retokenize import DEFAULT_PAIRS, run_benchmark
 from mutualrl.provenance import git_commit, machine_info
 from mutualrl.retokenize.encoding import rust_threads
@@ -63,7 +63,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "(default: the environment's, else one per core)",
     )
     parser.add_argument(
-        "--output", default="bench-results/retokenize.json", help="where to write the JSON results"
+        "--output",
+        default="bench-results/retokenize.json",
+        help="where to write the JSON results; into a file of several runs ({'runs': [...]}, "
+        "as benchmarks/results/retokenize.json), in place of the run of the same --pairs",
     )
 
 
@@ -192,6 +195,7 @@ def run(args: argparse.Namespace) -> int:
     )
     results = {
         "benchmark": "retokenize",
+        "label": args.pairs or "default",
         "machine": _machine(),
         "git_commit": git_commit(),
         "threads": threads,
@@ -199,8 +203,7 @@ def run(args: argparse.Namespace) -> int:
     }
     _print_table(results)
     out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
+    write_run(out, results)  # into a file of several runs, in place of this --pairs' run
     print(f"wrote {out}")
     return 0
 
