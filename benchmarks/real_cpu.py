@@ -13,6 +13,15 @@ first and last quarter of the steps; with the wall time, the commit, the machine
 
 ``--run-dir`` summarises a run made earlier (its wall time is the run's own, from summary.json;
 ``--commit`` says what code made it, since a run folder does not record it).
+
+``--compare-dir`` summarises a finished ``mutualrl compare`` of the same config (its command and
+commit come from its ``compare.json``): every run as above, and per strategy and policy the
+seeds' held-out start, end and change side by side. Written into ``real_cpu.json`` as the run
+labelled ``compare`` beside the single run (``real-cpu``): one file, one run per label.
+
+    mutualrl compare --config configs/real-cpu.toml --strategies none,prp,xgrpo,sgt --seeds 2 \\
+        --steps 12 --output-dir reports/compare-real-cpu
+    python benchmarks/real_cpu.py --compare-dir reports/compare-real-cpu --json ...
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ import sys
 import time
 from pathlib import Path
 
+from mutualrl.bench.results import write_run
 from mutualrl.provenance import git_commit, machine_info
 from mutualrl.report.analysis import curve_of, heldout_changes
 from mutualrl.run.evaluation import read_heldout
@@ -69,13 +79,65 @@ def summarise(run_dir: Path) -> dict:
     }
 
 
+def summarise_compare(folder: Path) -> dict:
+    """A finished compare: each run summarised, and per strategy and policy its seeds' held-out
+    start, end and change (the runs of a seed start from the same weights and prompts)."""
+    state = json.loads((folder / "compare.json").read_text())
+    runs = {}
+    for name, info in state["runs"].items():
+        if info.get("status") != "done":
+            raise SystemExit(f"{folder}: run {name} is {info.get('status')!r}, not done")
+        runs[name] = {"strategy": info["strategy"], "seed": info["seed"]}
+        runs[name].update(summarise(folder / "runs" / name))
+    table: dict = {}
+    for run in sorted(runs.values(), key=lambda r: (r["seed"], r["strategy"])):
+        for policy, p in run["policies"].items():
+            h = p["heldout_pass@1"]
+            row = table.setdefault(run["strategy"], {}).setdefault(
+                policy, {"seeds": [], "start": [], "end": [], "change": [], "verdict": []}
+            )
+            row["seeds"].append(run["seed"])
+            for key in ("start", "end", "change"):
+                row[key].append(h[key]["mean"])
+            row["verdict"].append(h["verdict"])
+    for rows in table.values():
+        for row in rows.values():
+            for key in ("start", "end", "change"):
+                row[f"{key}_mean"] = sum(row[key]) / len(row[key])
+    overrides = " ".join(f"--set {o}" for o in state["overrides"])
+    command = (
+        f"mutualrl compare --config {state['config_path']} --strategies "
+        f"{','.join(state['strategies'])} --seeds {state['seeds']} {overrides}"
+    )
+    return {
+        "commit": state["commit"],
+        "command": command.strip(),
+        "strategies": state["strategies"],
+        "seeds": state["seeds"],
+        "overrides": state["overrides"],
+        "by_strategy": table,
+        "runs": runs,
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", type=Path, required=True)
     ap.add_argument("--output-dir", default="runs/real-cpu-bench", help="the run's folder")
     ap.add_argument("--run-dir", type=Path, help="summarise this finished run instead of training")
     ap.add_argument("--commit", help="with --run-dir: the commit the run was made at")
+    ap.add_argument("--compare-dir", type=Path, help="summarise this finished compare instead")
     args = ap.parse_args()
+    if args.compare_dir is not None:
+        machine = {**machine_info(), "loadavg": None}
+        compare = summarise_compare(args.compare_dir)
+        record = {"benchmark": "real_cpu", "label": "compare", "machine": machine, **compare}
+        write_run(args.json, record)
+        for strategy, rows in compare["by_strategy"].items():
+            for name, row in rows.items():
+                ends = ", ".join(f"{e:.3f}" for e in row["end"])
+                print(f"{strategy} {name}: {row['start_mean']:.3f} -> [{ends}]")
+        return 0
     command = [
         "mutualrl",
         "train",
@@ -97,6 +159,7 @@ def main() -> int:
         machine["loadavg"] = None
     result = {
         "benchmark": "real_cpu",
+        "label": "real-cpu",
         "commit": commit,
         "machine": machine,
         "command": shlex.join(command),
@@ -105,8 +168,7 @@ def main() -> int:
         "process_wall_s": wall,
         **summarise(run_dir),
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    write_run(args.json, result)
     for name, p in result["policies"].items():
         h = p["heldout_pass@1"]
         print(f"{name}: {h['start']['mean']:.3f} -> {h['end']['mean']:.3f} ({h['verdict']})")

@@ -265,13 +265,11 @@ def test_gpu_build_threads_profiles_the_build_and_times_generation_alone_and_in_
     assert probe["build_llama-mistral_s"] > 0 and probe["device"] == "cpu"
 
 
-def test_real_cpu_summarises_a_finished_run(tmp_path):
-    """--run-dir: a run folder's held-out records and summary become the JSON the results page
-    quotes (the training itself needs the real models: CI's real-models step)."""
+def _finished_run(run: Path, start: list[int], end: list[int]) -> None:
+    """A run folder's held-out records (start, end: greedy pass per prompt) and summary."""
     from mutualrl.run.evaluation import append_heldout
 
-    run = tmp_path / "run"
-    run.mkdir()
+    run.mkdir(parents=True)
 
     def rec(step, greedy):
         n = len(greedy)
@@ -286,8 +284,8 @@ def test_real_cpu_summarises_a_finished_run(tmp_path):
             "greedy_text": ["x"] * n,
         }
 
-    append_heldout(run, [rec(0, [1] * 10 + [0] * 30 + [0] * 40)])
-    append_heldout(run, [rec(30, [1] * 30 + [0] * 10 + [1] * 20 + [0] * 20)])
+    append_heldout(run, [rec(0, start)])
+    append_heldout(run, [rec(30, end)])
     (run / "summary.json").write_text(
         json.dumps(
             {
@@ -298,6 +296,13 @@ def test_real_cpu_summarises_a_finished_run(tmp_path):
             }
         )
     )
+
+
+def test_real_cpu_summarises_a_finished_run(tmp_path):
+    """--run-dir: a run folder's held-out records and summary become the JSON the results page
+    quotes (the training itself needs the real models: CI's real-models step)."""
+    run = tmp_path / "run"
+    _finished_run(run, [1] * 10 + [0] * 30 + [0] * 40, [1] * 30 + [0] * 10 + [1] * 20 + [0] * 20)
     out = tmp_path / "real_cpu.json"
     got = _run("real_cpu.py", "--run-dir", str(run), "--commit", "abc", "--json", str(out), out=out)
     p = got["policies"]["p"]
@@ -312,3 +317,38 @@ def test_real_cpu_summarises_a_finished_run(tmp_path):
         "count": {"start": 0.0, "end": 0.5, "prompts": 40},
     }
     assert p["train_reward_last_quarter"] == 0.4
+
+
+def test_real_cpu_summarises_a_finished_compare_beside_the_single_run(tmp_path):
+    """--compare-dir: every run of a compare, and per strategy and policy the seeds' held-out
+    start, end and change, written as the run labelled `compare` beside the `real-cpu` run."""
+    folder = tmp_path / "compare"
+    start = [1] * 20 + [0] * 60
+    ends = {("none", 0): 10, ("none", 1): 20, ("sgt", 0): 40, ("sgt", 1): 60}
+    for (strategy, seed), correct in ends.items():
+        _finished_run(
+            folder / "runs" / f"{strategy}-seed{seed}", start, [1] * correct + [0] * (80 - correct)
+        )
+    state = {
+        "config_path": "configs/real-cpu.toml",
+        "overrides": ["steps=12"],
+        "strategies": ["none", "sgt"],
+        "seeds": 2,
+        "commit": "abc",
+        "runs": {
+            f"{st}-seed{se}": {"strategy": st, "seed": se, "status": "done"} for st, se in ends
+        },
+    }
+    (folder / "compare.json").write_text(json.dumps(state))
+    out = tmp_path / "real_cpu.json"
+    out.write_text(json.dumps({"runs": [{"label": "real-cpu", "x": 1}]}))
+    got = _run("real_cpu.py", "--compare-dir", str(folder), "--json", str(out), out=out)
+    assert [r["label"] for r in got["runs"]] == ["real-cpu", "compare"]
+    compare = got["runs"][1]
+    assert compare["command"] == (
+        "mutualrl compare --config configs/real-cpu.toml --strategies none,sgt --seeds 2 "
+        "--set steps=12"
+    )
+    sgt = compare["by_strategy"]["sgt"]["p"]
+    assert sgt["seeds"] == [0, 1] and sgt["start"] == [0.25, 0.25] and sgt["end"] == [0.5, 0.75]
+    assert sgt["end_mean"] == 0.625 and compare["by_strategy"]["none"]["p"]["end_mean"] == 0.1875
