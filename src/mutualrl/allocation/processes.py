@@ -46,7 +46,6 @@ import multiprocessing as mp
 import os
 import pickle
 import signal
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -60,11 +59,12 @@ from mutualrl.allocation.calls import (
     build_worker,
     close_worker,
 )
+from mutualrl.allocation.ending import end_group, sweep_left_scratch
 from mutualrl.allocation.malloc import reuse_large_buffers
 from mutualrl.allocation.ranks import RankGroup, free_port, group_size, rank_env
 from mutualrl.allocation.replies import (
+    RankReplies,
     failure_result,
-    gather_ranks,
     raised_failure,
     raised_status,
 )
@@ -76,7 +76,6 @@ from mutualrl.allocation.roster import (
     rank_threads,
 )
 from mutualrl.config import AllocationConfig
-from mutualrl.storage import sweep_scratch
 
 if TYPE_CHECKING:
     from mutualrl.allocation.planner import Plan
@@ -124,43 +123,6 @@ def _end_children(grace_s: float) -> None:
         if child.is_alive():
             child.kill()
             child.join()
-
-
-def end_group(pgid: int, grace_s: float) -> None:
-    """End process group ``pgid``: SIGTERM, then SIGKILL to whatever is left after ``grace_s``."""
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 0.0)):
-        try:
-            os.killpg(pgid, sig)
-        except (ProcessLookupError, PermissionError):  # no such group (left): nothing to end
-            return
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            if not _group_runs(pgid):
-                return
-            time.sleep(0.05)
-
-
-def _group_runs(pgid: int) -> bool:
-    """Whether a member of group ``pgid`` still runs. A zombie does not, though it stays a
-    member until reaped, and an init that reaps nothing (some containers') keeps it for good.
-    From ``/proc`` where there is one; else any member counts."""
-    try:
-        pids = [e for e in os.listdir("/proc") if e.isdigit()]
-    except OSError:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return False
-        return True
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                state, _, group = f.read().rsplit(b")", 1)[1].split()[:3]
-        except (OSError, ValueError):
-            continue  # gone meanwhile
-        if int(group) == pgid and state != b"Z":
-            return True
-    return False
 
 
 def _serve(
@@ -220,6 +182,7 @@ def _calls(conn: Connection, obj: object) -> None:
         if call is None:
             return
         t0 = time.perf_counter()
+        reply: tuple
         try:
             value = call(obj)
             reply = ("ok", value, time.perf_counter() - t0)
@@ -239,16 +202,6 @@ def worker_env(threads: int, gpus: tuple[int, ...] | None) -> dict[str, str]:
     if gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
     return env
-
-
-def _sweep_left_scratch() -> None:
-    """Once worker processes have ended: the scratch folders (``storage.ScratchFolder``, a vLLM
-    engine's copy of its model) of those killed before they could close, hung or slower to close
-    than the grace allows (an engine's shutdown on a loaded machine), which would otherwise wait
-    for the next engine made in this TMPDIR. Only folders whose owner is gone are touched (their
-    lock is free), whoever's they are. Every failed worker is retired (restart, continue) or
-    shut down, so both call this once."""
-    sweep_scratch(tempfile.gettempdir())
 
 
 class _Proc:
@@ -413,8 +366,8 @@ class ProcessExecutor:
 
     def _collect(self, names: list[str], method: str, timeout_s: float) -> dict[str, CallResult]:
         """One reply per process within ``timeout_s``; a process that died or hung is a failure
-        of its worker, and a rank group's failed rank ends its other ranks (``gather_ranks``)."""
-        return gather_ranks(
+        of its worker, and a rank group's failed rank ends its other ranks (``RankReplies``)."""
+        return RankReplies(
             {n: [p.conn for p in self._procs[n]] for n in names},
             method,
             timeout_s,
@@ -422,7 +375,7 @@ class ProcessExecutor:
             receive=lambda name, rank, late: self._receive(name, rank, method),
             kill=self._kill,
             hung="; its process was killed",
-        )
+        ).results()
 
     def _receive(self, name: str, rank: int, method: str) -> CallResult:
         proc = self._procs[name][rank]
@@ -446,10 +399,12 @@ class ProcessExecutor:
         """A failed worker's processes, before a restart replaces them or ``continue`` drops
         them. One that raised still answers: asked to stop, it closes its worker (a vLLM
         engine's scratch folder) and ends what it started, as at the end of a run. One that
-        hung or died, or a failed rank group, was killed already: nothing is waited for."""
+        hung or died, or a failed rank group, was killed already: nothing is waited for. Then
+        the scratch folders of those killed before they could close are swept (every failed
+        worker is retired, or shut down)."""
         for proc in self._procs.pop(name, ()):
             proc.stop()
-        _sweep_left_scratch()
+        sweep_left_scratch()
 
     def _restart(self, name: str) -> None:
         self._retire(name)
@@ -463,4 +418,4 @@ class ProcessExecutor:
             proc.ask_to_stop()
         for proc in procs:
             proc.stop()
-        _sweep_left_scratch()
+        sweep_left_scratch()

@@ -54,11 +54,12 @@ from mutualrl.allocation.calls import (
     call_fields,
     close_worker,
 )
+from mutualrl.allocation.ending import sweep_left_scratch
 from mutualrl.allocation.planner import Assignment, Plan
 from mutualrl.allocation.ranks import RankFactory, RankGroup, free_port, rank_env
 from mutualrl.allocation.replies import (
+    RankReplies,
     failure_result,
-    gather_ranks,
     raised_failure,
     raised_status,
 )
@@ -119,50 +120,6 @@ class _Hosting:
         import os
 
         return ray.get_runtime_context().get_node_id(), os.getpid()
-
-
-def _alive(pid: int) -> bool:
-    """Whether a process may still hold its files. A killed process's first thread turns zombie
-    while its other threads (an actor has many) still exit, and its files, and so its locks, are
-    closed only with the last of them: alive while any thread is not a zombie."""
-    import os
-
-    try:
-        states = []
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{task}/stat") as f:
-                states.append(f.read().rsplit(")", 1)[1].split()[0])
-        return any(state not in ("Z", "X") for state in states)
-    except FileNotFoundError:  # gone (reaped), or a thread gone while listing: look again
-        return os.path.exists(f"/proc/{pid}") and _alive_by_signal(pid)
-    except OSError:  # no /proc: whether it can be signalled
-        return _alive_by_signal(pid)
-
-
-def _alive_by_signal(pid: int) -> bool:
-    import os
-
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _sweep_node(pids: list[int], wait_s: float) -> list[str]:
-    """A task on one node: once the killed actors' processes ``pids`` are gone (at most
-    ``wait_s``), remove the scratch folders in its TMPDIR whose owner is gone
-    (``storage.sweep_scratch``, as the process executor does on its own machine)."""
-    import tempfile
-
-    from mutualrl.storage import sweep_scratch
-
-    deadline = time.monotonic() + wait_s
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return [str(p) for p in sweep_scratch(tempfile.gettempdir())]
 
 
 class _Host(_Hosting):
@@ -432,7 +389,7 @@ class RayExecutor:
             first = rank == 0 and not late  # a failed group's late rank: neither timed nor fetched
             return self._result(name, method, refs[name][rank], fetch and first, first)
 
-        return gather_ranks(
+        return RankReplies(
             {n: [x[0] if isinstance(x, list) else x for x in per] for n, per in refs.items()},
             method,
             timeout_s,
@@ -440,7 +397,7 @@ class RayExecutor:
             receive=receive,
             kill=self._kill,
             hung=" from its actor",
-        )
+        ).results()
 
     def _result(self, name: str, method: str, refs: Any, fetch: bool, timed: bool) -> CallResult:
         status_ref = refs[0] if isinstance(refs, list) else refs
@@ -486,7 +443,7 @@ class RayExecutor:
         for node, pid in where:
             nodes.setdefault(node, []).append(pid)
         refs = [
-            ray.remote(num_cpus=0)(_sweep_node)
+            ray.remote(num_cpus=0)(sweep_left_scratch)
             .options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False))
             .remote(pids, KILLED_EXIT_WAIT_S)
             for node, pids in nodes.items()

@@ -5,7 +5,7 @@ call with a status tuple: ``("ok", ...)``, or ``raised_status(exc)``, ``("raised
 message, traceback, ...)``; either ends with the seconds the call took in the host (the worker's
 busy time). ``raised_failure`` reads the second back into a failure of the worker.
 
-``gather_ranks`` waits for one reply per rank (a worker that is not a rank group has one rank)
+``RankReplies`` waits for one reply per rank (a worker that is not a rank group has one rank)
 within one deadline. A rank that fails ends its group's other ranks at once, since they would wait
 in a collective for it; a rank with no reply by the deadline is its worker's timeout, and its
 worker's hosts are killed. Each executor kind says how it waits on its hosts (pipes, object refs),
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from mutualrl.allocation.calls import CallResult, FailureKind, WorkerFailure
@@ -52,7 +52,7 @@ def raised_status(exc: BaseException, seconds: float = 0.0) -> tuple[str, str, s
     return ("raised", type(exc).__name__, str(exc), tb, seconds)
 
 
-def raised_failure(name: str, method: str, status: tuple) -> CallResult:
+def raised_failure(name: str, method: str, status: Sequence[Any]) -> CallResult:
     """Worker ``name``'s failure from its host's ``raised_status``."""
     _, exc_type, message, tb, _ = status
     return failure_result(name, method, exc_type, message, traceback=tb)
@@ -64,30 +64,18 @@ Ready = Callable[[list[Any], float], list[Any]]
 Receive = Callable[[str, int, bool], CallResult]
 
 
-def gather_ranks(
-    handles: dict[str, list[Any]],
-    method: str,
-    timeout_s: float,
-    *,
-    ready: Ready,
-    receive: Receive,
-    kill: Callable[[str], None],
-    hung: str,
-) -> dict[str, CallResult]:
-    """Every worker's result within ``timeout_s`` from ``handles[name]``, one handle per rank in
-    rank order. ``kill(name)`` ends a worker's hosts; ``hung`` ends a timeout's message with what
-    became of them."""
-    return _Gathering(handles, method, timeout_s, ready, receive, kill, hung).results()
-
-
-class _Gathering:
-    """One call's replies as they come in: per worker, one slot per rank."""
+class RankReplies:
+    """One call's replies as they come in, per worker one slot per rank (``handles[name]``, in
+    rank order), gathered within ``timeout_s`` by ``results()``. ``ready`` and ``receive`` wait
+    on and read the executor's hosts; ``kill(name)`` ends a worker's hosts; ``hung`` ends a
+    timeout's message with what became of them."""
 
     def __init__(
         self,
         handles: dict[str, list[Any]],
         method: str,
         timeout_s: float,
+        *,
         ready: Ready,
         receive: Receive,
         kill: Callable[[str], None],
@@ -103,6 +91,8 @@ class _Gathering:
         self.failed: dict[str, CallResult] = {}
 
     def results(self) -> dict[str, CallResult]:
+        """Every worker's result: rank 0's value, or the failure of its ranks (``merge_ranks``),
+        or its timeout."""
         while self.pending and (left := self.deadline - time.monotonic()) > 0:
             for handle in self.ready(list(self.pending), left):
                 if handle in self.pending:  # not a rank of a group that failed meanwhile

@@ -111,8 +111,8 @@ class Roster:
         return [RankFactory(group, rank, *timeouts) for rank in range(group.ranks)]
 
     def rank_port(self, name: str) -> int | None:
-        """Rank group ``name``'s rendezvous port where ``allocation.master_port`` fixes them (the
-        groups in order of name take that port and the next ones); else None: a free one."""
+        """Rank group ``name``'s rendezvous port when ``allocation.master_port`` is set: that port
+        for the first group by name, the next one for the next; else None (a free one is taken)."""
         if not self.alloc.master_port:
             return None
         groups = sorted(n for n, f in self.factories.items() if isinstance(f, RankGroup))
