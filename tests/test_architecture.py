@@ -41,14 +41,12 @@ def _sources() -> list[Path]:
 # once split. A listed one back under its limit fails too, so the list only shrinks.
 FORMATTED_OVER_MODULES = {
     "retokenize/encoding.py": 554,
-    "retokenize/retokenizer.py": 553,
 }
 FORMATTED_OVER_FUNCTIONS = {
     "bench/floor.py _results()": 78,
     "bench/retokenize.py _bench_ours()": 77,
     "retokenize/encoding.py encode_from_batch()": 66,
     "retokenize/numba_loops.py folded_walk()": 68,
-    "retokenize/retokenizer.py _assemble_batch()": 88,
     "retokenize/wordpiece.py _walk()": 64,
     "run/experience.py publish_step()": 66,
     "run/warmup.py supervised_warm_start()": 72,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from mutualrl.bench.retokenize import load_corpus
-from mutualrl.retokenize import retokenizer as retokenizer_module
+from mutualrl.retokenize import assembly
 from mutualrl.retokenize.encoding import (
     EncodedList,
     EncodingCache,
@@ -216,7 +216,7 @@ def test_a_batch_keeps_its_arrays_laid_end_to_end_equal_to_its_texts(retokenizer
 def test_a_plain_batch_is_assembled_whole_from_its_laid_arrays(monkeypatch, handles, pair):
     """Without specials, EOS or truncation every text of the corpus is assembled by the batch's
     segment reductions over the arrays both sides laid end to end (``align_flat``): none takes
-    the per-text ``_assemble``, and the results are the per-text calls'."""
+    the per-text ``_edit_text``, and the results are the per-text calls'."""
     from mutualrl.retokenize import Retokenizer
 
     texts = load_corpus()[::2]
@@ -225,15 +225,15 @@ def test_a_plain_batch_is_assembled_whole_from_its_laid_arrays(monkeypatch, hand
     ids = [np.array(sprof.continuation.encode(t, add_special_tokens=False).ids) for t in texts]
     lps = [-np.linspace(0.1, 2.0, i.size) for i in ids]
     seen = {"flat": 0, "one": 0}
-    flat, one = retokenizer_module.align_flat, retokenizer_module.Retokenizer._assemble
+    flat, one = assembly.align_flat, assembly._edit_text
     monkeypatch.setattr(
-        retokenizer_module,
+        assembly,
         "align_flat",
         lambda *a: seen.__setitem__("flat", seen["flat"] + 1) or flat(*a),
     )
     monkeypatch.setattr(
-        retokenizer_module.Retokenizer,
-        "_assemble",
+        assembly,
+        "_edit_text",
         lambda *a: seen.__setitem__("one", seen["one"] + 1) or one(*a),
     )
     batch = rt.retokenize_batch(texts, source=handles[pair[0]], source_ids=ids, source_logprobs=lps)

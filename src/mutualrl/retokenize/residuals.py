@@ -47,6 +47,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import Any
 
 import msgspec
 
@@ -103,6 +105,103 @@ class AlignmentResiduals(msgspec.Struct, frozen=True, kw_only=True):
             and self.truncated_tokens == 0
             and self.logprob_mass_unassigned == 0.0
         )
+
+
+@dataclass(slots=True)
+class ResidualRows:
+    """What the residuals of a batch's texts are made of: one list per name, a row per text.
+
+    Both ways to a text's result fill its row: segment reductions over the whole batch, or the
+    text's own edited groups (``assembly``). The counts and flags are kept as measured;
+    ``records`` derives the rest (the n:m groups, the length ratio, the unknown and byte-fallback
+    rates), so every ``AlignmentResiduals`` is built in one place. ``unknown_tokens`` and
+    ``byte_fallback_tokens`` count target tokens before truncation (``unknown_tokens`` is 0 for a
+    receiver without an unknown token).
+    """
+
+    n_bytes: list[int]
+    n_source_tokens: list[int]
+    n_target_tokens: list[int]
+    n_groups: list[int]
+    roundtrip_mismatch: list[bool]
+    roundtrip_edit_distance: list[int]
+    normalizer_changed_text: list[bool]
+    source_mismatch: list[bool]
+    source_edit_distance: list[int]
+    boundary_iou: list[float]
+    groups_1_1: list[int]
+    groups_1_n: list[int]
+    groups_n_1: list[int]
+    largest_group_source_tokens: list[int]
+    largest_group_target_tokens: list[int]
+    largest_group_bytes: list[int]
+    unknown_tokens: list[int]
+    byte_fallback_tokens: list[int]
+    specials_stripped: list[int]
+    specials_added: list[int]
+    eos_paired: list[bool]
+    truncated_tokens: list[int]
+    truncated_bytes: list[int]
+    logprob_mass_error: list[float]
+    logprob_mass_unassigned: list[float]
+
+    @classmethod
+    def blank(cls, n: int) -> ResidualRows:
+        """``n`` rows, every value still None (``put`` fills a row)."""
+        empty: list[Any] = [None] * n
+        return cls(**{name: empty.copy() for name in _ROW_NAMES})
+
+    def put(self, row: int, values: dict[str, Any]) -> None:
+        """Row ``row``'s value of each name in ``values``."""
+        for name, value in values.items():
+            getattr(self, name)[row] = value
+
+    def place(self, rows: ResidualRows, where: list[int]) -> None:
+        """Row ``where[j]`` from row ``j`` of ``rows``, for every ``j``."""
+        for name in _ROW_NAMES:
+            mine, theirs = getattr(self, name), getattr(rows, name)
+            for j, row in enumerate(where):
+                mine[row] = theirs[j]
+
+    def records(self) -> list[AlignmentResiduals]:
+        """One ``AlignmentResiduals`` per row."""
+        return [self._record(j) for j in range(len(self.n_bytes))]
+
+    def _record(self, j: int) -> AlignmentResiduals:
+        m, n_src, n_groups = self.n_target_tokens[j], self.n_source_tokens[j], self.n_groups[j]
+        c11, c1n, cn1 = self.groups_1_1[j], self.groups_1_n[j], self.groups_n_1[j]
+        return AlignmentResiduals(
+            n_bytes=self.n_bytes[j],
+            n_source_tokens=n_src,
+            n_target_tokens=m,
+            n_groups=n_groups,
+            roundtrip_mismatch=self.roundtrip_mismatch[j],
+            roundtrip_edit_distance=self.roundtrip_edit_distance[j],
+            normalizer_changed_text=self.normalizer_changed_text[j],
+            source_mismatch=self.source_mismatch[j],
+            source_edit_distance=self.source_edit_distance[j],
+            boundary_iou=self.boundary_iou[j],
+            groups_1_1=c11,
+            groups_1_n=c1n,
+            groups_n_1=cn1,
+            groups_n_m=n_groups - c11 - c1n - cn1,
+            largest_group_source_tokens=self.largest_group_source_tokens[j],
+            largest_group_target_tokens=self.largest_group_target_tokens[j],
+            largest_group_bytes=self.largest_group_bytes[j],
+            length_ratio=m / n_src if n_src else 0.0,
+            unknown_rate=self.unknown_tokens[j] / m if m else 0.0,
+            byte_fallback_rate=self.byte_fallback_tokens[j] / m if m else 0.0,
+            specials_stripped=self.specials_stripped[j],
+            specials_added=self.specials_added[j],
+            eos_paired=self.eos_paired[j],
+            truncated_tokens=self.truncated_tokens[j],
+            truncated_bytes=self.truncated_bytes[j],
+            logprob_mass_error=self.logprob_mass_error[j],
+            logprob_mass_unassigned=self.logprob_mass_unassigned[j],
+        )
+
+
+_ROW_NAMES = tuple(f.name for f in fields(ResidualRows))
 
 
 def byte_edit_distance(a: bytes, b: bytes) -> int:
