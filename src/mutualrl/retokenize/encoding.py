@@ -1,4 +1,5 @@
-"""One side's encoding of a text: ids plus the byte end of every token, and a bounded LRU cache.
+"""Encoding texts on one side: ids plus the byte end of every token (``encoded.Encoded``), a
+batch of texts in one Rust call, and a bounded LRU cache of encodings.
 
 Byte ends come from the profile's per-id byte-length table when the tokenizer is lossless and its
 pieces spell the text exactly (the usual case: one table lookup and a cumsum). Otherwise —
@@ -17,123 +18,12 @@ from collections import OrderedDict
 import numpy as np
 
 from mutualrl.retokenize import kernels
+from mutualrl.retokenize.encoded import Encoded, EncodedList
 from mutualrl.retokenize.normalize import normalizer_changes
 from mutualrl.retokenize.profile import TokenizerProfile
-from mutualrl.retokenize.residuals import byte_edit_distance, byte_edit_distances
+from mutualrl.retokenize.residuals import byte_edit_distances
 from mutualrl.retokenize.spans import settle_batch_ends, split_shared_spans
 from mutualrl.retokenize.wordpiece import fold_table, folded_ends
-
-
-class Encoded:
-    """A text encoded by one tokenizer in continuation mode (no specials, no prefix space).
-
-    ``ids``                 int64, read-only
-    ``ends``                int64 byte end of each token, read-only
-    ``mismatch``            the tokenizer's rendering of ``ids`` differs from the text
-    ``edit_distance``       byte Levenshtein distance of that rendering to the text
-    ``normalizer_changed``  the normaliser rewrote the text (WordPiece)
-
-    The last three are computed on first use when the encoding did not spell the text exactly
-    (a source side only needs ``ids`` and ``ends``, and never pays for the decode).
-    """
-
-    __slots__ = ("ids", "ends", "_mismatch", "_distance", "_changed", "_lazy")
-
-    def __init__(
-        self,
-        ids: np.ndarray,
-        ends: np.ndarray,
-        mismatch: bool | None = False,
-        edit_distance: int | None = 0,
-        normalizer_changed: bool | None = False,
-        lazy: tuple | None = None,
-    ) -> None:
-        self.ids = ids
-        self.ends = ends
-        self._mismatch = mismatch
-        self._distance = edit_distance
-        self._changed = normalizer_changed
-        self._lazy = lazy  # (profile, text, data, rendered bytes or None)
-
-    def _resolve(self) -> None:
-        profile, text, data, rendered = self._lazy
-        if rendered is None:
-            rendered = profile.continuation.decode(
-                self.ids.tolist(), skip_special_tokens=False
-            ).encode()
-        normalizer = profile.continuation.normalizer
-        self._changed = normalizer is not None and normalizer.normalize_str(text) != text
-        self._distance = byte_edit_distance(rendered, data)
-        self._mismatch = self._distance > 0
-        self._lazy = None
-
-    @property
-    def mismatch(self) -> bool:
-        if self._lazy is not None:
-            self._resolve()
-        return self._mismatch
-
-    @property
-    def edit_distance(self) -> int:
-        if self._lazy is not None:
-            self._resolve()
-        return self._distance
-
-    @property
-    def normalizer_changed(self) -> bool:
-        if self._lazy is not None:
-            self._resolve()
-        return self._changed
-
-    def with_rendering(
-        self, rendered: bytes, changed: bool | None = None, distance: int | None = None
-    ) -> None:
-        """Supply the rendering (from a batched decode) and, if known, whether the normaliser
-        changed the text (from a batched normalisation) and the rendering's edit distance to the
-        text (from a batched distance), before the residuals are read."""
-        if self._lazy is None:
-            return
-        if changed is None:
-            self._lazy = (*self._lazy[:3], rendered)
-            return
-        self._changed = changed
-        self._distance = (
-            byte_edit_distance(rendered, self._lazy[2]) if distance is None else distance
-        )
-        self._mismatch = self._distance > 0
-        self._lazy = None
-
-
-class EncodedList(list):
-    """``Encoded`` per text, in order, with the batch's arrays laid end to end, read-only:
-    ``ids``, ``ends`` (those of the texts that took ``encode_from`` included) and ``sizes``
-    (tokens per text), so a batch is aligned and summed without concatenating its texts' arrays
-    again. ``encode_texts`` returns one when it encoded the whole batch at once (no cache hit),
-    else a plain list; the arrays are None where the texts' ids differ in number from the
-    batch's (never seen: the same tokenizer encodes them)."""
-
-    ids: np.ndarray | None = None
-    ends: np.ndarray | None = None
-    sizes: np.ndarray | None = None
-
-
-def _laid(
-    out: list[Encoded], flat: np.ndarray, ends: np.ndarray, sizes: np.ndarray, again: list[int]
-) -> EncodedList:
-    """``out`` as an ``EncodedList`` over the batch's arrays. The texts ``again`` took
-    ``encode_from``: their ends are written into a copy of ``ends`` (their ids are the batch's,
-    as the same tokenizer gives them; should they differ in number, no arrays are kept)."""
-    laid = EncodedList(out)
-    if again:
-        stops = np.cumsum(sizes).tolist()
-        if any(out[i].ids.size != int(sizes[i]) for i in again):
-            return laid
-        ends = ends.copy()
-        for i in again:
-            ends[stops[i] - out[i].ids.size : stops[i]] = out[i].ends
-        ends.flags.writeable = False
-    laid.ids, laid.ends, laid.sizes = flat, ends, sizes
-    return laid
 
 
 def utf8(text: str, field: str = "text") -> bytes:
@@ -317,48 +207,12 @@ def encode_from_batch(
     """``encode_from`` for many Rust encodings at once. For a lossless tokenizer the ids, byte ends
     and spelling checks of the whole batch are numpy passes, and each text's ``Encoded`` holds
     views of them; a text whose ids do not spell it takes ``encode_from``, on an encoding made
-    again with offsets where the batch's have none (``encodes_without_offsets``). For WordPiece
-    the byte ends of the whole batch come from walking its ids along the folded texts
-    (``wordpiece.folded_ends``; a text whose ids do not walk takes ``encode_from`` on an encoding
-    made again with offsets), or from its offsets (``offset_ends_batch``) where the fold does not
-    apply; with ``render`` its ids are also decoded, in one ``decode_batch`` of the id lists that
-    pass read, for the round-trip residuals (``add_renderings``)."""
+    again with offsets where the batch's have none (``encodes_without_offsets``). Otherwise
+    (WordPiece) see ``_encode_not_lossless``."""
     if len(encs) < 2:
         return [encode_from(profile, e, t, d) for e, t, d in zip(encs, texts, datas)]
     if not profile.lossless:
-        id_lists = [e.ids for e in encs]
-        rendered = (
-            [
-                r.encode()
-                for r in profile.continuation.decode_batch(id_lists, skip_special_tokens=False)
-            ]
-            if render
-            else [None] * len(encs)
-        )
-        spells = None
-        if encodes_without_offsets(profile):  # WordPiece without offsets: its ids walked
-            flat, sizes = laid_ids(id_lists)
-            spells, ends = folded_ends(profile, flat, sizes, texts, datas)
-            spells = spells.tolist()
-        else:
-            flat, ends, sizes = offset_ends_batch(profile, encs, texts, datas, id_lists)
-        flat.flags.writeable = ends.flags.writeable = False
-        out, lo, again = [], 0, []
-        for i, (hi, t, d, r) in enumerate(zip(np.cumsum(sizes).tolist(), texts, datas, rendered)):
-            if spells is None or spells[i]:
-                out.append(
-                    Encoded(flat[lo:hi], ends[lo:hi], None, None, None, lazy=(profile, t, d, r))
-                )
-            else:  # ids that do not walk (``wordpiece.folded_ends``): encoded again, offsets on
-                enc = encode_from(
-                    profile, profile.continuation.encode(t, add_special_tokens=False), t, d
-                )
-                if r is not None:
-                    enc.with_rendering(r)
-                out.append(enc)
-                again.append(i)
-            lo = hi
-        return _laid(out, flat, ends, sizes, again)
+        return _encode_not_lossless(profile, encs, texts, datas, render)
     flat, sizes = laid_ids([e.ids for e in encs])
     spells, ends = spelled_ends(profile, flat, sizes, datas)
     flat.flags.writeable = False
@@ -376,7 +230,46 @@ def encode_from_batch(
             out.append(encode_from(profile, enc, texts[i], datas[i]))
             again.append(i)
         lo = hi
-    return _laid(out, flat, ends, sizes, again)
+    return EncodedList.laid_out(out, flat, ends, sizes, again)
+
+
+def _encode_not_lossless(
+    profile: TokenizerProfile, encs, texts: list[str], datas: list[bytes], render: bool
+) -> EncodedList:
+    """``encode_from_batch`` for a tokenizer that is not lossless (WordPiece). The byte ends of
+    the whole batch come from walking its ids along the folded texts (``wordpiece.folded_ends``;
+    a text whose ids do not walk takes ``encode_from`` on an encoding made again with offsets),
+    or from its offsets (``offset_ends_batch``) where the fold does not apply; with ``render``
+    its ids are also decoded, in one ``decode_batch`` of the id lists that pass read, for the
+    round-trip residuals (``add_renderings``)."""
+    id_lists = [e.ids for e in encs]
+    rendered = (
+        [r.encode() for r in profile.continuation.decode_batch(id_lists, skip_special_tokens=False)]
+        if render
+        else [None] * len(encs)
+    )
+    spells = None
+    if encodes_without_offsets(profile):  # WordPiece without offsets: its ids walked
+        flat, sizes = laid_ids(id_lists)
+        walked, ends = folded_ends(profile, flat, sizes, texts, datas)
+        spells = walked.tolist()
+    else:
+        flat, ends, sizes = offset_ends_batch(profile, encs, texts, datas, id_lists)
+    flat.flags.writeable = ends.flags.writeable = False
+    out, lo, again = [], 0, []
+    for i, (hi, t, d, r) in enumerate(zip(np.cumsum(sizes).tolist(), texts, datas, rendered)):
+        if spells is None or spells[i]:
+            out.append(Encoded(flat[lo:hi], ends[lo:hi], None, None, None, lazy=(profile, t, d, r)))
+        else:  # ids that do not walk (``wordpiece.folded_ends``): encoded again, offsets on
+            enc = encode_from(
+                profile, profile.continuation.encode(t, add_special_tokens=False), t, d
+            )
+            if r is not None:
+                enc.with_rendering(r)
+            out.append(enc)
+            again.append(i)
+        lo = hi
+    return EncodedList.laid_out(out, flat, ends, sizes, again)
 
 
 class EncodingCache:
@@ -516,18 +409,18 @@ def add_renderings(profile: TokenizerProfile, encoded: list[Encoded]) -> None:
     normaliser check and one batched edit distance."""
     if profile.lossless:
         return
-    lazy = [e for e in encoded if e._lazy is not None]
+    lazy = [e for e in encoded if e.pending is not None]
     if len(lazy) > 1:
-        todo = [e for e in lazy if e._lazy[3] is None]
+        todo = [e for e in lazy if e.pending[3] is None]
         if todo:
             texts = profile.continuation.decode_batch(
                 [e.ids.tolist() for e in todo], skip_special_tokens=False
             )
             for e, t in zip(todo, texts):
                 e.with_rendering(t.encode())
-        changed = normalizer_changes(profile, [e._lazy[1] for e in lazy])
-        rendered = [e._lazy[3] for e in lazy]
-        distances = byte_edit_distances(rendered, [e._lazy[2] for e in lazy], rust_threads())
+        changed = normalizer_changes(profile, [e.pending[1] for e in lazy])
+        rendered = [e.pending[3] for e in lazy]
+        distances = byte_edit_distances(rendered, [e.pending[2] for e in lazy], rust_threads())
         for e, r, ch, dist in zip(lazy, rendered, changed, distances):
             e.with_rendering(r, ch, dist)
 
