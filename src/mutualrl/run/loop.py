@@ -112,7 +112,9 @@ def stop_here(run: Run, step: int) -> None:
         else:
             ckpt = run.out / checkpoint.CHECKPOINT_DIR / f"{checkpoint.PREFIX}{step:06d}"
     run.progress.finish_phase(f"stopped after step {step}")
-    raise RunInterrupted(run.stop.signum, step, run.out, ckpt)
+    signum = run.stop.signum
+    assert signum is not None, "the run stops here only when a signal asked it to"
+    raise RunInterrupted(signum, step, run.out, ckpt)
 
 
 @dataclass(frozen=True)
@@ -127,8 +129,9 @@ class RunSummary:
     # Wall seconds by phase: build, warm start, train (GRPO steps), eval, save.
     phase_times_s: dict[str, float] = field(default_factory=dict)
     # Per policy: steps, wall and busy seconds, idle fraction, steps a minute; paced runs also
-    # the gate wait, the age of the peer experience used and what was dropped as stale.
-    pace: dict[str, dict[str, float]] = field(default_factory=dict)
+    # the gate wait, the age of the peer experience used and what was dropped as stale (busy
+    # seconds and idle fraction None where the rows have no busy time: ``run.paced.pace_summary``).
+    pace: dict[str, dict[str, float | None]] = field(default_factory=dict)
     # A paced run's books of peer experience (``run.paced.Pace.books``); empty for lock-step.
     pace_books: dict = field(default_factory=dict)
     # Policies that left under on_failure = "continue": step, phase, call, error

@@ -29,6 +29,8 @@ class MetricsWriter:
         self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def write(self, record: dict[str, Any]) -> None:
+        if self._fd is None:
+            raise ValueError(f"{self.path}: written to after close")
         line = json.dumps({k: _clean(v) for k, v in record.items()}) + "\n"
         append_whole(
             self._fd,

@@ -39,6 +39,7 @@ import numpy as np
 from mutualrl.allocation import (
     PacedRecord,
     QueueChannel,
+    StepWorker,
     VersionGate,
     WorkerFailedError,
     WorkerUnavailable,
@@ -61,7 +62,7 @@ from mutualrl.run.phases import (
     verify,
 )
 from mutualrl.run.state import Run
-from mutualrl.strategies import STRATEGIES, build_strategy
+from mutualrl.strategies import STRATEGIES, StatefulStrategy, build_strategy
 
 # Calls a step makes on workers (generate, the strategy's, update), each bounded by
 # call_timeout_s: a step still running after this many of them is declared hung. Verification
@@ -181,7 +182,7 @@ class Pace:
         for n in self.failed:
             self.gate.remove(n)
         for n, s in state["strategies"].items():
-            self.strategies[n].load_state_dict(s)
+            cast(StatefulStrategy, self.strategies[n]).load_state_dict(s)
         self.ledger = state["ledger"]
         self.dropped.update(state["dropped"])
         self.rows.load_state_dict(state["rows"])
@@ -304,6 +305,7 @@ class PolicyStepper:
 
     def learn(self, k: int, incoming: list[PacedRecord]) -> None:
         run, name, cur, clock = self.run, self.name, self.current, self.run.step_phase
+        assert cur is not None, "run_paced calls learn after the step's produce"
         peers = [d for r in incoming for d in r.payload]
         self.pace.note(name, incoming, "consumed")
         with clock("strategy"):
@@ -395,7 +397,9 @@ def _segment(run: Run, pace: Pace, steppers: dict[str, PolicyStepper], end: int)
     # the last segment's end closed the gate and its finished loops left it: open it again
     pace.gate.reopen(steppers)
     report = run_paced(
-        steppers,
+        # PolicySteppers are PhasedWorkers, which run_paced takes too (its docstring); its
+        # annotation names only StepWorker
+        cast("dict[str, StepWorker]", steppers),
         end,
         pace.gate,
         pace.channel,
@@ -413,12 +417,12 @@ def _segment(run: Run, pace: Pace, steppers: dict[str, PolicyStepper], end: int)
     run.departures.check(run, end, "train", report.failures, pace.failed)
 
 
-def pace_summary(rows: list[dict], names: list[str]) -> dict[str, dict[str, float]]:
+def pace_summary(rows: list[dict], names: list[str]) -> dict[str, dict[str, float | None]]:
     """Per policy, over a run's train rows (lock-step or paced): steps, wall seconds (a paced
     step's with its gate wait; a lock-step step's whole), seconds its worker was busy, the idle
     fraction of its wall time, steps a minute, and for paced runs the gate wait, the mean age of
     the peer experience it used (in producer steps) and the peer records it dropped as stale."""
-    out = {}
+    out: dict[str, dict[str, float | None]] = {}
     for n in names:
         p = f"policy/{n}/"
         mine = [r for r in rows if r.get("phase") == "train" and p + "reward/mean" in r]

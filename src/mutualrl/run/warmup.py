@@ -72,7 +72,8 @@ def warm_start(run: Run) -> None:
     live = set(run.live())
     names = [p.name for p in run.cfg.policies if plans[p.name].families and p.name in live]
     if names and run.cfg.warmup.max_steps > 0:
-        cache = WarmStartCache(run.cfg) if run.cfg.warmup.cache_dir else None
+        cache_dir = run.cfg.warmup.cache_dir
+        cache = WarmStartCache(run.cfg, cache_dir) if cache_dir else None
         if cache is not None and cache.load(run, names):
             run.progress.start_phase("warm start", 0)
             run.progress.finish_phase(f"loaded from cache {cache.path}")
@@ -133,7 +134,7 @@ def supervised_warm_start(
     complete = True
     run.progress.start_phase("warm start", w.max_steps)
     for step in range(1, w.max_steps + 1):
-        if run.stop.requested:  # SIGINT/SIGTERM: nothing to checkpoint before GRPO starts
+        if run.stop.signum is not None:  # SIGINT/SIGTERM: nothing to checkpoint before GRPO starts
             raise RunInterrupted(run.stop.signum, 0, run.out, None)
         losses = call_each(
             run.executor,
@@ -237,8 +238,8 @@ class WarmStartCache:
     """``<cache_dir>/<key>/``: ``<policy>.pt`` per policy (``Policy.save_state``), the warm start's
     metric records, and ``key.json`` (the keyed fields, to tell what a key stands for)."""
 
-    def __init__(self, cfg: RunConfig) -> None:
-        self.root = Path(cfg.warmup.cache_dir)
+    def __init__(self, cfg: RunConfig, cache_dir: str) -> None:
+        self.root = Path(cache_dir)
         self.key, self.keyed = cache_key(cfg)
         self.path = self.root / self.key
 
