@@ -6,6 +6,7 @@ The main CLI wires this module as a subcommand through ``configure(parser)`` and
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -174,7 +175,10 @@ def _model_tokenizers(pairs: tuple[tuple[str, str], ...]) -> dict[str, Tokenizer
     from mutualrl.policies.packaged import is_packaged_name
 
     names = {n for pair in pairs for n in pair if is_packaged_name(n)}
-    return {name: load_tokenizer(str(resolve_checkpoint(name))) for name in sorted(names)}
+    return {
+        name: dataclasses.replace(load_tokenizer(str(resolve_checkpoint(name))), name=name)
+        for name in sorted(names)
+    }
 
 
 def run(args: argparse.Namespace) -> int:
