@@ -454,7 +454,7 @@ def _with_packaged_models(runs: list[PlannedRun]) -> list[PlannedRun]:
 
     from mutualrl.policies.model_cache import LineStages, resolve_policies
 
-    stages, memo = LineStages(), dict[str, str]()
+    stages, memo = LineStages(), dict[str | None, str | None]()
     return [
         dataclasses.replace(
             r,

@@ -11,7 +11,7 @@ most of a tiny model's cost. A collated batch is cut into micro-batches of conse
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -89,11 +89,16 @@ class SequenceColumns:
     sampler_weights: torch.Tensor | None = None
 
     def rows(self, rows: slice) -> SequenceColumns:
+        # every field by name: a required field added to the class and not here fails mypy
+        sampler = self.sampler_weights
         return SequenceColumns(
-            **{
-                f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[rows]
-                for f in fields(self)
-            }
+            advantages=self.advantages[rows],
+            weights=self.weights[rows],
+            truncated=self.truncated[rows],
+            has_old=self.has_old[rows],
+            old_logprobs=self.old_logprobs[rows],
+            is_peer=self.is_peer[rows],
+            sampler_weights=None if sampler is None else sampler[rows],
         )
 
 

@@ -13,6 +13,7 @@ import json
 import re
 import threading
 from pathlib import Path
+from typing import TypedDict
 
 from mutualrl.config import ConfigError, PolicyConfig
 
@@ -143,7 +144,13 @@ def check_policies(
 
 # Transformers' bar switch is process-wide, and the threaded executor saves several policies at
 # once: the bars go off with the first save under way and come back (if they were on) with the last.
-_quiet = {"lock": threading.Lock(), "saving": 0, "restore": False}
+class _QuietSaves(TypedDict):
+    lock: threading.Lock
+    saving: int  # saves under way in this process
+    restore: bool  # the bars were on before the first of them
+
+
+_quiet: _QuietSaves = {"lock": threading.Lock(), "saving": 0, "restore": False}
 
 
 def save_pretrained_quietly(model, path: str | Path, tokenizer=None, state_dict=None) -> Path:

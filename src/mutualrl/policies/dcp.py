@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -146,14 +147,16 @@ def full_state(learner) -> dict | None:
 
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
     model = get_model_state_dict(learner.model, options=opts)
-    optim = get_optimizer_state_dict(learner.model, learner.optimizer, options=opts)
+    # {"state": {name: moments}, "param_groups": [{..., "params": [names]}]}: the optimizer's
+    # state dict, keyed by parameter names (torch's type is the union of its two parts)
+    by_name = cast(dict, get_optimizer_state_dict(learner.model, learner.optimizer, options=opts))
     if rank() != 0:
         return None
     number = {n: i for i, n in enumerate(_trained_names(learner.model))}
     optim = {
-        "state": {number[n]: v for n, v in optim["state"].items()},
+        "state": {number[n]: v for n, v in by_name["state"].items()},
         "param_groups": [
-            {**g, "params": [number[n] for n in g["params"]]} for g in optim["param_groups"]
+            {**g, "params": [number[n] for n in g["params"]]} for g in by_name["param_groups"]
         ],
     }
     return {
@@ -177,24 +180,25 @@ def load_full_state(learner, state: dict | None, reference: dict | None = None) 
 
     opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
     first = rank() == 0
-    small = [None]
+    full = cast(dict, state)  # read on rank 0 only, which passes it
+    small: list[dict | None] = [None]
     if first:
         small = [
             {
-                **{k: v for k, v in state.items() if k not in ("model", "optimizer")},
+                **{k: v for k, v in full.items() if k not in ("model", "optimizer")},
                 "has_reference": reference is not None,
-                "param_groups": state["optimizer"]["param_groups"],
-                "moments": bool(state["optimizer"]["state"]),
+                "param_groups": full["optimizer"]["param_groups"],
+                "moments": bool(full["optimizer"]["state"]),
             }
         ]
     dist.broadcast_object_list(small, src=0)
-    meta = small[0]
-    set_model_state_dict(learner.model, state["model"] if first else {}, options=opts)
+    meta = cast(dict, small[0])  # rank 0's, on every rank now
+    set_model_state_dict(learner.model, full["model"] if first else {}, options=opts)
     if meta["moments"]:
         names = _trained_names(learner.model)
-        optim = {}
+        optim: dict = {}
         if first:
-            o = state["optimizer"]
+            o = full["optimizer"]
             optim = {
                 "state": {names[int(i)]: v for i, v in o["state"].items()},
                 "param_groups": [
@@ -207,6 +211,9 @@ def load_full_state(learner, state: dict | None, reference: dict | None = None) 
         # one-rank one would (loading through the sharded path would leave its set-up step's)
         learner.optimizer.load_state_dict({"state": {}, "param_groups": meta["param_groups"]})
     if learner.reference is not None and meta["has_reference"]:
-        set_model_state_dict(learner.reference, reference if first else {}, options=opts)
+        # rank 0's reference is there: has_reference says so
+        set_model_state_dict(
+            learner.reference, cast(dict, reference) if first else {}, options=opts
+        )
     _set_counters(learner, meta)
     return meta

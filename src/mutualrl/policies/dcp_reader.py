@@ -90,7 +90,8 @@ class SafeFileSystemReader(FileSystemReader):
         rank = kwargs.get("rank")
         name = METADATA if rank is None else f"__{rank}{METADATA}"
         metadata = read_metadata(Path(self.path) / name)
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = dcp_md.StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
+        storage: dcp_md.StorageMeta | None = getattr(metadata, "storage_meta", None)
+        if storage is None:
+            storage = metadata.storage_meta = dcp_md.StorageMeta()
+        storage.load_id = self.load_id
         return metadata

@@ -76,8 +76,11 @@ class Placement(Protocol):
     this process's; whether forward passes run under bf16 autocast (a bf16 policy on one device)
     or the model casts itself."""
 
-    share: RankShare
-    autocast: bool
+    @property
+    def share(self) -> RankShare: ...
+
+    @property
+    def autocast(self) -> bool: ...
 
     def build(
         self, learner: Learner, facts: TokenizerFacts, seed: int

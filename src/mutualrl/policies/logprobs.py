@@ -30,6 +30,7 @@ from mutualrl.grpo import (
     token_logprobs,
 )
 from mutualrl.policies.batch import Collated, collate, micro_batch_slices, take_rows
+from mutualrl.policies.models import base_model
 from mutualrl.policies.sampling import truncate_logits, truncates
 
 
@@ -90,8 +91,9 @@ class LogProbs:
         """Differentiable (B, T) log-probs of the completion tokens, and (B, T) entropy (no grad;
         None when not asked for and not free)."""
         with self.autocast():
-            if self._chunked(c):
-                return self._hidden_logprobs(model, c, temperature or self.grpo.temperature)
+            if (chunk := self._chunk_size(c)) is not None:
+                t = temperature or self.grpo.temperature
+                return self._hidden_logprobs(model, c, t, chunk)
             # temperature None: the sampling distribution, top_k/top_p truncation included
             logits = self.completion_logits(model, c, temperature=temperature)
             logp, logp_all = token_logprobs(logits, c.completion_ids.to(self.device))
@@ -104,8 +106,8 @@ class LogProbs:
     def plain_logprobs(self, model: torch.nn.Module, c: Collated) -> torch.Tensor:
         """(B, T) log-probs, not differentiated (behaviour, reference, off-policy ratios)."""
         with self.autocast():
-            if self._chunked(c):
-                return self._hidden_logprobs(model, c, self.grpo.temperature)[0]
+            if (chunk := self._chunk_size(c)) is not None:
+                return self._hidden_logprobs(model, c, self.grpo.temperature, chunk)[0]
             logits = self.completion_logits(model, c)
             return selective_log_softmax(logits, c.completion_ids.to(self.device))
 
@@ -141,13 +143,18 @@ class LogProbs:
             rows, t.per_device_train_batch_size, t.gradient_accumulation_steps
         )
 
-    def _chunked(self, c: Collated) -> bool:
+    def _chunk_size(self, c: Collated) -> int | None:
+        """``training.logprob_chunk_size`` when ``c`` has more completion positions (its LM head
+        runs in chunks of it); None: it runs whole."""
         size = self.training.logprob_chunk_size
-        return size is not None and c.input_ids.shape[0] * c.completion_len > size
+        return size if size is not None and c.input_ids.shape[0] * c.completion_len > size else None
 
-    def _hidden_logprobs(self, model: torch.nn.Module, c: Collated, temperature: float):
-        """(B, T) log-probs and entropy from final hidden states, the LM head chunked."""
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    def _hidden_logprobs(
+        self, model: torch.nn.Module, c: Collated, temperature: float, chunk_size: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, T) log-probs and entropy from final hidden states, the LM head in chunks of
+        ``chunk_size`` positions."""
+        base = base_model(model)
         head = base.get_output_embeddings()
         if type(head) is not torch.nn.Linear or getattr(
             base.config, "final_logit_softcapping", None
@@ -171,5 +178,5 @@ class LogProbs:
             head.bias,
             c.completion_ids.to(dev),
             temperature,
-            self.training.logprob_chunk_size,
+            chunk_size,
         )

@@ -27,9 +27,10 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 from typing import Protocol
 
-from mutualrl.config import ConfigError
+from mutualrl.config import ConfigError, PolicyConfig
 from mutualrl.policies.checkpoints import save_pretrained_quietly
 from mutualrl.policies.packaged import (
     CONVERSION_VERSION,
@@ -147,19 +148,22 @@ def _locked(name: str):
 def _quiet_gguf_bar():
     """transformers' GGUF loader draws a tqdm bar of its own, outside its progress-bar switch,
     which would tear through the caller's display (the stages say where the conversion is)."""
+    loader: ModuleType | None
     try:
-        from transformers import modeling_gguf_pytorch_utils as loader
+        from transformers import modeling_gguf_pytorch_utils
+
+        loader = modeling_gguf_pytorch_utils
     except ImportError:
         loader = None
     bar = getattr(loader, "tqdm", None)
     if bar is None:
         yield
         return
-    loader.tqdm = functools.partial(bar, disable=True)
+    setattr(loader, "tqdm", functools.partial(bar, disable=True))  # noqa: B010
     try:
         yield
     finally:
-        loader.tqdm = bar
+        setattr(loader, "tqdm", bar)  # noqa: B010
 
 
 @contextmanager
@@ -179,11 +183,12 @@ def _one_gguf_parse():
             readers[key] = make(path, mode)
         return readers[key]
 
-    gguf_package.GGUFReader = reader
+    # replaced for the conversion only (setattr: the module's class, patched on purpose)
+    setattr(gguf_package, "GGUFReader", reader)  # noqa: B010
     try:
         yield
     finally:
-        gguf_package.GGUFReader = make
+        setattr(gguf_package, "GGUFReader", make)  # noqa: B010
 
 
 def convert_gguf(gguf: Path, out: Path) -> None:
@@ -273,8 +278,10 @@ def resolve_checkpoint(spec: str | None, stages: Stages | None = None) -> str | 
 
 
 def resolve_policies(
-    policies: list, stages: Stages | None = None, memo: dict[str, str] | None = None
-) -> list:
+    policies: list[PolicyConfig],
+    stages: Stages | None = None,
+    memo: dict[str | None, str | None] | None = None,
+) -> list[PolicyConfig]:
     """``PolicyConfig``s with every packaged checkpoint name (and a tokenizer spec naming it)
     replaced by its converted folder, converting here, once, in the process that builds the run:
     workers, resumes and restarts then get and load the folder. ``memo``: names already resolved

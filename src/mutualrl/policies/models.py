@@ -11,11 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import torch
 
 from mutualrl.config import PolicyConfig
 from mutualrl.registry import Registry
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,12 @@ class TokenizerFacts:
         return cls(
             len(tokenizer), tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id
         )
+
+
+def base_model(model: torch.nn.Module) -> PreTrainedModel:
+    """The transformers model itself: the one a peft wrapper (LoRA) holds, or ``model``."""
+    unwrap = getattr(model, "get_base_model", None)  # a peft model's
+    return cast("PreTrainedModel", unwrap() if unwrap is not None else model)
 
 
 ARCHITECTURES: Registry[Callable[[PolicyConfig, TokenizerFacts], object]] = Registry("architecture")

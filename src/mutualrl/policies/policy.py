@@ -10,6 +10,7 @@ import concurrent.futures as cf
 import copy
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -31,6 +32,9 @@ from mutualrl.policies.samples import Sample
 from mutualrl.retokenize.loaders import TokenizerHandle, TokenizerLoadError, load_tokenizer
 from mutualrl.storage import atomic_folder
 from mutualrl.tasks.base import Prompt
+
+if TYPE_CHECKING:
+    from peft import PeftModel
 
 
 class PolicyView:
@@ -64,14 +68,21 @@ class PolicyView:
         return tuple(ids + ([self.tokenizer.eos_token_id] if eos else []))
 
 
+def tokenizer_spec(cfg: PolicyConfig) -> str:
+    """The policy's tokenizer spec: ``PolicyConfig`` sets it when parsed (the field's None only
+    means "not given")."""
+    return cast(str, cfg.tokenizer)
+
+
 def load_handles(cfgs: list[PolicyConfig]) -> dict[str, TokenizerHandle]:
     """Each distinct tokenizer of ``cfgs`` loaded once, by its spec; a failure names the field
     (``policies.<name>.tokenizer``) of the first policy that asks for it."""
     handles = {}
     for p in cfgs:
-        if p.tokenizer not in handles:
+        spec = tokenizer_spec(p)
+        if spec not in handles:
             try:
-                handles[p.tokenizer] = load_tokenizer(p.tokenizer)
+                handles[spec] = load_tokenizer(spec)
             except TokenizerLoadError as exc:
                 raise ConfigError(f"policies.{p.name}.tokenizer: {exc}") from None
     return handles
@@ -94,7 +105,7 @@ class Policy(PolicyView):
         total_steps: int | None = None,
         training: TrainingConfig | None = None,
     ) -> None:
-        super().__init__(cfg, handle or load_tokenizer(cfg.tokenizer))
+        super().__init__(cfg, handle or load_tokenizer(tokenizer_spec(cfg)))
         self.grpo = grpo
         self.learner = Learner(
             cfg, grpo, TokenizerFacts.of(self.tokenizer), seed, device, total_steps, training
@@ -275,7 +286,7 @@ class Policy(PolicyView):
         if self.cfg.lora is not None and not self.cfg.checkpoint:
             # A random base exists nowhere else: saving only the adapter would lose it. Merge the
             # adapter into a copy and save a whole model.
-            model = copy.deepcopy(self.model).merge_and_unload()
+            model = cast("PeftModel", copy.deepcopy(self.model)).merge_and_unload()
         with atomic_folder(path, f"policy {self.name!r}", within=directory) as tmp:
             save_pretrained_quietly(model, tmp, self.tokenizer)
         return path

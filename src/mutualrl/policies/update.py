@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -43,7 +44,11 @@ from mutualrl.policies.batch import (
 )
 from mutualrl.policies.generation.mismatch import correct_mismatch
 from mutualrl.policies.logprobs import LogProbs
+from mutualrl.policies.models import base_model
 from mutualrl.policies.ranks import Pass, RankShare
+
+if TYPE_CHECKING:
+    from peft import PeftModel
 
 
 # ---- pure helpers -----------------------------------------------------------------------------
@@ -100,7 +105,7 @@ def make_optimizer(
 def prepare_model(model: torch.nn.Module, training: TrainingConfig) -> None:
     """HF gradient checkpointing, non-reentrant (no inputs need requires_grad; works with LoRA)."""
     if training.gradient_checkpointing:
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        base = base_model(model)
         kwargs = {"use_reentrant": False}
         # transformers 5.24 calls it activation checkpointing and deprecates the old name;
         # earlier versions (our extras allow them) have only gradient_checkpointing_enable
@@ -126,11 +131,11 @@ class GRPOParts:
     skipped_rows: int = 0  # zero-loss rows the strategy left out (normaliser)
     skipped_tokens: int = 0
     # This rank's passes (``policies.ranks``): pass k runs micro-batch passes[k][0], its reference
-    # log-probs are ref[k]. None: pass k runs micro-batch k (one rank).
-    passes: list[Pass] | None = None
+    # log-probs are ref[k]. Empty (none given): pass k runs micro-batch k (one rank).
+    passes: list[Pass] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if self.passes is None:
+        if not self.passes:
             self.passes = [(k, True) for k in range(len(self.slices))]
 
     def micro_batch(self, k: int) -> int:
@@ -143,10 +148,10 @@ class SFTParts:
     mask: torch.Tensor  # (B, T) on the device
     scale: torch.Tensor | None  # 1 / all SFT tokens; None: one micro-batch
     slices: list[slice]
-    passes: list[Pass] | None = None  # as GRPOParts.passes
+    passes: list[Pass] = field(default_factory=list)  # as GRPOParts.passes
 
     def __post_init__(self) -> None:
-        if self.passes is None:
+        if not self.passes:
             self.passes = [(k, True) for k in range(len(self.slices))]
 
 
@@ -245,7 +250,7 @@ class Objective:
             return None
         if reference is not None:
             return self.logprobs.plain_logprobs(reference, c)
-        with model.disable_adapter():
+        with cast("PeftModel", model).disable_adapter():  # the policy's LoRA (peft) model
             return self.logprobs.plain_logprobs(model, c)
 
     def sft_parts(self, examples: tuple[SFTExample, ...]) -> SFTParts:
@@ -311,13 +316,14 @@ class Objective:
 
     def sft_total_loss(
         self, model: torch.nn.Module, examples: tuple[SFTExample, ...]
-    ) -> torch.Tensor:
+    ) -> torch.Tensor | int:
         """Mean token NLL of ``examples`` over this rank's micro-batches (all of them on one
-        rank; differentiable)."""
+        rank; differentiable); 0 on a rank with padding passes only."""
         parts = self.sft_parts(examples)
-        return sum(
+        total = sum(
             self.sft_loss(model, parts, k) for k, (_, real) in enumerate(parts.passes) if real
         )
+        return total
 
     # ---- one optimizer step's gradients -------------------------------------------------------
     def backward(
@@ -334,14 +340,14 @@ class Objective:
         present, finite = False, True
         for k in range(max(len(g_passes), len(s_passes), 1)):
             loss = torch.zeros((), device=self.logprobs.device)
-            if k < len(g_passes):
+            if grpo is not None and k < len(g_passes):
                 out, ent = self.grpo_loss(model, grpo, k, grpo.collated.seq.weights)
                 if g_passes[k][1]:
                     loss = loss + out.loss
                     _grpo_stats(means, sums, grpo.mask[grpo.slices[g_passes[k][0]]], out, ent)
                 else:
                     loss = loss + out.loss * 0.0
-            if k < len(s_passes):
+            if sft is not None and k < len(s_passes):
                 part = self.sft_loss(model, sft, k)
                 if s_passes[k][1]:
                     loss = loss + coef * part
@@ -363,6 +369,7 @@ class Objective:
         self, means: dict[str, _Mean], sums: dict[str, list[torch.Tensor]]
     ) -> dict[str, float]:
         """The step's statistics: token-weighted means and sums over every rank's passes."""
+        stats: dict[str, float]
         if self.share.world == 1:
             stats = {k: m.value() for k, m in means.items() if m.parts}
             stats.update(
@@ -381,7 +388,7 @@ class Objective:
         ]
         local += [x for v in sums.values() for x in (sum(float(t) for t in v), float(len(v)))]
         total = self.share.sum(torch.tensor(local, dtype=torch.float64)).tolist()
-        stats: dict[str, float] = {}
+        stats = {}
         for j, k in enumerate(means):
             weighted, tokens, parts = total[3 * j : 3 * j + 3]
             if parts:
@@ -434,7 +441,7 @@ class Objective:
                 "grad/peer_norm": peer_norm,
                 "grad/own_peer_cosine": cos,
             }
-        cos = (
+        similarity = (
             torch.nn.functional.cosine_similarity(own, peer, dim=0)
             if peer.norm() > 0
             else torch.tensor(0.0)
@@ -442,7 +449,7 @@ class Objective:
         return {
             "grad/own_norm": float(own.norm()),
             "grad/peer_norm": float(peer.norm()),
-            "grad/own_peer_cosine": float(cos),
+            "grad/own_peer_cosine": float(similarity),
         }
 
 

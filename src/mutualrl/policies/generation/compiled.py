@@ -22,8 +22,13 @@ seconds of decode steps that compiled are kept apart from steady-state ones (``s
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import StaticCache
 
 PROMPT_FLOOR = 16  # smallest prompt bucket: short prompts of different lengths share one graph
 
@@ -42,11 +47,17 @@ def compile_mode(device: torch.device) -> str:
 class CompiledDecoder:
     """One model's compiled decode step, its per-bucket static caches and its counters."""
 
-    def __init__(self, model, cache_key: str, device: torch.device, make_cache) -> None:
+    def __init__(
+        self,
+        model,
+        cache_key: str,
+        device: torch.device,
+        make_cache: Callable[[torch.nn.Module, int], StaticCache],
+    ) -> None:
         self.model, self.cache_key, self.device = model, cache_key, device
         self.make_cache = make_cache  # (model, length) -> a static cache
         self.mode = compile_mode(device)
-        self.caches: dict[tuple[int, int], object] = {}
+        self.caches: dict[tuple[int, int], StaticCache] = {}
         self.graphs = 0  # graphs compiled so far (backend calls)
         self.pending = {"compile_s": 0.0, "decode_s": 0.0, "decode_steps": 0, "decode_tokens": 0}
         self.step = torch.compile(self._forward, backend=self._compile, dynamic=False)

@@ -17,6 +17,7 @@ from transformers import StaticCache
 from mutualrl.policies.batch import collate
 from mutualrl.policies.generation import GENERATION_BACKENDS, SamplingSettings
 from mutualrl.policies.generation.compiled import CompiledDecoder
+from mutualrl.policies.models import base_model
 from mutualrl.policies.samples import Sample
 from mutualrl.policies.sampling import sample_tokens, truncate_logits, truncates
 
@@ -123,7 +124,8 @@ class TorchBackend:
             logits_to_keep=1,
             **first,
         )
-        tokens, logps = [], []
+        tokens: list[torch.Tensor] = []
+        logps: list[torch.Tensor] = []
         finished = torch.zeros(B, dtype=torch.bool, device=device)
         next_pos = pos[:, -1:] + 1
         truncate = truncates(s.top_k, s.top_p)
@@ -167,7 +169,8 @@ class TorchBackend:
         logits = out.logits[:B, -1].float()
         feed = torch.full((ids.shape[0], 1), pad, dtype=ids.dtype, device=device)  # dummies: pad
         next_pos, truncate = pos[:, -1:] + 1, truncates(s.top_k, s.top_p)
-        tokens, logps = [], []
+        tokens: list[torch.Tensor] = []
+        logps: list[torch.Tensor] = []
         finished = torch.zeros(B, dtype=torch.bool, device=device)
         for i in range(s.max_new_tokens):
             if i:
@@ -229,13 +232,12 @@ def keep(tok, lp, finished, pad: int, eos: int, tokens: list, logps: list) -> to
     return finished | (tok == eos)
 
 
-def static_cache(model, length: int):
+def static_cache(model: torch.nn.Module, length: int) -> StaticCache:
     """A KV cache for sequences of up to ``length`` tokens, allocated at its first use and then
     written in place (``grpo.cache_implementation = "static"``): the dynamic cache concatenates a
     new, one-token-longer tensor per layer at every step, which a GPU's caching allocator cannot
     reuse (guides/memory.md)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return _UniformStaticCache(config=base.config, max_cache_len=length)
+    return _UniformStaticCache(config=base_model(model).config, max_cache_len=length)
 
 
 class _UniformStaticCache(StaticCache):

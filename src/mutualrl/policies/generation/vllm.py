@@ -74,10 +74,12 @@ class VLLMBackend:
         self.llm, self.api = llm, api
         self.cfg = view.cfg.generation
         self.tolerance = sync_tolerance(self.cfg, engine_dtype(view.cfg) == "float32")
-        if work_dir is None and scratch is None:
-            scratch = ScratchFolder(f"mutualrl-{view.name}-")
+        if work_dir is not None:
+            self.work_dir = Path(work_dir)
+        else:
+            scratch = scratch if scratch is not None else ScratchFolder(f"mutualrl-{view.name}-")
+            self.work_dir = scratch.path
         self.scratch = scratch
-        self.work_dir = Path(work_dir) if work_dir is not None else scratch.path
         self.lora, self.loads, self.version = None, 0, learner.version
         self.asleep = False
         self.probe_ids = view.encode_prompt(PROBE_TEXT)
@@ -160,6 +162,7 @@ class VLLMBackend:
         """Every tensor of the trainer's state dict, in checkpoint format, reloaded in place: handed
         over in memory to an engine in this process; written as a checkpoint folder for an
         engine in a process of its own to read (``weights_path``)."""
+        source: dict[str, object]
         if self.api.in_process:
             state = self.learner.model.state_dict()
             source = {"weights_iterator": ((k, v.detach()) for k, v in state.items())}

@@ -15,6 +15,7 @@ precision.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -23,12 +24,15 @@ from mutualrl.policies.generation import sync_tolerance
 from mutualrl.policies.generation.vllm import WeightSyncError
 from mutualrl.policies.sharded.fsdp import settle
 
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
+
 PROBE_TOKENS = 32  # a fixed sequence: token ids 1..32 (modulo the vocabulary)
 
 
 def _whole(p: torch.Tensor, device: torch.device) -> torch.Tensor:
     """The whole of a sharded parameter (a collective), on ``device`` (offloaded shards move)."""
-    return p.to(device).full_tensor() if hasattr(p, "full_tensor") else p
+    return cast("DTensor", p.to(device)).full_tensor() if hasattr(p, "full_tensor") else p
 
 
 class WeightMirror:

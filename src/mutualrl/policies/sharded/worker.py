@@ -17,6 +17,7 @@ each implements the whole ``PolicyWorker`` protocol, and rank 0's answer is the 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -33,10 +34,10 @@ from mutualrl.policies.dcp import (
     save_sharded,
 )
 from mutualrl.policies.device_memory import peak_memory_stats
-from mutualrl.policies.generation import build_backend, close_backend
+from mutualrl.policies.generation import GenerationBackend, build_backend, close_backend
 from mutualrl.policies.learner import Learner
 from mutualrl.policies.models import TokenizerFacts
-from mutualrl.policies.policy import PolicyView, sample, step_stats
+from mutualrl.policies.policy import PolicyView, sample, step_stats, tokenizer_spec
 from mutualrl.policies.sharded.fsdp import Sharded, settle
 from mutualrl.policies.sharded.mirror import MirrorSource, WeightMirror
 from mutualrl.retokenize.loaders import load_tokenizer
@@ -66,11 +67,14 @@ class ShardedPolicy:
         self.learner = Learner(cfg, grpo, facts, seed, device, total_steps, training, placement)
         self.mirror = WeightMirror(self.learner, placement.full)
         self.generator = torch.Generator().manual_seed(seed)
-        self.view = self.backend = None
+        # rank 0 samples, from its whole copy of the model (placement.full; None elsewhere)
+        self.view: PolicyView | None = None
+        self.backend: GenerationBackend | None = None
         if rank == 0:
-            self.view = PolicyView(cfg, load_tokenizer(cfg.tokenizer))
+            self.view = PolicyView(cfg, load_tokenizer(tokenizer_spec(cfg)))
+            full = cast(torch.nn.Module, placement.full)
             self.backend = build_backend(
-                self.view, MirrorSource(self.learner, placement.full), self.generator
+                self.view, MirrorSource(self.learner, full), self.generator
             )
         # the mismatch correction recomputes log-probs, a collective: every rank must agree on it
         exact = [self.backend.exact_logprobs if self.backend is not None else None]
@@ -91,7 +95,7 @@ class ShardedPolicy:
         if self.rank != 0:
             return []
         return sample(
-            self.view,
+            cast(PolicyView, self.view),
             self.backend,
             self.grpo,
             prompts,
@@ -183,7 +187,8 @@ class ShardedPolicy:
         )
         if self.rank == 0:
             with atomic_folder(path, f"policy {self.name!r}", within=directory) as tmp:
-                save_pretrained_quietly(self.mirror.full, tmp, self.view.tokenizer, state)
+                view = cast(PolicyView, self.view)
+                save_pretrained_quietly(self.mirror.full, tmp, view.tokenizer, state)
         return path
 
 
