@@ -19,7 +19,7 @@ Each takes the benchmark's ``PairData`` of a pair and returns the function the b
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -109,7 +109,9 @@ def wordpiece_ends(
     apply)."""
     walked = folded_ends(p, flat, sizes, texts, datas)
     spells, ends = walked if walked is not None else (np.zeros(len(texts), bool), None)
-    out = split_ends(ends, sizes) if ends is not None else [None] * len(texts)
+    out: list[np.ndarray | None] = (
+        list(split_ends(ends, sizes)) if ends is not None else [None] * len(texts)
+    )
     todo = np.flatnonzero(~spells).tolist()
     if todo:
         some = [texts[i] for i in todo]
@@ -117,7 +119,7 @@ def wordpiece_ends(
         _, e_ends, e_sizes = offset_ends_batch(p, encs, some, [datas[i] for i in todo])
         for i, e in zip(todo, split_ends(e_ends, e_sizes)):
             out[i] = e
-    return out
+    return cast(list[np.ndarray], out)  # every text the walk left (None) was encoded above
 
 
 def floor_results(d):
@@ -136,12 +138,17 @@ def floor_results(d):
             raise ValueError("floor_results: expected tokens on both sides of every text")
         walked = kernels.align(s_ends, s_sizes, t_ends, t_sizes, totals)
         if walked is None:  # the numpy passes (small batches, MUTUALRL_KERNELS=numpy)
-            batch = align_batch(
-                split_ends(s_ends, s_sizes), split_ends(t_ends, t_sizes), totals.tolist()
+            # every text has ends on both sides (checked above): the batch aligns them all
+            batch = cast(
+                BatchAlignment,
+                align_batch(
+                    split_ends(s_ends, s_sizes), split_ends(t_ends, t_sizes), totals.tolist()
+                ),
             )
         else:
+            s_off, t_off = np.cumsum(s_sizes) - s_sizes, np.cumsum(t_sizes) - t_sizes
             batch = BatchAlignment(
-                list(range(n)), walked[0], walked[1], None, None, None, None, walked[2]
+                list(range(n)), walked[0], walked[1], s_off, t_off, None, None, walked[2]
             )
         return _results(prof, texts, totals, batch, t_flat, t_sizes, t_res, s_sizes, lps, s_res)
 
@@ -208,11 +215,14 @@ def _sender(sprof: TokenizerProfile, texts, datas, src_ids, src_lps):
         or (np.isnan(lps) | (lps == np.inf)).any()
     ):
         raise ValueError("floor_results: expected one finite float64 log-prob per id")
-    spells, ends = (
+    walked = (
         spelled_ends(sprof, flat, sizes, datas)
         if sprof.lossless
         else folded_ends(sprof, flat, sizes, texts, datas)
     )
+    if walked is None:
+        raise ValueError("floor_results: expected a lossless or WordPiece sender")
+    spells, ends = walked
     res = ([False] * n, [0] * n)
     bad = np.flatnonzero(~spells).tolist()
     if bad:
@@ -238,7 +248,7 @@ def _results(
     """One ``RetokenizedTrajectory`` per text from whole-batch columns: the kernel's statistics,
     segment sums of the log-probs per group and per text, unknown and byte-fallback counts."""
     stats, local, split = batch.statistics(), batch.local, batch.split
-    t_off, s_off = np.cumsum(t_sizes) - t_sizes, np.cumsum(s_sizes) - s_sizes
+    t_off, s_off = batch.tgt_offset, batch.src_offset
     n_groups = stats[0]
     gsums = np.add.reduceat(lps, local[0] + np.repeat(s_off, n_groups))
     mass = np.abs(np.add.reduceat(lps, s_off) - np.add.reduceat(gsums, split - n_groups)).tolist()

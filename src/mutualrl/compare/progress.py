@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from mutualrl.run.progress import RunProgress
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
 
 
 class CompareProgress:
@@ -12,8 +17,8 @@ class CompareProgress:
         self.enabled = enabled
         self.jobs = max(1, jobs)  # runs at a time: the ETA divides the work among them
         self.console = console  # finished runs are reported here even without a display
-        self._progress = None
-        self._overall = None
+        self._progress: Progress | None = None
+        self._overall: TaskID | None = None  # the runs' bar, once ``start`` added it
         self._remaining = 0
         self._walls: list[float] = []  # wall seconds of the runs finished in this session
         if enabled:
@@ -36,7 +41,7 @@ class CompareProgress:
             self._overall = self._progress.add_task("", total=total, completed=done, phase="runs")
 
     def run_started(self, name: str) -> RunProgress:
-        if self._progress is None:
+        if self._progress is None or self._overall is None:
             return RunProgress(enabled=False)
         eta = self.eta()
         self._progress.update(
@@ -70,11 +75,12 @@ class CompareProgress:
         eta = self.eta()
         line = (f"{line}; {eta}" if eta else line) + extra
         if self._progress is not None:
-            self._progress.update(
-                self._overall,
-                advance=1,
-                description=f"finished {name}" + (f"; {eta}" if eta else ""),
-            )
+            if self._overall is not None:
+                self._progress.update(
+                    self._overall,
+                    advance=1,
+                    description=f"finished {name}" + (f"; {eta}" if eta else ""),
+                )
             self._progress.console.print(line)
         elif self.console is not None:
             self.console.print(line)

@@ -54,7 +54,9 @@ class Columns:
     family: str | None
 
 
-def load_rows(path: str, split: str = "train", config: str | None = None) -> tuple[list[dict], str]:
+def load_rows(
+    path: str, split: str = "train", config: str | None = None
+) -> tuple[list[dict], list[str]]:
     """Every row of the source as a dict, and the column names; errors name ``task.path``."""
     try:
         import datasets
@@ -120,10 +122,10 @@ def check_text_file(p: Path) -> None:
     if not text.strip():
         raise TaskError(f"task.path: {p} is empty; expected question and answer rows")
     if p.suffix == ".jsonl":
-        for number, line in enumerate(text.splitlines(), start=1):
-            if line.strip():
+        for number, row in enumerate(text.splitlines(), start=1):
+            if row.strip():
                 try:
-                    json.loads(line)
+                    json.loads(row)
                 except json.JSONDecodeError as exc:
                     raise TaskError(
                         f"task.path: {p}:{number}: not a JSON value ({exc}); "
@@ -131,22 +133,24 @@ def check_text_file(p: Path) -> None:
                     ) from None
 
 
-def _resolve(
-    cfg_value: str | None,
-    default: str | None,
-    present: list[str],
-    path: str,
-    field: str,
-    required: bool,
-) -> str | None:
+def _column(cfg_value: str | None, default: str, present: list[str], path: str, field: str) -> str:
+    """The column the config names, else the task's default; an error when the data lacks it."""
     name = cfg_value or default
-    if name in present:
-        return name
-    if required or cfg_value is not None:
+    if name not in present:
         raise TaskError(
             f"task.{field}: column {name!r} not found in {path}; columns present: {present}"
         )
-    return None
+    return name
+
+
+def _optional_column(
+    cfg_value: str | None, default: str, present: list[str], path: str, field: str
+) -> str | None:
+    """As ``_column`` for a column the data may lack: None where the default is absent (a column
+    the config names must be there)."""
+    if cfg_value is None and default not in present:
+        return None
+    return _column(cfg_value, default, present, path, field)
 
 
 class DatasetTask:
@@ -156,12 +160,10 @@ class DatasetTask:
         self.path, self.kind = path, kind
         rows, present = load_rows(path, cfg.dataset_split, cfg.dataset_config)
         cols = Columns(
-            question=_resolve(
-                cfg.question_column, kind.question, present, path, "question_column", True
-            ),
-            answer=_resolve(cfg.answer_column, kind.answer, present, path, "answer_column", True),
-            split=_resolve(cfg.split_column, "split", present, path, "split_column", False),
-            family=_resolve(cfg.family_column, "family", present, path, "family_column", False),
+            question=_column(cfg.question_column, kind.question, present, path, "question_column"),
+            answer=_column(cfg.answer_column, kind.answer, present, path, "answer_column"),
+            split=_optional_column(cfg.split_column, "split", present, path, "split_column"),
+            family=_optional_column(cfg.family_column, "family", present, path, "family_column"),
         )
         self.splits = split_rows(rows, cols, cfg.heldout_every, path)
         known = sorted({p.family for s in self.splits.values() for p in s})
