@@ -363,8 +363,7 @@ def sync_points(cfg: RunConfig, start: int) -> int:
 def paced_train_loop(run: Run, save_checkpoint, stop_here) -> None:
     """Every live policy at its own pace, segment by segment between the steps where all meet
     (``save_checkpoint(run, step)`` and ``stop_here(run, step)`` are the lock-step loop's)."""
-    # run.build made it for this paced run (Run.pace names only what the run itself uses of it)
-    pace, cfg = cast(Pace, run.pace), run.cfg
+    pace, cfg = _pace_of(run), run.cfg
     run.subscription.close()  # the lock-step loop's; each policy here has its own
     run.progress.start_phase("train", cfg.steps, completed=pace.rows.next)
     steppers = {n: PolicyStepper(run, n, pace) for n in run.policies}
@@ -375,7 +374,7 @@ def paced_train_loop(run: Run, save_checkpoint, stop_here) -> None:
             break
         end = sync_points(cfg, begin)
         with run.timed("train"):
-            _segment(run, pace, {n: steppers[n] for n in live}, end)
+            _segment(run, {n: steppers[n] for n in live}, end)
         if pace.tripped is not None:  # its record is written; the run checkpoints and stops
             raise pace.tripped
         reached = all(pace.gate.version(n) >= end for n in pace.live(run))
@@ -391,9 +390,15 @@ def paced_train_loop(run: Run, save_checkpoint, stop_here) -> None:
     run.progress.finish_phase(f"{cfg.steps} steps done")
 
 
-def _segment(run: Run, pace: Pace, steppers: dict[str, PolicyStepper], end: int) -> None:
+def _pace_of(run: Run) -> Pace:
+    """The paced run's ``Pace``, which ``run.build`` made (``Run.pace`` names only what the run
+    itself uses of it)."""
+    return cast(Pace, run.pace)
+
+
+def _segment(run: Run, steppers: dict[str, PolicyStepper], end: int) -> None:
     """The policies' loops up to step ``end``; a failure under ``on_failure = "stop"`` raises."""
-    alloc = run.cfg.allocation
+    pace, alloc = _pace_of(run), run.cfg.allocation
     # the last segment's end closed the gate and its finished loops left it: open it again
     pace.gate.reopen(steppers)
     report = run_paced(
