@@ -156,9 +156,7 @@ def _batch_part(
     )
     plain, n_src, s_mismatch, s_distance = _source_columns(sources, full, gsums is not None)
     t_sizes = np.diff(batch.tgt_offset, append=tgt_ids.size)
-    t_stop = (batch.tgt_offset + t_sizes).tolist()
-    split = batch.split.tolist()
-    texts = targets if len(full) == len(targets) else [targets[k] for k in full]
+    mismatch, distance, changed = _roundtrip_columns(targets, full)
     n_groups, c11, c1n, cn1, big_s, big_t, big_b = stats[:7].tolist()
     zeros = len(full) * [0]
     rows = ResidualRows(
@@ -166,9 +164,9 @@ def _batch_part(
         n_source_tokens=n_src,
         n_target_tokens=t_sizes.tolist(),
         n_groups=n_groups,
-        roundtrip_mismatch=[t.mismatch for t in texts],
-        roundtrip_edit_distance=[t.edit_distance for t in texts],
-        normalizer_changed_text=[t.normalizer_changed for t in texts],
+        roundtrip_mismatch=mismatch,
+        roundtrip_edit_distance=distance,
+        normalizer_changed_text=changed,
         source_mismatch=s_mismatch,
         source_edit_distance=s_distance,
         # The groups' ends are the common boundaries; distinct ends per side in stats[7:9].
@@ -189,13 +187,27 @@ def _batch_part(
         logprob_mass_error=mass_errors,
         logprob_mass_unassigned=len(full) * [0.0],
     )
-    ids = [tgt_ids[lo:hi] for lo, hi in zip(batch.tgt_offset.tolist(), t_stop)]
-    sums = (
-        [gsums[lo:hi] for lo, hi in zip([0, *split[:-1]], split)]
-        if gsums is not None
-        else [None] * len(full)
+    ids = _segments(tgt_ids, (batch.tgt_offset + t_sizes).tolist())
+    sums: list[Any] = (
+        _segments(gsums, batch.split.tolist()) if gsums is not None else [None] * len(full)
     )
     return Assembled(ids, batch.groups(), sums, rows), plain
+
+
+def _segments(values: np.ndarray, stops: list[int]) -> list[np.ndarray]:
+    """``values`` in consecutive segments ending at ``stops`` (the last, its size): a view each."""
+    return [values[lo:hi] for lo, hi in zip([0, *stops[:-1]], stops)]
+
+
+def _roundtrip_columns(targets: Sequence[Encoded], full: list[int]) -> tuple[list, list, list]:
+    """The receiver's round-trip residuals of the texts ``full``: (mismatch, edit distance,
+    whether the normaliser changed the text)."""
+    texts = targets if len(full) == len(targets) else [targets[k] for k in full]
+    return (
+        [t.mismatch for t in texts],
+        [t.edit_distance for t in texts],
+        [t.normalizer_changed for t in texts],
+    )
 
 
 def _reductions(
