@@ -9,7 +9,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from mutualrl.allocation.executors import WorkerFailedError
+from mutualrl.allocation.calls import WorkerFailedError
 from mutualrl.config import load_config
 from mutualrl.run import train
 from mutualrl.run.metrics import read_metrics

@@ -27,9 +27,6 @@ from mutualrl.allocation.calls import (
     close_worker,
     failure_from_exception,
 )
-from mutualrl.allocation.calls import (  # what a failed call raises, read from here by callers
-    WorkerFailedError as WorkerFailedError,
-)
 from mutualrl.allocation.replies import failure_result
 from mutualrl.allocation.roster import Roster, check_built, check_rebuilt
 from mutualrl.config import AllocationConfig
