@@ -98,11 +98,6 @@ def config(a, out: Path):
     return load_config(ROOT / "configs" / "tiny.toml", sets)
 
 
-def label(a) -> str:
-    """Which run of ``floor.json`` a measurement replaces: its model, or its tokenizer."""
-    return a.checkpoint or a.tokenizer
-
-
 def reward(prompt, text: str) -> float:
     """A cheap deterministic reward with spread in every group (a random policy scores 0 on the
     task, which would zero every advantage and make the loss comparison vacuous)."""
@@ -297,7 +292,7 @@ def main() -> None:
     ratio = {k: med["mutualrl"][k] / med["bare"][k] for k in med["bare"] if med["bare"][k] > 0}
     record = {
         "benchmark": "floor",
-        "label": label(a),
+        "label": a.checkpoint or a.tokenizer,  # the run it replaces in floor.json
         "command": "python benchmarks/bench_floor.py " + " ".join(sys.argv[1:]),
         "commit": git_commit(),
         "machine": machine_info(torch=torch.__version__),

@@ -14,7 +14,7 @@ def test_a_run_replaces_only_its_own_label_in_a_file_of_runs(tmp_path):
             {
                 "note": "kept",
                 "runs": [
-                    {"settings": {"tokenizer": "mistral-v1"}, "x": 1},  # before labels
+                    {"label": "mistral-v1", "x": 1},
                     {"label": "gemma-3-270m", "x": 2},
                 ],
             }

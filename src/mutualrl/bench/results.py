@@ -15,13 +15,7 @@ def write_run(path: Path, record: dict) -> dict:
     path.parent.mkdir(parents=True, exist_ok=True)
     old = json.loads(path.read_text()) if path.exists() else None
     if isinstance(old, dict) and isinstance(old.get("runs"), list):
-        kept = [r for r in old["runs"] if _label(r) != record["label"]]
+        kept = [r for r in old["runs"] if r["label"] != record["label"]]
         record = {**old, "runs": [*kept, record]}
     path.write_text(json.dumps(record, indent=2) + "\n")
     return record
-
-
-def _label(run: dict) -> str | None:
-    """A run's label; runs written before labels existed are known by their settings."""
-    settings = run.get("settings", {})
-    return run.get("label") or settings.get("model") or settings.get("tokenizer")
