@@ -13,6 +13,7 @@ import torch
 from mutualrl.config import ConfigError, GRPOConfig, PolicyConfig, load_config
 from mutualrl.policies.generation import SamplingSettings, generation_stats
 from mutualrl.policies.generation.compiled import PROMPT_FLOOR, bucket
+from mutualrl.policies.models import ARCHITECTURES
 from mutualrl.policies.policy import Policy
 from mutualrl.tasks.base import Prompt
 from tests.policies.draws import assert_same_up_to_a_rounding_flip
@@ -20,7 +21,11 @@ from tests.policies.test_generation import PROMPTS, trainer_logprobs
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-SHAPES = {"llama": ("llama", "mistral-v1"), "qwen2": ("qwen2", "deepseek-v3")}
+SHAPES = {
+    "llama": ("llama", "mistral-v1"),
+    "qwen2": ("qwen2", "deepseek-v3"),
+    "gemma3": ("gemma3", "mistral-v1"),  # sliding-window layers (window 512)
+}
 NEW = 8  # new tokens: every call below shares one cache length, so one bucket per batch size
 # Prompts of other lengths than PROMPTS' (7-8 tokens), all within the first prompt bucket
 OTHER = [
@@ -79,6 +84,36 @@ def test_compiled_greedy_decoding_gives_the_eager_tokens(compiled, shape):
         torch.testing.assert_close(
             torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=0
         )
+
+
+def test_sliding_window_layers_within_their_window_compile_once_per_bucket(compiled):
+    # Gemma 3's sliding-window cache layer counts its tokens in a Python int: compiled as it is,
+    # the decode step would compile anew at every step (up to dynamo's recompile limit)
+    pol = compiled("gemma3")
+    draw(pol, "decode", 0.0)
+    before = graphs(pol)
+    assert before == 1  # one bucket, one graph, however many decode steps
+    draw(pol, "decode", 1.0, prompts=OTHER, per_prompt=3)  # the same bucket
+    assert graphs(pol) == before
+
+
+def test_a_bucket_that_outgrows_the_sliding_window_decodes_eagerly_with_a_warning(
+    tokenizer_handles, monkeypatch
+):
+    def narrow(p, t):  # Gemma 3 with a window of 8 tokens: prompt bucket + new tokens exceed it
+        config = ARCHITECTURES.get("gemma3")(p, t)
+        config.sliding_window = 8
+        return config
+
+    monkeypatch.setitem(ARCHITECTURES._items, "gemma3-narrow", narrow)
+    monkeypatch.setitem(SHAPES, "gemma3-narrow", ("gemma3-narrow", "mistral-v1"))
+    pol = build(tokenizer_handles, "gemma3-narrow")
+    eager = draw(pol, "off", 0.0)
+    with pytest.warns(UserWarning, match=r"generation_compile.*24 tokens.*sliding window"):
+        fast = draw(pol, "decode", 0.0)
+    assert graphs(pol) == 0
+    assert max(len(s.completion_ids) for s in fast) > 1
+    assert [s.completion_ids for s in fast] == [s.completion_ids for s in eager]
 
 
 def test_compiled_sampling_draws_the_eager_tokens_from_the_same_generator(compiled):

@@ -24,6 +24,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 SHAPES = {  # architecture, tokenizer, extra policy settings
     "llama": ("llama", "mistral-v1", {}),
     "qwen2": ("qwen2", "deepseek-v3", {}),
+    "gemma3": ("gemma3", "mistral-v1", {}),  # its sliding-window layers become full ones
     "llama-lora": ("llama", "mistral-v1", {"lora": LoraConfig(r=4, alpha=8)}),
 }
 

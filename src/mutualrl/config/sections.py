@@ -121,9 +121,9 @@ class PolicyConfig(ConfigStruct, frozen=True):
     """One policy: a model of some architecture on some tokenizer, trained by its own optimizer."""
 
     name: str  # unique; 1-64 letters, digits, - _ . (not . or ..); names workers, metrics, folders
-    architecture: str = (
-        "llama"  # random-init model: a registered architecture (policies.models.ARCHITECTURES)
-    )
+    # Random-init model: a registered architecture (policies.models.ARCHITECTURES): llama, qwen2,
+    # mistral, gemma3 (Gemma 3's sliding-window layers, five in six)
+    architecture: str = "llama"  # random-init model: a registered architecture (see above)
     # Packaged tokenizer name or path (retokenize.loaders). None: the checkpoint's own tokenizer
     # (the checkpoint folder, or the packaged model's), else "mistral-v1" for a random model.
     tokenizer: str | None = None  # tokenizer spec (see above); set after parsing, never None

@@ -79,6 +79,19 @@ def _qwen2(p: PolicyConfig, t: TokenizerFacts):
     return Qwen2Config(**_common(p, t))
 
 
+@ARCHITECTURES.register("gemma3")
+def _gemma3(p: PolicyConfig, t: TokenizerFacts):
+    """Gemma 3's text model: five sliding-window layers (window 512) to one global layer, as in
+    the released checkpoints, at the policy's sizes (head size hidden / heads, where Gemma 3's
+    own config would fix it at 256)."""
+    from transformers import Gemma3TextConfig
+
+    head_dim = p.hidden_size // p.num_heads
+    return Gemma3TextConfig(
+        **_common(p, t), head_dim=head_dim, query_pre_attn_scalar=head_dim, sliding_window=512
+    )
+
+
 @ARCHITECTURES.register("mistral")
 def _mistral(p: PolicyConfig, t: TokenizerFacts):
     from transformers import MistralConfig

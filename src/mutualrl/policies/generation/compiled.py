@@ -9,6 +9,10 @@ left-padded (attention mask 0) up to a power of two of at least ``PROMPT_FLOOR``
 bucket is (padded rows, padded prompt + new tokens); each keeps its own cache object, reset per
 call, so a graph's inputs keep their addresses (what CUDA graphs replay into).
 
+A model with sliding-window layers (Gemma 3) compiles once per bucket too while its sequences fit
+the window; a bucket whose sequences outgrow it decodes eagerly, with a warning, rather than
+compile at every step (torch.py's ``_UniformStaticCache`` says why).
+
 The prompt's forward (prefill) stays eager: it runs once per call, at varying lengths.
 Sampling stays eager too, on the real rows only: the draws come from the policy's generator in
 the same order as the eager sampler's, and the log-probs are those of the distribution sampled
@@ -22,6 +26,7 @@ seconds of decode steps that compiled are kept apart from steady-state ones (``s
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -59,6 +64,7 @@ class CompiledDecoder:
         self.mode = compile_mode(device)
         self.caches: dict[tuple[int, int], StaticCache] = {}
         self.graphs = 0  # graphs compiled so far (backend calls)
+        self.eager_buckets: set[int] = set()  # caches that outgrow a sliding window (warned)
         self.pending = {"compile_s": 0.0, "decode_s": 0.0, "decode_steps": 0, "decode_tokens": 0}
         self.step = torch.compile(self._forward, backend=self._compile, dynamic=False)
 
@@ -124,10 +130,26 @@ class CompiledDecoder:
         if self.mode == "reduce-overhead":  # a new replay: earlier outputs may be overwritten
             torch.compiler.cudagraph_mark_step_begin()
         before, t0 = self.graphs, time.perf_counter()
-        logits = self.step(tokens, mask, next_pos, position, cache)[:real_rows, -1].float()
+        step = self._forward if self._eager(cache) else self.step
+        logits = step(tokens, mask, next_pos, position, cache)[:real_rows, -1].float()
         if self.mode == "reduce-overhead":  # the graph's output buffer is reused next replay
             logits = logits.clone()
         return self._timed(logits, before, t0, real_rows)
+
+    def _eager(self, cache) -> bool:
+        """Whether this bucket decodes eagerly: its sequences outgrow a sliding window, whose layer
+        counts its tokens in a Python int that a compiled step would recompile on at every step
+        (torch.py's ``_UniformStaticCache``). Warned once per bucket."""
+        sliding = getattr(cache, "sliding", [])
+        if sliding and id(cache) not in self.eager_buckets:
+            self.eager_buckets.add(id(cache))
+            warnings.warn(
+                f"grpo.generation_compile: a sequence of up to {cache.length} tokens "
+                f"(prompt bucket + new tokens) outgrows the sliding window of layers {sliding}; "
+                "these calls decode eagerly (compiled, they would recompile at every step)",
+                stacklevel=3,
+            )
+        return bool(sliding)
 
     def _timed(self, logits, before: int, t0: float, real_rows: int) -> torch.Tensor:
         if self.device.type == "cuda":  # kernels run asynchronously: time them, not launches

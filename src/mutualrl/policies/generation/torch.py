@@ -13,6 +13,7 @@ import inspect
 
 import torch
 from transformers import StaticCache
+from transformers.cache_utils import StaticLayer, StaticSlidingWindowLayer
 
 from mutualrl.policies.batch import collate
 from mutualrl.policies.generation import GENERATION_BACKENDS, SamplingSettings
@@ -241,7 +242,15 @@ def static_cache(model: torch.nn.Module, length: int) -> StaticCache:
 
 
 class _UniformStaticCache(StaticCache):
-    """transformers' ``StaticCache`` with keys stored in the values' dtype.
+    """transformers' ``StaticCache`` with keys stored in the values' dtype, and full layers where a
+    sliding-window layer would hold the whole sequence.
+
+    A sliding-window layer (Gemma 3's five in six) counts the tokens it has seen in a Python int,
+    which a compiled decode step guards on: it would compile anew at every step. When the cache is
+    no longer than the window, such a layer keeps every token and masks none, as a full layer
+    does, so a full one (which counts in a tensor) takes its place: the same attention, and one
+    graph per bucket (``sliding`` lists the layers left as they were: the sequence outgrows their
+    window).
 
     Under bf16 autocast over fp32 weights the keys leave the rotary embedding in fp32 (its
     cos/sin follow the fp32 hidden states) while the values leave their projection in bf16.
@@ -249,6 +258,14 @@ class _UniformStaticCache(StaticCache):
     and then fail to copy the bf16 values in; later ones keep fp32 keys, twice the memory. The
     attention casts its inputs to bf16 under autocast, so keys stored in bf16 are what it reads
     either way: the draws are those of the growing cache (tests/policies/test_static_cache.py)."""
+
+    def __init__(self, config, max_cache_len: int) -> None:
+        super().__init__(config=config, max_cache_len=max_cache_len)
+        self.length = max_cache_len
+        for i, layer in enumerate(self.layers):
+            if isinstance(layer, StaticSlidingWindowLayer) and layer.max_cache_len >= max_cache_len:
+                self.layers[i] = StaticLayer(max_cache_len=max_cache_len)
+        self.sliding = [i for i, x in enumerate(self.layers) if getattr(x, "is_sliding", False)]
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         return super().update(
