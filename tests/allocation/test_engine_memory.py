@@ -77,3 +77,18 @@ def test_an_engine_share_too_small_for_the_weights_is_refused():
         worker_specs_from_config(
             cfg, cfg.allocation, count_params=lambda p, v: 10**9, vocab_size=lambda t: 10
         )
+
+
+def test_an_engine_with_a_kv_cache_of_fixed_bytes_takes_its_weights_and_those_bytes():
+    # vLLM's CPU build sizes its KV cache in bytes (kv_cache_memory_bytes); gpu_memory_utilization
+    # is not read, so a share too small for the weights is no reason to refuse
+    kv = 256 * 2**20
+    cfg = _cfg({"backend": "vllm", "gpu_memory_utilization": 0.01, "kv_cache_memory_bytes": kv})
+    specs = {
+        s.name: s
+        for s in worker_specs_from_config(
+            cfg, cfg.allocation, count_params=lambda p, v: 10**9, vocab_size=lambda t: 10
+        )
+    }
+    weights = 10**9 * cfg.allocation.memory.weight_bytes
+    assert specs["b/generator"].memory_bytes == weights + kv

@@ -339,11 +339,15 @@ def _policy_memory(
     if ranks > 1:
         learner += gathered_bytes(dims, tied_embeddings(p, alloc), mem)
     gen = generator_memory_bytes(n, kv, mem)
-    if p.generation.backend == "vllm":
+    if p.generation.backend == "vllm" and p.generation.kv_cache_memory_bytes is not None:
+        # a KV cache of fixed bytes (vLLM's CPU build needs one): the engine allocates that
+        # beside its weights, and gpu_memory_utilization is not read
+        gen = generator_memory_bytes(n, p.generation.kv_cache_memory_bytes, mem)
+    elif p.generation.backend == "vllm":
         gen = engine_reservation_bytes(
             p.generation.gpu_memory_utilization, resolve_inventory(alloc).gpu_memory_bytes
         )
         check_engine_fits(gen, n * mem.weight_bytes, f"$.policies[{i}].generation")
-        if ranks > 1:  # rank 0 also keeps the whole copy the engine reloads from (sharded.mirror)
-            gen += n * mem.weight_bytes
+    if p.generation.backend == "vllm" and ranks > 1:
+        gen += n * mem.weight_bytes  # rank 0's whole copy the engine reloads from (sharded.mirror)
     return learner, gen
