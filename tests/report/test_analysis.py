@@ -143,6 +143,25 @@ def test_the_report_tells_a_known_difference_from_none(tmp_path):
     assert "first 1.00/0.75" in starting_point_line(out / "runs" / "none-seed0")
 
 
+def test_without_a_warm_start_the_report_speaks_of_no_warm_start_nor_own_and_peer(tmp_path):
+    # pretrained policies (configs/real-cpu.toml): warmup.max_steps = 0, nothing is warm started
+    out = tmp_path / "c"
+    compare(
+        TINY, ["none", "sgt"], 2, out, overrides=[*SETS, "warmup.max_steps=0"], train_fn=fake_train
+    )
+    md = (out / "report.md").read_text()
+    assert "## Starting point (no warm start)" in md and "before any training" in md
+    assert "scenario `disjoint`" not in md and "after the warm start" not in md
+    how = md.split("## How to read this", 1)[1].split("\n## ", 1)[0]
+    assert "warm start" not in how
+    glance = md.split("## At a glance", 1)[1].split("\n## ", 1)[0]
+    assert "peer" not in glance and "own" not in glance
+    head = next(line for line in glance.splitlines() if line.startswith("| policy"))
+    assert head == "| policy | strategy | Δ pass@1 end | Δ area | GRPO time | tokens |"
+    row = next(line for line in glance.splitlines() if line.startswith("| llama-mistral"))
+    assert row.count(" | ") == head.count(" | ")
+
+
 def test_scenario_and_all_on_the_command_line():
     sets = scenario_overrides("overlap")
     assert sets[0] == 'scenario="overlap"' and "steps=30" in sets

@@ -37,20 +37,28 @@ def _table(head: list[str], rows: list[list[str]], left: int) -> list[str]:
 
 
 START = """\
-Held-out results at step 0, after the warm start and before any sharing: greedy pass@1 and
-sampled success (the share of the k samples at the GRPO temperature that are correct), per prompt
-family, mean ± std over seeds: what the scenario set up. A family with sampled success 0 gives GRPO
-no signal; one between 0 and 1 does."""
+Held-out results at step 0, {when}: greedy pass@1 and sampled success (the share of the k samples
+at the GRPO temperature that are correct), per prompt family, mean ± std over seeds: {what}. A
+family with sampled success 0 gives GRPO no signal; one between 0 and 1 does."""
 
 
-def section_start(rows: list[dict[str, Any]], scenario: str) -> list[str]:
+def section_start(rows: list[dict[str, Any]], scenario: str | None) -> list[str]:
+    """``scenario``: the one that warm started the policies; None where none was warm started."""
     if not rows:
         return []
     body = [[r["policy"], r["family"], _spread(r["greedy"]), _spread(r["sampled"])] for r in rows]
+    if scenario is None:
+        title = "## Starting point (no warm start)"
+        text = START.format(when="before any training", what="what the policies start from")
+    else:
+        title = f"## Starting point (scenario `{scenario}`)"
+        text = START.format(
+            when="after the warm start and before any sharing", what="what the scenario set up"
+        )
     return [
-        f"## Starting point (scenario `{scenario}`)",
+        title,
         "",
-        START,
+        text,
         "",
         *_table(["policy", "family", "greedy pass@1", "sampled success"], body, 2),
         "",
@@ -70,12 +78,17 @@ coarse; a "no difference" says the data cannot tell, not that the strategies are
 GLANCE = """\
 One line per policy and sharing strategy: the paired difference against `none` (same seeds, same
 held-out prompts) with its 95% bootstrap interval and verdict, for greedy pass@1 at the end on all
-families, on the policy's *peer* families (what sharing should teach) and *own* families (what it
-may cost; `–` where the scenario warm starts a policy on every family), and for the area under
-its held-out curve over all families (sample efficiency); then what the
-strategy cost, as its mean GRPO time and generated tokens over `none`'s. Details in the sections
-below."""
-_GLANCE_METRICS = ("pass@1 end (all)", "pass@1 end (peer)", "pass@1 end (own)", "pass@1 area (all)")
+families,{roles} and for the area under its held-out curve over all families (sample efficiency);
+then what the strategy cost, as its mean GRPO time and generated tokens over `none`'s. Details in
+the sections below."""
+GLANCE_ROLES = """ on the policy's *peer* families (what sharing should teach) and *own*
+families (what it may cost; `–` where the scenario warm starts a policy on every family),"""
+_GLANCE_METRICS = {  # metric -> column; the peer and own ones only where a policy has both
+    "pass@1 end (all)": "Δ pass@1 end",
+    "pass@1 end (peer)": "Δ peer pass@1 end",
+    "pass@1 end (own)": "Δ own pass@1 end",
+    "pass@1 area (all)": "Δ area",
+}
 
 
 def _verdict_cell(r: dict[str, Any] | None) -> str:
@@ -101,11 +114,12 @@ def section_glance(analysis: dict[str, Any]) -> list[str]:
     if not pairs:
         return []
     trade = {(r["policy"], r["strategy"]): r["values"] for r in analysis["tradeoff"]}
+    metrics = [m for m in _GLANCE_METRICS if any(k[2] == m for k in sig)]
     body = [
         [
             p,
             f"`{s}`",
-            *(_verdict_cell(sig.get((p, s, m))) for m in _GLANCE_METRICS),
+            *(_verdict_cell(sig.get((p, s, m))) for m in metrics),
             _ratio_to_none(trade, p, s, "train_time_s"),
             _ratio_to_none(trade, p, s, "tokens"),
         ]
@@ -114,19 +128,10 @@ def section_glance(analysis: dict[str, Any]) -> list[str]:
     return [
         "## At a glance: each regime against `none`",
         "",
-        GLANCE,
+        GLANCE.format(roles=GLANCE_ROLES if "pass@1 end (peer)" in metrics else ""),
         "",
         *_table(
-            [
-                "policy",
-                "strategy",
-                "Δ pass@1 end",
-                "Δ peer pass@1 end",
-                "Δ own pass@1 end",
-                "Δ area",
-                "GRPO time",
-                "tokens",
-            ],
+            ["policy", "strategy", *(_GLANCE_METRICS[m] for m in metrics), "GRPO time", "tokens"],
             body,
             2,
         ),
@@ -276,7 +281,8 @@ def section_tradeoff(rows: list[dict[str, Any]]) -> list[str]:
     ]
 
 
-def analysis_sections(analysis: dict[str, Any], scenario: str) -> list[str]:
+def analysis_sections(analysis: dict[str, Any], scenario: str | None) -> list[str]:
+    """``scenario``: the one that warm started the policies; None where none was warm started."""
     return [
         *section_start(analysis["starting_point"], scenario),
         *section_significance(analysis["significance"], analysis["bootstrap"]["n_boot"]),

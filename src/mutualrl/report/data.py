@@ -191,11 +191,14 @@ def family_roles(run: RunData, policy: str) -> tuple[list[str], list[str]]:
 
 
 def own_families_of(run: RunData, policy: str) -> list[str]:
-    """The families the run's scenario warm started ``policy`` on; a run's config.json from before
-    scenarios existed is ``disjoint``: its ``warmup_families``."""
+    """The families the run's scenario warm started ``policy`` on (none without a warm start:
+    ``warmup.max_steps = 0``); a run's config.json from before scenarios existed is ``disjoint``:
+    its ``warmup_families``."""
     from mutualrl.config import ConfigError, config_from_dict
     from mutualrl.run.scenarios import own_families
 
+    if run.config.get("warmup", {}).get("max_steps", 1) <= 0:
+        return []
     try:
         return list(own_families(config_from_dict(dict(run.config), str(run.path)), policy))
     except (ConfigError, KeyError):
@@ -203,6 +206,14 @@ def own_families_of(run: RunData, policy: str) -> list[str]:
             (p.get("warmup_families") or [] for p in run.config["policies"] if p["name"] == policy),
             [],
         )
+
+
+def warm_started(runs: Sequence[RunData]) -> bool:
+    """Whether the runs' policies were warm started: a warm start of some steps, and a scenario
+    that teaches some policy some family (pretrained ones with ``warmup.max_steps = 0``: no)."""
+    return bool(runs) and any(
+        own_families_of(runs[0], p["name"]) for p in runs[0].config["policies"]
+    )
 
 
 def transfer_columns_of(run: RunData, policy: str) -> dict[str, float]:

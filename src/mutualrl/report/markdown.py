@@ -26,6 +26,7 @@ from mutualrl.report.data import (
     load_runs,
     policies_of,
     transfer_columns,
+    warm_started,
 )
 from mutualrl.report.plots import MAX_PANELS, make_plots
 
@@ -95,11 +96,14 @@ same seed differ only in what the policies share, and `Δ pass@1 vs none` is pai
 Accuracy is measured at the end of training on held-out prompts (pass@1: greedy decoding;
 pass@k: k samples at the training temperature, unbiased estimator). Table cells are mean ± sample
 std over seeds; plot lines are means over seeds, shaded bands span min–max. Times and bytes are
-per run (shared by its policies); the GRPO steps time is what a strategy costs, while a run's wall
-time also holds its warm start, paid only by the first run of each seed (the others load it).
+per run (shared by its policies); the GRPO steps time is what a strategy costs{warm}.
 Tokens are the completion tokens each policy sampled in GRPO steps, its groups and any extra
 sampling by the strategy. With few seeds, differences smaller than the spread are not evidence.
 Details: `docs/reading-the-report.md`."""
+
+
+HOW_TO_READ_WARM = """, while a run's wall
+time also holds its warm start, paid only by the first run of each seed (the others load it)"""
 
 
 TRANSFER = """\
@@ -220,7 +224,7 @@ def render_markdown(
         "",
         "## How to read this",
         "",
-        HOW_TO_READ,
+        HOW_TO_READ.format(warm=HOW_TO_READ_WARM if data["warm_start"] else ""),
         "",
         *section_glance(data["analysis"]),
         *_section_transfer(rows),
@@ -228,7 +232,9 @@ def render_markdown(
         "",
         markdown_table(rows, data["accuracy_columns"]),
         "",
-        *analysis_sections(data["analysis"], data.get("scenario") or "disjoint"),
+        *analysis_sections(
+            data["analysis"], (data.get("scenario") or "disjoint") if data["warm_start"] else None
+        ),
         "## Cost",
         "",
         markdown_table(rows, data["cost_columns"]),
@@ -271,6 +277,7 @@ def write_report(out: Path, state: dict[str, Any]) -> Path:
     notes = _plot_notes(made) if runs else ["No run has finished yet."]
     data = report_data(out, state, runs, rows, made, notes)
     data["scenario"] = runs[0].config.get("scenario", "disjoint") if runs else None
+    data["warm_start"] = warm_started(runs)
     data["analysis"] = analyse(runs, state["strategies"])
     (out / "report.json").write_text(json.dumps(data, indent=2))
     path = out / "report.md"
