@@ -14,6 +14,10 @@ first and last quarter of the steps; with the wall time, the commit, the machine
 ``--run-dir`` summarises a run made earlier (its wall time is the run's own, from summary.json;
 ``--commit`` says what code made it, since a run folder does not record it).
 
+``--backend-runs NAME=DIR ...`` puts finished runs of the config on other backends or executors
+side by side (run labelled ``backends``): per run its phases and, per step, its wall time and
+generation and update phases.
+
 ``--compare-dir`` summarises a finished ``mutualrl compare`` of the same config (its command and
 commit come from its ``compare.json``): every run as above, and per strategy and policy the
 seeds' held-out start, end and change side by side. Written into ``real_cpu.json`` as the run
@@ -120,6 +124,27 @@ def summarise_compare(folder: Path) -> dict:
     }
 
 
+def summarise_steps(run_dir: Path) -> dict:
+    """Where a run's time went: its phases (build, eval, train) and, per GRPO step, the step's
+    wall time and its generation and update phases, with each policy's completion tokens."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if r.get("phase") == "train"]
+    config = json.loads((run_dir / "config.json").read_text())
+    names = [p["name"] for p in config["policies"]]
+    rows = config["grpo"]["prompts_per_step"] * config["grpo"]["num_generations"]
+    return {
+        "executor": config["allocation"]["executor"],
+        "backends": {p["name"]: p["generation"]["backend"] for p in config["policies"]},
+        "phase_times_s": json.loads((run_dir / "summary.json").read_text())["phase_times_s"],
+        "step_s": [r["time_s"] for r in steps],
+        "generate_s": [r["phase/generate_time_s"] for r in steps],
+        "update_s": [r["phase/update_time_s"] for r in steps],
+        "completion_tokens": [
+            {n: r[f"policy/{n}/completion_length"] * rows for n in names} for r in steps
+        ],
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", type=Path, required=True)
@@ -127,7 +152,27 @@ def main() -> int:
     ap.add_argument("--run-dir", type=Path, help="summarise this finished run instead of training")
     ap.add_argument("--commit", help="with --run-dir: the commit the run was made at")
     ap.add_argument("--compare-dir", type=Path, help="summarise this finished compare instead")
+    ap.add_argument(
+        "--backend-runs",
+        nargs="+",
+        metavar="NAME=DIR",
+        help="finished runs of the same config on other backends or executors, side by side "
+        "(their commands: --command-of NAME=COMMAND)",
+    )
+    ap.add_argument("--command-of", nargs="*", default=[], metavar="NAME=COMMAND")
     args = ap.parse_args()
+    if args.backend_runs:
+        commands = dict(c.split("=", 1) for c in args.command_of)
+        runs = {}
+        for item in args.backend_runs:
+            name, folder = item.split("=", 1)
+            runs[name] = {"command": commands.get(name), **summarise_steps(Path(folder))}
+        machine = {**machine_info(), "loadavg": None}
+        record = {"benchmark": "real_cpu", "label": "backends", "commit": args.commit}
+        write_run(args.json, {**record, "machine": machine, "runs": runs})
+        for name, r in runs.items():
+            print(f"{name}: step {r['step_s']}, generate {r['generate_s']}")
+        return 0
     if args.compare_dir is not None:
         machine = {**machine_info(), "loadavg": None}
         compare = summarise_compare(args.compare_dir)
