@@ -11,6 +11,8 @@ pooled samples are not corrected by them).
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from mutualrl.grpo import completion_mask
@@ -28,7 +30,9 @@ def correct_mismatch(c, g, batch_logprobs) -> dict[str, float]:
     has = cols.has_old  # (B,)
     if not bool(has.any()):
         return {}
+    t0 = time.perf_counter()
     trainer = batch_logprobs(c).float().cpu()  # (B, T), micro-batched
+    recompute_s = time.perf_counter() - t0  # the pass an exact sampler never needs
     sampler = cols.old_logprobs  # (B, T), NaN for peers
     mask = completion_mask(c.completion_ids, c.lengths) & has.unsqueeze(-1)
     weights, stats = importance_weights(
@@ -42,4 +46,4 @@ def correct_mismatch(c, g, batch_logprobs) -> dict[str, float]:
     )
     cols.old_logprobs = torch.where(has.unsqueeze(-1), trainer, sampler)
     cols.sampler_weights = weights  # (B, T); 1 off the mask
-    return stats
+    return {**stats, "mismatch/recompute_s": recompute_s}
