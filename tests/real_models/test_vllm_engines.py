@@ -2,8 +2,9 @@
 vLLM's CPU build in a worker process of its own, train through ``mutualrl train`` with the
 engines' behaviour log-probs equal to the trainers' to float rounding.
 
-Marked ``vllm`` and ``real_models``: it runs in CI's vLLM step, whose environment also holds the
-two model packages (.ci/vllm-env); where vLLM does not import it is skipped."""
+Marked ``vllm`` and ``real_models``: CI runs it in the vLLM environment, which also holds the two
+model packages (.ci/vllm-env), after its other steps (the two workers peak near 16 GB, Gemma 3's
+near 12); where vLLM does not import it is skipped."""
 
 from __future__ import annotations
 
