@@ -46,4 +46,4 @@ def correct_mismatch(c, g, batch_logprobs) -> dict[str, float]:
     )
     cols.old_logprobs = torch.where(has.unsqueeze(-1), trainer, sampler)
     cols.sampler_weights = weights  # (B, T); 1 off the mask
-    return {**stats, "mismatch/recompute_s": recompute_s}
+    return {**stats, "mismatch/recompute_time_s": recompute_s}
