@@ -42,6 +42,7 @@ from mutualrl.bench.results import write_run
 from mutualrl.provenance import git_commit, machine_info
 from mutualrl.report.analysis import curve_of, heldout_changes
 from mutualrl.run.evaluation import read_heldout
+from mutualrl.run.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = "configs/real-cpu.toml"
@@ -127,8 +128,7 @@ def summarise_compare(folder: Path) -> dict:
 def summarise_steps(run_dir: Path) -> dict:
     """Where a run's time went: its phases (build, eval, train) and, per GRPO step, the step's
     wall time and its generation and update phases, with each policy's completion tokens."""
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in records if r.get("phase") == "train"]
+    steps = [r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("phase") == "train"]
     config = json.loads((run_dir / "config.json").read_text())
     names = [p["name"] for p in config["policies"]]
     rows = config["grpo"]["prompts_per_step"] * config["grpo"]["num_generations"]
