@@ -10,6 +10,7 @@ the architecture registry (``policies.models.ARCHITECTURES``) is for random init
 from __future__ import annotations
 
 import json
+import math
 import re
 import threading
 from pathlib import Path
@@ -52,6 +53,52 @@ def read_checkpoint_config(p: PolicyConfig) -> dict | None:
         return None
     found = config_file(p.checkpoint)
     return json.loads(found.read_text()) if found else None
+
+
+def text_config(cfg: dict):
+    """config.json read by transformers' own config class, as ``AutoModelForCausalLM`` reads it:
+    its ``attribute_map`` gives every family the same names (GPT-2's ``n_layer``, ``n_embd``,
+    ``n_head`` read as ``num_hidden_layers``, ``hidden_size``, ``num_attention_heads``) and its
+    defaults fill what the file leaves out. A multimodal config's decoder (Gemma 3's
+    ``text_config``); a plain ``PretrainedConfig`` of the file's keys for a ``model_type`` this
+    transformers does not know. Raises ValueError (or TypeError) when the class refuses the file."""
+    from transformers import AutoConfig, PretrainedConfig
+
+    model_type = cfg.get("model_type")
+    if isinstance(model_type, str) and model_type in _config_types():
+        return AutoConfig.for_model(**cfg).get_text_config(decoder=True)
+    return PretrainedConfig(**{k: v for k, v in cfg.items() if k != "model_type"})
+
+
+def _config_types() -> frozenset[str]:
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    return frozenset(CONFIG_MAPPING_NAMES)
+
+
+# A decoder layer's tensors are named ``...<ModuleList>.<index>.<rest>`` in every transformers
+# family (``transformer.h.0.``, ``model.layers.0.``, ``gpt_neox.layers.0.``); the first index in
+# the name is the layer's (an MoE expert's index comes after it).
+_LAYER_INDEX = re.compile(r"\.(\d+)\.")
+
+
+def largest_layer_parameters(folder: Path) -> int | None:
+    """The parameter count of the checkpoint's largest decoder layer, from the headers of its
+    safetensors files (no tensor is read); None without safetensors weights there."""
+    from safetensors import safe_open
+
+    files = sorted(folder.glob("*.safetensors"))
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():  # sharded: the shards the index names (a folder may hold other files)
+        files = sorted({folder / f for f in json.loads(index.read_text())["weight_map"].values()})
+    per_layer: dict[int, int] = {}
+    for path in files:
+        with safe_open(str(path), "pt") as weights:
+            for name in weights.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                if (m := _LAYER_INDEX.search(name)) is not None:
+                    numel = math.prod(weights.get_slice(name).get_shape())
+                    per_layer[int(m.group(1))] = per_layer.get(int(m.group(1)), 0) + numel
+    return max(per_layer.values(), default=None)
 
 
 def check_checkpoint(p: PolicyConfig) -> dict | None:
@@ -97,6 +144,13 @@ def check_checkpoint(p: PolicyConfig) -> dict | None:
             f"language model this transformers ({_transformers_version()}) can build "
             "with AutoModelForCausalLM"
         )
+    try:
+        text_config(cfg)
+    except (TypeError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(
+            f"{field}: transformers refuses the config.json of {p.checkpoint}: {first}"
+        ) from None
     return cfg
 
 
@@ -133,7 +187,9 @@ def check_policies(
         if handle is None:
             continue
         resolve_template(p, handle.tokenizer)
-        vocab = checkpoints.get(p.name, {}).get("vocab_size")
+        cfg = checkpoints.get(p.name)
+        # through the config class: a multimodal checkpoint keeps vocab_size in its text_config
+        vocab = getattr(text_config(cfg), "vocab_size", None) if cfg is not None else None
         if vocab is not None and handle.vocab_size > vocab:
             raise ConfigError(
                 f"policies.{p.name}.tokenizer: {p.tokenizer!r} has {handle.vocab_size} "
