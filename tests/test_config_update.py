@@ -26,7 +26,7 @@ def test_defaults_are_the_single_pass_in_fp32_at_a_constant_rate():
         0.0,
         0.01,
     )
-    assert cfg.policies[0].dtype == "fp32"
+    assert cfg.policies[0].dtype == "auto"  # resolved by the run (policies.precision)
 
 
 @pytest.mark.parametrize(

@@ -110,13 +110,16 @@ def run(args) -> int:
     from mutualrl.allocation.specs import resolve_inventory, worker_specs_from_config
     from mutualrl.config import load_config
     from mutualrl.policies.model_cache import LineStages, resolve_policies
+    from mutualrl.policies.precision import precision_notes, resolve_precision
 
     cfg = load_config(args.config, list(args.set))
     # a packaged model's dims are in its converted folder (converted now if it is not yet)
     cfg = msgspec.structs.replace(cfg, policies=resolve_policies(cfg.policies, LineStages()))
+    cfg = resolve_precision(cfg)  # what dtype = "auto" chooses on this machine
     alloc = cfg.allocation
     specs = worker_specs_from_config(cfg, alloc)
     p = plan(specs, resolve_inventory(alloc), alloc.memory.usable_memory_fraction)
+    p = msgspec.structs.replace(p, notes=p.notes + precision_notes(cfg))
     if args.json:
         print(msgspec.json.format(msgspec.json.encode(p).decode()))
         return 0

@@ -146,9 +146,11 @@ class PolicyConfig(ConfigStruct, frozen=True):
     )  # sampling backend
     # Compute precision. "bf16": forward and backward under bf16 autocast, fp32 master weights and
     # AdamW moments (bf16 weights would round away small AdamW updates); log-softmax stays fp32.
-    # For GPUs: a CPU without bf16 matrix instructions (AVX512-BF16, AMX) emulates it, 10-25x
-    # slower than fp32, and the run warns before it starts (policies.precision).
-    dtype: Literal["fp32", "bf16"] = "fp32"  # compute precision (see above)
+    # "auto": bf16 where the device multiplies bf16 natively (CUDA; a CPU with AVX512-BF16 or
+    # AMX) and the model is at least 256 wide, fp32 elsewhere; the run folder's config.json and
+    # plan say which (policies.precision). A CPU without bf16 matrix instructions emulates bf16,
+    # 10-25x slower than fp32: "auto" never chooses it there, and "bf16" warns before the run.
+    dtype: Literal["auto", "fp32", "bf16"] = "auto"  # compute precision (see above)
     # Processes the learner runs as, one device each, its model sharded across them with FSDP2
     # (docs/guides/policies-across-gpus.md). 1: one process, unsharded, exactly as before.
     learner_ranks: int = 1  # learner processes (FSDP2 ranks); 1: unsharded

@@ -25,7 +25,7 @@ from mutualrl.policies.checkpoints import check_checkpoints, check_policies
 from mutualrl.policies.device_memory import Capped
 from mutualrl.policies.models import TokenizerFacts
 from mutualrl.policies.policy import Policy, PolicyView, load_handles
-from mutualrl.policies.precision import check_precision
+from mutualrl.policies.precision import check_precision, precision_notes, resolve_precision
 from mutualrl.retokenize import Retokenizer
 from mutualrl.run.departures import Departures
 from mutualrl.run.experience import PeerLogPool, open_bus
@@ -109,6 +109,7 @@ def build_run(
 
     ``departed``: the policies a resumed run's checkpoint says left it under ``on_failure =
     "continue"`` (``Departures.state_dict``); their workers are not started again."""
+    cfg = resolve_precision(cfg)  # config.json says which precision each policy computes in
     prep = prepared or prepare(cfg)
     departed = departed or {}
     out = Path(cfg.output_dir)
@@ -163,7 +164,8 @@ def plan_workers(cfg: RunConfig, handles: dict) -> tuple[AllocationConfig, Plan]
     alloc = cfg.allocation
     vocab = {spec: h.vocab_size for spec, h in handles.items()}
     specs = worker_specs_from_config(cfg, alloc, vocab_size=vocab.__getitem__)
-    return alloc, plan(specs, resolve_inventory(alloc), alloc.memory.usable_memory_fraction)
+    p = plan(specs, resolve_inventory(alloc), alloc.memory.usable_memory_fraction)
+    return alloc, msgspec.structs.replace(p, notes=p.notes + precision_notes(cfg))
 
 
 def check_colocated(cfg: RunConfig) -> None:

@@ -20,6 +20,7 @@ import numpy as np
 from mutualrl.allocation.calls import WorkerFailedError
 from mutualrl.config import ConfigError, RunConfig
 from mutualrl.policies.model_cache import resolve_policies
+from mutualrl.policies.precision import resolve_precision
 from mutualrl.policies.worker import SavePretrained
 from mutualrl.run import checkpoint
 from mutualrl.run.build import build_run, prepare
@@ -236,6 +237,7 @@ def train(
     t0 = time.perf_counter()
     # Packaged model names become their converted folders here, once, before any worker starts.
     cfg = msgspec.structs.replace(cfg, policies=resolve_policies(cfg.policies, progress))
+    cfg = resolve_precision(cfg)  # dtype = "auto" becomes what this machine computes in
     prepared = prepare(cfg)
     with claim(cfg.output_dir, resume=resume, overwrite=overwrite), StopRequests() as stop:
         opened = open_checkpoint(cfg) if resume else None

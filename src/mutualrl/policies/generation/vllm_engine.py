@@ -115,10 +115,12 @@ def lora_rank(r: int) -> int:
 
 def engine_dtype(cfg) -> str:
     """``generation.dtype``; "auto" is the policy's own compute precision (vLLM's own "auto"
-    serves a float32 checkpoint in bfloat16 on CPU, 1e-3 off the fp32 trainer per token)."""
+    serves a float32 checkpoint in bfloat16 on CPU, 1e-3 off the fp32 trainer per token). The
+    run resolves a policy's ``dtype = "auto"`` before any worker starts; one left unresolved
+    computes in fp32, in the trainer as here."""
     if cfg.generation.dtype != "auto":
         return cfg.generation.dtype
-    return "float32" if cfg.dtype == "fp32" else "bfloat16"
+    return "bfloat16" if cfg.dtype == "bf16" else "float32"
 
 
 def engine_kwargs(view, platform_cpu: bool, device: str) -> dict:

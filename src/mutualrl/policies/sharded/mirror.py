@@ -77,7 +77,7 @@ class WeightMirror:
         gap = self.probe_gap(vocab_size)
         if gap is None:
             return {}
-        tol = sync_tolerance(gen, self.learner.cfg.dtype == "fp32")
+        tol = sync_tolerance(gen, self.learner.cfg.dtype != "bf16")
         if gap > tol:
             raise WeightSyncError(
                 f"policy {self.learner.name!r}: rank 0's copy of the sharded "
