@@ -8,7 +8,9 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -365,3 +367,57 @@ def test_a_damaged_install_names_the_command_that_repairs_it(fake, converter):
     assert str(caught.value).endswith(
         "reinstall: pip install --force-reinstall --no-deps fake-model==1.0.0"
     )
+
+
+@pytest.fixture
+def small_cache(tmp_path, monkeypatch):
+    """The cache on a real 8 MB tmpfs of its own (root only), as test_storage's disk-full runs."""
+    mnt = tmp_path / "fs"
+    mnt.mkdir()
+    if shutil.which("mount") is None or os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    monkeypatch.setenv("MUTUALRL_CACHE", str(mnt))
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_a_full_disk_while_converting_is_one_line_and_leaves_nothing(
+    fake, small_cache, monkeypatch
+):
+    import torch
+    from safetensors.torch import save_file
+
+    def convert(gguf: Path, out: Path) -> None:  # safetensors' own writer fills the disk
+        out.mkdir()
+        (out / "config.json").write_text("{}")
+        save_file({"w": torch.zeros(4 << 20)}, str(out / "model.safetensors"))  # 16 MB
+
+    monkeypatch.setattr(model_cache, "convert_gguf", convert)
+    monkeypatch.setattr(model_cache.importlib.util, "find_spec", lambda name: object())
+    with pytest.raises(PackagedModelError) as caught:
+        ensure_model_folder(fake[0])
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith(
+        f"packaged model 'fake-model': no space left on device converting it into "
+        f"{small_cache / 'models'}: it needs more space, "
+    )
+    assert message.endswith("move the cache to a larger disk with MUTUALRL_CACHE=/path")
+    assert [p.name for p in (small_cache / "models").iterdir()] == [".fake-model.lock"]
+
+
+def test_the_space_a_conversion_needs_is_checked_before_it_starts(
+    fake, converter, small_cache, monkeypatch
+):
+    monkeypatch.setattr(model_cache, "conversion_bytes", lambda gguf: 100_000_000)
+    with pytest.raises(PackagedModelError, match=r"it needs about 100 MB, [0-9] MB are left"):
+        ensure_model_folder(fake[0])
+    assert converter == []  # refused before any conversion work
+    assert [p.name for p in (small_cache / "models").iterdir()] == [".fake-model.lock"]

@@ -168,9 +168,19 @@ def _transformers_version() -> str:
 
 
 def check_checkpoints(policies: list[PolicyConfig]) -> dict[str, dict]:
-    """Every checkpoint present and a causal LM transformers builds (no tokenizer needed):
-    name -> config."""
-    return {p.name: cfg for p in policies if (cfg := check_checkpoint(p)) is not None}
+    """Every checkpoint present and a causal LM transformers builds, and a local folder's
+    weights (and tokenizer, where it is the policy's) readable (``policies.checkpoint_files``):
+    name -> config. What a run checks before its folder is written."""
+    from mutualrl.policies.checkpoint_files import check_folder_files
+
+    found = {}
+    for p in policies:
+        if (cfg := check_checkpoint(p)) is None:
+            continue
+        if (folder := Path(p.checkpoint or "").expanduser()).is_dir():
+            check_folder_files(p, folder)
+        found[p.name] = cfg
+    return found
 
 
 def check_policies(

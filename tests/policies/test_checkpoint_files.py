@@ -1,0 +1,140 @@
+"""A checkpoint folder that cannot be read is one line per cause, before the run folder exists.
+
+Each case is the real failure on a real (tiny, random) save_pretrained folder: a safetensors file
+really cut short, the weights removed, the tokenizer removed, and a pytorch_model.bin whose
+pickle really calls os.system (a marker file proves it never ran).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from mutualrl.config import ConfigError, PolicyConfig
+from mutualrl.policies.checkpoints import check_checkpoints
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> Path:
+    """A tiny random Llama on Mistral's 32k tokenizer, as save_pretrained writes it."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from mutualrl.retokenize.loaders import load_tokenizer
+
+    tok = load_tokenizer("mistral-v1").tokenizer
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+        eos_token_id=tok.eos_token_id,
+    )
+    out = tmp_path_factory.mktemp("ckpt") / "good"
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def _copy(saved: Path, tmp_path: Path) -> Path:
+    folder = tmp_path / "ckpt"
+    shutil.copytree(saved, folder)
+    return folder
+
+
+def _policy(folder: Path) -> PolicyConfig:
+    return PolicyConfig(name="p", checkpoint=str(folder), tokenizer=str(folder))
+
+
+class _Hostile:
+    """Unpickling calls os.system: what a hostile pytorch_model.bin does."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _hostile(folder: Path, marker: Path) -> None:
+    (folder / "model.safetensors").unlink()
+    torch.save({"model.embed_tokens.weight": _Hostile(marker)}, folder / "pytorch_model.bin")
+
+
+def test_a_whole_folder_passes(saved):
+    assert check_checkpoints([_policy(saved)])["p"]["model_type"] == "llama"
+
+
+def test_a_truncated_safetensors_file_is_named(saved, tmp_path):
+    folder = _copy(saved, tmp_path)
+    weights = folder / "model.safetensors"
+    os.truncate(weights, weights.stat().st_size // 2)
+    with pytest.raises(ConfigError) as caught:
+        check_checkpoints([_policy(folder)])
+    assert str(caught.value) == (
+        f"policies.p.checkpoint: {weights} is truncated or corrupt (safetensors: Error while "
+        "deserializing header: incomplete metadata, file not fully covered); copy it again "
+        "from where it came from"
+    )
+
+
+def test_no_weights_is_named(saved, tmp_path):
+    folder = _copy(saved, tmp_path)
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(ConfigError, match=r"^policies.p.checkpoint: .*ckpt has no weights "):
+        check_checkpoints([_policy(folder)])
+
+
+def test_no_tokenizer_is_named_on_the_tokenizer_field(saved, tmp_path):
+    folder = _copy(saved, tmp_path)
+    for f in folder.glob("tokenizer*"):
+        f.unlink()
+    with pytest.raises(ConfigError, match=r"^policies.p.tokenizer: .*ckpt has no tokenizer files"):
+        check_checkpoints([_policy(folder)])
+    # a tokenizer given elsewhere needs none in the folder
+    other = PolicyConfig(name="p", checkpoint=str(folder), tokenizer="mistral-v1")
+    assert "p" in check_checkpoints([other])
+
+
+def test_a_hostile_pickle_is_refused_and_never_runs(saved, tmp_path):
+    folder, marker = _copy(saved, tmp_path), tmp_path / "ran"
+    _hostile(folder, marker)
+    with pytest.raises(ConfigError) as caught:
+        check_checkpoints([_policy(folder)])
+    assert str(caught.value).startswith(
+        f"policies.p.checkpoint: {folder / 'pytorch_model.bin'} holds pickled code, refused by "
+        "torch's weights-only loader (it calls posix.system); nothing of it was run; use "
+        "weights saved as safetensors"
+    )
+    assert not marker.exists()
+
+
+def test_train_refuses_a_hostile_folder_in_one_line_before_writing_the_run(saved, tmp_path):
+    folder, marker = _copy(saved, tmp_path), tmp_path / "ran"
+    _hostile(folder, marker)
+    config = (ROOT / "configs" / "tiny.toml").read_text()
+    config = config.replace('architecture = "llama"', f'checkpoint = "{folder}"', 1)
+    config = config.replace('tokenizer = "mistral-v1"', f'tokenizer = "{folder}"', 1)
+    (tmp_path / "run.toml").write_text(config)
+    out = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "mutualrl.cli", "train", "--config", str(tmp_path / "run.toml")]
+        + ["--output-dir", str(out), "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "holds pickled code" in done.stderr
+    assert not out.exists() and not marker.exists()
