@@ -85,3 +85,59 @@ def test_system_prompt_needs_a_template():
         import msgspec
 
         msgspec.convert({"name": "p", "system_prompt": "x"}, PolicyConfig)
+
+
+# A template is run only in Jinja's sandbox, and only for so long: the real payloads, from a real
+# tokenizer folder's tokenizer_config.json, fail in one line naming the policy and the file.
+ESCAPE = "{{ ''.__class__.__mro__ }}"
+# 25 million iterations: about 1 s here, so 0.1 s is past the limit, and the renderer left behind
+# spinning (a Python loop cannot be stopped from outside) ends soon after, not at the session's
+# end (the CLI check ran the two range(100000) loops: stopped at 10 s, exit 2)
+FOREVER = "{% for i in range(5000) %}{% for j in range(5000) %}{% endfor %}{% endfor %}"
+
+
+def _folder_with(template: str, tmp_path: Path) -> Path:
+    import json
+
+    folder = tmp_path / "tok"
+    load_tokenizer("mistral-v1").tokenizer.save_pretrained(folder)
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": template}))
+    return folder
+
+
+def _check(folder: Path, handles: dict | None = None) -> None:
+    from mutualrl.policies.checkpoints import check_policies
+
+    p = PolicyConfig(name="p", tokenizer=str(folder), chat_template=True)
+    check_policies([p], handles or {str(folder): load_tokenizer(str(folder))}, checkpoints={})
+
+
+def test_a_template_the_sandbox_refuses_is_one_line_naming_its_file(tmp_path):
+    folder = _folder_with(ESCAPE, tmp_path)
+    with pytest.raises(ConfigError) as caught:
+        _check(folder)
+    assert str(caught.value) == (
+        f"policies.p.chat_template ({folder / 'tokenizer_config.json'}): the chat template was "
+        "stopped by Jinja's sandbox (access to attribute '__class__' of 'str' object is "
+        "unsafe.); templates run only sandboxed: fix it, give a template file, or false for "
+        "raw text"
+    )
+
+
+def test_a_template_that_renders_forever_is_stopped_at_the_time_limit(tmp_path, monkeypatch):
+    import time
+
+    from mutualrl.policies import prompting
+
+    monkeypatch.setattr(prompting, "RENDER_TIMEOUT_S", 0.1)
+    folder = _folder_with(FOREVER, tmp_path)
+    loaded = {str(folder): load_tokenizer(str(folder))}
+    t0 = time.perf_counter()
+    with pytest.raises(
+        ConfigError,
+        match=r"^policies.p.chat_template \(.*tokenizer_config.json\)"
+        r": the chat template rendered for over 0.1 s without finishing",
+    ):
+        _check(folder, loaded)
+    assert time.perf_counter() - t0 < 0.9

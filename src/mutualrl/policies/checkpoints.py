@@ -189,14 +189,16 @@ def check_policies(
     """Every chat template asked for present, and every checkpoint's vocabulary large enough for
     its tokenizer's ids (here, before any worker starts). ``checkpoints``: from
     ``check_checkpoints``; checked now when not given."""
-    from mutualrl.policies.prompting import resolve_template
+    from mutualrl.policies.prompting import chat_prompt
 
     checkpoints = check_checkpoints(policies) if checkpoints is None else checkpoints
     for p in policies:
         handle = handles.get(p.tokenizer)
         if handle is None:
             continue
-        resolve_template(p, handle.tokenizer)
+        chat = chat_prompt(p, handle.tokenizer)  # present, and it renders (sandboxed, timed)
+        if chat is not None:
+            chat.render("What is 2 + 3?")
         cfg = checkpoints.get(p.name)
         # through the config class: a multimodal checkpoint keeps vocab_size in its text_config
         vocab = getattr(text_config(cfg), "vocab_size", None) if cfg is not None else None
