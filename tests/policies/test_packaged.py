@@ -421,3 +421,21 @@ def test_the_space_a_conversion_needs_is_checked_before_it_starts(
         ensure_model_folder(fake[0])
     assert converter == []  # refused before any conversion work
     assert [p.name for p in (small_cache / "models").iterdir()] == [".fake-model.lock"]
+
+
+def test_models_list_shows_a_damaged_or_partial_cache_as_such(fake, converter, capsys):
+    from mutualrl.cli import main
+
+    folder = ensure_model_folder(fake[0])
+    _tamper(folder)
+    assert main(["models", "list"]) == 0
+    shown = capsys.readouterr().out
+    assert (
+        f"converted: damaged: {folder} (tokenizer.json does not match its manifest hash); the "
+        "next run or `mutualrl models fetch fake-model` converts it again"
+    ) in shown
+    (folder / MANIFEST).unlink()
+    assert main(["models", "list"]) == 0
+    assert f"converted: partial: {folder} (no manifest (a partial conversion))" in (
+        capsys.readouterr().out
+    )

@@ -18,13 +18,15 @@ from importlib import metadata
 from rich.console import Console
 
 from mutualrl.config import ConfigError
-from mutualrl.policies.model_cache import ensure_folder
+from mutualrl.policies.model_cache import ensure_folder, folder_problem
 from mutualrl.policies.packaged import (
     PACKAGED_MODELS,
     PackagedModel,
     PackagedModelError,
-    cached_folder,
+    cache_folder,
+    locate,
     models_dir,
+    recorded_sha256,
 )
 from mutualrl.run.progress import RunProgress
 
@@ -120,16 +122,35 @@ def _fetch(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cache_state(model: PackagedModel) -> str:
+    """The model's converted folder as ``list`` shows it: not yet, partial, damaged or ready
+    (its manifest checked, as a run checks it: hashing takes a few seconds per model)."""
+    fetch = f"mutualrl models fetch {model.name}"
+    try:
+        digest = recorded_sha256(model, locate(model))
+    except PackagedModelError:
+        return f"not yet ({fetch})"
+    folder = cache_folder(model, digest)
+    builds = sorted(p.name for p in models_dir().glob(f".{model.name}.build-*"))
+    left = f"; a partial conversion is left in {', '.join(builds)}" if builds else ""
+    if not folder.is_dir():
+        return f"not yet ({fetch}){left}"
+    problem = folder_problem(folder, model, digest)
+    if problem is None:
+        return f"{folder}{left}"
+    kind = "partial" if problem.startswith("no manifest") else "damaged"
+    return f"{kind}: {folder} ({problem}); the next run or `{fetch}` converts it again{left}"
+
+
 def _list(args: argparse.Namespace) -> int:
     print(f"packaged models (cache: {models_dir()}; MUTUALRL_CACHE moves it):")
     for name in PACKAGED_MODELS.names():
         model = PACKAGED_MODELS.get(name)
         installed = all(_installed(r) for r in model.requirements)
-        folder = cached_folder(name)
         print(
             f"  {name}\n    licence: {model.licence}\n"
             f"    installed: {'yes' if installed else 'no'} ({', '.join(model.requirements)})\n"
-            f"    converted: {folder or f'not yet (mutualrl models fetch {name})'}"
+            f"    converted: {_cache_state(model)}"
         )
     return 0
 
