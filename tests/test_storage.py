@@ -11,7 +11,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +22,7 @@ import pytest
 from mutualrl.exchange import ExperienceLog
 from mutualrl.run.metrics import MetricsWriter, read_metrics
 from mutualrl.storage import SCRATCH_LOCK, ScratchFolder, StorageError, atomic_folder
+from tests.tmpfs import mounted_tmpfs
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = str(ROOT / "configs" / "tiny.toml")
@@ -106,24 +106,8 @@ def test_an_error_that_is_not_about_space_passes_through(tmp_path):
 def small_fs(tmp_path):
     """A tmpfs of its own (root only); yields (mount point, resize function)."""
     mnt = tmp_path / f"fs-{uuid.uuid4().hex[:6]}"
-    mnt.mkdir()
-    if shutil.which("mount") is None or os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=110m", "tmpfs", str(mnt)],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-
-    def resize(size: str) -> None:
-        subprocess.run(["mount", "-o", f"remount,size={size}", str(mnt)], check=True)
-
-    try:
+    with mounted_tmpfs(mnt, "110m") as resize:
         yield mnt, resize
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
 def test_a_run_on_a_full_disk_stops_with_one_message_and_resumes_after_space_is_freed(small_fs):

@@ -8,9 +8,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -35,6 +33,7 @@ from mutualrl.policies.packaged import (
     models_dir,
     verified_gguf,
 )
+from tests.tmpfs import mounted_tmpfs
 
 PARTS = [b"GGUF-part-one;" * 50, b"part-two;" * 70, b"tail"]
 
@@ -373,19 +372,9 @@ def test_a_damaged_install_names_the_command_that_repairs_it(fake, converter):
 def small_cache(tmp_path, monkeypatch):
     """The cache on a real 8 MB tmpfs of its own (root only), as test_storage's disk-full runs."""
     mnt = tmp_path / "fs"
-    mnt.mkdir()
-    if shutil.which("mount") is None or os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], capture_output=True, text=True
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    monkeypatch.setenv("MUTUALRL_CACHE", str(mnt))
-    try:
+    with mounted_tmpfs(mnt, "8m"):
+        monkeypatch.setenv("MUTUALRL_CACHE", str(mnt))
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
 def test_a_full_disk_while_converting_is_one_line_and_leaves_nothing(

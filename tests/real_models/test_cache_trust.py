@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -18,6 +17,7 @@ import pytest
 
 from mutualrl.config import PolicyConfig
 from mutualrl.policies.model_cache import folder_problem, resolve_policies
+from tests.tmpfs import mounted_tmpfs
 
 pytestmark = pytest.mark.real_models
 
@@ -25,20 +25,8 @@ pytestmark = pytest.mark.real_models
 @pytest.fixture
 def small_cache(tmp_path):
     mnt = tmp_path / "fs"
-    mnt.mkdir()
-    if shutil.which("mount") is None or os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=300m", "tmpfs", str(mnt)],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
+    with mounted_tmpfs(mnt, "300m"):
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
 def test_a_cache_too_small_for_the_conversion_is_one_line_before_any_write(small_cache):
