@@ -141,6 +141,12 @@ class TrainingConfig(ConfigStruct, frozen=True):
     gradient_checkpointing: bool = (
         False  # recompute decoder activations in backward (HF, non-reentrant)
     )
+    # Rows that share their prompt (a GRPO group) run its forward once and their completions
+    # attend to its keys and values (policies/prefix.py): the same log-probs, loss and gradients
+    # for a fraction of the positions. Applied where it is exact: one model on one device (not
+    # sharded learners) without gradient checkpointing (which keeps no cache); false: every row
+    # computes its whole sequence.
+    shared_prefix: bool = True
     lr_scheduler_type: Literal[
         "constant",
         "constant_with_warmup",

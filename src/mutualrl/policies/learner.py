@@ -82,6 +82,11 @@ class Placement(Protocol):
     @property
     def autocast(self) -> bool: ...
 
+    @property
+    def collective(self) -> bool:
+        """Whether a forward pass is a collective call every rank must make alike."""
+        ...
+
     def build(
         self, learner: Learner, facts: TokenizerFacts, seed: int
     ) -> tuple[torch.nn.Module, torch.nn.Module | None]:
@@ -94,6 +99,7 @@ class OnDevice:
 
     share: RankShare = ONE_RANK
     autocast = True
+    collective = False
 
     def build(
         self, learner: Learner, facts: TokenizerFacts, seed: int
@@ -145,6 +151,9 @@ class Learner:
             grpo,
             self.training,
             bf16=cfg.dtype == "bf16" and self.placement.autocast,
+            shared_prefix=self.training.shared_prefix
+            and not self.training.gradient_checkpointing
+            and not self.placement.collective,
         )
         self.objective = Objective(grpo, self.training, self.logprobs, self.placement.share)
 

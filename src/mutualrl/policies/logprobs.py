@@ -12,6 +12,9 @@ A micro-batch with more completion positions than ``training.logprob_chunk_size`
 log-probs from the final hidden states through ``grpo.chunked_token_logprobs``, so no (rows, T, V)
 logits exist. Precision: ``bf16`` runs forward passes under ``torch.autocast`` (bf16) over fp32
 weights; a sharded model casts itself (FSDP2's mixed precision) and runs without it.
+
+With ``shared_prefix`` (``training.shared_prefix`` where it is exact) rows that share their
+prompt compute it once (``policies.prefix``): the same log-probs, for a fraction of the positions.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from mutualrl.grpo import (
 )
 from mutualrl.policies.batch import Collated, collate, micro_batch_slices, take_rows
 from mutualrl.policies.models import base_model
+from mutualrl.policies.prefix import PrefixGroups, prefix_groups, shared_forward
 from mutualrl.policies.sampling import truncate_logits, truncates
 
 
@@ -44,6 +48,9 @@ class LogProbs:
     grpo: GRPOConfig  # the sampling distribution: temperature, top_k, top_p
     training: TrainingConfig  # logprob_chunk_size, entropy_sample_size, micro-batches
     bf16: bool  # forward passes under bf16 autocast
+    # rows sharing their prompt compute it once (policies.prefix); off where a pass must not
+    # change shape per micro-batch (sharded ranks) or keeps no cache (gradient checkpointing)
+    shared_prefix: bool = False
 
     def autocast(self):
         """The policy's compute precision for a forward pass (backward follows it)."""
@@ -58,24 +65,28 @@ class LogProbs:
 
         Divided by ``temperature`` (default: the sampling temperature, so log-probs are those of
         the distribution the samples came from; SFT passes 1)."""
-        dev, L, T = self.device, c.input_ids.shape[1], c.completion_len
+        L, T = c.input_ids.shape[1], c.completion_len
         # The logits at positions L-T-1 .. L-2 predict the T completion tokens. Asking the model
         # for exactly those (not the last T+1, then slicing) spares a (B, T+1, V) copy forward
         # and a zero-filled one in backward: with a 129k vocabulary these passes cost as much
         # as the LM head itself.
-        keep = torch.arange(L - T - 1, L - 1, device=dev)
-        out = model(
-            input_ids=c.input_ids.to(dev),
-            attention_mask=c.attention_mask.to(dev),
-            position_ids=c.position_ids.to(dev),
-            logits_to_keep=keep,
-        )
-        logits = out.logits.float()
+        ids, attention, positions = self._inputs(c)
+        if (groups := self._groups(c)) is not None:
+            logits = shared_forward(model, ids, attention, positions, T, groups, head=True)
+        else:
+            keep = torch.arange(L - T - 1, L - 1, device=ids.device)
+            logits = model(
+                input_ids=ids,
+                attention_mask=attention,
+                position_ids=positions,
+                logits_to_keep=keep,
+            ).logits
+        logits = logits.float()
         g = self.grpo
         if temperature is None and truncates(g.top_k, g.top_p):
             # the sampling distribution is truncated: take log-probs under the same truncation
             return truncate_logits(
-                logits.div_(g.temperature), g.top_k, g.top_p, keep=c.completion_ids.to(dev)
+                logits.div_(g.temperature), g.top_k, g.top_p, keep=c.completion_ids.to(self.device)
             )
         temperature = temperature or g.temperature
         # In place: the LM head's backward needs its input and weight, not its output.
@@ -143,6 +154,17 @@ class LogProbs:
             rows, t.per_device_train_batch_size, t.gradient_accumulation_steps
         )
 
+    def _inputs(self, c: Collated) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        dev = self.device
+        return c.input_ids.to(dev), c.attention_mask.to(dev), c.position_ids.to(dev)
+
+    def _groups(self, c: Collated) -> PrefixGroups | None:
+        """The rows of ``c`` that share their prompt, when it is shared and some do."""
+        if not self.shared_prefix:
+            return None
+        P = c.input_ids.shape[1] - c.completion_len
+        return prefix_groups(c.input_ids, c.attention_mask, P)
+
     def _chunk_size(self, c: Collated) -> int | None:
         """``training.logprob_chunk_size`` when ``c`` has more completion positions (its LM head
         runs in chunks of it); None: it runs whole."""
@@ -164,19 +186,21 @@ class LogProbs:
                 f"({type(head).__name__}) that is not a plain linear layer; "
                 "unset logprob_chunk_size for it"
             )
-        dev, L, T = self.device, c.input_ids.shape[1], c.completion_len
-        out = base.get_decoder()(
-            input_ids=c.input_ids.to(dev),
-            attention_mask=c.attention_mask.to(dev),
-            position_ids=c.position_ids.to(dev),
-            use_cache=False,
-        )
-        hidden = out.last_hidden_state[:, L - T - 1 : L - 1]  # (B, T, H)
+        L, T = c.input_ids.shape[1], c.completion_len
+        ids, attention, positions = self._inputs(c)
+        decoder = base.get_decoder()
+        if (groups := self._groups(c)) is not None:
+            hidden = shared_forward(decoder, ids, attention, positions, T, groups, head=False)
+        else:
+            out = decoder(
+                input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=False
+            )
+            hidden = out.last_hidden_state[:, L - T - 1 : L - 1]  # (B, T, H)
         return chunked_token_logprobs(
             hidden,
             head.weight,
             head.bias,
-            c.completion_ids.to(dev),
+            c.completion_ids.to(self.device),
             temperature,
             chunk_size,
         )

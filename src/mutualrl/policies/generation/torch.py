@@ -9,7 +9,6 @@ needed. The sampler and the trainer share the model: ``load_weights`` has nothin
 from __future__ import annotations
 
 import copy
-import inspect
 
 import torch
 from transformers import StaticCache
@@ -19,24 +18,16 @@ from mutualrl.policies.batch import collate
 from mutualrl.policies.generation import GENERATION_BACKENDS, SamplingSettings
 from mutualrl.policies.generation.compiled import CompiledDecoder
 from mutualrl.policies.models import base_model
+from mutualrl.policies.prefix import cache_keyword, prefill
 from mutualrl.policies.samples import Sample
 from mutualrl.policies.sampling import sample_tokens, truncate_logits, truncates
 
 
-def cache_keyword(model) -> str:
-    """The name of ``model``'s KV cache, as its forward's keyword and its output's field.
-
-    transformers 5.24 renamed ``past_key_values`` to ``cache`` (both; the old names warn and are
-    to be removed in 5.40), while the versions our extras allow go back to 4.56 (vLLM's CPU build
-    pins < 5.20), where only ``past_key_values`` exists. Read once from the forward's signature
-    (a PEFT wrapper's forward takes ``**kwargs``: its base model's is the one that names it).
-    """
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
-
-
 class TorchBackend:
     exact_logprobs = True
+    # each distinct prompt is prefilled once for all its completions (policies.prefix.prefill:
+    # the same draws); False: once per completion (benchmarks/bench_real_step.py compares them)
+    share_prompts = True
 
     def __init__(
         self, view, learner, generator: torch.Generator, decoders: dict | None = None
@@ -109,22 +100,9 @@ class TorchBackend:
             return self._sample_compiled(ids, attn, pos, s)
         B, eos = ids.shape[0], self.view.tokenizer.eos_token_id
         static = s.cache_implementation == "static"
-        first = (
-            {
-                self.cache_key: static_cache(model, P + s.max_new_tokens),
-                "cache_position": torch.arange(P, device=device),
-            }
-            if static
-            else {}
-        )
-        out = model(
-            input_ids=ids,
-            attention_mask=attn,
-            position_ids=pos,
-            use_cache=True,
-            logits_to_keep=1,
-            **first,
-        )
+        # each distinct prompt's pass runs once, its cache and logits given to its rows
+        target = static_cache(model, P + s.max_new_tokens) if static else None
+        logits, cache = prefill(model, ids, attn, pos, target, self.share_prompts)
         tokens: list[torch.Tensor] = []
         logps: list[torch.Tensor] = []
         finished = torch.zeros(B, dtype=torch.bool, device=device)
@@ -133,18 +111,19 @@ class TorchBackend:
         for i in range(s.max_new_tokens):
             if i:  # the last sampled token's forward; none after the last token is drawn
                 attn = torch.cat([attn, torch.ones((B, 1), dtype=attn.dtype, device=device)], 1)
-                cache = {self.cache_key: getattr(out, self.cache_key)}
+                kw = {self.cache_key: cache}
                 if static:  # where this token's keys and values go in the preallocated cache
-                    cache["cache_position"] = torch.full((1,), P + i - 1, device=device)
+                    kw["cache_position"] = torch.full((1,), P + i - 1, device=device)
                 out = model(
                     input_ids=tokens[-1].unsqueeze(-1),
                     attention_mask=attn,
                     position_ids=next_pos,
                     use_cache=True,
-                    **cache,
+                    **kw,
                 )
+                logits, cache = out.logits[:, -1], getattr(out, self.cache_key)
                 next_pos = next_pos + 1
-            tok, lp = draw(out.logits[:, -1].float(), s, truncate, self.generator)
+            tok, lp = draw(logits.float(), s, truncate, self.generator)
             finished = keep(tok, lp, finished, pad, eos, tokens, logps)
             if bool(finished.all()):
                 break
@@ -158,16 +137,8 @@ class TorchBackend:
         B, eos, device = ids.shape[0], self.view.tokenizer.eos_token_id, self.learner.device
         ids, attn, pos, mask, cache = dec.prepare(ids, attn, pos, s.max_new_tokens)
         P = ids.shape[1]
-        out = model(
-            input_ids=ids,
-            attention_mask=attn,
-            position_ids=pos,
-            use_cache=True,
-            logits_to_keep=1,
-            cache_position=torch.arange(P, device=device),
-            **{self.cache_key: cache},
-        )
-        logits = out.logits[:B, -1].float()
+        # dummy rows copy the first prompt: they join its group, prefilled once with it
+        logits = prefill(model, ids, attn, pos, cache, self.share_prompts)[0][:B].float()
         feed = torch.full((ids.shape[0], 1), pad, dtype=ids.dtype, device=device)  # dummies: pad
         next_pos, truncate = pos[:, -1:] + 1, truncates(s.top_k, s.top_p)
         tokens: list[torch.Tensor] = []

@@ -90,6 +90,9 @@ class Sharded:
     """Rank ``rank`` of a learner sharded over ``world`` ranks (the default process group)."""
 
     autocast = False  # FSDP2's mixed precision casts; no autocast on top
+    # every rank's forward gathers the shards: passes whose count or shape follow a rank's rows
+    # (a shared prompt's) could leave ranks waiting on each other
+    collective = True
 
     def __init__(self, rank: int, world: int, device: str, sharding: ShardingConfig) -> None:
         self.rank, self.world, self.sharding = rank, world, sharding
