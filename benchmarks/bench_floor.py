@@ -15,6 +15,13 @@ from the policy's weights, optimizer state and sampler generator, copied again b
 (untimed), so both sides draw the same tokens from the same state, and their losses and gradient
 norms are compared every step (reported; they agree to float rounding).
 
+The bare side has the run's two levers, each on its own switch (``Bare(..., bf16=, shared=)``,
+used by ``bench_real_step.py``): bf16 autocast over fp32 weights, and each prompt computed once
+(prefilled once and its cache repeated, ``batch_repeat_interleave``, in the sampler; in the
+update, one micro-batch per group whose prompt runs on one row, its cache repeated for the
+group's completions). With both on it is the least work that computes the step, so "at the
+floor" means at the least work; off, it is the plain loop this file has always timed.
+
 The two alternate step by step in one process with the same thread count, so both see the same
 machine. Medians per phase and their ratios go to JSON.
 
@@ -31,6 +38,7 @@ machine. Medians per phase and their ratios go to JSON.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import os
@@ -122,7 +130,8 @@ class _Verifier:
 class Bare:
     """The same step in plain PyTorch, on copies of the policy's weights and generator."""
 
-    def __init__(self, policy, cfg) -> None:
+    def __init__(self, policy, cfg, bf16: bool = False, shared: bool = False) -> None:
+        self.bf16, self.shared = bf16, shared  # the levers: bf16 autocast, each prompt once
         self.model = copy.deepcopy(policy.learner.model)
         self.generator = torch.Generator().set_state(policy.generator.get_state())
         self.tok, self.pad, self.g, self.t = policy.tokenizer, policy.pad_id, cfg.grpo, cfg.training
@@ -145,66 +154,117 @@ class Bare:
         self.opt.load_state_dict(policy.learner.optimizer.state_dict())
         self.generator.set_state(policy.generator.get_state())
 
+    def precision(self):
+        """bf16 autocast where the bf16 lever is on (fp32 weights, as the run keeps them)."""
+        if not self.bf16:
+            return contextlib.nullcontext()
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+
     @torch.no_grad()
     def generate(self, prompt_ids):
-        m, eos = self.model.eval(), self.tok.eos_token_id
-        ids = [p for p in prompt_ids for _ in range(self.g.num_generations)]
-        c = collate(ids, [()] * len(ids), self.pad)
+        m, eos, n = self.model.eval(), self.tok.eos_token_id, self.g.num_generations
+        ids = [p for p in prompt_ids for _ in range(n)]
+        # the prompt-once lever: each prompt prefilled once, its cache repeated for its rows
+        c = collate(prompt_ids if self.shared else ids, [()] * len(ids), self.pad)
         P = c.input_ids.shape[1] - 1
         attn, pos = c.attention_mask[:, :P], c.position_ids[:, :P]
-        out = m(
-            input_ids=c.input_ids[:, :P],
-            attention_mask=attn,
-            position_ids=pos,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        done = torch.zeros(len(ids), dtype=torch.bool)
-        toks = []
-        for i in range(self.g.max_completion_length):
-            if i:
-                attn = torch.cat([attn, torch.ones_like(attn[:, :1])], 1)
-                pos = pos[:, -1:] + 1
-                out = m(
-                    input_ids=toks[-1][:, None],
-                    attention_mask=attn,
-                    position_ids=pos,
-                    use_cache=True,
-                    **{self.cache: getattr(out, self.cache)},
-                )
-            tok = sample_tokens(torch.log_softmax(out.logits[:, -1].float(), -1), self.generator)
-            tok = torch.where(done, torch.full_like(tok, self.pad), tok)
-            toks.append(tok)
-            done |= tok == eos
-            if bool(done.all()):
-                break
+        with self.precision():
+            out = m(
+                input_ids=c.input_ids[:, :P],
+                attention_mask=attn,
+                position_ids=pos,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            logits, cache = out.logits[:, -1], getattr(out, self.cache)
+            if self.shared:
+                cache.batch_repeat_interleave(n)
+                logits = logits.repeat_interleave(n, 0)
+                attn, pos = attn.repeat_interleave(n, 0), pos.repeat_interleave(n, 0)
+            done = torch.zeros(len(ids), dtype=torch.bool)
+            toks = []
+            for i in range(self.g.max_completion_length):
+                if i:
+                    attn = torch.cat([attn, torch.ones_like(attn[:, :1])], 1)
+                    pos = pos[:, -1:] + 1
+                    out = m(
+                        input_ids=toks[-1][:, None],
+                        attention_mask=attn,
+                        position_ids=pos,
+                        use_cache=True,
+                        **{self.cache: cache},
+                    )
+                    logits, cache = out.logits[:, -1], getattr(out, self.cache)
+                tok = sample_tokens(torch.log_softmax(logits.float(), -1), self.generator)
+                tok = torch.where(done, torch.full_like(tok, self.pad), tok)
+                toks.append(tok)
+                done |= tok == eos
+                if bool(done.all()):
+                    break
         rows = torch.stack(toks, 1).tolist()
         return ids, [tuple(r[: r.index(eos) + 1] if eos in r else r) for r in rows]
 
+    def hidden(self, c):
+        """(rows, T, H) final hidden states at the positions predicting the completion tokens;
+        with the prompt-once lever (one group, one prompt, no padding) the prompt runs on one
+        row and its cache is repeated for the others."""
+        decoder, L, T = self.model.model, c.input_ids.shape[1], c.completion_len
+        if not self.shared:
+            out = decoder(
+                input_ids=c.input_ids, attention_mask=c.attention_mask, position_ids=c.position_ids
+            )
+            return out.last_hidden_state[:, L - T - 1 : L - 1]
+        rows, P = c.input_ids.shape[0], L - T
+        out = decoder(input_ids=c.input_ids[:1, :P], use_cache=True)
+        lead, cache = out.last_hidden_state[:, -1:], getattr(out, self.cache)
+        if T == 1:
+            return lead.expand(rows, -1, -1)
+        cache.batch_repeat_interleave(rows)
+        tail = decoder(
+            input_ids=c.input_ids[:, P : L - 1],
+            attention_mask=c.attention_mask[:, : L - 1],
+            position_ids=c.position_ids[:, P : L - 1],
+            use_cache=True,
+            **{self.cache: cache},
+        ).last_hidden_state
+        return torch.cat([lead.expand(rows, -1, -1), tail], 1)
+
     def update(self, ids, completions, rewards) -> tuple[float, float]:
         self.model.train()
-        r = torch.tensor(rewards).view(-1, self.g.num_generations)
+        n = self.g.num_generations
+        r = torch.tensor(rewards).view(-1, n)
         # the run's settings: scale_rewards "group", population std (grpo.advantage_std)
         r = r.double()
         std = r.std(1, keepdim=True, unbiased=self.g.advantage_std == "sample")
         adv = ((r - r.mean(1, keepdim=True)) / (std + EPS)).float().flatten()
-        c = collate(ids, completions, self.pad)
-        L, T = c.input_ids.shape[1], c.completion_len
-        hidden = self.model.model(
-            input_ids=c.input_ids, attention_mask=c.attention_mask, position_ids=c.position_ids
-        ).last_hidden_state
-        logits = self.model.lm_head(hidden[:, L - T - 1 : L - 1]).float()
-        logp = torch.log_softmax(logits, -1).gather(-1, c.completion_ids[..., None]).squeeze(-1)
-        mask = (torch.arange(T)[None] < c.lengths[:, None]).float()
-        ratio = torch.exp(logp - logp.detach())
-        e = self.g.epsilon
-        per_token = -torch.min(ratio * adv[:, None], ratio.clamp(1 - e, 1 + e) * adv[:, None])
-        loss = ((per_token * mask).sum(1) / mask.sum(1).clamp(min=1)).mean()
-        loss.backward()
+        # one micro-batch per group (the run's per_device_train_batch_size when it is set)
+        per = self.t.per_device_train_batch_size or len(ids)
+        assert not self.shared or per == n, "the prompt-once lever takes one group per micro-batch"
+        tokens = sum(len(x) for x in completions)  # dapo's normaliser: the batch's tokens
+        total = 0.0
+        for lo in range(0, len(ids), per):
+            rows = slice(lo, lo + per)
+            c = collate(ids[rows], completions[rows], self.pad)
+            T = c.completion_len
+            with self.precision():
+                logits = self.model.lm_head(self.hidden(c)).float()
+            logits = logits / self.g.temperature if self.g.temperature != 1 else logits
+            logp = torch.log_softmax(logits, -1).gather(-1, c.completion_ids[..., None])
+            logp = logp.squeeze(-1)
+            mask = (torch.arange(T)[None] < c.lengths[:, None]).float()
+            ratio = torch.exp(logp - logp.detach())
+            a, e = adv[rows, None], self.g.epsilon
+            per_token = -torch.min(ratio * a, ratio.clamp(1 - e, 1 + e) * a)
+            if self.g.loss_type == "dapo":
+                loss = (per_token * mask).sum() / max(tokens, 1)
+            else:  # "grpo": each sequence's token mean, averaged over the batch's rows
+                loss = ((per_token * mask).sum(1) / mask.sum(1).clamp(min=1)).sum() / len(ids)
+            loss.backward()
+            total += float(loss.detach())
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.t.max_grad_norm)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
-        return float(loss), float(norm)
+        return total, float(norm)
 
     def step(self, run, step: int) -> tuple[dict[str, float], tuple[float, float]]:
         t0 = time.perf_counter()

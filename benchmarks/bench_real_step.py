@@ -1,0 +1,201 @@
+"""A real model's GRPO step on a CPU, lever by lever, beside the bare PyTorch floor.
+
+Each real model of ``configs/real-cpu.toml`` (SmolLM2-135M-Instruct through its chat template,
+Gemma 3 270M on raw prompts) is stepped alone (strategy ``none``) at the config's work: 4 prompts
+x 8 completions, one group per micro-batch (``per_device_train_batch_size = 8``), the LM head in
+chunks of 128 positions, ``dapo``; at 16 new tokens (the config's) and at 64. Five entries share
+each round, in alternating order, every one from the same weights, optimizer state and sampler
+generator (restored untimed before each), on the same prompts:
+
+- ``fp32-unshared``: the path before these levers (fp32; every row computes its prompt in the
+  sampler and in the update);
+- ``bf16``: bf16 autocast over fp32 weights only (``policies.*.dtype = "bf16"``, what ``auto``
+  chooses on a CPU with AVX512-BF16 or AMX);
+- ``shared``: each prompt computed once only (``training.shared_prefix``, the sampler's
+  prefill), in fp32;
+- ``all``: both, the new defaults on such a CPU;
+- ``bare-all``: ``bench_floor.Bare`` with both levers: the least work that computes the step.
+
+Generation and update are timed apart (the run's own ``phase/*_time_s``). Medians over the rounds
+(round 0 warms up, dropped), each entry's speed-up over ``fp32-unshared``, ``all`` over
+``bare-all``, and the completion lengths drawn (bf16 draws other tokens than fp32, so its work
+differs a little) go to one JSON.
+
+    python benchmarks/bench_real_step.py --rounds 3 --json benchmarks/results/real_step.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from bench_floor import Bare, _Verifier
+
+from mutualrl.bench.results import write_run
+from mutualrl.config import load_config
+from mutualrl.policies.model_cache import resolve_checkpoint
+from mutualrl.policies.precision import native_bf16
+from mutualrl.provenance import git_commit, machine_info
+from mutualrl.run.build import build_run
+from mutualrl.run.loop import grpo_step
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = {"smollm2-135m-instruct": True, "gemma-3-270m": False}  # name: chat template
+VARIANTS = {  # name: (bf16, each prompt once)
+    "fp32-unshared": (False, False),
+    "bf16": (True, False),
+    "shared": (False, True),
+    "all": (True, True),
+}
+PHASES = ("generate", "update", "step")
+
+
+def config(model: str, tokens: int, out: Path):
+    chat = "true" if MODELS[model] else "false"
+    return load_config(
+        ROOT / "configs" / "real-cpu.toml",
+        [
+            f'output_dir="{out}"',
+            'strategy="none"',
+            "steps=1000",
+            "save_steps=0",
+            # the verifier alone scores, replaced by bench_floor's reward on both sides
+            "task.reward_funcs=[]",
+            "task.reward_weights=[]",
+            f"grpo.max_completion_length={tokens}",
+            f'policies=[{{name="p", checkpoint="{resolve_checkpoint(model)}", '
+            f'chat_template={chat}, dtype="fp32"}}]',
+        ],
+    )
+
+
+class State:
+    """A policy's weights, optimizer state and generator, to start every entry from."""
+
+    def __init__(self, policy) -> None:
+        learner = policy.learner
+        self.model = {k: v.detach().clone() for k, v in learner.model.state_dict().items()}
+        self.optimizer = copy.deepcopy(learner.optimizer.state_dict())
+        self.generator = policy.generator.get_state()
+        self.version = learner.version
+
+    def restore(self, policy) -> None:
+        learner = policy.learner
+        learner.model.load_state_dict(self.model)
+        learner.optimizer.load_state_dict(copy.deepcopy(self.optimizer))
+        policy.generator.set_state(self.generator)
+        learner.version = self.version
+
+
+def ours(policy, bf16: bool, shared: bool):
+    def step(run, at: int):
+        policy.learner.logprobs.bf16 = bf16
+        policy.learner.logprobs.shared_prefix = shared
+        policy.backend.share_prompts = shared
+        t0 = time.perf_counter()
+        rec = grpo_step(run, at)
+        times = {k: rec[f"phase/{k}_time_s"] for k in ("generate", "update")}
+        times["step"] = time.perf_counter() - t0
+        return times, (rec["policy/p/loss"], rec["policy/p/completion_length"])
+
+    return step
+
+
+def bare(b: Bare):
+    def step(run, at: int):
+        b.sync_from(run.executor.worker("p"))
+        times, (loss, _) = b.step(run, at)
+        return times, (loss, None)
+
+    return step
+
+
+def bench(model: str, tokens: int, rounds: int) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = config(model, tokens, Path(tmp) / "run")
+        run = build_run(cfg)
+        run.verifier = _Verifier(run.verifier)  # bench_floor's reward, on both sides
+        try:
+            policy = run.executor.worker("p")
+            entries = {name: ours(policy, *levers) for name, levers in VARIANTS.items()}
+            entries["bare-all"] = bare(Bare(policy, cfg, bf16=True, shared=True))
+            times: dict[str, list[dict]] = {name: [] for name in entries}
+            seen: dict[str, list] = {name: [] for name in entries}
+            state = None
+            for r in range(rounds + 1):  # round 0 warms every entry up, then dropped
+                order = list(entries) if r % 2 == 0 else list(entries)[::-1]
+                for name in order:
+                    if state is not None:
+                        state.restore(policy)
+                    t, got = entries[name](run, r + 1)
+                    if r:
+                        times[name].append(t)
+                        seen[name].append(got)
+                    print(
+                        f"{model} {tokens} tokens, round {r}, {name}: "
+                        f"generate {t['generate']:.2f} s, update {t['update']:.2f} s",
+                        flush=True,
+                    )
+                if state is None:  # after the warm-up: AdamW's state exists from here on
+                    state = State(policy)
+        finally:
+            run.close()
+    med = {n: {k: statistics.median(t[k] for t in ts) for k in PHASES} for n, ts in times.items()}
+    base = med["fp32-unshared"]
+    return {
+        "model": model,
+        "new_tokens": tokens,
+        "median_s": med,
+        "speedup_over_fp32_unshared": {
+            n: {k: base[k] / m[k] for k in PHASES} for n, m in med.items()
+        },
+        "all_over_bare_all": {k: med["all"][k] / med["bare-all"][k] for k in PHASES},
+        "completion_length": {n: [g[1] for g in got] for n, got in seen.items() if n != "bare-all"},
+        "loss_all_minus_bare_all": [a[0] - b[0] for a, b in zip(seen["all"], seen["bare-all"])],
+        "per_round_s": times,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--json", type=Path, required=True)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--tokens", type=int, nargs="+", default=[16, 64])
+    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    results = [bench(m, t, a.rounds) for t in a.tokens for m in a.models]
+    record = {
+        "benchmark": "real_step",
+        "label": "real-cpu",
+        "command": "python benchmarks/bench_real_step.py " + " ".join(sys.argv[1:]),
+        "commit": git_commit(),
+        "machine": machine_info(torch=torch.__version__),
+        "native_bf16": native_bf16("cpu"),
+        "settings": {k: v for k, v in vars(a).items() if k != "json"},
+        "results": results,
+    }
+    write_run(a.json, record)
+    for r in results:
+        print(
+            json.dumps(
+                {
+                    "model": r["model"],
+                    "new_tokens": r["new_tokens"],
+                    "speedup": r["speedup_over_fp32_unshared"]["all"],
+                    "all_over_bare_all": r["all_over_bare_all"],
+                }
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()
