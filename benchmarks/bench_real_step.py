@@ -22,6 +22,13 @@ Generation and update are timed apart (the run's own ``phase/*_time_s``). Median
 differs a little) go to one JSON.
 
     python benchmarks/bench_real_step.py --rounds 3 --json benchmarks/results/real_step.json
+
+``--profile`` instead profiles one ``all`` step of each model (after a warm-up step) with
+``torch.profiler`` and writes where its time went, by phase and by operator (the run labelled
+``profile``):
+
+    python benchmarks/bench_real_step.py --profile --tokens 16 \
+        --json benchmarks/results/real_step.json
 """
 
 from __future__ import annotations
@@ -163,6 +170,48 @@ def bench(model: str, tokens: int, rounds: int) -> dict:
     }
 
 
+def profile(model: str, tokens: int, top: int = 12) -> dict:
+    """One ``all`` step after a warm-up one, profiled: the phases' seconds and the operators
+    with the most self CPU time."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        run = build_run(config(model, tokens, Path(tmp) / "run"))
+        run.verifier = _Verifier(run.verifier)
+        try:
+            step = ours(run.executor.worker("p"), True, True)
+            step(run, 1)
+            with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+                times, _ = step(run, 2)
+        finally:
+            run.close()
+    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in events) or 1
+    return {
+        "model": model,
+        "new_tokens": tokens,
+        "phases_s": times,
+        "top_self_cpu": [
+            {
+                "op": e.key,
+                "self_s": e.self_cpu_time_total / 1e6,
+                "share": e.self_cpu_time_total / total,
+                "calls": e.count,
+            }
+            for e in events[:top]
+        ],
+    }
+
+
+def write(path: Path, record: dict) -> None:
+    """Into the file's runs, in place of the run with the same label (``real-cpu``, ``profile``)."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text('{"runs": []}\n')
+    write_run(path, record)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", type=Path, required=True)
@@ -170,8 +219,27 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, nargs="+", default=[16, 64])
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--profile", action="store_true", help="profile one step per model instead")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
+    if a.profile:
+        found = [profile(m, t) for t in a.tokens for m in a.models]
+        write(
+            a.json,
+            {
+                "benchmark": "real_step",
+                "label": "profile",
+                "command": "python benchmarks/bench_real_step.py " + " ".join(sys.argv[1:]),
+                "commit": git_commit(),
+                "machine": machine_info(torch=torch.__version__),
+                "profiles": found,
+            },
+        )
+        for f in found:
+            print(f["model"], f["phases_s"])
+            for e in f["top_self_cpu"]:
+                print(f"  {e['op']:40s} {e['self_s']:7.2f} s {e['share']:6.1%} x{e['calls']}")
+        return
     results = [bench(m, t, a.rounds) for t in a.tokens for m in a.models]
     record = {
         "benchmark": "real_step",
@@ -183,7 +251,7 @@ def main() -> None:
         "settings": {k: v for k, v in vars(a).items() if k != "json"},
         "results": results,
     }
-    write_run(a.json, record)
+    write(a.json, record)
     for r in results:
         print(
             json.dumps(

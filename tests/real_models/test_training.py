@@ -137,3 +137,33 @@ def test_one_grpo_step_of_each_through_train(converted, tmp_path):
     assert steps and all(f"policy/{n}/reward/mean" in steps[-1] for n in ("smol", "gemma"))
     for name in ("smol", "gemma"):
         assert (out / "policies" / name / "config.json").is_file()
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m-instruct", "gemma-3-270m"])
+def test_each_prompt_once_gives_the_log_probs_and_gradients_of_every_row(converted, name):
+    """training.shared_prefix on the real checkpoints (SmolLM2's chat-rendered prompts, Gemma
+    3's sliding-window layers): the shared pass equals the unshared one."""
+    torch.set_num_threads(2)
+    folder = str(converted[name][0])
+    grpo = GRPOConfig(num_generations=4, max_completion_length=8, temperature=1.0)
+    policy = Policy(
+        PolicyConfig(name="p", checkpoint=folder, dtype="fp32", chat_template=name.startswith("s")),
+        grpo,
+        seed=0,
+    )
+    samples = policy.generate(PROMPTS, 4, 8, temperature=1.0)
+    c = collate([s.prompt_ids for s in samples], [s.completion_ids for s in samples], policy.pad_id)
+    valid = torch.arange(c.completion_len) < c.lengths.unsqueeze(1)
+    logprobs, model = policy.learner.logprobs, policy.model
+    model.eval()
+    results = []
+    for shared in (False, True):
+        logprobs.shared_prefix = shared
+        model.zero_grad()
+        logp, _ = logprobs.token_logprobs(model, c, entropy=False)
+        (logp * valid).sum().backward()
+        grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+        results.append(((logp.detach() * valid), grads))
+    (plain, plain_grad), (shared_logp, shared_grad) = results
+    torch.testing.assert_close(shared_logp, plain, atol=1e-4, rtol=0)
+    assert (shared_grad - plain_grad).norm() < 1e-5 * plain_grad.norm()

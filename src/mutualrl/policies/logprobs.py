@@ -72,7 +72,17 @@ class LogProbs:
         # as the LM head itself.
         ids, attention, positions = self._inputs(c)
         if (groups := self._groups(c)) is not None:
-            logits = shared_forward(model, ids, attention, positions, T, groups, head=True)
+            base = base_model(model)
+            if (head := plain_head(base)) is not None:
+                # the LM head once over the (B, T, H) hidden states, as the unshared pass runs
+                # it: no (B, T, V) logits are selected per row and concatenated (with a 262k
+                # vocabulary those copies cost more than the prompt passes saved)
+                hidden = shared_forward(
+                    base.get_decoder(), ids, attention, positions, T, groups, head=False
+                )
+                logits = head(hidden)
+            else:  # a head the model's forward adapts (soft-capping, scaling): its own call
+                logits = shared_forward(model, ids, attention, positions, T, groups, head=True)
         else:
             keep = torch.arange(L - T - 1, L - 1, device=ids.device)
             logits = model(
@@ -177,14 +187,12 @@ class LogProbs:
         """(B, T) log-probs and entropy from final hidden states, the LM head in chunks of
         ``chunk_size`` positions."""
         base = base_model(model)
-        head = base.get_output_embeddings()
-        if type(head) is not torch.nn.Linear or getattr(
-            base.config, "final_logit_softcapping", None
-        ):
+        head = plain_head(base)
+        if head is None:
             raise ValueError(
                 f"training.logprob_chunk_size: policy {self.name!r} has an LM head "
-                f"({type(head).__name__}) that is not a plain linear layer; "
-                "unset logprob_chunk_size for it"
+                f"({type(base.get_output_embeddings()).__name__}) that is not a plain linear "
+                "layer; unset logprob_chunk_size for it"
             )
         L, T = c.input_ids.shape[1], c.completion_len
         ids, attention, positions = self._inputs(c)
@@ -204,3 +212,19 @@ class LogProbs:
             temperature,
             chunk_size,
         )
+
+
+# config fields by which a causal LM's forward adapts its head's output (Gemma 2's soft-capping,
+# Cohere's and Granite's scaling): such a head is only exact through the model's own forward
+HEAD_ADAPTERS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+
+
+def plain_head(base) -> torch.nn.Linear | None:
+    """``base``'s LM head when the logits are that linear layer of the final hidden states and
+    nothing more; None otherwise."""
+    head = base.get_output_embeddings()
+    if type(head) is not torch.nn.Linear:
+        return None
+    if any(getattr(base.config, name, None) not in (None, 1, 1.0) for name in HEAD_ADAPTERS):
+        return None
+    return head
