@@ -115,14 +115,22 @@ def test_heldout_draw_is_the_fixed_set_without_repeats():
     assert over[64:128] == over[:64]
 
 
-def test_train_and_heldout_are_disjoint():
+def test_train_validation_and_heldout_are_disjoint():
     task = ArithmeticTask(families=("add", "mul"), digits={"add": 1, "mul": 1}, heldout_size=64)
-    # Small spaces: 81 problems each, so at most a quarter (20) is held out.
+    # Small spaces: 81 problems each, so at most a quarter (20) is held out, another validates.
     held = {p.text for f in task.families for p in task.heldout[f]}
-    assert len(held) == 40
+    valid = {p.text for f in task.families for p in task.validation[f]}
+    assert len(held) == 40 and len(valid) == 40 and not held & valid
     train = {p.text for p in task.sample(np.random.default_rng(0), 3000, "train")}
-    assert len(train) == 2 * 81 - 40  # every other problem is trained on
-    assert not train & held
+    assert len(train) == 2 * 81 - 80  # every other problem is trained on
+    assert not train & held and not train & valid
+    drawn = task.sample(np.random.default_rng(5), 20, "validation", ["mul"])
+    assert {p.text for p in drawn} == {p.text for p in task.validation["mul"]}  # each once
+    # the validation set is fixed by heldout_seed, as the held-out set is
+    assert (
+        ArithmeticTask(families=("add",)).validation["add"]
+        == ArithmeticTask(families=("add",)).validation["add"]
+    )
 
 
 def test_families_are_stratified_and_restricted():

@@ -93,7 +93,7 @@ def test_bad_sources_fail_with_the_field(tmp_path):
     with pytest.raises(TaskError, match="task.path: the gsm8k task needs"):
         build_task(TaskConfig(name="gsm8k"))
     bad = tmp_path / "d.jsonl"
-    bad.write_text(json.dumps({"question": "x", "answer": "#### 1", "split": "dev"}) + "\n")
+    bad.write_text(json.dumps({"question": "x", "answer": "#### 1", "split": "eval"}) + "\n")
     with pytest.raises(TaskError, match="row 1: column 'split' must be one of"):
         build_task(TaskConfig(name="gsm8k", path=str(bad)))
 

@@ -242,8 +242,12 @@ class EvalConfig(ConfigStruct, frozen=True):
     """Held-out evaluation: pass@k on every family, at the start, every N steps and at the end."""
 
     every: int = 10  # held-out evaluation every N steps (0: only at the end)
-    num_prompts: int = 64  # per family
+    num_prompts: int = 64  # distinct problems per family (fewer where a family has fewer)
     k: int = 4  # pass@k samples per prompt
+    # The split evaluated: "heldout", the test; "validation" (disjoint from it and from
+    # training) to choose settings on, so the test never chooses anything. heldout.jsonl's
+    # records name it.
+    split: Literal["heldout", "validation"] = "heldout"  # the split evaluated (see above)
 
     def __post_init__(self) -> None:
         check(self.every >= 0, "every must be >= 0 (0: only at the start and the end)")

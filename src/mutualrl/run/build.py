@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from mutualrl.policies.policy import Policy, PolicyView, load_handles
 from mutualrl.policies.precision import check_precision, precision_notes, resolve_precision
 from mutualrl.retokenize import Retokenizer
 from mutualrl.run.departures import Departures
+from mutualrl.run.evaluation import eval_notes
 from mutualrl.run.experience import PeerLogPool, open_bus
 from mutualrl.run.guards import Guards
 from mutualrl.run.inputs import check_inputs
@@ -95,6 +97,10 @@ def prepare(cfg: RunConfig) -> Prepared:
     check_rank_groups(cfg)  # sharded learners need one process per rank
     check_colocated(cfg)  # generators run with their learners
     alloc, the_plan = plan_workers(cfg, handles)  # an infeasible plan fails here
+    capped = eval_notes(task, cfg)  # families with fewer held-out problems than num_prompts
+    for line in capped:
+        print(f"mutualrl: note: {line}", file=sys.stderr)
+    the_plan = msgspec.structs.replace(the_plan, notes=the_plan.notes + capped)
     return Prepared(strategy, task, rewards, peer_logs, handles, alloc, the_plan)
 
 

@@ -21,7 +21,7 @@ from mutualrl.policies.worker import Generate
 from mutualrl.run.jsonl import read_jsonl
 from mutualrl.run.metrics import namespaced
 from mutualrl.storage import append_whole
-from mutualrl.tasks.base import GuardedVerifier, Prompt
+from mutualrl.tasks.base import GuardedVerifier, Prompt, distinct_prompts
 
 if TYPE_CHECKING:
     from mutualrl.run.state import Run
@@ -81,11 +81,15 @@ def score_evaluation(
     return score_correctness(prompts, correctness(prompts, greedy, sampled, verifier), k=k)
 
 
-def heldout_record(step: int, policy: str, prompts: list[Prompt], c: Correctness) -> dict:
-    """One line of ``heldout.jsonl``: every prompt's result, in evaluation order."""
+def heldout_record(
+    step: int, policy: str, prompts: list[Prompt], c: Correctness, split: str = "heldout"
+) -> dict:
+    """One line of ``heldout.jsonl``: every prompt's result, in evaluation order, and the split
+    evaluated (``eval.split``)."""
     return {
         "step": step,
         "policy": policy,
+        "split": split,
         "k": int(c.sampled.shape[1]),
         "prompt_ids": [p.id for p in prompts],
         "families": [p.family for p in prompts],
@@ -124,6 +128,27 @@ def accuracy(samples: list[Sample], verifier: GuardedVerifier) -> float:
 
 
 # ---- the run's evaluation phase ----------------------------------------------------------------
+def eval_prompts(task, cfg) -> dict[str, list[Prompt]]:
+    """Each family's held-out problems the run evaluates: ``eval.num_prompts`` distinct ones,
+    or all the family has when it has fewer (``eval_notes`` says so), the same at every
+    evaluation of the run."""
+    e = cfg.eval
+    return {
+        f: distinct_prompts(task, [cfg.seed, 5], e.num_prompts, e.split, f) for f in task.families
+    }
+
+
+def eval_notes(task, cfg) -> tuple[str, ...]:
+    """One line per family whose held-out set is smaller than ``eval.num_prompts``."""
+    n, split = cfg.eval.num_prompts, cfg.eval.split
+    return tuple(
+        f"eval.num_prompts = {n}: family {f!r} has {len(ps)} distinct {split} problems; "
+        f"it is evaluated on those {len(ps)}, each counted once"
+        for f, ps in eval_prompts(task, cfg).items()
+        if len(ps) < n
+    )
+
+
 def evaluate(run: Run, step: int) -> dict[str, float]:
     """Held-out pass@1 (greedy) and pass@k of every live policy; samples come from the workers,
     the verifier runs here."""
@@ -133,11 +158,7 @@ def evaluate(run: Run, step: int) -> dict[str, float]:
 
 def _evaluate(run: Run, step: int) -> dict[str, float]:
     e, g = run.cfg.eval, run.cfg.grpo
-    prompts = []
-    for fam in run.task.families:
-        prompts += run.task.sample(
-            np.random.default_rng([run.cfg.seed, 5]), e.num_prompts, "heldout", [fam]
-        )
+    prompts = [p for ps in eval_prompts(run.task, run.cfg).values() for p in ps]
     greedy = run.call_live(Generate(prompts, 1, g.max_completion_length, 0.0))
     sampled = (
         run.call_live(Generate(prompts, e.k, g.max_completion_length, g.temperature))
@@ -150,7 +171,7 @@ def _evaluate(run: Run, step: int) -> dict[str, float]:
         if name in greedy and name in sampled:
             c = correctness(prompts, greedy[name], sampled[name], run.verifier)
             record.update(namespaced(name, score_correctness(prompts, c, k=e.k)))
-            per_prompt.append(heldout_record(step, name, prompts, c))
+            per_prompt.append(heldout_record(step, name, prompts, c, e.split))
     run.writer.write(record)
     append_heldout(run.out, per_prompt)
     return record

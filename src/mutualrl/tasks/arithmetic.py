@@ -29,10 +29,12 @@ bare instruction, ``completion`` the bare pattern.
 
 **Splits**: each family's held-out set is ``task.heldout_size`` distinct problems (at most a
 quarter of the family's problems) drawn with ``task.heldout_seed``, so every run seed evaluates
-the same problems; training never draws them. A held-out draw takes the set's problems in a
-seeded order, each once, and starts over only when ``n`` exceeds the set: with
-``eval.num_prompts`` at most ``heldout_size``, pass@1 is a mean over distinct prompts and its 95%
-interval over prompts means what it says.
+the same problems; its validation set is as many others (disjoint from the held-out set, at most
+another quarter), for choosing settings; training never draws either. A held-out or validation
+draw takes the set's problems in a seeded order, each once, and starts over only when ``n``
+exceeds the set; the run's evaluation counts each distinct problem once
+(``tasks.base.distinct_prompts``): a family with fewer problems than ``eval.num_prompts`` (``mul``
+at one digit has 81, so 20 held out) is evaluated on those it has, with a note naming it.
 
 **Reward**: the verifier gives 1 when ``numeric.final_answer`` of the completion equals the
 answer (see ``mutualrl.tasks.numeric`` for how the answer is read in each model's style), else 0.
@@ -153,7 +155,14 @@ class ArithmeticTask:
             raise TaskError(f"task.heldout_size must be >= 1, got {heldout_size}")
         self.template = PROMPT_STYLES[prompt_style]
         self.heldout = {f: self._heldout_set(f, heldout_size, heldout_seed) for f in self.families}
-        self._held = {f: {p.text for p in ps} for f, ps in self.heldout.items()}
+        self.validation = {
+            f: self._heldout_set(f, heldout_size, heldout_seed, {p.text for p in self.heldout[f]})
+            for f in self.families
+        }
+        self._held = {
+            f: {p.text for p in self.heldout[f]} | {p.text for p in self.validation[f]}
+            for f in self.families
+        }
         self.verifier = ArithmeticVerifier()
 
     def _check_digits(self, digits: dict[str, int]) -> dict[str, int]:
@@ -174,14 +183,21 @@ class ArithmeticTask:
             text=self.template.format(question=question), answer=str(answer), family=family
         )
 
-    def _heldout_set(self, family: str, size: int, seed: int) -> list[Prompt]:
-        """``size`` distinct problems (at most a quarter of the family's), in drawing order."""
+    def _heldout_set(
+        self, family: str, size: int, seed: int, taken: set[str] | None = None
+    ) -> list[Prompt]:
+        """``size`` distinct problems (at most a quarter of the family's), in drawing order; with
+        ``taken`` (the held-out set's texts) the validation set: others, from its own seed."""
         size = min(size, max(1, FAMILIES[family].size(self.digits[family]) // 4))
-        rng = np.random.default_rng(_family_seed(seed, family))
+        key = family if taken is None else f"{family}/validation"
+        rng = np.random.default_rng(_family_seed(seed, key))
         chosen: dict[str, Prompt] = {}
-        while len(chosen) < size:  # a quarter of the problems at most: a few draws each
+        for _ in range(MAX_DRAWS * size):  # half the problems at most are taken: a few draws each
+            if len(chosen) == size:
+                break
             p = self._prompt(family, rng)
-            chosen.setdefault(p.text, p)
+            if taken is None or p.text not in taken:
+                chosen.setdefault(p.text, p)
         return list(chosen.values())
 
     def sample(
@@ -197,16 +213,20 @@ class ArithmeticTask:
         start = int(rng.integers(len(fams)))
         order = [fams[(start + i) % len(fams)] for i in range(n)]
         if split == "heldout":
-            return self._heldout_draw(rng, order)
+            return self._set_draw(self.heldout, rng, order)
+        if split == "validation":
+            return self._set_draw(self.validation, rng, order)
         return [self._train_prompt(f, rng) for f in order]
 
-    def _heldout_draw(self, rng: np.random.Generator, order: list[str]) -> list[Prompt]:
-        perms = {f: rng.permutation(len(self.heldout[f])) for f in dict.fromkeys(order)}
+    def _set_draw(
+        self, sets: dict[str, list[Prompt]], rng: np.random.Generator, order: list[str]
+    ) -> list[Prompt]:
+        perms = {f: rng.permutation(len(sets[f])) for f in dict.fromkeys(order)}
         taken = dict.fromkeys(perms, 0)
         out = []
         for f in order:
             perm = perms[f]
-            out.append(self.heldout[f][perm[taken[f] % len(perm)]])
+            out.append(sets[f][perm[taken[f] % len(perm)]])
             taken[f] += 1
         return out
 
@@ -216,7 +236,8 @@ class ArithmeticTask:
             if p.text not in self._held[family]:
                 return p
         raise TaskError(
-            f"arithmetic family {family!r}: no training problem left outside the held-out set"
+            f"arithmetic family {family!r}: no training problem left outside the held-out and "
+            "validation sets"
         )
 
     def demonstration(self, prompt: Prompt) -> str:

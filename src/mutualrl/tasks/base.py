@@ -1,9 +1,9 @@
 """Tasks and verifiers: the plug-in interfaces and the guarded verifier call.
 
-A task yields ``Prompt``s from a train or held-out split, each tagged with a *family* (a kind of
-prompt: policies may be good at some families and not others). A verifier maps (prompt,
-completion text) to a reward. A verifier that raises or runs past its time limit gives reward 0
-and is counted; it never stops the run.
+A task yields ``Prompt``s from a train, validation or held-out split, each tagged with a
+*family* (a kind of prompt: policies may be good at some families and not others). A verifier
+maps (prompt, completion text) to a reward. A verifier that raises or runs past its time limit
+gives reward 0 and is counted; it never stops the run.
 """
 
 from __future__ import annotations
@@ -21,7 +21,10 @@ import numpy as np
 
 from mutualrl.registry import Registry
 
-Split = Literal["train", "heldout"]
+# "validation": disjoint from both others, for choosing settings (learning rates, recipes) so
+# that the held-out test never chooses anything; tasks without one refuse it in one line.
+Split = Literal["train", "validation", "heldout"]
+SPLITS: tuple[Split, ...] = ("train", "validation", "heldout")
 
 
 class TaskError(ValueError):
@@ -211,6 +214,32 @@ class GuardedVerifier:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
+# Draws of a split tried before a family's distinct problems count as all there are: the
+# arithmetic task's held-out draw gives all of them in its first, a file's pool with replacement
+# a few more each.
+DISTINCT_ROUNDS = 8
+
+
+def distinct_prompts(
+    task: Task, seed: Sequence[int], n: int, split: Split, family: str
+) -> list[Prompt]:
+    """Up to ``n`` distinct problems of ``family`` in ``split`` (by prompt id), in drawing order:
+    the task's draw of ``n`` from ``seed``'s generator with its repeats left out, then further
+    draws from the same generator while they bring new problems. Fewer than ``n`` means the
+    split holds no more (or the draws found no more in ``DISTINCT_ROUNDS`` tries): evaluation
+    counts each problem once, never a repeat as another sample."""
+    rng = np.random.default_rng(list(seed))
+    found: dict[str, Prompt] = {}
+    for _ in range(DISTINCT_ROUNDS):
+        before = len(found)
+        for p in task.sample(rng, n, split, [family]):
+            if len(found) < n:
+                found.setdefault(p.id, p)
+        if len(found) >= n or len(found) == before:
+            break
+    return list(found.values())
+
+
 def sample_split(
     splits: dict[str, list[Prompt]],
     default_families: Sequence[str],
@@ -222,7 +251,8 @@ def sample_split(
 ) -> list[Prompt]:
     """``n`` prompts drawn with replacement from a file-based task's ``split`` in ``families``."""
     fams = set(families or default_families)
-    pool = [p for p in splits[split] if p.family in fams]
+    pool = [p for p in splits.get(split, []) if p.family in fams]
     if not pool:
-        raise TaskError(f"{source}: no {split} prompts in families {sorted(fams)}")
+        how = " (mark rows with split 'validation')" if split == "validation" else ""
+        raise TaskError(f"{source}: no {split} prompts in families {sorted(fams)}{how}")
     return [pool[i] for i in rng.integers(len(pool), size=n)]

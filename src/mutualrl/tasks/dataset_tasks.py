@@ -16,12 +16,12 @@ gsm8k       ``question``    ``answer``      the number after ``####``
 math        ``problem``     ``solution``    the last ``\\boxed{}`` (else the whole text)
 ==========  ==============  ==============  =========================================
 
-``split_column`` (default ``split``, optional) holds ``train`` or ``heldout`` (``test`` also means
-held out); rows without one are split by position: the 1-based row ``i`` is held out when
-``i % heldout_every == 0``, so the split is fixed by the file, not by the seed. ``family_column``
-(default ``family``, optional; MATH's ``type`` is a natural choice) tags prompt families; rows
-without one are family ``default``. A column named explicitly that the data lacks is an error
-naming the file, the column and the columns present.
+``split_column`` (default ``split``, optional) holds ``train``, ``validation`` (or ``valid``,
+``dev``) or ``heldout`` (``test`` also means held out); rows without one are split by position:
+the 1-based row ``i`` is held out when ``i % heldout_every == 0``, so the split is fixed by the
+file, not by the seed. ``family_column`` (default ``family``, optional; MATH's ``type`` is a
+natural choice) tags prompt families; rows without one are family ``default``. A column named
+explicitly that the data lacks is an error naming the file, the column and the columns present.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from mutualrl.tasks.answers import gsm8k_equal, last_boxed, math_equal, math_reference
-from mutualrl.tasks.base import TASKS, Prompt, Split, TaskError, sample_split
+from mutualrl.tasks.base import SPLITS, TASKS, Prompt, Split, TaskError, sample_split
 
 FILE_BUILDERS = {
     ".jsonl": "json",
@@ -43,7 +43,14 @@ FILE_BUILDERS = {
     ".arrow": "arrow",
     ".csv": "csv",
 }
-HELDOUT_NAMES = {"heldout": "heldout", "test": "heldout", "train": "train"}
+HELDOUT_NAMES = {
+    "heldout": "heldout",
+    "test": "heldout",
+    "train": "train",
+    "validation": "validation",
+    "valid": "validation",
+    "dev": "validation",
+}
 
 
 @dataclass(frozen=True)
@@ -185,7 +192,7 @@ class DatasetTask:
 def split_rows(
     rows: list[dict], cols: Columns, heldout_every: int, path: str
 ) -> dict[str, list[Prompt]]:
-    splits: dict[str, list[Prompt]] = {"train": [], "heldout": []}
+    splits: dict[str, list[Prompt]] = {s: [] for s in SPLITS}
     for i, row in enumerate(rows, start=1):
         tag = row.get(cols.split) if cols.split else None
         if tag is None:

@@ -1,7 +1,8 @@
 """GSM8K-style JSONL tasks: one ``{"question": ..., "answer": "... #### 42"}`` object per line.
 
-An optional ``"family"`` field tags prompt families; an optional ``"split"`` (``train`` or
-``heldout``) fixes the split, otherwise every 8th line is held out. The verifier compares the last
+An optional ``"family"`` field tags prompt families; an optional ``"split"`` (``train``,
+``validation`` or ``heldout``) fixes the split, otherwise every 8th line is held out (a
+validation split exists only where lines are marked so). The verifier compares the last
 number in the completion with the number after ``####`` in the answer.
 """
 
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mutualrl.tasks.base import TASKS, Prompt, Split, TaskError, sample_split
+from mutualrl.tasks.base import SPLITS, TASKS, Prompt, Split, TaskError, sample_split
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
@@ -40,7 +41,7 @@ class NumericAnswerVerifier:
 class JsonlTask:
     def __init__(self, path: str | Path, families: Sequence[str] = ()) -> None:
         self.path = Path(path)
-        self.splits: dict[str, list[Prompt]] = {"train": [], "heldout": []}
+        self.splits: dict[str, list[Prompt]] = {s: [] for s in SPLITS}
         self._load()
         present = sorted({p.family for s in self.splits.values() for p in s})
         missing = [f for f in families if f not in present]
@@ -79,7 +80,7 @@ class JsonlTask:
             split = row.get("split") or ("heldout" if number % 8 == 0 else "train")
             if split not in self.splits:
                 raise TaskError(
-                    f"{self.path}:{number}: split must be 'train' or 'heldout', got {split!r}"
+                    f"{self.path}:{number}: split must be one of {list(SPLITS)}, got {split!r}"
                 )
             self.splits[split].append(
                 Prompt(

@@ -81,6 +81,11 @@ class LookupTask:
     def sample(
         self, rng: np.random.Generator, n: int, split: Split, families: Sequence[str] | None = None
     ) -> list[Prompt]:
+        if split == "validation":
+            raise TaskError(
+                "the lookup task has no validation split (train and held-out only); "
+                "use the arithmetic task or a data file with rows marked 'validation'"
+            )
         fams = tuple(families) if families else self.families
         unknown = [f for f in fams if f not in self.tables]
         if unknown:

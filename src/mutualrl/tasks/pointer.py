@@ -65,6 +65,11 @@ class PointerTask:
     def sample(
         self, rng: np.random.Generator, n: int, split: Split, families: Sequence[str] | None = None
     ) -> list[Prompt]:
+        if split == "validation":
+            raise TaskError(
+                "the pointer task has no validation split (train and held-out only); "
+                "use the arithmetic task or a data file with rows marked 'validation'"
+            )
         fams = tuple(families) if families else self.families
         # Families are stratified (round robin from a random start), not drawn independently:
         # with a few prompts per step an unlucky mix would move a policy's mean reward more
