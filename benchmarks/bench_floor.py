@@ -49,6 +49,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch.utils.checkpoint
 
 from mutualrl.allocation.malloc import reuse_large_buffers
 from mutualrl.bench.results import write_run
@@ -206,20 +207,26 @@ class Bare:
 
     def hidden(self, c):
         """(rows, T, H) final hidden states at the positions predicting the completion tokens;
-        with the prompt-once lever (one group, one prompt, no padding) the prompt runs on one
-        row and its cache is repeated for the others."""
+        with the prompt-once lever (rows in whole groups of num_generations, one prompt each)
+        each group's prompt runs on one row and its cache is repeated for the others."""
         decoder, L, T = self.model.model, c.input_ids.shape[1], c.completion_len
         if not self.shared:
             out = decoder(
                 input_ids=c.input_ids, attention_mask=c.attention_mask, position_ids=c.position_ids
             )
             return out.last_hidden_state[:, L - T - 1 : L - 1]
-        rows, P = c.input_ids.shape[0], L - T
-        out = decoder(input_ids=c.input_ids[:1, :P], use_cache=True)
-        lead, cache = out.last_hidden_state[:, -1:], getattr(out, self.cache)
+        n, P = self.g.num_generations, L - T
+        out = decoder(
+            input_ids=c.input_ids[::n, :P],
+            attention_mask=c.attention_mask[::n, :P],
+            position_ids=c.position_ids[::n, :P],
+            use_cache=True,
+        )
+        lead = out.last_hidden_state[:, -1:].repeat_interleave(n, 0)
         if T == 1:
-            return lead.expand(rows, -1, -1)
-        cache.batch_repeat_interleave(rows)
+            return lead
+        cache = getattr(out, self.cache)
+        cache.batch_repeat_interleave(n)
         tail = decoder(
             input_ids=c.input_ids[:, P : L - 1],
             attention_mask=c.attention_mask[:, : L - 1],
@@ -227,7 +234,21 @@ class Bare:
             use_cache=True,
             **{self.cache: cache},
         ).last_hidden_state
-        return torch.cat([lead.expand(rows, -1, -1), tail], 1)
+        return torch.cat([lead, tail], 1)
+
+    def token_loss(self, hidden, ids, lengths, adv):
+        """Sum of the clipped per-token loss over rows (ratio 1 on the single pass)."""
+        T = ids.shape[1]
+        logits = self.model.lm_head(hidden).float()
+        logits = logits / self.g.temperature if self.g.temperature != 1 else logits
+        logp = torch.log_softmax(logits, -1).gather(-1, ids[..., None]).squeeze(-1)
+        mask = (torch.arange(T)[None] < lengths[:, None]).float()
+        ratio = torch.exp(logp - logp.detach())
+        a, e = adv[:, None], self.g.epsilon
+        per_token = -torch.min(ratio * a, ratio.clamp(1 - e, 1 + e) * a)
+        if self.g.loss_type == "dapo":
+            return (per_token * mask).sum()
+        return ((per_token * mask).sum(1) / mask.sum(1).clamp(min=1)).sum()
 
     def update(self, ids, completions, rewards) -> tuple[float, float]:
         self.model.train()
@@ -237,28 +258,36 @@ class Bare:
         r = r.double()
         std = r.std(1, keepdim=True, unbiased=self.g.advantage_std == "sample")
         adv = ((r - r.mean(1, keepdim=True)) / (std + EPS)).float().flatten()
-        # one micro-batch per group (the run's per_device_train_batch_size when it is set)
+        # the run's micro-batches (per_device_train_batch_size; None: all rows at once)
         per = self.t.per_device_train_batch_size or len(ids)
-        assert not self.shared or per == n, "the prompt-once lever takes one group per micro-batch"
-        tokens = sum(len(x) for x in completions)  # dapo's normaliser: the batch's tokens
+        assert not self.shared or per % n == 0, "the prompt-once lever takes whole groups"
+        # dapo's normaliser: the batch's tokens; grpo's: its rows
+        norm = sum(len(x) for x in completions) if self.g.loss_type == "dapo" else len(ids)
         total = 0.0
         for lo in range(0, len(ids), per):
             rows = slice(lo, lo + per)
             c = collate(ids[rows], completions[rows], self.pad)
-            T = c.completion_len
             with self.precision():
-                logits = self.model.lm_head(self.hidden(c)).float()
-            logits = logits / self.g.temperature if self.g.temperature != 1 else logits
-            logp = torch.log_softmax(logits, -1).gather(-1, c.completion_ids[..., None])
-            logp = logp.squeeze(-1)
-            mask = (torch.arange(T)[None] < c.lengths[:, None]).float()
-            ratio = torch.exp(logp - logp.detach())
-            a, e = adv[rows, None], self.g.epsilon
-            per_token = -torch.min(ratio * a, ratio.clamp(1 - e, 1 + e) * a)
-            if self.g.loss_type == "dapo":
-                loss = (per_token * mask).sum() / max(tokens, 1)
-            else:  # "grpo": each sequence's token mean, averaged over the batch's rows
-                loss = ((per_token * mask).sum(1) / mask.sum(1).clamp(min=1)).sum() / len(ids)
+                hidden = self.hidden(c)
+                # the LM head over logprob_chunk_size positions at a time, recomputed in
+                # backward (torch's checkpoint), where the run's config chunks it
+                chunk = self.t.logprob_chunk_size
+                step = len(c.completion_ids)
+                if chunk is not None and hidden.shape[0] * hidden.shape[1] > chunk:
+                    step = max(1, chunk // hidden.shape[1])
+                loss = sum(
+                    torch.utils.checkpoint.checkpoint(
+                        self.token_loss,
+                        hidden[i : i + step],
+                        c.completion_ids[i : i + step],
+                        c.lengths[i : i + step],
+                        adv[rows][i : i + step],
+                        use_reentrant=False,
+                    )
+                    if step < len(c.completion_ids)
+                    else self.token_loss(hidden, c.completion_ids, c.lengths, adv[rows])
+                    for i in range(0, len(c.completion_ids), step)
+                ) / max(norm, 1)
             loss.backward()
             total += float(loss.detach())
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.t.max_grad_norm)

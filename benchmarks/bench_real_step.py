@@ -2,22 +2,25 @@
 
 Each real model of ``configs/real-cpu.toml`` (SmolLM2-135M-Instruct through its chat template,
 Gemma 3 270M on raw prompts) is stepped alone (strategy ``none``) at the config's work: 4 prompts
-x 8 completions, one group per micro-batch (``per_device_train_batch_size = 8``), the LM head in
-chunks of 128 positions, ``dapo``; at 16 new tokens (the config's) and at 64. Five entries share
-each round, in alternating order, every one from the same weights, optimizer state and sampler
+x 8 completions, ``dapo``, at 16 new tokens (the config's) and at 64. Six entries share each
+round, in alternating order, every one from the same weights, optimizer state and sampler
 generator (restored untimed before each), on the same prompts:
 
-- ``fp32-unshared``: the path before these levers (fp32; every row computes its prompt in the
-  sampler and in the update);
+- ``before``: the config as it shipped before these levers: fp32, every row computing its prompt
+  in the sampler and in the update, micro-batches of 8 rows, the LM head in chunks of 128
+  positions;
 - ``bf16``: bf16 autocast over fp32 weights only (``policies.*.dtype = "bf16"``, what ``auto``
   chooses on a CPU with AVX512-BF16 or AMX);
 - ``shared``: each prompt computed once only (``training.shared_prefix``, the sampler's
   prefill), in fp32;
-- ``all``: both, the new defaults on such a CPU;
-- ``bare-all``: ``bench_floor.Bare`` with both levers: the least work that computes the step.
+- ``bf16+shared``: both levers, the old micro-batches;
+- ``all``: both levers and the config's new update shape (the whole batch in one pass, the LM
+  head in chunks of 512 positions): what ``configs/real-cpu.toml`` runs now;
+- ``bare-all``: ``bench_floor.Bare`` with both levers and the same update shape: the least work
+  that computes the step.
 
 Generation and update are timed apart (the run's own ``phase/*_time_s``). Medians over the rounds
-(round 0 warms up, dropped), each entry's speed-up over ``fp32-unshared``, ``all`` over
+(round 0 warms up, dropped), each entry's speed-up over ``before``, ``all`` over
 ``bare-all``, and the completion lengths drawn (bf16 draws other tokens than fp32, so its work
 differs a little) go to one JSON.
 
@@ -42,9 +45,11 @@ import tempfile
 import time
 from pathlib import Path
 
+import msgspec
 import torch
 from bench_floor import Bare, _Verifier
 
+from mutualrl.allocation.malloc import reuse_large_buffers
 from mutualrl.bench.results import write_run
 from mutualrl.config import load_config
 from mutualrl.policies.model_cache import resolve_checkpoint
@@ -55,16 +60,18 @@ from mutualrl.run.loop import grpo_step
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = {"smollm2-135m-instruct": True, "gemma-3-270m": False}  # name: chat template
-VARIANTS = {  # name: (bf16, each prompt once)
-    "fp32-unshared": (False, False),
-    "bf16": (True, False),
-    "shared": (False, True),
-    "all": (True, True),
+BEFORE = dict(per_device_train_batch_size=8, logprob_chunk_size=128)  # the old config's
+VARIANTS = {  # name: (bf16, each prompt once, update shape; None: the config's)
+    "before": (False, False, BEFORE),
+    "bf16": (True, False, BEFORE),
+    "shared": (False, True, BEFORE),
+    "bf16+shared": (True, True, BEFORE),
+    "all": (True, True, None),
 }
 PHASES = ("generate", "update", "step")
 
 
-def config(model: str, tokens: int, out: Path):
+def config(model: str, tokens: int, out: Path, more: tuple[str, ...] = ()):
     chat = "true" if MODELS[model] else "false"
     return load_config(
         ROOT / "configs" / "real-cpu.toml",
@@ -79,6 +86,7 @@ def config(model: str, tokens: int, out: Path):
             f"grpo.max_completion_length={tokens}",
             f'policies=[{{name="p", checkpoint="{resolve_checkpoint(model)}", '
             f'chat_template={chat}, dtype="fp32"}}]',
+            *more,
         ],
     )
 
@@ -101,10 +109,17 @@ class State:
         learner.version = self.version
 
 
-def ours(policy, bf16: bool, shared: bool):
+def ours(policy, bf16: bool, shared: bool, shape: dict | None = None):
+    learner = policy.learner
+    training = (
+        learner.training if shape is None else msgspec.structs.replace(learner.training, **shape)
+    )
+
     def step(run, at: int):
-        policy.learner.logprobs.bf16 = bf16
-        policy.learner.logprobs.shared_prefix = shared
+        # the update's settings of this entry, wherever the learner reads them
+        learner.training = learner.logprobs.training = learner.objective.training = training
+        learner.logprobs.bf16 = bf16
+        learner.logprobs.shared_prefix = shared
         policy.backend.share_prompts = shared
         t0 = time.perf_counter()
         rec = grpo_step(run, at)
@@ -155,14 +170,12 @@ def bench(model: str, tokens: int, rounds: int) -> dict:
         finally:
             run.close()
     med = {n: {k: statistics.median(t[k] for t in ts) for k in PHASES} for n, ts in times.items()}
-    base = med["fp32-unshared"]
+    base = med["before"]
     return {
         "model": model,
         "new_tokens": tokens,
         "median_s": med,
-        "speedup_over_fp32_unshared": {
-            n: {k: base[k] / m[k] for k in PHASES} for n, m in med.items()
-        },
+        "speedup_over_before": {n: {k: base[k] / m[k] for k in PHASES} for n, m in med.items()},
         "all_over_bare_all": {k: med["all"][k] / med["bare-all"][k] for k in PHASES},
         "completion_length": {n: [g[1] for g in got] for n, got in seen.items() if n != "bare-all"},
         "loss_all_minus_bare_all": [a[0] - b[0] for a, b in zip(seen["all"], seen["bare-all"])],
@@ -177,7 +190,9 @@ def profile(model: str, tokens: int, top: int = 12) -> dict:
     from torch.profiler import profile as torch_profile
 
     with tempfile.TemporaryDirectory() as tmp:
-        run = build_run(config(model, tokens, Path(tmp) / "run"))
+        # the worker's calls in this thread, where the profiler records them
+        more = ('allocation.local_mode="sequential"',)
+        run = build_run(config(model, tokens, Path(tmp) / "run", more))
         run.verifier = _Verifier(run.verifier)
         try:
             step = ours(run.executor.worker("p"), True, True)
@@ -221,6 +236,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--profile", action="store_true", help="profile one step per model instead")
     a = ap.parse_args()
+    malloc = reuse_large_buffers()  # as `mutualrl train` sets it up (allocation/malloc.py)
     torch.set_num_threads(a.threads)
     if a.profile:
         found = [profile(m, t) for t in a.tokens for m in a.models]
@@ -248,6 +264,11 @@ def main() -> None:
         "commit": git_commit(),
         "machine": machine_info(torch=torch.__version__),
         "native_bf16": native_bf16("cpu"),
+        "malloc": malloc,
+        "variants": {
+            n: {"bf16": b, "shared": sh, "update": u or "config"}
+            for n, (b, sh, u) in VARIANTS.items()
+        },
         "settings": {k: v for k, v in vars(a).items() if k != "json"},
         "results": results,
     }
@@ -258,7 +279,7 @@ def main() -> None:
                 {
                     "model": r["model"],
                     "new_tokens": r["new_tokens"],
-                    "speedup": r["speedup_over_fp32_unshared"]["all"],
+                    "speedup": r["speedup_over_before"]["all"],
                     "all_over_bare_all": r["all_over_bare_all"],
                 }
             )
