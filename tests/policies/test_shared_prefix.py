@@ -11,15 +11,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, Qwen2Config
 
-from mutualrl.config import GRPOConfig, LoraConfig, PolicyConfig, TrainingConfig
+from mutualrl.config import GRPOConfig, LoraConfig, TrainingConfig
 from mutualrl.policies.batch import TrainBatch, TrainSequence, collate
 from mutualrl.policies.generation import SamplingSettings
 from mutualrl.policies.generation.torch import TorchBackend
 from mutualrl.policies.logprobs import LogProbs
-from mutualrl.policies.policy import Policy
 from mutualrl.policies.prefix import prefix_groups
 from tests.policies.test_generation import PROMPTS
-from tests.policies.test_update import GRAD_TOL, PARAM_ATOL, run_step, split_settings
+from tests.policies.test_update import GRAD_TOL, PARAM_ATOL, make_policy, run_step
 
 VOCAB, PAD = 300, 0
 SMALL = dict(
@@ -143,22 +142,6 @@ def test_the_prompt_runs_once_per_group_and_completions_once_per_row():
     assert 4 * P + B * (T - 1) < 0.6 * B * (P + T)
 
 
-def make_policy(handles, lora: LoraConfig | None = None, **settings) -> Policy:
-    torch.set_num_threads(1)
-    cfg = PolicyConfig(
-        name="p",
-        architecture="llama",
-        tokenizer="mistral-v1",
-        hidden_size=32,
-        num_layers=2,
-        num_heads=4,
-        lora=lora,
-    )
-    grpo, training = split_settings(settings)
-    g = GRPOConfig(num_generations=4, temperature=0.7, **grpo)
-    return Policy(cfg, g, seed=3, handle=handles["mistral-v1"], training=TrainingConfig(**training))
-
-
 def grouped_batch(p) -> TrainBatch:
     """Two groups of four own rows, and a peer group under its own prompt rendering."""
     g = torch.Generator().manual_seed(0)
@@ -207,7 +190,7 @@ def test_a_shared_prefix_step_equals_the_unshared_step(tokenizer_handles, settin
     steps = []
     for shared in (False, True):
         p = make_policy(
-            tokenizer_handles, lora, shared_prefix=shared, learning_rate=1e-3, **settings
+            tokenizer_handles, lora=lora, shared_prefix=shared, learning_rate=1e-3, **settings
         )
         assert p.learner.logprobs.shared_prefix is shared
         stats, grads = run_step(p, grouped_batch(p))
@@ -231,8 +214,16 @@ SAMPLER_SHAPES = ["llama", "gemma3", "llama-lora"]
 
 
 def unshared(monkeypatch) -> None:
-    """Today's prefill: every row computes its prompt (no groups found)."""
-    monkeypatch.setattr("mutualrl.policies.prefix.prefix_groups", lambda *a: None)
+    """The prefill before: every row computes its prompt (the sampler's own switch)."""
+    monkeypatch.setattr(TorchBackend, "share_prompts", False)
+
+
+def assert_same_draws(once, every) -> None:
+    assert [s.completion_ids for s in once] == [s.completion_ids for s in every]
+    for a, b in zip(once, every):
+        torch.testing.assert_close(
+            torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0
+        )
 
 
 @pytest.mark.parametrize("cache", [None, "static"], ids=["dynamic", "static"])
@@ -248,11 +239,7 @@ def test_prefilling_each_prompt_once_draws_the_same_tokens(
         unshared(m)
         every = draw(pol, cache)
     assert max(len(s.completion_ids) for s in once) > 1  # decode steps ran
-    assert [s.completion_ids for s in once] == [s.completion_ids for s in every]
-    for a, b in zip(once, every):
-        torch.testing.assert_close(
-            torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0
-        )
+    assert_same_draws(once, every)
 
 
 def test_the_sampler_prefills_each_distinct_prompt_once(tokenizer_handles):
@@ -290,8 +277,4 @@ def test_compiled_decoding_prefills_each_prompt_once_and_draws_the_same_tokens(
     with monkeypatch.context() as m:
         unshared(m)
         every = sample()
-    assert [s.completion_ids for s in once] == [s.completion_ids for s in every]
-    for a, b in zip(once, every):
-        torch.testing.assert_close(
-            torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=0
-        )
+    assert_same_draws(once, every)

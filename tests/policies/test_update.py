@@ -7,7 +7,7 @@ import warnings
 import pytest
 import torch
 
-from mutualrl.config import GRPOConfig, PolicyConfig, TrainingConfig
+from mutualrl.config import GRPOConfig, LoraConfig, PolicyConfig, TrainingConfig
 from mutualrl.policies.batch import TrainBatch, micro_batch_slices
 from mutualrl.policies.policy import Policy
 from mutualrl.policies.update import prepare_model
@@ -26,7 +26,9 @@ def split_settings(kw: dict) -> tuple[dict, dict]:
     return {k: v for k, v in kw.items() if k not in training}, training
 
 
-def make_policy(handles, seed=3, dtype="fp32", total_steps=None, **settings) -> Policy:
+def make_policy(
+    handles, seed=3, dtype="fp32", total_steps=None, lora: LoraConfig | None = None, **settings
+) -> Policy:
     torch.set_num_threads(1)
     cfg = PolicyConfig(
         name="p",
@@ -36,6 +38,7 @@ def make_policy(handles, seed=3, dtype="fp32", total_steps=None, **settings) -> 
         num_layers=2,
         num_heads=4,
         dtype=dtype,
+        lora=lora,
     )
     grpo, training = split_settings(settings)
     g = GRPOConfig(num_generations=4, temperature=0.7, **grpo)

@@ -72,6 +72,20 @@ def prefix_groups(input_ids: torch.Tensor, attention: torch.Tensor, P: int) -> P
     return PrefixGroups(first=first, inverse=inverse)
 
 
+def distinct_pass(model, ids, attention, positions, groups: PrefixGroups, **kw):
+    """``model``'s cached forward over the distinct rows of (B, P) prompts, and the (B,) index of
+    each row's among them (on the inputs' device)."""
+    first, inverse = groups.first.to(ids.device), groups.inverse.to(ids.device)
+    out = model(
+        input_ids=ids[first],
+        attention_mask=attention[first],
+        position_ids=positions[first],
+        use_cache=True,
+        **kw,
+    )
+    return out, inverse
+
+
 def shared_forward(
     model: torch.nn.Module,
     input_ids: torch.Tensor,
@@ -90,14 +104,9 @@ def shared_forward(
     P .. L-2 over the cache's rows selected for it."""
     P = input_ids.shape[1] - T
     key = cache_keyword(model)
-    first, inverse = groups.first.to(input_ids.device), groups.inverse.to(input_ids.device)
     kept = {"logits_to_keep": 1} if head else {}
-    out = model(
-        input_ids=input_ids[first, :P],
-        attention_mask=attention[first, :P],
-        position_ids=positions[first, :P],
-        use_cache=True,
-        **kept,
+    out, inverse = distinct_pass(
+        model, input_ids[:, :P], attention[:, :P], positions[:, :P], groups, **kept
     )
     lead = (out.logits if head else out.last_hidden_state[:, -1:]).index_select(0, inverse)
     if T == 1:
@@ -145,18 +154,10 @@ def prefill(
             **kw,
         )
         return out.logits[:, -1], getattr(out, key)
-    first, inverse = groups.first.to(ids.device), groups.inverse.to(ids.device)
     # a static target takes every prompt position of every layer: a cache without a config keeps
     # them all (sliding-window layers of a config's cache keep only their window)
     kw = {} if static is None else {key: DynamicCache()}
-    out = model(
-        input_ids=ids[first],
-        attention_mask=attention[first],
-        position_ids=positions[first],
-        use_cache=True,
-        logits_to_keep=1,
-        **kw,
-    )
+    out, inverse = distinct_pass(model, ids, attention, positions, groups, logits_to_keep=1, **kw)
     logits, cache = out.logits[:, -1].index_select(0, inverse), getattr(out, key)
     if static is None:
         cache.reorder_cache(inverse)

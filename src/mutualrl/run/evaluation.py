@@ -129,8 +129,8 @@ def accuracy(samples: list[Sample], verifier: GuardedVerifier) -> float:
 
 # ---- the run's evaluation phase ----------------------------------------------------------------
 def eval_prompts(task, cfg) -> dict[str, list[Prompt]]:
-    """Each family's held-out problems the run evaluates: ``eval.num_prompts`` distinct ones,
-    or all the family has when it has fewer (``eval_notes`` says so), the same at every
+    """Each family's problems of ``eval.split`` the run evaluates: ``eval.num_prompts`` distinct
+    ones, or all the family has when it has fewer (``eval_notes`` says so), the same at every
     evaluation of the run."""
     e = cfg.eval
     return {
@@ -139,7 +139,7 @@ def eval_prompts(task, cfg) -> dict[str, list[Prompt]]:
 
 
 def eval_notes(task, cfg) -> tuple[str, ...]:
-    """One line per family whose held-out set is smaller than ``eval.num_prompts``."""
+    """One line per family whose ``eval.split`` set is smaller than ``eval.num_prompts``."""
     n, split = cfg.eval.num_prompts, cfg.eval.split
     return tuple(
         f"eval.num_prompts = {n}: family {f!r} has {len(ps)} distinct {split} problems; "
