@@ -220,3 +220,42 @@ def test_heldout_changes_give_each_end_its_interval_and_say_whether_it_rose(tmp_
     one.mkdir()
     append_heldout(one, [up[0]])
     assert heldout_changes(one) == []
+
+
+def test_the_report_names_the_split_and_counts_each_distinct_problem_once(tmp_path):
+    """A run evaluated on the validation split says so at the top of the report, and a family
+    whose problems repeat (half of 'last' asked twice) is counted by its distinct problems."""
+    from mutualrl.run.evaluation import read_heldout
+
+    def validation_train(cfg, progress):
+        summary = fake_train(cfg, progress)
+        out = Path(cfg.output_dir)
+        records = read_heldout(out)
+        (out / "heldout.jsonl").unlink()
+        for r in records:
+            half = PROMPTS // 2
+            r["prompt_ids"] = r["prompt_ids"][:half] + [f"p{half + i % 10}" for i in range(half)]
+            r["split"] = "validation"
+        append_heldout(out, records)
+        return summary
+
+    out = tmp_path / "c"
+    compare(TINY, ["none", "sgt"], 2, out, overrides=SETS, train_fn=validation_train)
+    sets = {
+        e["policy"]: e
+        for e in json.loads((out / "report.json").read_text())["analysis"]["eval_sets"]
+    }
+    assert sets["llama-mistral"]["splits"] == ["validation"]
+    assert sets["llama-mistral"]["families"] == {"first": 20, "last": 10}
+    assert sets["llama-mistral"]["distinct_problems"] == 30
+    top = (out / "report.md").read_text().split("## How to read this", 1)[0]
+    assert "- llama-mistral: validation split, 30 distinct problems (first 20, last 10)" in top
+    assert "**Validation split**" in top and "chooses nothing" in top
+
+
+def test_a_heldout_report_carries_no_validation_label(tmp_path):
+    out = tmp_path / "c"
+    compare(TINY, ["none"], 1, out, overrides=SETS, train_fn=fake_train)
+    top = (out / "report.md").read_text().split("## How to read this", 1)[0]
+    assert "heldout split, 40 distinct problems (first 20, last 20)" in top
+    assert "Validation split" not in top

@@ -45,6 +45,7 @@ class Curve:
     texts: list[list[str]]  # (T, P) greedy answers
     families: np.ndarray  # (P,)
     prompt_ids: tuple[str, ...]
+    split: str = "heldout"  # eval.split the prompts came from (records before it: heldout)
 
 
 def curve_of(records: list[dict[str, Any]], policy: str) -> Curve | None:
@@ -60,6 +61,7 @@ def curve_of(records: list[dict[str, Any]], policy: str) -> Curve | None:
         [r["greedy_text"] for r in rs],
         np.array(rs[0]["families"]),
         tuple(rs[0]["prompt_ids"]),
+        str(rs[0].get("split", "heldout")),
     )
 
 
@@ -374,10 +376,32 @@ def tradeoff(runs: list[RunData], curves: dict, strategies: Sequence[str]) -> li
     return rows
 
 
+def eval_sets(curves: dict[tuple[str, str, int], Curve]) -> list[dict[str, Any]]:
+    """Per policy, what its evaluations asked: the split, and how many distinct problems of each
+    family (each counted once by every statistic here), over all its runs."""
+    out: dict[str, dict[str, Any]] = {}
+    for (policy, _, _), c in sorted(curves.items(), key=lambda kv: kv[0]):
+        entry = out.setdefault(policy, {"policy": policy, "splits": set(), "families": {}})
+        entry["splits"].add(c.split)
+        for f in sorted(set(c.families.tolist())):
+            ids = {i for i, fam in zip(c.prompt_ids, c.families) if fam == f}
+            entry["families"].setdefault(str(f), set()).update(ids)
+    return [
+        {
+            "policy": e["policy"],
+            "splits": sorted(e["splits"]),
+            "families": {f: len(ids) for f, ids in e["families"].items()},
+            "distinct_problems": sum(len(ids) for ids in e["families"].values()),
+        }
+        for e in out.values()
+    ]
+
+
 def analyse(runs: list[RunData], strategies: Sequence[str]) -> dict[str, Any]:
     """Everything this module computes, as plain data for ``report.json`` and the markdown."""
     curves = load_curves(runs)
     return {
+        "eval_sets": eval_sets(curves),
         "starting_point": starting_points(runs),
         "significance": significance(runs, curves, strategies),
         "efficiency": efficiency(runs, curves),

@@ -107,6 +107,27 @@ def _ratio_to_none(rows: dict, policy: str, strategy: str, key: str) -> str:
     return f"{mine / base:.2f}×" if mine is not None and base else "–"
 
 
+def eval_set_lines(analysis: dict[str, Any]) -> list[str]:
+    """What the evaluations asked, per policy: the split and its distinct problems per family. A
+    validation split is labelled as such: its numbers choose settings, they are not the test."""
+    sets = analysis.get("eval_sets") or []
+    if not sets:
+        return []
+    lines = []
+    for e in sets:
+        fams = ", ".join(f"{f} {n}" for f, n in e["families"].items())
+        lines.append(
+            f"- {e['policy']}: {' and '.join(e['splits'])} split, {e['distinct_problems']} "
+            f"distinct problems ({fams}), each counted once"
+        )
+    if any("validation" in e["splits"] for e in sets):
+        lines.append(
+            '- **Validation split** (`eval.split = "validation"`): these numbers are for '
+            "choosing settings; the held-out split is the test and chooses nothing"
+        )
+    return ["Evaluated on:", "", *lines, ""]
+
+
 def section_glance(analysis: dict[str, Any]) -> list[str]:
     """The verdicts that answer "does it help, and at what cost", one line per regime."""
     sig = {(r["policy"], r["strategy"], r["metric"]): r for r in analysis["significance"]}

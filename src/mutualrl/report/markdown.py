@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from mutualrl.report.analysis import analyse
-from mutualrl.report.analysis_md import analysis_sections, section_glance
+from mutualrl.report.analysis_md import analysis_sections, eval_set_lines, section_glance
 from mutualrl.report.data import (
     DENSITY_PREFIX,
     THL_HEADLINE,
@@ -222,6 +222,7 @@ def render_markdown(
         f"code at commit `{data['commit']}`{_other_commits(state, data['commit'])}. "
         f"{len(runs)} of {len(state['runs'])} runs finished.",
         "",
+        *eval_set_lines(data["analysis"]),
         "## How to read this",
         "",
         HOW_TO_READ.format(warm=HOW_TO_READ_WARM if data["warm_start"] else ""),
