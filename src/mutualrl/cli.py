@@ -166,7 +166,7 @@ def _run_train(args) -> int:
 _DELEGATED = [
     (
         ("plan",),
-        "mutualrl.allocation.cli",
+        "mutualrl.run.plan_cli",
         "print the resource plan for a config without running",
         False,
     ),

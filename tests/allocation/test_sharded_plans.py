@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 
 from mutualrl.allocation import Inventory, PlanError, WorkerSpec, plan, worker_specs_from_config
-from mutualrl.allocation.cli import configure, run
+from mutualrl.allocation.cli import configure
 from mutualrl.allocation.dims import dims_from_policy
 from mutualrl.allocation.specs import gathered_bytes, learner_memory_bytes
 from mutualrl.config import ConfigError, MemoryModel, config_from_dict, load_config
 from mutualrl.run.build import check_rank_groups
 from mutualrl.run.checkpoint import config_differences
+from mutualrl.run.plan_cli import run
 
 ROOT = Path(__file__).resolve().parents[2]
 GIB = 1024**3

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from mutualrl.allocation import PlanError, plan, worker_specs_from_config
-from mutualrl.allocation.cli import configure, format_devices, run
+from mutualrl.allocation.cli import configure, format_devices
 from mutualrl.allocation.dims import dims_from_policy
 from mutualrl.allocation.planner import GpuSlot
 from mutualrl.allocation.specs import (
@@ -19,6 +19,7 @@ from mutualrl.allocation.specs import (
     tokens_per_step,
 )
 from mutualrl.config import AllocationConfig, ConfigError, config_from_dict, load_config
+from mutualrl.run.plan_cli import run
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_CONFIGS = sorted((ROOT / "configs").glob("cluster-*.toml"))

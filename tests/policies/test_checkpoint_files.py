@@ -119,7 +119,43 @@ def test_a_hostile_pickle_is_refused_and_never_runs(saved, tmp_path):
     assert not marker.exists()
 
 
-def test_train_refuses_a_hostile_folder_in_one_line_before_writing_the_run(saved, tmp_path):
+@pytest.mark.parametrize(
+    "edit, says",
+    [
+        (
+            {"intermediate_size": 48},
+            r"3 tensor\(s\) of another shape than config.json builds "
+            r"\(model.layers.0.mlp.gate_proj.weight: 32 x 16 in the weights, "
+            r"48 x 16 by the config\)",
+        ),
+        (
+            {"num_hidden_layers": 2},
+            r"9 tensor\(s\) the config builds are not in the weights \(model.layers.1.",
+        ),
+    ],
+    ids=["shape", "missing"],
+)
+def test_weights_that_do_not_fit_their_config_are_named(saved, tmp_path, edit, says):
+    """config.json edited after the weights were saved: transformers would refuse the first (a
+    size mismatch deep in its load) and initialise the second layer at random with a warning."""
+    import json
+
+    folder = _copy(saved, tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **edit}))
+    with pytest.raises(
+        ConfigError,
+        match=r"^policies.p.checkpoint: the weights of .*ckpt do not "
+        r"fit its config.json: " + says,
+    ):
+        check_checkpoints([_policy(folder)])
+
+
+@pytest.mark.parametrize("command", ["train", "plan"])
+def test_train_and_plan_refuse_a_hostile_folder_in_one_line_before_writing(
+    saved, tmp_path, command
+):
+    """``mutualrl plan`` runs train's input checks: the same line, and nothing written."""
     folder, marker = _copy(saved, tmp_path), tmp_path / "ran"
     _hostile(folder, marker)
     config = (ROOT / "configs" / "tiny.toml").read_text()
@@ -127,14 +163,46 @@ def test_train_refuses_a_hostile_folder_in_one_line_before_writing_the_run(saved
     config = config.replace('tokenizer = "mistral-v1"', f'tokenizer = "{folder}"', 1)
     (tmp_path / "run.toml").write_text(config)
     out = tmp_path / "run"
+    more = ["--output-dir", str(out), "--no-progress"] if command == "train" else []
     done = subprocess.run(
-        [sys.executable, "-m", "mutualrl.cli", "train", "--config", str(tmp_path / "run.toml")]
-        + ["--output-dir", str(out), "--no-progress"],
+        [sys.executable, "-m", "mutualrl.cli", command, "--config", str(tmp_path / "run.toml")]
+        + more,
         capture_output=True,
         text=True,
         timeout=300,
+        cwd=tmp_path,
     )
     assert done.returncode == 2, done.stderr
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
-    assert "holds pickled code" in done.stderr
+    assert "holds pickled code" in done.stderr and done.stdout == ""
     assert not out.exists() and not marker.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "run.toml"]
+
+
+def test_a_load_under_another_naming_refuses_tensors_its_config_builds_and_the_file_lacks(
+    tmp_path,
+):
+    """GPT-NeoX saves its head as ``embed_out`` (transformers maps it on load), so the header
+    check leaves it to the load; a layer the config builds and the file lacks is refused there
+    rather than initialised at random."""
+    import json
+
+    from transformers import AutoModelForCausalLM, GPTNeoXConfig
+
+    from mutualrl.policies.models import build_model
+
+    cfg = GPTNeoXConfig(
+        vocab_size=100, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=32,
+    )  # fmt: skip
+    folder = tmp_path / "neox"
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(folder)
+    p = PolicyConfig(name="p", checkpoint=str(folder), tokenizer="mistral-v1")
+    assert build_model(p, None, 0) is not None  # type: ignore[arg-type]
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 2}))
+    check_checkpoints([p])  # the names differ from the model's: not judged from the header
+    with pytest.raises(ConfigError, match=r"^policies.p.checkpoint: the weights of .*neox do not "
+                       r"fit its config.json: \d+ tensor\(s\) the config builds are not in the "
+                       r"weights \(gpt_neox.layers.1."):  # fmt: skip
+        build_model(p, None, 0)  # type: ignore[arg-type]

@@ -1,4 +1,5 @@
-"""``mutualrl plan``: print the resource plan of a run config without running anything."""
+"""``mutualrl plan``'s arguments and its output: the resource plan of a run config as a table
+or JSON. The command itself (``run.plan_cli``) runs the run's input checks first."""
 
 from __future__ import annotations
 
@@ -102,27 +103,29 @@ def plan_table(p: Plan):
     return table
 
 
-def run(args) -> int:
+def config_plan(cfg) -> Plan:
+    """The plan from the config alone (its sizes, its described inventory): what ``mutualrl plan``
+    shows for a machine other than this one."""
     import msgspec
-    from rich.console import Console
 
     from mutualrl.allocation.planner import plan
     from mutualrl.allocation.specs import resolve_inventory, worker_specs_from_config
-    from mutualrl.config import load_config
-    from mutualrl.policies.model_cache import LineStages, resolve_policies
-    from mutualrl.policies.precision import precision_notes, resolve_precision
+    from mutualrl.policies.precision import precision_notes
 
-    cfg = load_config(args.config, list(args.set))
-    # a packaged model's dims are in its converted folder (converted now if it is not yet)
-    cfg = msgspec.structs.replace(cfg, policies=resolve_policies(cfg.policies, LineStages()))
-    cfg = resolve_precision(cfg)  # what dtype = "auto" chooses on this machine
     alloc = cfg.allocation
     specs = worker_specs_from_config(cfg, alloc)
     p = plan(specs, resolve_inventory(alloc), alloc.memory.usable_memory_fraction)
-    p = msgspec.structs.replace(p, notes=p.notes + precision_notes(cfg))
-    if args.json:
+    return msgspec.structs.replace(p, notes=p.notes + precision_notes(cfg))
+
+
+def show_plan(cfg, p: Plan, as_json: bool = False) -> None:
+    """Print the plan: a table and its notes, or (``as_json``) the plan as JSON."""
+    import msgspec
+    from rich.console import Console
+
+    if as_json:
         print(msgspec.json.format(msgspec.json.encode(p).decode()))
-        return 0
+        return
     # Piped output defaults to 80 columns, which would elide worker names; tables need ~140.
     console = Console(width=max(Console().width, 150))
     console.print(plan_table(p))
@@ -135,7 +138,6 @@ def run(args) -> int:
             "usable_memory_fraction (allocation.memory.cap_shared_gpus): "
             + ", ".join(f"{name} {cap / GIB:.2f} GiB" for name, cap in caps.items())
         )
-    return 0
 
 
 def memory_caps(cfg, p: Plan) -> dict[str, int]:

@@ -11,7 +11,10 @@ inside safetensors, torch or tokenizers:
 - a ``.bin`` whose pickle holds code: read with torch's ``weights_only`` unpickler (memory
   mapped, so no tensor is copied), which refuses any global outside its allow-list before
   calling it; nothing of the file runs, and the line says so and suggests safetensors;
-- a folder that is its policy's tokenizer but holds no tokenizer file.
+- a folder that is its policy's tokenizer but holds no tokenizer file;
+- safetensors weights that load but do not fit ``config.json`` (``check_fit``): a tensor whose
+  shape is not the one the config builds, or tensors the config builds that the files lack
+  (``from_pretrained`` would refuse the first and silently initialise the second at random).
 """
 
 from __future__ import annotations
@@ -55,12 +58,13 @@ def weight_files(folder: Path, field: str) -> list[Path]:
     )
 
 
-def _check_safetensors(path: Path, field: str) -> None:
+def _check_safetensors(path: Path, field: str) -> dict[str, tuple[int, ...]]:
+    """The file's tensor shapes, from its header (no tensor is read)."""
     from safetensors import SafetensorError, safe_open
 
     try:
-        with safe_open(str(path), "pt"):
-            pass
+        with safe_open(str(path), "pt") as f:
+            return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
     except (SafetensorError, OSError) as exc:
         raise ConfigError(
             f"{field}: {path} is truncated or corrupt (safetensors: {_first_line(exc)}); "
@@ -96,14 +100,68 @@ def check_folder_files(p: PolicyConfig, folder: Path) -> None:
     """``folder`` (``p.checkpoint``) has readable weights, and a tokenizer where ``p`` takes
     its tokenizer from it; else one ``ConfigError`` naming the policy, the file and the cause."""
     field = f"policies.{p.name}.checkpoint"
+    shapes: dict[str, tuple[int, ...]] | None = {}
     for path in weight_files(folder, field):
         if path.suffix == ".safetensors":
-            _check_safetensors(path, field)
+            found = _check_safetensors(path, field)
+            shapes = None if shapes is None else {**shapes, **found}
         else:
             _check_pickle(path, field)
+            shapes = None  # a pickle's shapes are not read without loading it
+    if shapes:
+        check_fit(field, folder, shapes)
     if p.tokenizer == p.checkpoint and not any((folder / f).is_file() for f in TOKENIZER_FILES):
         raise ConfigError(
             f"policies.{p.name}.tokenizer: {folder} has no tokenizer files (expected one of "
             f"{', '.join(TOKENIZER_FILES)}, as a tokenizer's save_pretrained writes); copy "
             "them in, or set tokenizer to a folder or packaged tokenizer that has them"
         )
+
+
+def expected_shapes(folder: Path) -> dict[str, tuple[int, ...]] | None:
+    """The parameter shapes ``AutoModelForCausalLM`` builds from ``folder``'s config.json, on the
+    meta device (nothing allocated); a tied parameter under its first name. None where the model
+    cannot be built that way (its load then speaks for itself)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(folder)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+    except Exception:  # noqa: BLE001 - any failure here leaves the check to the real load
+        return None
+    return {name: tuple(t.shape) for name, t in model.named_parameters()}
+
+
+def check_fit(field: str, folder: Path, shapes: dict[str, tuple[int, ...]]) -> None:
+    """The weights' tensors are those ``config.json`` builds: same shapes, none missing. Checked
+    where the files name their tensors as the model does; a checkpoint under another naming
+    (GPT-NeoX's ``embed_out``, which transformers maps on load) is left to the load
+    (``models.build_model`` refuses missing tensors there)."""
+    expected = expected_shapes(folder)
+    if not expected or not set(shapes) <= set(expected):
+        return
+    wrong = [k for k in expected if k in shapes and shapes[k] != expected[k]]
+    missing = [k for k in expected if k not in shapes]
+    if not wrong and not missing:
+        return
+    what = []
+    if wrong:
+        k = wrong[0]
+        what.append(
+            f"{len(wrong)} tensor(s) of another shape than config.json builds ({k}: "
+            f"{_shape(shapes[k])} in the weights, {_shape(expected[k])} by the config)"
+        )
+    if missing:
+        what.append(
+            f"{len(missing)} tensor(s) the config builds are not in the weights ({missing[0]}, ...)"
+        )
+    raise ConfigError(
+        f"{field}: the weights of {folder} do not fit its config.json: {'; '.join(what)}; "
+        "expected the config.json saved with these weights"
+    )
+
+
+def _shape(shape: tuple[int, ...]) -> str:
+    return " x ".join(map(str, shape)) or "scalar"

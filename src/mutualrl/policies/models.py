@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 
-from mutualrl.config import PolicyConfig
+from mutualrl.config import ConfigError, PolicyConfig
 from mutualrl.registry import Registry
 
 if TYPE_CHECKING:
@@ -118,7 +118,18 @@ def build_model(p: PolicyConfig, facts: TokenizerFacts, seed: int) -> torch.nn.M
         # a converted packaged model is loaded only while it matches its manifest: the driver
         # checked it, but a worker loads it later (and, in its own process, from disk again)
         verify_before_load(p.checkpoint)
-        return AutoModelForCausalLM.from_pretrained(p.checkpoint, dtype=torch.float32)
+        loaded = AutoModelForCausalLM.from_pretrained(
+            p.checkpoint, dtype=torch.float32, output_loading_info=True
+        )
+        model, info = cast(tuple[torch.nn.Module, dict], loaded)
+        if info["missing_keys"]:  # transformers would train them from a random start
+            missing = sorted(info["missing_keys"])
+            raise ConfigError(
+                f"policies.{p.name}.checkpoint: the weights of {p.checkpoint} do not fit its "
+                f"config.json: {len(missing)} tensor(s) the config builds are not in the "
+                f"weights ({missing[0]}, ...); expected the config.json saved with these weights"
+            )
+        return model
     config = ARCHITECTURES.get(p.architecture)(p, facts)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

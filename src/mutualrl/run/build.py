@@ -62,9 +62,14 @@ class Prepared:
     plan: Plan
 
 
-def prepare(cfg: RunConfig) -> Prepared:
-    """Validate everything that can fail on bad input, before anything is written anywhere."""
-    check_inputs(cfg)  # registry names, the device, backend packages
+def prepare(cfg: RunConfig, planning: bool = False) -> Prepared:
+    """Validate everything that can fail on bad input, before anything is written anywhere.
+
+    ``planning``: what ``mutualrl plan`` checks. Every input check of a run, but not what only
+    the machine that trains can answer (its device, its backend packages, the executor's process
+    layout) nor what ``plan`` may show and ``train`` refuses (``colocate = false``); notes go into
+    the plan alone."""
+    check_inputs(cfg, machine=not planning)  # registry names, the device, backend packages
     seed_everything(cfg.seed)
     if cfg.torch_threads:
         torch.set_num_threads(cfg.torch_threads)
@@ -92,13 +97,14 @@ def prepare(cfg: RunConfig) -> Prepared:
     peer_logs = PeerLogPool(cfg.exchange.peer_logs) if cfg.exchange.peer_logs else None
     handles = load_handles(cfg.policies)  # each tokenizer once; the driver encodes prompts
     check_policies(cfg.policies, handles, checkpoints)  # chat templates present, vocab fits
-    check_precision(cfg.policies, cfg.device)  # bf16 on a CPU that emulates it: a warning
     check_paced(cfg)  # the strategy can run at its own pace, if asked
-    check_rank_groups(cfg)  # sharded learners need one process per rank
-    check_colocated(cfg)  # generators run with their learners
+    if not planning:
+        check_precision(cfg.policies, cfg.device)  # bf16 on a CPU that emulates it: a warning
+        check_rank_groups(cfg)  # sharded learners need one process per rank
+        check_colocated(cfg)  # generators run with their learners
     alloc, the_plan = plan_workers(cfg, handles)  # an infeasible plan fails here
     capped = eval_notes(task, cfg)  # families with fewer held-out problems than num_prompts
-    for line in capped:
+    for line in () if planning else capped:
         print(f"mutualrl: note: {line}", file=sys.stderr)
     the_plan = msgspec.structs.replace(the_plan, notes=the_plan.notes + capped)
     return Prepared(strategy, task, rewards, peer_logs, handles, alloc, the_plan)

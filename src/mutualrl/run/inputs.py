@@ -21,10 +21,14 @@ from mutualrl.tasks import TASKS
 DEVICES = '"cpu", "cuda" (each learner on its planned GPU) or "cuda:N"'
 
 
-def check_inputs(cfg: RunConfig) -> None:
+def check_inputs(cfg: RunConfig, machine: bool = True) -> None:
     """Every name and device of ``cfg`` that this process can check, each failure naming its
-    field (``policies.<name>.architecture``, ``task.name``, ``allocation.executor``, ``device``)."""
-    check_device(cfg.device)
+    field (``policies.<name>.architecture``, ``task.name``, ``allocation.executor``, ``device``).
+
+    ``machine=False`` (``mutualrl plan``, which plans for machines other than this one) leaves
+    out what only this machine can answer: its device and its installed generation backends."""
+    if machine:
+        check_device(cfg.device)
     registered(TASKS, cfg.task.name, "task.name")
     registered(EXECUTORS, cfg.allocation.executor, "allocation.executor")
     for p in cfg.policies:
@@ -33,7 +37,8 @@ def check_inputs(cfg: RunConfig) -> None:
     # What the config asks for first (two vLLM engines in one process is wrong everywhere), then
     # whether this install has the packages it names
     check_engine_processes(cfg.policies, cfg.allocation.executor)
-    check_backends(cfg.policies)
+    if machine:
+        check_backends(cfg.policies)
 
 
 def registered(registry: Registry, name: str, field: str) -> None:
