@@ -61,3 +61,64 @@ def test_a_tampered_real_folder_is_converted_again_when_loaded_by_path(converted
     )
     assert folder_problem(folder) is None
     assert json.loads((folder / "config.json").read_text())["rms_norm_eps"] != 0.5
+
+
+def test_a_resume_reverifies_the_real_cache_and_trains_on_the_rebuilt_folder(converted, tmp_path):
+    """Train SmolLM2 by name, swap two token ids in its cached tokenizer.json, resume: the resume
+    names the file that failed its manifest hash, converts the folder again and trains on it."""
+    folder, _ = converted["smollm2-135m-instruct"]
+    run = tmp_path / "run"
+    (tmp_path / "run.toml").write_text(
+        f"""
+seed = 0
+steps = 2
+save_steps = 1
+strategy = "none"
+output_dir = "{run}"
+torch_threads = 2
+[grpo]
+num_generations = 2
+prompts_per_step = 1
+max_completion_length = 4
+[warmup]
+max_steps = 0
+[eval]
+every = 0
+num_prompts = 1
+[task]
+name = "arithmetic"
+[[policies]]
+name = "smol"
+checkpoint = "smollm2-135m-instruct"
+chat_template = true
+"""
+    )
+    env = {**os.environ, "MUTUALRL_CACHE": os.environ["MUTUALRL_CACHE"]}
+    cli = [sys.executable, "-m", "mutualrl.cli", "train", "--no-progress"]
+    first = subprocess.run(
+        [*cli, "--config", str(tmp_path / "run.toml")], capture_output=True, text=True, env=env,
+        timeout=600,
+    )  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    tok = json.loads((folder / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    vocab["1"], vocab["2"] = vocab["2"], vocab["1"]
+    (folder / "tokenizer.json").write_text(json.dumps(tok))
+    assert folder_problem(folder) is not None
+    resumed = subprocess.run(
+        [*cli, "--resume", str(run), "--steps", "3"], capture_output=True, text=True, env=env,
+        timeout=600,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    assert "tokenizer.json does not match its manifest hash); converting it again" in (
+        resumed.stderr
+    )
+    assert folder_problem(folder) is None
+    restored = json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"]
+    assert restored["1"] < restored["2"]  # the swap is gone (digits are in order in SmolLM2)
+    steps = [
+        json.loads(line)["step"]
+        for line in (run / "metrics.jsonl").read_text().splitlines()
+        if json.loads(line).get("phase") == "train"
+    ]
+    assert steps == [0, 1, 2]
