@@ -352,3 +352,49 @@ def test_real_cpu_summarises_a_finished_compare_beside_the_single_run(tmp_path):
     sgt = compare["by_strategy"]["sgt"]["p"]
     assert sgt["seeds"] == [0, 1] and sgt["start"] == [0.25, 0.25] and sgt["end"] == [0.5, 0.75]
     assert sgt["end_mean"] == 0.625 and compare["by_strategy"]["none"]["p"]["end_mean"] == 0.1875
+
+
+def test_trl_check_trains_with_trl_and_scores_trl_and_a_mutualrl_run_by_one_evaluation(tmp_path):
+    """benchmarks/trl_check.py on a tiny random Llama folder: TRL's GRPOTrainer trains it on the
+    run's prompts, and the start, TRL's weights and a mutualrl `none` run of the same config are
+    each scored by mutualrl's evaluation (distinct problems of the config's split)."""
+    pytest.importorskip("trl")
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from mutualrl.retokenize.loaders import load_tokenizer
+
+    tok = load_tokenizer("mistral-v1").tokenizer
+    model_cfg = LlamaConfig(
+        vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=True,
+        eos_token_id=tok.eos_token_id,
+    )  # fmt: skip
+    folder = tmp_path / "ckpt"
+    AutoModelForCausalLM.from_config(model_cfg).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    config = tmp_path / "run.toml"
+    config.write_text(
+        f'seed = 0\nsteps = 1\nstrategy = "none"\noutput_dir = "{tmp_path / "none"}"\n'
+        "[grpo]\nnum_generations = 2\nprompts_per_step = 2\nmax_completion_length = 4\n"
+        "[warmup]\nmax_steps = 0\n[eval]\nevery = 0\nnum_prompts = 3\n"
+        '[task]\nname = "arithmetic"\nfamilies = ["add", "mul"]\n'
+        f'[[policies]]\nname = "p"\ncheckpoint = "{folder}"\n'
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "mutualrl.cli", "train", "--config", str(config), "--no-progress"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = tmp_path / "trl.json"
+    got = _run(
+        "trl_check.py", "--config", str(config), "--policy", "p", "--seeds", "0",
+        "--mutualrl-run", f"0={tmp_path / 'none'}", "--work", str(tmp_path / "work"),
+        "--json", str(out), out=out,
+    )  # fmt: skip
+    (seed,) = got["seeds"]
+    assert seed["steps"] == 1 and len(seed["trl_log"]) == 1
+    for side in ("start", "trl", "mutualrl"):
+        assert seed[side]["prompts"] == 6 and seed[side]["split"] == "heldout"
+        assert set(seed[side]["families"]) == {"add", "mul"}
+        assert 0 <= seed[side]["pass@1"]["lo"] <= seed[side]["pass@1"]["hi"] <= 1
+    assert (tmp_path / "work" / "seed0" / "trl" / "final" / "model.safetensors").is_file()
