@@ -174,7 +174,8 @@ def test_the_is_weight_column_reads_the_weights_applied_before_a_raw_ratio():
     from mutualrl.report.data import is_weight_var
 
     class Run:
-        strategy = "hacpo"
+        strategy = "hacpo@1"  # a tuning compare's label; the config names the strategy
+        config = {"strategy": "hacpo"}
         logged = {"hacpo/ratio_var": 0.120, "hacpo/weight_var": 0.153, "hacpo/ratio_mean": 1.0}
 
         def policy_keys(self, policy, prefix):

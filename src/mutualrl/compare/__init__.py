@@ -31,6 +31,16 @@ from typing import Any
 
 from mutualrl.compare.parallel import run_parallel
 from mutualrl.compare.progress import CompareProgress, _NestedRunProgress
+from mutualrl.compare.tuning import (
+    Arm,
+    arms_state,
+    parse_tune,
+    plain_arms,
+    tuned_arms,
+    tuning_arms,
+    tuning_lines,
+    write_tuning,
+)
 from mutualrl.config import ConfigError
 from mutualrl.provenance import git_commit
 from mutualrl.report.analysis import starting_point_line
@@ -55,7 +65,7 @@ SCENARIO_BUDGET = (
     "torch_threads=1",
 )
 # What must match for --resume to continue a compare rather than start a different one.
-_RESUME_KEYS = ("strategies", "seeds", "config_path", "overrides", "config_digest")
+_RESUME_KEYS = ("strategies", "seeds", "config_path", "overrides", "config_digest", "arms")
 
 
 # ---- command line -----------------------------------------------------------------------------
@@ -96,6 +106,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="dotted override applied to every run, e.g. --set grpo.beta=0.01",
     )
     parser.add_argument("--steps", type=int, help="GRPO steps per run (overrides steps)")
+    parser.add_argument(
+        "--tune",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2,...",
+        help="run every strategy at each value, on the validation split, and write the best "
+        "per strategy to tuning.json (repeatable: several keys are zipped)",
+    )
+    parser.add_argument(
+        "--tuned",
+        metavar="DIR",
+        help="run each strategy at the setting DIR/tuning.json chose for it (a --tune compare)",
+    )
     parser.add_argument(
         "--resume",
         action="store_true",
@@ -138,6 +161,15 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"report: {path}")
         return 0
     strategies = parse_strategies(args.strategies)
+    if args.tune and args.tuned:
+        raise ConfigError("compare: --tune chooses settings and --tuned uses them: give one")
+    arms = (
+        tuning_arms(strategies, parse_tune(args.tune))
+        if args.tune
+        else tuned_arms(strategies, Path(args.tuned))
+        if args.tuned
+        else None
+    )
     # SIGTERM takes the path of Ctrl-C: the runs are marked interrupted, the workers are passed
     # SIGTERM and stop at a step boundary (a run in this process installs its own handler).
     previous = signal.signal(signal.SIGTERM, _interrupt)
@@ -154,9 +186,13 @@ def run(args: argparse.Namespace) -> int:
                 resume=args.resume,
                 progress=progress,
                 jobs=args.jobs,
+                arms=arms,
             )
     finally:
         signal.signal(signal.SIGTERM, previous)
+    tuning = write_tuning(out, read_state(out))
+    for line in tuning_lines(tuning) if tuning else ():
+        console.print(f"tuned on validation: {line}", highlight=False)
     console.print(f"[bold]report[/]: {report}")
     return 0
 
@@ -228,10 +264,13 @@ def plan_runs(
     seeds: int,
     out: Path,
     overrides: Sequence[str],
+    arms: Sequence[Arm] | None = None,
 ) -> list[PlannedRun]:
     """Load and validate every run's config and strategy parameters before anything runs.
 
     Seed-major order, so an interrupted compare has whole seeds (every strategy) done first.
+    ``arms``: the compare's columns when they are not plain strategies (``compare.tuning``):
+    each run is named by its arm's label and gets the arm's overrides after the compare's.
     """
     from mutualrl.config import load_config
     from mutualrl.run.inputs import check_inputs
@@ -251,7 +290,8 @@ def plan_runs(
         overrides = [*overrides, f"warmup.cache_dir={_toml_str(str(out / WARMSTART_DIR))}"]
     runs = []
     for seed in range(seeds):
-        for strategy in strategies:
+        for arm in arms or plain_arms(strategies):
+            strategy = arm.label
             run_dir = out / "runs" / run_name(strategy, seed)
             if run_dir.parent != out / "runs" or not strictly_inside(run_dir, out / "runs"):
                 raise ConfigError(
@@ -262,8 +302,9 @@ def plan_runs(
                 config_path,
                 [
                     *overrides,
+                    *arm.overrides,
                     f"seed={seed}",
-                    f"strategy={_toml_str(strategy)}",
+                    f"strategy={_toml_str(arm.strategy)}",
                     f"output_dir={_toml_str(str(run_dir))}",
                 ],
             )
@@ -299,13 +340,15 @@ def write_state(out: Path, state: dict[str, Any]) -> None:
     os.replace(tmp, out / STATE_FILE)  # atomic: an interrupt never leaves half a state file
 
 
-def _new_state(config_path, strategies, seeds, overrides, runs) -> dict[str, Any]:
+def _new_state(config_path, strategies, seeds, overrides, runs, arms=None) -> dict[str, Any]:
+    recorded = arms_state(arms) if arms else None
     return {
         "version": STATE_VERSION,
         "config_path": str(config_path),
         "overrides": list(overrides),
         "config_digest": config_digest(config_path, overrides),
-        "strategies": list(strategies),
+        "strategies": [a.label for a in arms] if arms else list(strategies),
+        **({"arms": recorded} if recorded else {}),
         "seeds": seeds,
         "commit": git_commit(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -329,9 +372,9 @@ def open_state(out: Path, fresh: dict[str, Any], resume: bool) -> dict[str, Any]
     if not existing.exists():
         return fresh  # nothing to resume: start it
     old = read_state(out)
-    diff = [k for k in _RESUME_KEYS if old.get(k) != fresh[k]]
+    diff = [k for k in _RESUME_KEYS if old.get(k) != fresh.get(k)]
     if diff:
-        detail = "; ".join(f"{k}: recorded {old.get(k)!r}, now {fresh[k]!r}" for k in diff)
+        detail = "; ".join(f"{k}: recorded {old.get(k)!r}, now {fresh.get(k)!r}" for k in diff)
         raise ConfigError(f"--resume: {out} holds a different compare ({detail})")
     old["commit"] = fresh["commit"]
     return old
@@ -419,26 +462,29 @@ def compare(
     progress: CompareProgress | None = None,
     train_fn: Callable | None = None,
     jobs: int = 1,
+    arms: Sequence[Arm] | None = None,
 ) -> Path:
     """Run every strategy x seed (skipping finished ones on ``resume``) and write the report.
 
     Returns the path of ``report.md``. Everything is validated before the first run starts.
     ``train_fn(cfg, progress) -> RunSummary`` defaults to ``mutualrl.run.train`` (with
     ``jobs`` > 1 it must be picklable: a module-level function). ``jobs``: runs at a time, in
-    worker processes.
+    worker processes. ``arms``: columns other than the plain strategies (``compare.tuning``).
     """
     from mutualrl.report import write_report
 
     if jobs < 1:
         raise ConfigError(f"--jobs must be >= 1, got {jobs}")
     out = Path(output_dir)
-    runs = plan_runs(config_path, strategies, seeds, out, overrides)
+    runs = plan_runs(config_path, strategies, seeds, out, overrides, arms)
     runs = _with_packaged_models(runs)  # converted once, here, before any run's process
     with claim(out, what="compare"):  # one compare writes a folder at a time
         state = _run_all(
             out,
             runs,
-            open_state(out, _new_state(config_path, strategies, seeds, overrides, runs), resume),
+            open_state(
+                out, _new_state(config_path, strategies, seeds, overrides, runs, arms), resume
+            ),
             progress,
             train_fn,
             jobs,

@@ -133,7 +133,7 @@ def is_weight_var(run: RunData, policy: str) -> float | None:
     keys = sorted(
         (
             k
-            for k in run.policy_keys(policy, f"{run.strategy}/")
+            for k in run.policy_keys(policy, f"{run.config.get('strategy', run.strategy)}/")
             if k.endswith(("ratio_var", "weight_var"))
         ),
         key=lambda k: (not k.endswith("weight_var"), k),

@@ -206,6 +206,19 @@ def _other_commits(state: dict[str, Any], current: str) -> str:
     return f" (some runs at {', '.join(f'`{c[:12]}`' for c in others)}: see Runs)" if others else ""
 
 
+def _arm_lines(state: dict[str, Any]) -> list[str]:
+    """A tuning or tuned compare's columns: each one's own overrides (``compare.tuning``)."""
+    arms = state.get("arms")
+    if not arms:
+        return []
+    cells = [
+        f"- `{label}`: `{a['strategy']}` with "
+        + (", ".join(f"`{o}`" for o in a["overrides"]) or "the shared settings")
+        for label, a in arms.items()
+    ]
+    return ["Each column's own settings (on top of the overrides above):", "", *cells, ""]
+
+
 def render_markdown(
     data: dict[str, Any],
     state: dict[str, Any],
@@ -222,6 +235,7 @@ def render_markdown(
         f"code at commit `{data['commit']}`{_other_commits(state, data['commit'])}. "
         f"{len(runs)} of {len(state['runs'])} runs finished.",
         "",
+        *_arm_lines(state),
         *eval_set_lines(data["analysis"]),
         "## How to read this",
         "",
