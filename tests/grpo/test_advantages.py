@@ -179,10 +179,12 @@ def test_advantages_keep_the_reward_dtype():
     assert adv.dtype == torch.float32
 
 
-def test_unknown_scale_and_estimator_raise():
-    with pytest.raises(ValueError, match="scale"):
+def test_unknown_scale_and_estimator_raise_naming_the_known_ones():
+    from mutualrl.registry import RegistryError
+
+    with pytest.raises(RegistryError, match="reward scaling 'median'.*batch, group, none|group"):
         normalize(t(1.0), t(0.0), t(1.0), "median")
-    with pytest.raises(ValueError, match="estimator"):
+    with pytest.raises(RegistryError, match="advantage estimator 'quantile'"):
         group_advantages(t(0, 1), g(0, 0), 1, estimator="quantile")
 
 
@@ -191,3 +193,38 @@ def test_ranks_and_rank_advantages_of_no_values_are_empty():
     assert within_group_ranks(empty, index, 0).shape == (0,)
     adv = group_advantages(empty, index, 0, estimator="rank")
     assert adv.advantages.shape == (0,) and adv.zero_std.shape == (0,)
+
+
+def test_a_registered_scaling_and_estimator_reach_group_advantages():
+    """The algorithm's parts are open: a plug-in's scaling (here: divide by the group's range)
+    and estimator (here: rewards squared) are looked up by name, as the built-ins are."""
+    from mutualrl.grpo import ADVANTAGE_ESTIMATORS, REWARD_SCALINGS
+
+    def by_range(values, std, advantage_std):
+        return torch.full_like(values, 2.0, dtype=torch.float64)
+
+    REWARD_SCALINGS.register("test-range", by_range)
+    ADVANTAGE_ESTIMATORS.register("test-square", lambda r, g, k: r**2)
+    try:
+        rewards, groups = torch.tensor([0.0, 1.0, 2.0, 3.0]), torch.tensor([0, 0, 0, 0])
+        got = group_advantages(rewards, groups, 1, scale="test-range", estimator="test-square")
+        assert got.advantages.tolist() == [(v - 3.5) / 2 for v in (0.0, 1.0, 4.0, 9.0)]
+    finally:
+        del REWARD_SCALINGS._items["test-range"], ADVANTAGE_ESTIMATORS._items["test-square"]
+
+
+@pytest.mark.parametrize(
+    "field, value, says",
+    [
+        ("scale_rewards", "groups", "grpo.scale_rewards: unknown reward scaling 'groups'"),
+        ("advantage_estimator", "ranks", "grpo.advantage_estimator: unknown advantage estimator"),
+    ],
+)
+def test_an_unknown_scaling_or_estimator_is_one_line_naming_the_field(field, value, says):
+    from mutualrl.config import ConfigError, load_config
+    from mutualrl.run.inputs import check_inputs
+
+    cfg = load_config("tiny", [f'grpo.{field}="{value}"'])
+    with pytest.raises(ConfigError) as caught:
+        check_inputs(cfg)
+    assert str(caught.value).startswith(says) and "\n" not in str(caught.value)

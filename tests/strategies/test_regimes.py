@@ -43,7 +43,7 @@ def test_capability_advantages_weigh_rewards_by_capability_and_guard_the_baselin
     groups = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2])
     omega = torch.tensor([1, 1, 0.5, 0.5, 1, 1, 10, 10, 1, 1, 10], dtype=torch.float64)
     own = torch.tensor([1, 1, 0, 0, 1, 1, 0, 0, 1, 1, 0], dtype=torch.bool)
-    adv, base, zero, guarded = capability_advantages(rewards, groups, 3, omega, own, "group")
+    adv, base, zero, guarded = capability_advantages(rewards, groups, 3, omega, own, GRPOConfig())
     torch.testing.assert_close(base, torch.tensor([0.375, 0.5, 1.0], dtype=torch.float64))
     assert guarded.tolist() == [False, True, False]
     std1 = math.sqrt(3 / 16)  # [1, 0, 1, 1]: mean .75
@@ -65,10 +65,12 @@ def test_capability_advantages_take_the_sample_std_when_asked():
     # [1, 0, 1, 0], omega 1: baseline .5; sample std sqrt(1/3) (population: .5)
     rewards, groups = torch.tensor([1.0, 0.0, 1.0, 0.0]), torch.zeros(4, dtype=torch.long)
     ones, own = torch.ones(4, dtype=torch.float64), torch.ones(4, dtype=torch.bool)
-    adv, *_ = capability_advantages(rewards, groups, 1, ones, own, "group", "sample")
+    adv, *_ = capability_advantages(
+        rewards, groups, 1, ones, own, GRPOConfig(advantage_std="sample")
+    )
     s = math.sqrt(1 / 3)
     np.testing.assert_allclose(adv.numpy(), [0.5 / (s + EPS), -0.5 / (s + EPS)] * 2, rtol=1e-6)
-    pop, *_ = capability_advantages(rewards, groups, 1, ones, own, "group")
+    pop, *_ = capability_advantages(rewards, groups, 1, ones, own, GRPOConfig())
     np.testing.assert_allclose(pop.numpy(), [0.5 / (0.5 + EPS), -0.5 / (0.5 + EPS)] * 2, rtol=1e-6)
 
 

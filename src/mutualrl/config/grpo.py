@@ -24,8 +24,11 @@ class GRPOConfig(ConfigStruct, frozen=True):
         None  # upper clip 1 + epsilon_high (DAPO's clip-higher); None: epsilon
     )
     loss_type: Literal["grpo", "dr_grpo", "dapo"] = "grpo"  # how token losses are averaged (TRL)
-    scale_rewards: Literal["group", "batch", "none"] = "group"  # "none" = mean-only (Dr. GRPO)
-    advantage_estimator: Literal["zscore", "rank"] = "zscore"  # rank: within-group ranks first
+    # Names in grpo.REWARD_SCALINGS / grpo.ADVANTAGE_ESTIMATORS (open to plug-ins; checked before
+    # a run starts): "group", "batch" or "none" (mean-only, Dr. GRPO); "zscore" or "rank"
+    # (within-group ranks first).
+    scale_rewards: str = "group"
+    advantage_estimator: str = "zscore"
     # The std of the z-score: "population" divides by n (the GRPO references; every figure in the
     # README was measured with it), "sample" by n - 1 (Bessel's correction), as TRL's GRPOTrainer.
     advantage_std: Literal["population", "sample"] = (

@@ -1,6 +1,8 @@
 """The common GRPO core: pure tensor functions shared by every strategy."""
 
 from mutualrl.grpo.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    REWARD_SCALINGS,
     STD_DDOF,
     Advantages,
     GroupMoments,
@@ -35,6 +37,8 @@ from mutualrl.grpo.normalise import (
 )
 
 __all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "REWARD_SCALINGS",
     "NORMALISERS",
     "STD_DDOF",
     "Advantages",

@@ -7,16 +7,31 @@ of ``STD_DDOF``): "population" (divide by n; the default, as the GRPO references
 rewards [0, 1, 1, 0] give advantages [-1, 1, 1, -1]; "sample" (divide by n - 1, Bessel's
 correction, as TRL's ``GRPOTrainer`` does): they give [-0.866, 0.866, 0.866, -0.866]. Either way
 the advantage is ``(r - mean) / (std + 1e-4)``, the epsilon added to the std as TRL adds it.
+
+The two choices a researcher varies are registries (``registry.Registry``), open to plug-ins
+through entry points, each entry a small pure function:
+
+* ``ADVANTAGE_ESTIMATORS`` (``grpo.advantage_estimator``): what the baseline is taken over, the
+  rewards as they are (``zscore``) or their within-group ranks (``rank``):
+  ``(rewards (N,), group_index (N,), num_groups) -> values (N,)``;
+* ``REWARD_SCALINGS`` (``grpo.scale_rewards``): what the centred values are divided by, the group
+  std (``group``), the std over the batch (``batch``) or nothing (``none``, Dr. GRPO):
+  ``(values (N,), group_std (N,), advantage_std) -> divisor (N,) or ()``.
+
+Third-party packages add theirs through the ``mutualrl.advantage_estimators`` and
+``mutualrl.reward_scalings`` entry point groups; the run checks the names before it starts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
 import torch
 from torch import Tensor
+
+from mutualrl.registry import Registry
 
 EPS = 1e-4  # as TRL: keeps a near-constant group from exploding; exact zero std is masked anyway
 
@@ -107,23 +122,49 @@ def _batch_std(values: Tensor, advantage_std: str) -> Tensor:
     return values.to(torch.float64).std(correction=std_ddof(advantage_std))
 
 
+Scaling = Callable[[Tensor, Tensor, str], Tensor]
+REWARD_SCALINGS: Registry[Scaling] = Registry(
+    "reward scaling", entry_point_group="mutualrl.reward_scalings"
+)
+
+
+@REWARD_SCALINGS.register("group")
+def _by_group_std(values: Tensor, std: Tensor, advantage_std: str) -> Tensor:
+    return std + EPS
+
+
+@REWARD_SCALINGS.register("batch")
+def _by_batch_std(values: Tensor, std: Tensor, advantage_std: str) -> Tensor:
+    return _batch_std(values, advantage_std) + EPS
+
+
+@REWARD_SCALINGS.register("none")
+def _unscaled(values: Tensor, std: Tensor, advantage_std: str) -> Tensor:
+    return torch.ones((), dtype=torch.float64)  # x / 1.0 is x exactly
+
+
 def normalize(
     values: Tensor, mean: Tensor, std: Tensor, scale: str, advantage_std: str = "population"
 ) -> Tensor:
-    """Advantages from per-sample baselines: (N,), (N,), (N,) -> (N,).
-
-    scale: "group" divides by the group std (``std``, already of the ``advantage_std`` kind),
-    "batch" by the ``advantage_std`` std over all N values, "none" subtracts the mean only
-    (Dr. GRPO: no std division, which removes the difficulty bias).
-    """
+    """Advantages from per-sample baselines: (N,), (N,), (N,) -> (N,): the centred values over
+    the divisor ``REWARD_SCALINGS[scale]`` gives (``std``: the group std, already of the
+    ``advantage_std`` kind)."""
     centered = values.to(torch.float64) - mean
-    if scale == "group":
-        return (centered / (std + EPS)).to(values.dtype)
-    if scale == "batch":
-        return (centered / (_batch_std(values, advantage_std) + EPS)).to(values.dtype)
-    if scale == "none":
-        return centered.to(values.dtype)
-    raise ValueError(f"scale must be 'group', 'batch' or 'none', got {scale!r}")
+    return (centered / REWARD_SCALINGS.get(scale)(values, std, advantage_std)).to(values.dtype)
+
+
+Estimator = Callable[[Tensor, Tensor, int], Tensor]
+ADVANTAGE_ESTIMATORS: Registry[Estimator] = Registry(
+    "advantage estimator", entry_point_group="mutualrl.advantage_estimators"
+)
+
+
+@ADVANTAGE_ESTIMATORS.register("zscore")
+def _rewards_as_they_are(rewards: Tensor, group_index: Tensor, num_groups: int) -> Tensor:
+    return rewards
+
+
+ADVANTAGE_ESTIMATORS.register("rank", within_group_ranks)
 
 
 @dataclass(frozen=True)
@@ -144,16 +185,11 @@ def group_advantages(
 ) -> Advantages:
     """GRPO advantages per prompt group. rewards (N,), group_index (N,) -> Advantages.
 
-    estimator "zscore" uses rewards as they are; "rank" replaces them by within-group ranks
-    first. ``scale`` then chooses z-score ("group"/"batch") or mean-only ("none"), with the
+    ``estimator`` (``ADVANTAGE_ESTIMATORS``) gives the values the baseline is taken over;
+    ``scale`` (``REWARD_SCALINGS``) what they are divided by once centred, with the
     ``advantage_std`` standard deviation ("population" or "sample": ``STD_DDOF``).
     """
-    if estimator == "rank":
-        values = within_group_ranks(rewards, group_index, num_groups)
-    elif estimator == "zscore":
-        values = rewards
-    else:
-        raise ValueError(f"estimator must be 'zscore' or 'rank', got {estimator!r}")
+    values = ADVANTAGE_ESTIMATORS.get(estimator)(rewards, group_index, num_groups)
     m = group_moments(values, group_index, num_groups, advantage_std)
     adv = normalize(values, m.mean[group_index], m.std[group_index], scale, advantage_std)
     zero = m.std[group_index] == 0

@@ -12,6 +12,7 @@ import torch
 
 from mutualrl.allocation import EXECUTORS
 from mutualrl.config import ConfigError, RunConfig
+from mutualrl.grpo import ADVANTAGE_ESTIMATORS, REWARD_SCALINGS
 from mutualrl.policies.generation import check_backends, check_engine_processes
 from mutualrl.policies.models import ARCHITECTURES
 from mutualrl.registry import Registry, RegistryError
@@ -30,6 +31,8 @@ def check_inputs(cfg: RunConfig, machine: bool = True) -> None:
     if machine:
         check_device(cfg.device)
     registered(TASKS, cfg.task.name, "task.name")
+    registered(REWARD_SCALINGS, cfg.grpo.scale_rewards, "grpo.scale_rewards")
+    registered(ADVANTAGE_ESTIMATORS, cfg.grpo.advantage_estimator, "grpo.advantage_estimator")
     registered(EXECUTORS, cfg.allocation.executor, "allocation.executor")
     for p in cfg.policies:
         if p.checkpoint is None:  # a checkpoint's own config.json names its architecture

@@ -45,8 +45,8 @@ from mutualrl.strategies.common import (
     peer_rollouts,
     receive_peers,
     sequences_from_samples,
+    truncated_ratio,
 )
-from mutualrl.strategies.prp import truncated_ratio
 
 
 class CoDistillParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

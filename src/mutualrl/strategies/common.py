@@ -1,7 +1,9 @@
 """The strategy kit: building blocks every strategy shares, each written once.
 
-* advantages: ``grpo_advantages``, the run's GRPO settings applied to any group (every strategy's
-  z-score goes through it or through ``grpo.group_moments`` with ``grpo.advantage_std``);
+* advantages: ``grpo_advantages``, the run's GRPO settings applied to any group, and
+  ``baseline_advantages``, the same scaling against baselines a strategy computes itself (pooled
+  over policies, capability-weighted): every strategy's advantages go through one of the two;
+* importance weights: ``truncated_ratio``, a sequence's capped ratio to the policy it came from;
 * own experience:  ``own_advantages``, ``sequences_from_samples``, ``own_sequences``;
 * which rows train: ``kept_rows``, the one place ``grpo.skip_zero_std_groups`` is applied;
 * peer experience: ``peer_rollouts``, ``select_peers``, ``adapt_to_receiver`` (THL) and
@@ -22,7 +24,7 @@ import torch
 
 from mutualrl.config import GRPOConfig
 from mutualrl.exchange import Delivery
-from mutualrl.grpo import Advantages, group_advantages
+from mutualrl.grpo import Advantages, group_advantages, normalize
 from mutualrl.policies.batch import SFTExample, TrainBatch, TrainSequence
 from mutualrl.policies.policy import Sample
 from mutualrl.retokenize import RetokenizedTrajectory
@@ -47,6 +49,22 @@ def grpo_advantages(
         estimator=grpo.advantage_estimator,
         advantage_std=grpo.advantage_std,
     )
+
+
+def baseline_advantages(
+    values: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, grpo: GRPOConfig
+) -> torch.Tensor:
+    """Advantages of values (N,) against baselines given per sample: mean (N,), and the std (N,)
+    a ``group`` scaling divides by; the run's ``scale_rewards`` and ``advantage_std``, as
+    ``grpo_advantages`` applies them to a policy's own groups."""
+    return normalize(values, mean, std, grpo.scale_rewards, grpo.advantage_std)
+
+
+def truncated_ratio(
+    logp_receiver: torch.Tensor, logp_peer: torch.Tensor, cap: float
+) -> torch.Tensor:
+    """Sequence-level importance weights (B,), (B,) -> (B,): min(exp(recv - peer), cap)."""
+    return torch.exp(logp_receiver - logp_peer).clamp(max=cap)
 
 
 def own_advantages(samples: list[Sample], grpo: GRPOConfig) -> tuple[torch.Tensor, torch.Tensor]:

@@ -45,10 +45,11 @@ from typing import Literal
 import msgspec
 import torch
 
-from mutualrl.grpo import group_moments, normalize
+from mutualrl.config import GRPOConfig
+from mutualrl.grpo import group_moments
 from mutualrl.policies.batch import TrainBatch
 from mutualrl.strategies.base import StrategyContext, register_strategy
-from mutualrl.strategies.common import MixedGroup, mixed_group
+from mutualrl.strategies.common import MixedGroup, baseline_advantages, mixed_group
 
 CAPABILITY_FLOOR = 1e-8
 
@@ -91,19 +92,18 @@ def capability_advantages(
     num_groups: int,
     omega: torch.Tensor,
     own: torch.Tensor,
-    scale: str,
-    advantage_std: str = "population",
+    grpo: GRPOConfig,
 ):
     """Capability-aware advantages: rewards, groups, omega (N,), own (N,) bool ->
     advantages, baselines, zero-std flags, guarded flags.
 
-    ``omega`` is ``P_receiver / P_source`` per sample (1 for own samples); ``scale`` and
-    ``advantage_std`` are the run's ``grpo.scale_rewards`` and ``grpo.advantage_std``. Returns (N,)
-    advantages,
-    (K,) baselines, (N,) zero-std flags and (K,) flags of groups whose baseline fell back.
+    ``omega`` is ``P_receiver / P_source`` per sample (1 for own samples); ``grpo``'s
+    ``scale_rewards`` and ``advantage_std`` scale them (``common.baseline_advantages``).
+    Returns (N,) advantages, (K,) baselines, (N,) zero-std flags and (K,) flags of groups whose
+    baseline fell back.
     """
     r = rewards.to(torch.float64)
-    m = group_moments(r, groups, num_groups, advantage_std)
+    m = group_moments(r, groups, num_groups, grpo.advantage_std)
     weighted = torch.zeros(num_groups, dtype=torch.float64).index_add_(
         0, groups, r * omega.to(torch.float64)
     )
@@ -117,7 +117,7 @@ def capability_advantages(
     base = torch.where(guarded, own_mean, base)
     base = torch.where(uniform, m.mean, base)
     zero = uniform[groups]
-    adv = normalize(r, base[groups], m.std[groups], scale, advantage_std)
+    adv = baseline_advantages(r, base[groups], m.std[groups], grpo)
     adv = torch.where(zero, torch.zeros_like(adv), adv)
     return adv.to(rewards.dtype), base, zero, guarded
 
@@ -185,8 +185,7 @@ class HACPO:
             mixed.num_groups,
             omega,
             is_own,
-            ctx.grpo.scale_rewards,
-            ctx.grpo.advantage_std,
+            ctx.grpo,
         )
         self._log_capabilities(ctx, receiver, guarded)
         own_seqs = mixed.own_sequences(adv, zero, ctx.grpo)

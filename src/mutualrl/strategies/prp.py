@@ -26,7 +26,13 @@ import torch
 
 from mutualrl.policies.batch import TrainBatch, TrainSequence
 from mutualrl.strategies.base import StrategyContext, register_strategy
-from mutualrl.strategies.common import ReceivedPeers, batch_of, grpo_advantages, mixed_group
+from mutualrl.strategies.common import (
+    ReceivedPeers,
+    batch_of,
+    grpo_advantages,
+    mixed_group,
+    truncated_ratio,
+)
 
 
 class PRPParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -42,13 +48,6 @@ class PRPParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
             raise ValueError("ratio_cap must be > 0")
         if self.max_peer_per_group is not None and self.max_peer_per_group < 0:
             raise ValueError("max_peer_per_group must be >= 0")
-
-
-def truncated_ratio(
-    logp_receiver: torch.Tensor, logp_peer: torch.Tensor, cap: float
-) -> torch.Tensor:
-    """Sequence-level importance weights (B,), (B,) -> (B,): min(exp(recv - peer), cap)."""
-    return torch.exp(logp_receiver - logp_peer).clamp(max=cap)
 
 
 def drop_inert_peers(

@@ -15,10 +15,15 @@ import msgspec
 import torch
 
 from mutualrl.exchange import GroupStats, merge
-from mutualrl.grpo import group_moments, normalize, std_from_m2, within_group_ranks
+from mutualrl.grpo import group_moments, std_from_m2, within_group_ranks
 from mutualrl.policies.batch import TrainBatch
 from mutualrl.strategies.base import StrategyContext, register_strategy
-from mutualrl.strategies.common import batch_of, group_count, sequences_from_samples
+from mutualrl.strategies.common import (
+    baseline_advantages,
+    batch_of,
+    group_count,
+    sequences_from_samples,
+)
 
 
 class XGRPOParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -88,7 +93,7 @@ class CrossPolicyAdvantages:
                 ],
                 dtype=torch.float64,
             )
-            adv = normalize(rewards, mean, std, ctx.grpo.scale_rewards, kind)
+            adv = baseline_advantages(rewards, mean, std, ctx.grpo)
         else:
             adv, std = self._rank(ctx, pids, rewards)
         zero = std == 0
@@ -118,9 +123,7 @@ class CrossPolicyAdvantages:
             [ranks[(groups == index[p]) & (values == r)][0] for p, r in zip(pids, rewards.tolist())]
         )
         g = torch.tensor([index[p] for p in pids])
-        return normalize(
-            own_rank, m.mean[g], m.std[g], ctx.grpo.scale_rewards, ctx.grpo.advantage_std
-        ), m.std[g]
+        return baseline_advantages(own_rank, m.mean[g], m.std[g], ctx.grpo), m.std[g]
 
     def after_update(self, ctx: StrategyContext, receiver: str) -> None:
         return None
