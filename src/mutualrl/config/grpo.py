@@ -27,8 +27,8 @@ class GRPOConfig(ConfigStruct, frozen=True):
     # Names in grpo.REWARD_SCALINGS / grpo.ADVANTAGE_ESTIMATORS (open to plug-ins; checked before
     # a run starts): "group", "batch" or "none" (mean-only, Dr. GRPO); "zscore" or "rank"
     # (within-group ranks first).
-    scale_rewards: str = "group"
-    advantage_estimator: str = "zscore"
+    scale_rewards: str = "group"  # a grpo.REWARD_SCALINGS name: "group", "batch", "none"
+    advantage_estimator: str = "zscore"  # a grpo.ADVANTAGE_ESTIMATORS name: "zscore", "rank"
     # The std of the z-score: "population" divides by n (the GRPO references; every figure in the
     # README was measured with it), "sample" by n - 1 (Bessel's correction), as TRL's GRPOTrainer.
     advantage_std: Literal["population", "sample"] = (
