@@ -179,12 +179,12 @@ def test_train_and_plan_refuse_a_hostile_folder_in_one_line_before_writing(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "run.toml"]
 
 
-def test_a_load_under_another_naming_refuses_tensors_its_config_builds_and_the_file_lacks(
+def test_a_folder_under_another_naming_refuses_tensors_its_config_builds_and_the_file_lacks(
     tmp_path,
 ):
-    """GPT-NeoX saves its head as ``embed_out`` (transformers maps it on load), so the header
-    check leaves it to the load; a layer the config builds and the file lacks is refused there
-    rather than initialised at random."""
+    """GPT-NeoX saves its head as ``embed_out`` (transformers maps it on load): a layer the
+    config builds and the file lacks is refused before the run (a load onto the meta device) and
+    at the worker's load, rather than initialised at random."""
     import json
 
     from transformers import AutoModelForCausalLM, GPTNeoXConfig
@@ -201,7 +201,10 @@ def test_a_load_under_another_naming_refuses_tensors_its_config_builds_and_the_f
     assert build_model(p, None, 0) is not None  # type: ignore[arg-type]
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 2}))
-    check_checkpoints([p])  # the names differ from the model's: not judged from the header
+    with pytest.raises(ConfigError, match=r"^policies.p.checkpoint: the weights of .*neox do not "
+                       r"fit its config.json: \d+ tensor\(s\) the config builds are not in the "
+                       r"weights \(gpt_neox.layers.1."):  # fmt: skip
+        check_checkpoints([p])  # names transformers maps: judged by its load onto meta
     with pytest.raises(ConfigError, match=r"^policies.p.checkpoint: the weights of .*neox do not "
                        r"fit its config.json: \d+ tensor\(s\) the config builds are not in the "
                        r"weights \(gpt_neox.layers.1."):  # fmt: skip

@@ -23,6 +23,7 @@ import json
 import pickle
 import re
 from pathlib import Path
+from typing import cast
 
 from mutualrl.config import ConfigError, PolicyConfig
 
@@ -135,12 +136,15 @@ def expected_shapes(folder: Path) -> dict[str, tuple[int, ...]] | None:
 
 
 def check_fit(field: str, folder: Path, shapes: dict[str, tuple[int, ...]]) -> None:
-    """The weights' tensors are those ``config.json`` builds: same shapes, none missing. Checked
-    where the files name their tensors as the model does; a checkpoint under another naming
-    (GPT-NeoX's ``embed_out``, which transformers maps on load) is left to the load
-    (``models.build_model`` refuses missing tensors there)."""
+    """The weights' tensors are those ``config.json`` builds: same shapes, none missing. Where
+    the files name their tensors as the model does, judged from their headers; otherwise
+    (GPT-NeoX's ``embed_out``, which transformers maps on load) by transformers' own load onto
+    the meta device, which maps the names and reads no tensor."""
     expected = expected_shapes(folder)
-    if not expected or not set(shapes) <= set(expected):
+    if not expected:
+        return
+    if not set(shapes) <= set(expected):
+        _check_fit_by_load(field, folder)
         return
     wrong = [k for k in expected if k in shapes and shapes[k] != expected[k]]
     missing = [k for k in expected if k not in shapes]
@@ -165,3 +169,32 @@ def check_fit(field: str, folder: Path, shapes: dict[str, tuple[int, ...]]) -> N
 
 def _shape(shape: tuple[int, ...]) -> str:
     return " x ".join(map(str, shape)) or "scalar"
+
+
+def _check_fit_by_load(field: str, folder: Path) -> None:
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its load report would repeat, as a table, what we say
+    hf_logging.disable_progress_bar()
+    try:
+        loaded = AutoModelForCausalLM.from_pretrained(
+            folder, device_map="meta", output_loading_info=True
+        )
+        info = cast(dict, loaded[1])  # type: ignore[index]
+    except Exception as exc:  # noqa: BLE001 - a size mismatch, or a load transformers refuses
+        raise ConfigError(
+            f"{field}: the weights of {folder} do not fit its config.json ({_first_line(exc)}); "
+            "expected the config.json saved with these weights"
+        ) from None
+    finally:
+        hf_logging.set_verbosity(level)
+        hf_logging.enable_progress_bar()
+    missing = sorted(info["missing_keys"])
+    if missing:
+        raise ConfigError(
+            f"{field}: the weights of {folder} do not fit its config.json: {len(missing)} "
+            f"tensor(s) the config builds are not in the weights ({missing[0]}, ...); expected "
+            "the config.json saved with these weights"
+        )
