@@ -20,10 +20,7 @@ exists; anything else is cleared and redone. The report is built only from what 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import signal
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,9 +28,15 @@ from typing import Any
 
 from mutualrl.compare.parallel import run_parallel
 from mutualrl.compare.progress import CompareProgress, _NestedRunProgress
+from mutualrl.compare.state import (
+    _new_state,
+    open_state,
+    read_state,
+    write_state,
+)
 from mutualrl.compare.tuning import (
     Arm,
-    arms_state,
+    add_tuning_arguments,
     parse_tune,
     plain_arms,
     tuned_arms,
@@ -42,14 +45,11 @@ from mutualrl.compare.tuning import (
     write_tuning,
 )
 from mutualrl.config import ConfigError
-from mutualrl.provenance import git_commit
 from mutualrl.report.analysis import starting_point_line
 from mutualrl.run.folder import claim
 from mutualrl.storage import remove_tree, strictly_inside
 
-STATE_FILE = "compare.json"
 WARMSTART_DIR = "warmstart"
-STATE_VERSION = 1
 DEFAULT_CONFIG = "default"  # the packaged config (config.packaged): any folder
 # What `--scenario` adds to every run (before --set/--steps, which win): a schedule meant to fit
 # one scenario of the embedded default at 3 seeds with every registered strategy in about 20
@@ -64,8 +64,6 @@ SCENARIO_BUDGET = (
     "eval.k=4",
     "torch_threads=1",
 )
-# What must match for --resume to continue a compare rather than start a different one.
-_RESUME_KEYS = ("strategies", "seeds", "config_path", "overrides", "config_digest", "arms")
 
 
 # ---- command line -----------------------------------------------------------------------------
@@ -106,19 +104,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="dotted override applied to every run, e.g. --set grpo.beta=0.01",
     )
     parser.add_argument("--steps", type=int, help="GRPO steps per run (overrides steps)")
-    parser.add_argument(
-        "--tune",
-        action="append",
-        default=[],
-        metavar="KEY=V1,V2,...",
-        help="run every strategy at each value, on the validation split, and write the best "
-        "per strategy to tuning.json (repeatable: several keys are zipped)",
-    )
-    parser.add_argument(
-        "--tuned",
-        metavar="DIR",
-        help="run each strategy at the setting DIR/tuning.json chose for it (a --tune compare)",
-    )
+    add_tuning_arguments(parser)
     parser.add_argument(
         "--resume",
         action="store_true",
@@ -314,70 +300,6 @@ def plan_runs(
                 check_inputs(cfg)  # registry names, the device, backend packages
             runs.append(PlannedRun(strategy, seed, cfg))
     return runs
-
-
-def config_digest(config_path: str | Path, overrides: Sequence[str]) -> str:
-    """Hash of the resolved config (not the file's bytes: comments may change, values may not)."""
-    import hashlib
-
-    from mutualrl.config import load_config, to_dict
-
-    data = to_dict(load_config(config_path, [*overrides, "seed=0", 'output_dir=""']))
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
-
-
-# ---- the compare's own state --------------------------------------------------------------------
-def read_state(out: Path) -> dict[str, Any]:
-    path = out / STATE_FILE
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: no compare here (run `mutualrl compare` first)")
-    return json.loads(path.read_text())
-
-
-def write_state(out: Path, state: dict[str, Any]) -> None:
-    tmp = out / (STATE_FILE + ".tmp")
-    tmp.write_text(json.dumps(state, indent=2))
-    os.replace(tmp, out / STATE_FILE)  # atomic: an interrupt never leaves half a state file
-
-
-def _new_state(config_path, strategies, seeds, overrides, runs, arms=None) -> dict[str, Any]:
-    recorded = arms_state(arms) if arms else None
-    return {
-        "version": STATE_VERSION,
-        "config_path": str(config_path),
-        "overrides": list(overrides),
-        "config_digest": config_digest(config_path, overrides),
-        "strategies": [a.label for a in arms] if arms else list(strategies),
-        **({"arms": recorded} if recorded else {}),
-        "seeds": seeds,
-        "commit": git_commit(),
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "runs": {
-            r.name: {"strategy": r.strategy, "seed": r.seed, "status": "pending"} for r in runs
-        },
-    }
-
-
-def open_state(out: Path, fresh: dict[str, Any], resume: bool) -> dict[str, Any]:
-    """The state to continue from: the fresh one, or (``--resume``) the recorded one if it
-    matches."""
-    existing = out / STATE_FILE
-    if not resume:
-        if existing.exists() or (out / "runs").exists():
-            raise ConfigError(
-                f"{out} already holds a compare; pass --resume to continue it, "
-                "or choose another --output-dir"
-            )
-        return fresh
-    if not existing.exists():
-        return fresh  # nothing to resume: start it
-    old = read_state(out)
-    diff = [k for k in _RESUME_KEYS if old.get(k) != fresh.get(k)]
-    if diff:
-        detail = "; ".join(f"{k}: recorded {old.get(k)!r}, now {fresh.get(k)!r}" for k in diff)
-        raise ConfigError(f"--resume: {out} holds a different compare ({detail})")
-    old["commit"] = fresh["commit"]
-    return old
 
 
 # ---- the compare ------------------------------------------------------------------------------

@@ -38,6 +38,23 @@ class Arm:
     overrides: tuple[str, ...] = field(default=())
 
 
+def add_tuning_arguments(parser) -> None:
+    """``--tune`` and ``--tuned`` on the compare's command line."""
+    parser.add_argument(
+        "--tune",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2,...",
+        help="run every strategy at each value, on the validation split, and write the best "
+        "per strategy to tuning.json (repeatable: several keys are zipped)",
+    )
+    parser.add_argument(
+        "--tuned",
+        metavar="DIR",
+        help="run each strategy at the setting DIR/tuning.json chose for it (a --tune compare)",
+    )
+
+
 def plain_arms(strategies: Sequence[str]) -> list[Arm]:
     return [Arm(s, s) for s in strategies]
 

@@ -267,20 +267,24 @@ def render_markdown(
             "",
         ]
     lines += _section_plots(made, out, data["notes"]) + [""] + _section_runs(state, runs) + [""]
-    if data["config"] is not None:
-        lines += [
-            "## Config (seed 0)",
-            "",
-            "<details><summary>resolved config</summary>",
-            "",
-            "```json",
-            json.dumps(data["config"], indent=2),
-            "```",
-            "",
-            "</details>",
-            "",
-        ]
-    return "\n".join(lines)
+    return "\n".join(lines + _section_config(data["config"]))
+
+
+def _section_config(config: dict[str, Any] | None) -> list[str]:
+    if config is None:
+        return []
+    return [
+        "## Config (seed 0)",
+        "",
+        "<details><summary>resolved config</summary>",
+        "",
+        "```json",
+        json.dumps(config, indent=2),
+        "```",
+        "",
+        "</details>",
+        "",
+    ]
 
 
 def write_report(out: Path, state: dict[str, Any]) -> Path:
