@@ -125,8 +125,8 @@ def test_a_hostile_pickle_is_refused_and_never_runs(saved, tmp_path):
         (
             {"intermediate_size": 48},
             r"3 tensor\(s\) of another shape than config.json builds "
-            r"\(model.layers.0.mlp.gate_proj.weight: 32 x 16 in the weights, "
-            r"48 x 16 by the config\)",
+            r"\(model.layers.0.mlp.down_proj.weight: 16 x 32 in the weights, "
+            r"16 x 48 by the config\)",
         ),
         (
             {"num_hidden_layers": 2},

@@ -123,12 +123,10 @@ def build_model(p: PolicyConfig, facts: TokenizerFacts, seed: int) -> torch.nn.M
         )
         model, info = cast(tuple[torch.nn.Module, dict], loaded)
         if info["missing_keys"]:  # transformers would train them from a random start
-            missing = sorted(info["missing_keys"])
-            raise ConfigError(
-                f"policies.{p.name}.checkpoint: the weights of {p.checkpoint} do not fit its "
-                f"config.json: {len(missing)} tensor(s) the config builds are not in the "
-                f"weights ({missing[0]}, ...); expected the config.json saved with these weights"
-            )
+            from mutualrl.policies.checkpoint_files import misfit
+
+            field = f"policies.{p.name}.checkpoint"
+            raise ConfigError(misfit(field, p.checkpoint, [], info["missing_keys"]))
         return model
     config = ARCHITECTURES.get(p.architecture)(p, facts)
     with torch.random.fork_rng(devices=[]):
