@@ -158,7 +158,17 @@ def _check_task(out: Path, stdout: str) -> None:
     assert "policy/qwen-deepseek/heldout/opposite/pass@1" in stdout
 
 
+def _check_estimator(out: Path, stdout: str) -> None:
+    assert "rloo advantages: [0.667, -0.667, -0.667, 0.667, 0.333, 0.333, 0.333, -1.0]" in stdout
+    cfg = json.loads((out / "runs" / "rloo" / "config.json").read_text())
+    assert cfg["grpo"]["advantage_estimator"] == "rloo" and cfg["grpo"]["scale_rewards"] == "none"
+    rows = [json.loads(line) for line in (out / "runs" / "rloo" / "metrics.jsonl").open()]
+    assert any(r.get("phase") == "train" for r in rows)
+    assert "trained with rloo" in stdout
+
+
 PAGES = {
+    "guides/add-advantage-estimator.md": _check_estimator,
     "guides/add-strategy.md": _check_strategy,
     "guides/add-experience-type.md": _check_experience_type,
     "guides/add-task.md": _check_task,

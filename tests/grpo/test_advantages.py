@@ -218,9 +218,10 @@ def test_a_registered_scaling_and_estimator_reach_group_advantages():
     [
         ("scale_rewards", "groups", "grpo.scale_rewards: unknown reward scaling 'groups'"),
         ("advantage_estimator", "ranks", "grpo.advantage_estimator: unknown advantage estimator"),
+        ("loss_type", "ppo", "grpo.loss_type: unknown loss type 'ppo'; known: dapo, dr_grpo, grpo"),
     ],
 )
-def test_an_unknown_scaling_or_estimator_is_one_line_naming_the_field(field, value, says):
+def test_an_unknown_algorithm_part_is_one_line_naming_the_field(field, value, says):
     from mutualrl.config import ConfigError, load_config
     from mutualrl.run.inputs import check_inputs
 

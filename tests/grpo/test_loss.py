@@ -80,7 +80,7 @@ def surrogate(logp, old, adv, mask, *, ref_logp=None, sample_weight=None, share=
 
 def test_settings_reject_an_unknown_loss_type_naming_the_allowed_ones():
     with pytest.raises(
-        ValueError, match="loss_type must be 'grpo', 'dr_grpo' or 'dapo', got 'ppo'"
+        ValueError, match="loss_type: unknown loss type 'ppo'; known: dapo, dr_grpo, grpo"
     ):
         SurrogateSettings(epsilon=0.2, epsilon_high=None, loss_type="ppo", max_completion_length=4)
 

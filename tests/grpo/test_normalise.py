@@ -48,6 +48,29 @@ def test_unknown_loss_type_names_the_allowed_values():
         lambda: row_scales(torch.ones(1, 1), "sum", 1),
     ):
         with pytest.raises(
-            ValueError, match="loss_type must be 'grpo', 'dr_grpo' or 'dapo', got 'sum'"
+            ValueError, match="loss_type: unknown loss type 'sum'; known: dapo, dr_grpo, grpo"
         ):
             fn()
+
+
+def test_a_registered_loss_type_is_checked_for_both_forms_and_reaches_aggregate():
+    """A plug-in loss type (here: the plain sum) is looked up by name as the built-ins are; an
+    object without ``reduce`` and ``row_scales`` is refused when it is registered."""
+    from mutualrl.registry import RegistryError
+
+    class Sum:
+        def reduce(self, per_token, mask, max_completion_length, skipped_rows, skipped_tokens):
+            return (per_token * mask).sum()
+
+        def row_scales(self, mask, max_completion_length, skipped_rows, skipped_tokens):
+            return mask.new_ones(mask.shape[0])
+
+    NORMALISERS.register("test-sum", Sum())
+    try:
+        per_token, mask = torch.full((2, 3), 2.0), torch.ones(2, 3)
+        assert float(aggregate(per_token, mask, "test-sum", 3)) == 12.0
+        assert float(scaled_sum(per_token, mask, row_scales(mask, "test-sum", 3))) == 12.0
+    finally:
+        del NORMALISERS._items["test-sum"]
+    with pytest.raises(RegistryError, match="loss type 'bad' must be an object with reduce"):
+        NORMALISERS.register("bad", lambda per_token, mask: per_token.sum())

@@ -13,8 +13,8 @@ import torch
 
 from mutualrl.config import ConfigError, GRPOConfig, load_config
 from mutualrl.exchange import prompt_id as hash_prompt
+from mutualrl.grpo import truncated_ratio
 from mutualrl.strategies import STRATEGIES, build_strategy
-from mutualrl.strategies.common import truncated_ratio
 from mutualrl.strategies.none import Independent
 from mutualrl.strategies.prp import PeerRolloutPooling, PRPParams
 from mutualrl.strategies.sgt import SGTParams, SuccessBuffer, SuccessGatedTransfer

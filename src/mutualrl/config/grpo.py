@@ -23,10 +23,11 @@ class GRPOConfig(ConfigStruct, frozen=True):
     epsilon_high: float | None = (
         None  # upper clip 1 + epsilon_high (DAPO's clip-higher); None: epsilon
     )
-    loss_type: Literal["grpo", "dr_grpo", "dapo"] = "grpo"  # how token losses are averaged (TRL)
-    # Names in grpo.REWARD_SCALINGS / grpo.ADVANTAGE_ESTIMATORS (open to plug-ins; checked before
-    # a run starts): "group", "batch" or "none" (mean-only, Dr. GRPO); "zscore" or "rank"
-    # (within-group ranks first).
+    # Names in grpo.NORMALISERS / grpo.REWARD_SCALINGS / grpo.ADVANTAGE_ESTIMATORS (open to
+    # plug-ins; checked before a run starts): how token losses are averaged, "grpo", "dr_grpo" or
+    # "dapo" (TRL's loss_type); "group", "batch" or "none" (mean-only, Dr. GRPO); "zscore" or
+    # "rank" (within-group ranks first).
+    loss_type: str = "grpo"  # a grpo.NORMALISERS name: "grpo", "dr_grpo", "dapo" (TRL)
     scale_rewards: str = "group"  # a grpo.REWARD_SCALINGS name: "group", "batch", "none"
     advantage_estimator: str = "zscore"  # a grpo.ADVANTAGE_ESTIMATORS name: "zscore", "rank"
     # The std of the z-score: "population" divides by n (the GRPO references; every figure in the

@@ -26,6 +26,7 @@ from mutualrl.grpo.loss import (
     selective_log_softmax,
     token_logprobs,
 )
+from mutualrl.grpo.mismatch import truncated_ratio
 from mutualrl.grpo.normalise import (
     NORMALISERS,
     LossShare,
@@ -65,5 +66,6 @@ __all__ = [
     "std_from_m2",
     "token_logprobs",
     "token_mean_scale",
+    "truncated_ratio",
     "within_group_ranks",
 ]

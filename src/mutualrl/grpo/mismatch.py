@@ -5,6 +5,9 @@ from the trainer's. The GRPO ratio is taken against the trainer's own recomputed
 the policy term of the loss is weighted by ``rho = pi_trainer / pi_sampler`` so the gradient
 stays that of the trainer's policy (TRL's ``vllm_importance_sampling_*``). Shapes: B sequences,
 T completion positions; ``mask`` (B, T) marks the tokens that carry behaviour log-probs.
+
+``truncated_ratio`` is the same correction for whole sequences another policy sampled (a peer's
+rollout trained on by a receiver: ``prp``, ``codistill``), capped above.
 """
 
 from __future__ import annotations
@@ -112,3 +115,8 @@ def mismatch_stats(
         "mismatch/is_capped_frac": float(((r > high) | (r < low)).float().mean()),
         "mismatch/is_weight_mean": float(weights[sel].mean()),
     }
+
+
+def truncated_ratio(logp_receiver: Tensor, logp_peer: Tensor, cap: float) -> Tensor:
+    """Sequence-level importance weights (B,), (B,) -> (B,): min(exp(recv - peer), cap)."""
+    return torch.exp(logp_receiver - logp_peer).clamp(max=cap)

@@ -8,8 +8,9 @@ the normaliser is computed once per optimizer step as a per-row scale, and every
 contributes ``sum_t loss[i, t] * mask[i, t] * scale[i]`` over its rows. Summed over
 micro-batches (in any cut) this is the whole batch's ``aggregate`` up to float rounding.
 
-Both forms of a loss_type live on one object in ``NORMALISERS``, so adding a loss_type is one
-entry there and the two forms cannot drift apart.
+Both forms of a loss_type live on one object in the ``NORMALISERS`` registry (open to plug-ins
+through the ``mutualrl.loss_types`` entry point group, as strategies are), so adding a loss_type
+is one entry there and the two forms cannot drift apart.
 
 ``skipped_rows`` / ``skipped_tokens``: rows a strategy left out of the batch because their
 per-token loss is exactly 0 (``TrainBatch.skipped_rows``); they still count in the normaliser
@@ -18,13 +19,13 @@ per-token loss is exactly 0 (``TrainBatch.skipped_rows``); they still count in t
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Protocol
 
 import torch
 from torch import Tensor
+
+from mutualrl.registry import Registry, RegistryError
 
 
 class LossNormaliser(Protocol):
@@ -47,6 +48,20 @@ class LossNormaliser(Protocol):
         """(B, T) fp32 mask -> (B,) fp32 factor turning row ``i``'s masked token sum into its
         share of the batch loss."""
         ...
+
+
+def _has_both_forms(name: str, obj: object) -> None:
+    if not (callable(getattr(obj, "reduce", None)) and callable(getattr(obj, "row_scales", None))):
+        raise RegistryError(
+            f"loss type {name!r} must be an object with reduce() and row_scales() (a "
+            f"normalise.LossNormaliser instance), got {obj!r}"
+        )
+
+
+# loss_type -> its normaliser (``grpo.loss_type``; checked before a run starts).
+NORMALISERS: Registry[LossNormaliser] = Registry(
+    "loss type", entry_point_group="mutualrl.loss_types", check=_has_both_forms
+)
 
 
 @dataclass(frozen=True)
@@ -89,20 +104,17 @@ class TokenMean:
         return mask.new_ones(mask.shape[0]) / (mask.sum() + skipped_tokens).clamp(min=1)
 
 
-# loss_type -> its normaliser; read-only, filled here once.
-NORMALISERS: Mapping[str, LossNormaliser] = MappingProxyType(
-    {"grpo": SequenceMean(), "dr_grpo": ConstantLength(), "dapo": TokenMean()}
-)
+NORMALISERS.register("grpo", SequenceMean())
+NORMALISERS.register("dr_grpo", ConstantLength())
+NORMALISERS.register("dapo", TokenMean())
 
 
 def loss_normaliser(loss_type: str) -> LossNormaliser:
-    """The normaliser of ``loss_type``; an unknown one fails naming the allowed values."""
+    """The normaliser of ``loss_type``; an unknown one fails naming the registered values."""
     try:
-        return NORMALISERS[loss_type]
-    except KeyError:
-        *rest, last = (repr(k) for k in NORMALISERS)
-        allowed = f"{', '.join(rest)} or {last}" if rest else last
-        raise ValueError(f"loss_type must be {allowed}, got {loss_type!r}") from None
+        return NORMALISERS.get(loss_type)
+    except RegistryError as exc:
+        raise ValueError(f"loss_type: {exc}") from None
 
 
 def aggregate(

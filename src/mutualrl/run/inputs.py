@@ -12,7 +12,7 @@ import torch
 
 from mutualrl.allocation import EXECUTORS
 from mutualrl.config import ConfigError, RunConfig
-from mutualrl.grpo import ADVANTAGE_ESTIMATORS, REWARD_SCALINGS
+from mutualrl.grpo import ADVANTAGE_ESTIMATORS, NORMALISERS, REWARD_SCALINGS
 from mutualrl.policies.generation import check_backends, check_engine_processes
 from mutualrl.policies.models import ARCHITECTURES
 from mutualrl.registry import Registry, RegistryError
@@ -31,6 +31,7 @@ def check_inputs(cfg: RunConfig, machine: bool = True) -> None:
     if machine:
         check_device(cfg.device)
     registered(TASKS, cfg.task.name, "task.name")
+    registered(NORMALISERS, cfg.grpo.loss_type, "grpo.loss_type")
     registered(REWARD_SCALINGS, cfg.grpo.scale_rewards, "grpo.scale_rewards")
     registered(ADVANTAGE_ESTIMATORS, cfg.grpo.advantage_estimator, "grpo.advantage_estimator")
     registered(EXECUTORS, cfg.allocation.executor, "allocation.executor")

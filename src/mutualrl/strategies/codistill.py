@@ -34,6 +34,7 @@ import msgspec
 import torch
 
 from mutualrl.config import ConfigError
+from mutualrl.grpo import truncated_ratio
 from mutualrl.policies.batch import TrainBatch, TrainSequence
 from mutualrl.strategies.base import StrategyContext, register_strategy
 from mutualrl.strategies.common import (
@@ -45,7 +46,6 @@ from mutualrl.strategies.common import (
     peer_rollouts,
     receive_peers,
     sequences_from_samples,
-    truncated_ratio,
 )
 
 

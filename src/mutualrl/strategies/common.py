@@ -3,7 +3,6 @@
 * advantages: ``grpo_advantages``, the run's GRPO settings applied to any group, and
   ``baseline_advantages``, the same scaling against baselines a strategy computes itself (pooled
   over policies, capability-weighted): every strategy's advantages go through one of the two;
-* importance weights: ``truncated_ratio``, a sequence's capped ratio to the policy it came from;
 * own experience:  ``own_advantages``, ``sequences_from_samples``, ``own_sequences``;
 * which rows train: ``kept_rows``, the one place ``grpo.skip_zero_std_groups`` is applied;
 * peer experience: ``peer_rollouts``, ``select_peers``, ``adapt_to_receiver`` (THL) and
@@ -58,13 +57,6 @@ def baseline_advantages(
     a ``group`` scaling divides by; the run's ``scale_rewards`` and ``advantage_std``, as
     ``grpo_advantages`` applies them to a policy's own groups."""
     return normalize(values, mean, std, grpo.scale_rewards, grpo.advantage_std)
-
-
-def truncated_ratio(
-    logp_receiver: torch.Tensor, logp_peer: torch.Tensor, cap: float
-) -> torch.Tensor:
-    """Sequence-level importance weights (B,), (B,) -> (B,): min(exp(recv - peer), cap)."""
-    return torch.exp(logp_receiver - logp_peer).clamp(max=cap)
 
 
 def own_advantages(samples: list[Sample], grpo: GRPOConfig) -> tuple[torch.Tensor, torch.Tensor]:

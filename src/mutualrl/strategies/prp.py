@@ -24,6 +24,7 @@ import msgspec
 import numpy as np
 import torch
 
+from mutualrl.grpo import truncated_ratio
 from mutualrl.policies.batch import TrainBatch, TrainSequence
 from mutualrl.strategies.base import StrategyContext, register_strategy
 from mutualrl.strategies.common import (
@@ -31,7 +32,6 @@ from mutualrl.strategies.common import (
     batch_of,
     grpo_advantages,
     mixed_group,
-    truncated_ratio,
 )
 
 
