@@ -12,6 +12,7 @@ from mutualrl.config import ConfigError, load_config
 from mutualrl.provenance import source_digest
 from mutualrl.run import checkpoint, train
 from mutualrl.run.metrics import read_metrics
+from mutualrl.run.resume import config_differences
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.toml"
@@ -96,7 +97,7 @@ def test_resume_continues_and_lists_harmless_changes(tiny_run, tmp_path, fast_ru
 
 
 def test_resume_says_a_schedule_takes_the_new_number_of_steps(tmp_path):
-    from mutualrl.run.checkpoint import resume_notes
+    from mutualrl.run.resume import resume_notes
 
     cfg = tiny(tmp_path / "run", "steps=8", 'training.lr_scheduler_type="linear"')
     [note] = resume_notes(["steps"], cfg)
@@ -125,7 +126,7 @@ def test_config_differences_split_harmless_from_refused():
         "grpo": {"beta": 0.0},
         "policies": [{"name": "a", "hidden_size": 32}],
     }
-    assert checkpoint.config_differences(old, new) == (
+    assert config_differences(old, new) == (
         ["policies.0.hidden_size"],
         ["eval.every", "steps"],
     )

@@ -15,8 +15,8 @@ from mutualrl.allocation.dims import dims_from_policy
 from mutualrl.allocation.specs import gathered_bytes, learner_memory_bytes
 from mutualrl.config import ConfigError, MemoryModel, config_from_dict, load_config
 from mutualrl.run.build import check_rank_groups
-from mutualrl.run.checkpoint import config_differences
 from mutualrl.run.plan_cli import run
+from mutualrl.run.resume import config_differences
 
 ROOT = Path(__file__).resolve().parents[2]
 GIB = 1024**3

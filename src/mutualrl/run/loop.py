@@ -9,16 +9,14 @@ One GRPO step, top to bottom (``run.phases``):
 from __future__ import annotations
 
 import contextlib
-import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import msgspec
 import numpy as np
 
 from mutualrl.allocation.calls import WorkerFailedError
-from mutualrl.config import ConfigError, RunConfig
+from mutualrl.config import RunConfig
 from mutualrl.policies.model_cache import resolve_policies
 from mutualrl.policies.precision import resolve_precision
 from mutualrl.policies.worker import SavePretrained
@@ -27,7 +25,6 @@ from mutualrl.run.build import build_run, prepare
 from mutualrl.run.evaluation import evaluate
 from mutualrl.run.folder import claim
 from mutualrl.run.guards import GuardTripped
-from mutualrl.run.jsonl import check_records
 from mutualrl.run.metrics import read_metrics
 from mutualrl.run.paced import pace_summary, paced_train_loop
 from mutualrl.run.phases import (
@@ -44,6 +41,7 @@ from mutualrl.run.phases import (
 )
 from mutualrl.run.progress import RunProgress
 from mutualrl.run.restarts import Restarts, checkpoint_at_start
+from mutualrl.run.resume import open_checkpoint, resume_from
 from mutualrl.run.signals import RunInterrupted, StopRequests
 from mutualrl.run.state import Run
 from mutualrl.run.warmup import warm_start
@@ -177,48 +175,6 @@ def save_policies(run: Run) -> None:
         run.call_live(SavePretrained(str(run.out / "policies")))
 
 
-def open_checkpoint(
-    cfg: RunConfig, found: checkpoint.Checkpoint | None = None
-) -> tuple[checkpoint.Checkpoint, dict]:
-    """The checkpoint a resumed run continues from (``found``: already found and verified),
-    checked against ``cfg`` before anything is written; then the run's files are cut back to it
-    (what follows is moved aside, not lost)."""
-    notes: list[str] = []
-    ckpt = found or checkpoint.latest(Path(cfg.output_dir), report=notes.append)
-    for line in notes:
-        print(f"mutualrl: {line}", file=sys.stderr)
-    if ckpt is None:
-        raise ConfigError(
-            "--resume: no complete checkpoint in "
-            f"{Path(cfg.output_dir) / checkpoint.CHECKPOINT_DIR} "
-            "(checkpoints are written every save_steps steps; save_steps = 0 writes none)"
-        )
-    harmless = checkpoint.check_config(ckpt, cfg)
-    checkpoint.check_lengths(Path(cfg.output_dir), ckpt)
-    check_records(Path(cfg.output_dir), ckpt.state.get("append_only", {}), ckpt.path.name)
-    print(f"mutualrl: resuming from {ckpt.path} (after step {ckpt.step})", file=sys.stderr)
-    changes = checkpoint.resume_notes(harmless, cfg)
-    for line in changes:
-        print(f"mutualrl: note: {line}", file=sys.stderr)
-    moved = checkpoint.cut_back(Path(cfg.output_dir), ckpt)
-    return ckpt, {
-        "phase": "resume",
-        "step": ckpt.step,
-        "checkpoint": str(ckpt.path),
-        "skipped_checkpoints": notes,
-        "changed_harmless": harmless,
-        "changes_what_follows": changes,
-        "moved_aside": moved,
-    }
-
-
-def resume_from(run: Run, ckpt: checkpoint.Checkpoint, record: dict) -> int:
-    """Load the checkpoint into the freshly built run; returns the next step."""
-    start = checkpoint.restore(run, ckpt)
-    run.writer.write(record)
-    return start
-
-
 def train(
     cfg: RunConfig,
     progress: RunProgress | None = None,
@@ -228,7 +184,7 @@ def train(
     """Run the whole job: build, warm start, train, evaluate, save. Metrics are kept on failure.
 
     ``resume``: continue ``cfg.output_dir`` from its last complete checkpoint instead (no warm
-    start; the config may differ only in harmless fields, see ``run.checkpoint``). A fresh run
+    start; the config may differ only in harmless fields, see ``run.resume``). A fresh run
     into a folder holding a run is refused unless ``overwrite`` (``run.folder``). The process
     holds the folder's lock from before its first write to the end; SIGINT and SIGTERM stop the
     run at a step boundary (``run.signals``). Under ``allocation.on_failure = "restart"`` a
