@@ -117,7 +117,6 @@ def test_malformed_overrides_raise_config_error(override, message):
         ("grpo.epsilon=1.5", "$.grpo", "epsilon must be in (0, 1)"),
         ("grpo.epsilon=0.0", "$.grpo", "epsilon must be in (0, 1)"),
         ("grpo.epsilon_high=0", "$.grpo", "epsilon_high must be > 0"),
-        ('grpo.loss_type="ppo"', "$.grpo.loss_type", "ppo"),
         ('grpo.cache_implementation="offloaded"', "$.grpo.cache_implementation", "offloaded"),
         ("policies.0.hidden_size=30", "$.policies[0]", "divisible by num_heads"),
         ("warmup.target_accuracy=2", "$.warmup", "target_accuracy"),
