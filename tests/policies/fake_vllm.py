@@ -38,6 +38,8 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     seed: int | None = None
     stop_token_ids: list[int] = field(default_factory=list)
+    stop: list[str] | None = None  # accepted, not applied: tests/real_vllm run the real engine
+    include_stop_str_in_output: bool = False
 
 
 @dataclass(frozen=True)

@@ -199,6 +199,46 @@ def test_generation_batch_size_splits_the_group(tokenizer_handles):
         torch.testing.assert_close(torch.tensor(s.logprobs), lp, atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_stop_string_ends_a_completion_at_the_token_that_completes_it(
+    tokenizer_handles, compiled
+):
+    def grpo(**kw):
+        return GRPOConfig(
+            num_generations=4,
+            max_completion_length=8,
+            temperature=1.0,
+            generation_compile="decode" if compiled else "off",
+            **kw,
+        )
+
+    whole = make_policy(tokenizer_handles, grpo=grpo()).generate(PROMPTS, 4, 8, 1.0)
+    pol = make_policy(tokenizer_handles, grpo=grpo(stop_strings=("e",)))
+    cut = pol.generate(PROMPTS, 4, 8, 1.0)
+    tok = pol.tokenizer
+    stopped = 0
+    for w, c in zip(whole, cut):
+        n = len(c.completion_ids)
+        assert c.completion_ids == w.completion_ids[:n]  # the same draws, ended sooner
+        assert c.logprobs == w.logprobs[:n]
+        text = tok.decode(c.completion_ids)
+        if c.finish_reason == "stop" and tok.eos_token_id not in c.completion_ids:
+            stopped += 1
+            assert "e" in text and "e" not in tok.decode(c.completion_ids[:-1])
+        else:  # ran to the end (or to EOS) without completing the string
+            assert c.completion_ids == w.completion_ids and "e" not in tok.decode(
+                c.completion_ids[:-1]
+            )
+    assert stopped >= 2  # the string is common in this vocabulary: some rows ended on it
+    for s, lp in zip(cut, trainer_logprobs(pol, cut)):
+        torch.testing.assert_close(torch.tensor(s.logprobs), lp, atol=1e-4, rtol=0)
+
+
+def test_an_empty_stop_string_is_refused():
+    with pytest.raises(ValueError, match="stop_strings must not hold an empty string"):
+        GRPOConfig(stop_strings=("",))
+
+
 # ---- the vLLM backend on a fake engine --------------------------------------------------------
 def with_fake(policy, **fake) -> FakeLLM:
     llm = FakeLLM(policy, **fake)

@@ -39,6 +39,10 @@ class GRPOConfig(ConfigStruct, frozen=True):
     num_iterations: int = 1  # optimisation passes over each batch (mu in the paper)
     learning_rate: float = 1e-3  # AdamW step size (policies.<n>.learning_rate overrides)
     mask_truncated_completions: bool = False  # exclude completions cut at max_completion_length
+    # Strings that end a completion as EOS does (transformers' stop_strings, vLLM's stop): the
+    # token that completes one stays in the completion, which counts as ended, not truncated.
+    # ["\n"] ends a base model's answer at its line instead of a new question after it.
+    stop_strings: tuple[str, ...] = ()  # end a completion at one of these; []: at EOS only
     # Sampling truncation (TRL's names). Behaviour log-probs are those of the truncated,
     # renormalised distribution sampled from, and the trainer takes its log-probs under the same
     # truncation, so the on-policy ratio stays 1 (policies/sampling.py: truncate_logits).
@@ -92,6 +96,7 @@ class GRPOConfig(ConfigStruct, frozen=True):
         check(self.learning_rate > 0, "learning_rate must be > 0")
         check(0 < self.top_p <= 1, "top_p must be in (0, 1]")
         check(self.top_k >= 0, "top_k must be >= 0 (0: no top-k truncation)")
+        check(all(self.stop_strings), "stop_strings must not hold an empty string")
         check(
             self.generation_batch_size is None or self.generation_batch_size >= 1,
             "generation_batch_size must be >= 1 (or omitted: the whole group at once)",

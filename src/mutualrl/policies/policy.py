@@ -320,6 +320,7 @@ def sampling_settings(
         batch_size=grpo.generation_batch_size,
         cache_implementation=grpo.cache_implementation,
         generation_compile=grpo.generation_compile,
+        stop_strings=grpo.stop_strings,
     )
 
 

@@ -37,6 +37,7 @@ class SamplingSettings:
     generation_compile: str = (
         "off"  # the torch sampler's decode step: "off" (eager), "decode" (compiled)
     )
+    stop_strings: tuple[str, ...] = ()  # a completion also ends at the token completing one
 
 
 class GenerationBackend(Protocol):

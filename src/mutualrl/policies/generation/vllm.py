@@ -107,6 +107,9 @@ class VLLMBackend:
                 logprobs=0,
                 seed=seed,
                 stop_token_ids=[self.view.tokenizer.eos_token_id],
+                # grpo.stop_strings: the completing token stays, as in the torch sampler
+                stop=list(settings.stop_strings) or None,
+                include_stop_str_in_output=True,
             )
             for seed in seeds
         ]
