@@ -19,7 +19,7 @@ EFFECTS = {
     "executor": "test_train_executors.py::test_process_executor_matches_local",
     "local_mode": "allocation/test_local_executor.py::test_calls_run_concurrently_in_threads_mode",
     "on_failure": "test_train_executors.py::test_a_failed_call_kept_going_by_on_failure_is_unavailable_to_the_loop",
-    "max_restarts": "allocation/test_local_executor.py::test_restart_rebuilds_from_the_factory_and_loads_the_checkpoint",
+    "max_restarts": "test_restarts.py::test_a_policy_failing_again_after_max_restarts_stops_the_run",
     "call_timeout_s": "test_paced.py::test_under_continue_a_failed_policy_leaves_and_the_other_goes_on",
     "placement_timeout_s": "allocation/test_ray_executor.py::test_unplaceable_gangs_are_all_or_nothing_with_a_diagnostic",
     "process_group_timeout_s": "allocation/test_rank_groups.py::test_a_group_that_does_not_form_fails_at_process_group_timeout_s",

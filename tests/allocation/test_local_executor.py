@@ -19,7 +19,7 @@ from mutualrl.allocation import (
 
 class Echo:
     def __init__(self, name: str, delay_s: float = 0.0) -> None:
-        self.name, self.delay_s, self.calls, self.loaded = name, delay_s, 0, False
+        self.name, self.delay_s, self.calls = name, delay_s, 0
 
     def work(self, x: int) -> tuple[str, int]:
         time.sleep(self.delay_s)
@@ -29,26 +29,22 @@ class Echo:
     def boom(self) -> None:
         raise RuntimeError(f"{self.name} exploded")
 
-    def load_checkpoint(self) -> None:
-        self.loaded = True
 
+class SlowToClose(Echo):
+    """A worker whose ``close()`` (a vLLM engine's shutdown) takes ``close_s``."""
 
-class SlowToRestore(Echo):
-    """A worker whose restart (loading its checkpoint) takes ``restore_s``."""
-
-    def __init__(self, name: str, restore_s: float = 2.0) -> None:
+    def __init__(self, name: str, close_s: float = 2.0) -> None:
         super().__init__(name)
-        self.restore_s = restore_s
+        self.close_s = close_s
 
-    def load_checkpoint(self) -> None:
-        time.sleep(self.restore_s)
-        self.loaded = True
+    def close(self) -> None:
+        time.sleep(self.close_s)
 
 
-def restart_beside(ex, failing: str, fail_call, other: str, other_call, timeout_s: float):
-    """Fail ``failing`` (on_failure = "restart") in one driver thread and, while its restart is
-    under way, call ``other`` from this one: (the other's result, seconds it took, whether the
-    restart was still going when the other's call returned)."""
+def removal_beside(ex, failing: str, fail_call, other: str, other_call, timeout_s: float):
+    """Fail ``failing`` (on_failure = "continue") in one driver thread and, while its removal
+    (its close) is under way, call ``other`` from this one: (the other's result, seconds it
+    took, whether the removal was still going when the other's call returned)."""
     done = threading.Event()
 
     def fail():
@@ -57,7 +53,7 @@ def restart_beside(ex, failing: str, fail_call, other: str, other_call, timeout_
 
     t = threading.Thread(target=fail)
     t.start()
-    time.sleep(0.3)  # the failed call is back and the restart has begun
+    time.sleep(0.3)  # the failed call is back and the removal has begun
     t0 = time.monotonic()
     out = ex.call({other: other_call}, timeout_s=timeout_s)[other]
     took, during = time.monotonic() - t0, not done.is_set()
@@ -179,49 +175,37 @@ def test_a_hung_worker_times_out_while_the_others_results_come_back():
     ex.shutdown()
 
 
-def test_restart_rebuilds_from_the_factory_and_loads_the_checkpoint():
-    built = []
-
-    def factory():
-        built.append(Echo("a"))
-        return built[-1]
-
-    ex = _ex(on_failure="restart", max_restarts=1)
-    ex.start({"a": factory})
-    out = ex.call({"a": Boom()})
-    assert out["a"].failure.kind == "raised"  # the failed call is reported, not retried
-    assert len(built) == 2 and built[1].loaded and not built[0].loaded
-    assert ex.call({"a": Work(5)})["a"].value == ("a", 10)
-    with pytest.raises(WorkerFailedError):  # restart budget spent: as "stop"
-        ex.call({"a": Boom()})
-    ex.shutdown()
+def test_an_executor_refuses_restart_which_is_the_runs():
+    with pytest.raises(ValueError, match=r'on_failure = "restart" is the run\'s: mutualrl train'):
+        _ex(on_failure="restart")
 
 
-def test_a_restart_does_not_hold_up_the_other_workers_calls():
-    # A paced run steps each policy in a thread of its own: one policy's restart (seconds for a
-    # real model) must not stall the other's calls, nor time them out.
-    ex = _ex(on_failure="restart", max_restarts=1)
-    ex.start({"a": lambda: SlowToRestore("a", 2.0), "b": lambda: Echo("b", 0.05)})
+def test_removing_a_failed_worker_does_not_hold_up_the_other_workers_calls():
+    # A paced run steps each policy in a thread of its own: closing a failed policy's worker (an
+    # engine's shutdown: seconds) must not stall the other's calls, nor time them out.
+    ex = _ex(on_failure="continue")
+    ex.start({"a": lambda: SlowToClose("a", 2.0), "b": lambda: Echo("b", 0.05)})
     try:
-        out, took, during = restart_beside(ex, "a", Boom(), "b", Work(3), timeout_s=1.0)
+        out, took, during = removal_beside(ex, "a", Boom(), "b", Work(3), timeout_s=1.0)
         assert out.value == ("b", 6), out.failure
         assert during and took < 0.75, took
-        assert ex.call({"a": Work(1)})["a"].value == ("a", 2)  # restarted, and it works
+        assert ex.call({"a": Work(1)})["a"].failure.kind == "unavailable"
     finally:
         ex.shutdown()
 
 
-def test_a_call_in_flight_when_another_worker_restarts_is_not_timed_out():
+def test_a_call_in_flight_when_another_worker_is_removed_is_not_timed_out():
     # The in-flight call's thread records its busy time under the executor's lock when it ends:
-    # held by a restart, that lock once kept the call from returning until it timed out.
-    ex = _ex(on_failure="restart", max_restarts=1)
-    ex.start({"a": lambda: SlowToRestore("a", 2.0), "b": lambda: Echo("b", 0.5)})
+    # held while a worker was dropped, that lock once kept the call from returning until it
+    # timed out.
+    ex = _ex(on_failure="continue")
+    ex.start({"a": lambda: SlowToClose("a", 2.0), "b": lambda: Echo("b", 0.5)})
     got = {}
     t = threading.Thread(target=lambda: got.update(ex.call({"b": Work(3)}, timeout_s=1.0)))
     try:
         t.start()
         time.sleep(0.1)  # b's call is under way
-        assert ex.call({"a": Boom()})["a"].failure.kind == "raised"  # a restarts (2 s)
+        assert ex.call({"a": Boom()})["a"].failure.kind == "raised"  # a is closed (2 s)
         t.join()
         assert got["b"].value == ("b", 6), got["b"].failure
     finally:
@@ -242,19 +226,19 @@ def test_constructor_failures_and_unknown_names_are_explained():
     ex.shutdown()
 
 
-def test_shutdown_and_restart_close_each_worker_once_and_a_failed_close_is_a_warning(tmp_path):
+def test_shutdown_and_removal_close_each_worker_once_and_a_failed_close_is_a_warning(tmp_path):
     """A policy's vLLM engine removes its scratch folder (a whole copy of the model) in
-    ``close``: the run's end closes each worker, and a restart closes the object it replaces."""
+    ``close``: the run's end closes each worker, and ``continue`` closes the one it drops."""
     for mode in ("threads", "sequential"):
         marks = tmp_path / mode
         marks.mkdir()
-        ex = _ex(mode, on_failure="restart", max_restarts=1)
-        # the factories run within this iteration (start now, a restart below)
+        ex = _ex(mode, on_failure="continue")
+        # the factories run within this iteration (start now)
         ex.start({n: (lambda n=n: Closes(n, str(marks))) for n in ("a", "b")})  # noqa: B023
-        assert ex.call({"a": Boom()})["a"].failure.kind == "raised"  # rebuilt
+        assert ex.call({"a": Boom()})["a"].failure.kind == "raised"  # dropped
         assert closes(marks) == {"a": 1}
         ex.shutdown()
-        assert closes(marks) == {"a": 2, "b": 1}
+        assert closes(marks) == {"a": 1, "b": 1}
     ex = _ex()
     ex.start({"a": lambda: Closes("a", str(tmp_path), fail=True), "b": lambda: Echo("b")})
     with pytest.warns(RuntimeWarning, match=r"worker 'a': close\(\) failed \(OSError: cannot"):

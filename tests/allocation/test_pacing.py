@@ -220,42 +220,6 @@ def test_a_step_timeout_sets_aside_the_time_its_thread_spends_in_self_bounded_wo
     assert [(f.worker, f.kind) for f in report.failures] == [("v", "timeout")]
 
 
-def test_restart_rebuilds_a_failed_worker_which_resumes_after_its_last_step():
-    gate = VersionGate(["a", "flaky"], max_staleness=1)
-    seen: list = []
-    built: list = []
-
-    def factory():
-        w = Sleeper("flaky", 0.002, gate, seen)
-        w.load_checkpoint = lambda: built.append("loaded")
-        return w
-
-    workers = {
-        "a": Sleeper("a", 0.002, gate, seen),
-        "flaky": Raises("flaky", 0.002, gate, seen, at=4),
-    }
-    workers["flaky"].close = lambda: built.append("closed")
-    report = run_paced(
-        workers,
-        8,
-        gate,
-        step_timeout_s=1.0,
-        on_failure="restart",
-        factories={"flaky": factory},
-        max_restarts=1,
-    )
-    # the worker that raised is closed before its replacement is built and loads its checkpoint
-    assert report.restarts == {"a": 0, "flaky": 1} and built == ["closed", "loaded"]
-    assert report.steps_completed == {"a": 8, "flaky": 8} and not report.stopped
-    assert [k for n, k, _, _ in seen if n == "flaky"] == [0, 1, 2, 3, 4, 5, 6, 7]
-    _assert_accounted(report)
-
-
-def test_restart_needs_factories():
-    with pytest.raises(ValueError, match="factories"):
-        run_paced({}, 1, VersionGate([]), step_timeout_s=1.0, on_failure="restart")
-
-
 def test_starvation_report_compares_updates_and_time_with_the_plan():
     rep = starvation_report(
         busy_s={"a": 3.0, "b": 1.0},

@@ -74,9 +74,6 @@ def _classes():
         def boom(self) -> None:
             raise ValueError(f"{self.name} refuses")
 
-        def load_checkpoint(self) -> None:
-            self.name += "+restored"
-
         def sleep(self, s: float) -> None:
             time.sleep(s)
 
@@ -173,20 +170,6 @@ def test_unplaceable_gangs_are_all_or_nothing_with_a_diagnostic(cluster):
     assert "gang 'a'" in msg or "gang 'b'" in msg
     assert "GPU_fake" in msg and "available now" in msg and "none are kept" in msg
     assert all(t["state"] == "REMOVED" for t in ray.util.placement_group_table().values())
-
-
-def test_restart_rebuilds_the_actor_in_its_placement_group(cluster):
-    Worker, Produce, Consume, Boom, Sleep = _classes()
-    p = _plan()
-    ex = _executor(on_failure="restart", max_restarts=1)
-    ex.start({a.worker: (lambda n=a.worker: Worker(n)) for a in p.assignments}, p)
-    try:
-        assert ex.call({"a/learner": Boom()})["a/learner"].failure.kind == "raised"
-        again = ex.call({"a/learner": Consume([1]), "b/learner": Consume([2])})
-        assert again["a/learner"].value == ("a/learner+restored", 1)  # load_checkpoint() ran
-        assert again["b/learner"].value == ("b/learner", 2)
-    finally:
-        ex.shutdown()
 
 
 def _rank_classes():

@@ -17,16 +17,13 @@ Failure policy (``[allocation] on_failure``), applied after all results of a cal
 * ``stop``     — ``call`` raises ``WorkerFailedError`` carrying every result, so the loop can
   write what it has and stop cleanly;
 * ``continue`` — the failed worker is removed; later calls report it ``unavailable``;
-* ``restart``  — the worker is rebuilt from its factory (at most ``max_restarts`` times; beyond
-  that, as ``stop``). The failed call is *not* retried: calls need not be idempotent, so the loop
-  decides. Checkpoint contract: if the rebuilt object has ``load_checkpoint()`` (no arguments), it
-  is called once, before any other call; the worker itself knows where its last checkpoint is
-  (its factory closes over the run directory) and returns with the state of that checkpoint. If
-  it raises, the restart counts as a failure. (``mutualrl train`` gives its executor ``stop``
-  and restarts the whole run from its last checkpoint instead: ``run.restarts``.)
+* ``restart`` is the run's, not an executor's: ``mutualrl train`` tells its executor ``stop``
+  and restarts the whole run from its last checkpoint (``run.restarts``). Rebuilding one worker
+  from its factory would bring its policy back without the state the rest of the run depends
+  on, so an executor refuses ``restart``.
 
-Under ``continue`` and ``restart`` a worker that raised still answers, so every executor closes
-it (``close_worker``) before it goes; a hung or dead one is killed without a close.
+Under ``continue`` a worker that raised still answers, so every executor closes it
+(``close_worker``) before it goes; a hung or dead one is killed without a close.
 """
 
 from __future__ import annotations
@@ -102,8 +99,8 @@ class WorkerFailedError(RuntimeError):
 
 
 class WorkerUnavailable(RuntimeError):
-    """A call to one worker failed and ``on_failure`` kept the run going (the worker was removed
-    or rebuilt; under ``stop`` the executor raises ``WorkerFailedError`` instead)."""
+    """A call to one worker failed and ``on_failure`` kept the run going (the worker was
+    removed; under ``stop`` the executor raises ``WorkerFailedError`` instead)."""
 
 
 class Executor(Protocol):
@@ -144,13 +141,6 @@ def check_names(method: str, calls: dict[str, Any], known: dict) -> None:
         raise ValueError(f"call {method}(): unknown worker(s) {unknown}; started: {sorted(known)}")
 
 
-def build_worker(factory: Callable[[], object], restarted: bool) -> object:
-    obj: Any = factory()
-    if restarted and callable(getattr(obj, "load_checkpoint", None)):
-        obj.load_checkpoint()
-    return obj
-
-
 def close_worker(name: str, obj: object) -> None:
     """The worker's ``close()``, where it has one, once the run is done with it (a policy's
     vLLM engine removes its scratch folder). A failure to close is a warning naming the worker:
@@ -172,9 +162,13 @@ class FailurePolicy:
     """The ``on_failure`` decision shared by every executor kind (see the module docstring)."""
 
     def __init__(self, alloc: AllocationConfig) -> None:
+        if alloc.on_failure == "restart":
+            raise ValueError(
+                'allocation.on_failure = "restart" is the run\'s: mutualrl train restarts the '
+                'whole run from its last checkpoint (run.restarts) and gives its executor "stop"; '
+                'an executor takes "stop" or "continue"'
+            )
         self.mode = alloc.on_failure
-        self.max_restarts = alloc.max_restarts
-        self.restarts: dict[str, int] = {}
         self.removed: dict[str, WorkerFailure] = {}
 
     def unavailable(self, worker: str, method: str) -> CallResult:
@@ -191,33 +185,18 @@ class FailurePolicy:
             ),
         )
 
-    def apply(
-        self,
-        results: dict[str, CallResult],
-        restart: Callable[[str], None],
-        remove: Callable[[str], None],
-    ) -> None:
+    def apply(self, results: dict[str, CallResult], remove: Callable[[str], None]) -> None:
         failures = [
             r.failure
             for r in results.values()
             if r.failure is not None and r.failure.kind != "unavailable"
         ]
-        fatal = []
-        for f in failures:
-            if self.mode == "restart" and self.restarts.get(f.worker, 0) < self.max_restarts:
-                self.restarts[f.worker] = self.restarts.get(f.worker, 0) + 1
-                try:
-                    restart(f.worker)
-                    continue
-                except Exception as exc:  # a failed rebuild is a failure of its own
-                    fatal.append(failure_from_exception(f.worker, "restart", exc))
-            if self.mode == "continue":
+        if self.mode == "continue":
+            for f in failures:
                 self.removed[f.worker] = f
                 remove(f.worker)
-            else:
-                fatal.append(f)
-        if fatal:
-            raise WorkerFailedError(fatal, results)
+        elif failures:
+            raise WorkerFailedError(failures, results)
 
 
 # ---- the run's side: values of the workers that succeeded ------------------------------------

@@ -23,12 +23,11 @@ from mutualrl.allocation.calls import (
     CallResult,
     WorkerCall,
     WorkerFailure,
-    build_worker,
     close_worker,
     failure_from_exception,
 )
 from mutualrl.allocation.replies import failure_result
-from mutualrl.allocation.roster import Roster, check_built, check_rebuilt
+from mutualrl.allocation.roster import Roster, check_built
 from mutualrl.config import AllocationConfig
 
 if TYPE_CHECKING:
@@ -90,7 +89,7 @@ class LocalExecutor:
     def __init__(self, alloc: AllocationConfig | None = None, mode: str | None = None) -> None:
         self.alloc = alloc or AllocationConfig()
         self.mode = mode or self.alloc.local_mode
-        self.roster = Roster(self.alloc, self._restart, self._remove)
+        self.roster = Roster(self.alloc, self._remove)
         self._workers: dict[str, object] = {}
         self._threads: dict[str, _WorkerThread] = {}
         self._planned_threads: dict[str, int] = {}
@@ -108,14 +107,14 @@ class LocalExecutor:
             if self.mode == "threads" and shares:
                 _set_torch_threads(min(shares))
         results = self._run(
-            {n: (lambda n=n: self._build(n, False)) for n in factories},
+            {n: (lambda n=n: self._build(n)) for n in factories},
             "__init__",
             self.alloc.call_timeout_s,
         )
         check_built(results, self.shutdown)
 
-    def _build(self, name: str, restarted: bool) -> None:
-        self._workers[name] = build_worker(self.roster.factories[name], restarted)
+    def _build(self, name: str) -> None:
+        self._workers[name] = self.roster.factories[name]()
 
     def put(self, obj: Any) -> Any:
         return obj  # in process nothing is copied: the object itself is the reference
@@ -127,7 +126,7 @@ class LocalExecutor:
         return self.roster.removed()
 
     def worker(self, name: str) -> object:
-        """The object a worker runs (in process). A restart replaces it: read it again after one."""
+        """The object a worker runs (in process)."""
         return self._workers[name]
 
     def call(
@@ -191,13 +190,6 @@ class LocalExecutor:
             t = self._threads.pop(name, None)
         if t is not None:
             t.close()
-
-    def _restart(self, name: str) -> None:
-        self._remove(name)
-        res = self._run(
-            {name: lambda: self._build(name, True)}, "restart", self.alloc.call_timeout_s
-        )
-        check_rebuilt(name, res)
 
     def _remove(self, name: str) -> None:
         self._abandon(name)

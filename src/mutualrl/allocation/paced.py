@@ -9,9 +9,8 @@ the stack where it hangs, and abandoned
 (its thread is daemonic; a late result is discarded). The failed worker leaves the gate so the
 others go on without its experience. Then ``on_failure``: ``stop`` ends the run cleanly (steps
 in flight finish and publish; everything so far is in the report), ``continue`` goes on without
-it, ``restart`` closes a worker that raised (``close_worker``; a hung one is abandoned, not
-waited for), rebuilds it from its factory (``load_checkpoint()`` contract as in
-``allocation.calls``) and it resumes at the step after its last completed one.
+it. Restarting is the run's (``run.restarts``: back to the last checkpoint, every worker
+rebuilt), not the pacer's.
 
 Accounting invariant (checked by ``PacedReport.balanced``): every delivery of a record to a
 recipient is either consumed, dropped as stale, or left undelivered when the run ended.
@@ -29,12 +28,7 @@ from typing import Any, Literal, Protocol
 
 import msgspec
 
-from mutualrl.allocation.calls import (
-    WorkerFailure,
-    build_worker,
-    close_worker,
-    failure_from_exception,
-)
+from mutualrl.allocation.calls import WorkerFailure, failure_from_exception
 from mutualrl.allocation.pacing import Channel, PacedRecord, QueueChannel, VersionGate, is_fresh
 
 
@@ -59,7 +53,6 @@ class PhasedWorker(Protocol):
 class PacedReport(msgspec.Struct, kw_only=True):
     steps_completed: dict[str, int]
     failures: list[WorkerFailure]
-    restarts: dict[str, int]
     produced: dict[str, int]  # records each worker published
     deliveries: int  # records x recipients
     consumed: dict[str, int]  # records handed to each worker's step
@@ -100,7 +93,6 @@ class _Run:
         self.stop = threading.Event()
         self.tokens = {n: 0 for n in names}  # bumped to disown an abandoned thread
         self.threads: dict[str, threading.Thread] = {}
-        self.workers: dict[str, StepWorker] = {}  # the object each thread steps
         self.in_step: dict[str, float | None] = {n: None for n in names}  # step start time
         self.set_aside: Callable[[int], float] | None = None
         self.aside_at_start: dict[str, float] = {n: 0.0 for n in names}
@@ -211,7 +203,6 @@ def _launch(run: _Run, name: str, worker: StepWorker) -> None:
         run.tokens[name] += 1
         token = run.tokens[name]
         run.in_step[name] = None
-    run.workers[name] = worker
     t = threading.Thread(
         target=_loop, args=(run, name, token, worker), daemon=True, name=f"mutualrl-paced-{name}"
     )
@@ -270,9 +261,7 @@ def run_paced(
     channel: Channel | None = None,
     *,
     step_timeout_s: float,
-    on_failure: Literal["stop", "continue", "restart"] = "stop",
-    factories: dict[str, Callable[[], StepWorker]] | None = None,
-    max_restarts: int = 1,
+    on_failure: Literal["stop", "continue"] = "stop",
     max_age: int | None = None,
     poll_s: float = 0.01,
     halt: Callable[[], bool] | None = None,
@@ -293,13 +282,10 @@ def run_paced(
     seconds the thread ``ident`` has spent so far in work that bounds itself (a training run's
     verification: each call under ``task.verifier_timeout_s``); a step's time-out does not count
     the part of them spent during the step."""
-    if on_failure == "restart" and not factories:
-        raise ValueError("run_paced: on_failure='restart' needs factories to rebuild workers")
     names = list(workers)
     run = _Run(names, steps, gate, channel or QueueChannel(names), step_timeout_s, max_age)
     run.halt, run.on_stale, run.set_aside = halt, on_stale, set_aside
     failures: list[WorkerFailure] = []
-    restarts = {n: 0 for n in names}
     active = set(names)
     t_start = time.monotonic()
     for n in names:
@@ -310,35 +296,12 @@ def run_paced(
             gate.remove(f.worker)
             with run.lock:
                 run.recipients.discard(f.worker)
-            if on_failure == "restart" and restarts[f.worker] < max_restarts:
-                restarts[f.worker] += 1
-                if f.kind == "raised":  # it still answers: closed before it goes
-                    close_worker(f.worker, run.workers[f.worker])
-                if _restart(run, f.worker, factories[f.worker], failures):
-                    continue
             active.discard(f.worker)
             if on_failure != "continue":
                 run.stop.set()
     stopped = run.stop.is_set()
     _wind_down(run, active)
-    return _report(run, failures, restarts, stopped, time.monotonic() - t_start, keep_undelivered)
-
-
-def _restart(
-    run: _Run, name: str, factory: Callable[[], StepWorker], failures: list[WorkerFailure]
-) -> bool:
-    """Rebuild a failed worker and launch it again at its gate version; a failed rebuild is a
-    failure of its own (False)."""
-    try:
-        rebuilt = build_worker(factory, restarted=True)
-        run.gate.rejoin(name)
-        with run.lock:
-            run.recipients.add(name)
-        _launch(run, name, rebuilt)
-        return True
-    except Exception as exc:
-        failures.append(failure_from_exception(name, "restart", exc))
-        return False
+    return _report(run, failures, stopped, time.monotonic() - t_start, keep_undelivered)
 
 
 def _wind_down(run: _Run, active: set[str]) -> None:
@@ -356,7 +319,6 @@ def _wind_down(run: _Run, active: set[str]) -> None:
 def _report(
     run: _Run,
     failures: list[WorkerFailure],
-    restarts: dict[str, int],
     stopped: bool,
     wall_s: float,
     keep_undelivered: bool = False,
@@ -370,7 +332,6 @@ def _report(
         return PacedReport(
             steps_completed=run.gate.versions(),
             failures=failures,
-            restarts=restarts,
             produced=dict(run.produced),
             deliveries=run.deliveries,
             consumed=dict(run.consumed),

@@ -87,12 +87,6 @@ class VersionGate:
             self._live.discard(worker)
             self._cond.notify_all()
 
-    def rejoin(self, worker: str) -> None:
-        """A restarted worker counts again, from the version it had completed."""
-        with self._cond:
-            self._live.add(worker)
-            self._cond.notify_all()
-
     def close(self) -> None:
         """Wake every waiter with False (the run is stopping)."""
         with self._cond:

@@ -14,7 +14,7 @@ travel to it through a pipe. What a process of its own gives that the threads of
 - **Planned devices.** ``CUDA_VISIBLE_DEVICES`` holds the worker's planned GPUs, so it computes
   on ``cuda:0`` of its own view (as under Ray), and an engine inside lands where the plan put it.
 - **Hung workers are killed**, not abandoned: a call with no result within its timeout ends the
-  process; ``on_failure`` then applies as for every executor (a restart spawns a new one). A
+  process; ``on_failure`` then applies as for every executor. A
   worker process that dies (a segfault, the OOM killer, ``os._exit``) is reported as that
   worker's failure with its exit code.
 
@@ -56,7 +56,6 @@ from mutualrl.allocation.calls import (
     CallResult,
     WorkerCall,
     WorkerFailure,
-    build_worker,
     close_worker,
 )
 from mutualrl.allocation.ending import end_group, sweep_left_scratch
@@ -72,7 +71,6 @@ from mutualrl.allocation.roster import (
     Roster,
     check_built,
     check_rank_gpus,
-    check_rebuilt,
     rank_threads,
 )
 from mutualrl.config import AllocationConfig
@@ -131,7 +129,6 @@ def _serve(
     factory: bytes,
     env: dict[str, str],
     threads: int,
-    restarted: bool,
     parent: int,
 ) -> None:
     """The worker process: a group of its own with its guard, then its environment, then build
@@ -139,7 +136,7 @@ def _serve(
     os.setpgrp()  # a process group of its own, for what it starts (see the module docstring)
     guard = _guard_group(lifeline, conn)
     try:
-        _answer(conn, factory, env, threads, restarted, parent)
+        _answer(conn, factory, env, threads, parent)
     finally:
         _end_children(_EXIT_GRACE_S)
         os.kill(guard, signal.SIGKILL)
@@ -151,7 +148,6 @@ def _answer(
     factory: bytes,
     env: dict[str, str],
     threads: int,
-    restarted: bool,
     parent: int,
 ) -> None:
     os.environ.update(env)
@@ -162,7 +158,7 @@ def _answer(
             import torch
 
             torch.set_num_threads(threads)
-        obj = build_worker(pickle.loads(factory), restarted)
+        obj = pickle.loads(factory)()
         conn.send(("ok", None, 0.0))
     except BaseException as exc:
         conn.send(raised_status(exc))
@@ -211,7 +207,6 @@ class _Proc:
         factory: Callable[[], object],
         env: dict[str, str],
         threads: int,
-        restarted: bool,
     ) -> None:
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
@@ -220,7 +215,7 @@ class _Proc:
             target=_serve,
             name=f"mutualrl-{name}",
             daemon=False,
-            args=(child, lifeline, pickle.dumps(factory), env, threads, restarted, os.getpid()),
+            args=(child, lifeline, pickle.dumps(factory), env, threads, os.getpid()),
         )
         self.process.start()
         child.close()
@@ -260,7 +255,7 @@ class ProcessExecutor:
 
     def __init__(self, alloc: AllocationConfig | None = None) -> None:
         self.alloc = alloc or AllocationConfig()
-        self.roster = Roster(self.alloc, self._restart, self._retire)
+        self.roster = Roster(self.alloc, self._retire)
         self._procs: dict[str, list[_Proc]] = {}  # a worker's processes, in rank order
         self._threads: dict[str, int] = {}
         self._gpus: dict[str, tuple[int, ...] | None] = {}
@@ -282,16 +277,14 @@ class ProcessExecutor:
             self._threads[n] = rank_threads(a.threads if a else 0, group_size(factory))
             self._gpus[n] = tuple(sorted({s.gpu for s in a.gpus})) if a and a.gpus else None
         for n in factories:
-            self._spawn(n, restarted=False)
+            self._spawn(n)
         results = self._collect(list(factories), "__init__", self.alloc.call_timeout_s)
         check_built(results, self.shutdown)
 
-    def _spawn(self, name: str, restarted: bool) -> None:
+    def _spawn(self, name: str) -> None:
         factory, gpus, threads = self.roster.factories[name], self._gpus[name], self._threads[name]
         if not isinstance(factory, RankGroup):
-            self._procs[name] = [
-                _Proc(name, factory, worker_env(threads, gpus), threads, restarted)
-            ]
+            self._procs[name] = [_Proc(name, factory, worker_env(threads, gpus), threads)]
             return
         check_rank_gpus(name, factory.ranks, len(gpus or ()))
         port = self.roster.rank_port(name) or free_port()
@@ -304,7 +297,6 @@ class ProcessExecutor:
                     **rank_env(r, factory.ranks, "127.0.0.1", port),
                 },
                 threads,
-                restarted,
             )
             for r, rank_factory in enumerate(self.roster.rank_factories(name))
         ]
@@ -323,8 +315,8 @@ class ProcessExecutor:
     ) -> dict[str, CallResult]:
         """Send each named worker its call (every rank of a group), then gather the replies
         (``fetch`` is the Ray executor's; here every value comes back). With these workers'
-        pipes held but not the executor's lock: a restart starts a process and rebuilds its
-        worker (seconds), and other workers' calls go on meanwhile."""
+        pipes held but not the executor's lock: retiring a failed worker waits for its process
+        to end, and other workers' calls go on meanwhile."""
 
         def send(live: dict[str, WorkerCall], method: str, timeout: float) -> dict[str, CallResult]:
             unsent = {n: f for n, c in live.items() if (f := self._send(n, c, method)) is not None}
@@ -396,20 +388,15 @@ class ProcessExecutor:
             proc.kill()
 
     def _retire(self, name: str) -> None:
-        """A failed worker's processes, before a restart replaces them or ``continue`` drops
-        them. One that raised still answers: asked to stop, it closes its worker (a vLLM
-        engine's scratch folder) and ends what it started, as at the end of a run. One that
+        """A failed worker's processes, as ``continue`` drops them. One that raised still
+        answers: asked to stop, it closes its worker (a vLLM engine's scratch folder) and ends
+        what it started, as at the end of a run. One that
         hung or died, or a failed rank group, was killed already: nothing is waited for. Then
         the scratch folders of those killed before they could close are swept (every failed
         worker is retired, or shut down)."""
         for proc in self._procs.pop(name, ()):
             proc.stop()
         sweep_left_scratch()
-
-    def _restart(self, name: str) -> None:
-        self._retire(name)
-        self._spawn(name, restarted=True)
-        check_rebuilt(name, self._collect([name], "restart", self.alloc.call_timeout_s))
 
     def shutdown(self) -> None:
         """Every worker asked at once, so their own shutdowns (an engine's: about 4 s) overlap."""

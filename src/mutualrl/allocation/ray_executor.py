@@ -50,7 +50,6 @@ from mutualrl.allocation.calls import (
     CallResult,
     WorkerCall,
     WorkerFailure,
-    build_worker,
     call_fields,
     close_worker,
 )
@@ -67,7 +66,6 @@ from mutualrl.allocation.roster import (
     Roster,
     check_built,
     check_rank_gpus,
-    check_rebuilt,
     rank_threads,
 )
 from mutualrl.config import AllocationConfig
@@ -125,8 +123,8 @@ class _Hosting:
 class _Host(_Hosting):
     """The actor around one worker object; statuses and values travel as separate objects."""
 
-    def __init__(self, factory: Callable[[], object], threads: int, restarted: bool) -> None:
-        self.obj = build_worker(factory, restarted)
+    def __init__(self, factory: Callable[[], object], threads: int) -> None:
+        self.obj = factory()
         _set_threads(threads)
 
     def ready(self) -> tuple:
@@ -141,14 +139,12 @@ class _RankHost(_Hosting):
         addr = ray.util.get_node_ip_address()
         return addr, free_port(addr)
 
-    def join(
-        self, factory: RankFactory, env: dict[str, str], threads: int, restarted: bool
-    ) -> tuple:
+    def join(self, factory: RankFactory, env: dict[str, str], threads: int) -> tuple:
         import os
 
         os.environ.update(env)
         try:
-            self.obj = build_worker(factory, restarted)
+            self.obj = factory()
         except Exception as exc:  # reported as the rank's failure, never swallowed
             return raised_status(exc)
         _set_threads(threads)
@@ -184,7 +180,7 @@ def _share(amount: float, ways: int) -> float:
 class RayExecutor:
     def __init__(self, alloc: AllocationConfig | None = None) -> None:
         self.alloc = alloc or AllocationConfig()
-        self.roster = Roster(self.alloc, self._restart, self._remove)
+        self.roster = Roster(self.alloc, self._remove)
         self._options: dict[str, dict] = {}
         self._threads: dict[str, int] = {}
         self._actors: dict[str, Any] = {}
@@ -315,7 +311,7 @@ class RayExecutor:
                         else [self._actor_options(g, members, i)]
                     )
                     self._threads[a.worker] = a.threads
-            ready = {n: self._spawn(n, restarted=False) for n in factories}
+            ready = {n: self._spawn(n) for n in factories}
         except BaseException:
             self.shutdown()
             raise
@@ -328,15 +324,11 @@ class RayExecutor:
         for n, per in refs.items():
             self._where[n] = ray.get(per, timeout=self.alloc.call_timeout_s)
 
-    def _spawn(self, name: str, restarted: bool) -> list:
+    def _spawn(self, name: str) -> list:
         """Start the worker's actor(s); the refs that say each is built."""
         factory, threads = self.roster.factories[name], self._threads[name]
         if not isinstance(factory, RankGroup):
-            actor = (
-                ray.remote(_Host)
-                .options(**self._options[name][0])
-                .remote(factory, threads, restarted)
-            )
+            actor = ray.remote(_Host).options(**self._options[name][0]).remote(factory, threads)
             self._actors[name] = [actor]
             return [actor.ready.remote()]
         actors = [ray.remote(_RankHost).options(**o).remote() for o in self._options[name]]
@@ -345,7 +337,7 @@ class RayExecutor:
         port = self.roster.rank_port(name) or port
         each = rank_threads(threads, factory.ranks)
         return [
-            a.join.remote(rank_factory, rank_env(r, factory.ranks, addr, port), each, restarted)
+            a.join.remote(rank_factory, rank_env(r, factory.ranks, addr, port), each)
             for r, (a, rank_factory) in enumerate(zip(actors, self.roster.rank_factories(name)))
         ]
 
@@ -451,12 +443,6 @@ class RayExecutor:
         if refs:
             with contextlib.suppress(Exception):  # a node gone with its actors: nothing to do
                 ray.wait(refs, num_returns=len(refs), timeout=KILLED_EXIT_WAIT_S + 10.0)
-
-    def _restart(self, name: str) -> None:
-        self._retire([name])  # frees their share of the bundle for the new actors
-        ready = self._spawn(name, restarted=True)
-        check_rebuilt(name, self._wait({name: ready}, "restart", self.alloc.call_timeout_s))
-        self._locate([name])
 
     def _remove(self, name: str) -> None:
         self._retire([name])

@@ -43,19 +43,13 @@ def _hold_nothing(names: list[str]) -> AbstractContextManager[None]:
 
 class Roster:
     """An executor's workers: which it started, which are live, which were removed and why, and
-    how long each has been busy. ``restart(name)`` and ``remove(name)`` are the executor's own
-    ways to rebuild or drop a failed worker (``on_failure``)."""
+    how long each has been busy. ``remove(name)`` is the executor's own way to drop a failed
+    worker (``on_failure = "continue"``)."""
 
-    def __init__(
-        self,
-        alloc: AllocationConfig,
-        restart: Callable[[str], None],
-        remove: Callable[[str], None],
-    ) -> None:
+    def __init__(self, alloc: AllocationConfig, remove: Callable[[str], None]) -> None:
         self.alloc = alloc
         self.policy = FailurePolicy(alloc)
         self.factories: dict[str, Callable[[], object]] = {}
-        self._restart = restart
         self._remove = remove
         # Calls may come from several driver threads at once (a paced run steps each policy in a
         # thread of its own): the books are guarded; waiting for results is not.
@@ -87,7 +81,7 @@ class Roster:
         """Each named worker's result, in the order of ``calls``: ``send`` gets the live ones'
         calls and their timeout (``allocation.call_timeout_s`` unless ``timeout_s``);
         ``hold(names)`` is held from the send to the end of ``on_failure`` (the process
-        executor's pipes: one call at a time each, a restart included)."""
+        executor's pipes: one call at a time each)."""
         method = call_name(next(iter(calls.values()))) if calls else "call"
         check_names(method, calls, self.factories)
         with hold(sorted(calls)):
@@ -98,9 +92,9 @@ class Roster:
                 for n in calls:
                     if n not in live:
                         results[n] = self.policy.unavailable(n, method)
-            # Not under the lock: a restart rebuilds its worker (seconds for a real model), and the
-            # other workers' calls, from other driver threads, go on meanwhile.
-            self.policy.apply(results, self._restart, self._remove)
+            # Not under the lock: removing a worker closes it, and the other workers' calls, from
+            # other driver threads, go on meanwhile.
+            self.policy.apply(results, self._remove)
         return {n: results[n] for n in calls}
 
     def rank_factories(self, name: str) -> list[RankFactory]:
@@ -140,9 +134,3 @@ def check_built(results: dict[str, CallResult], shutdown: Callable[[], None]) ->
     if failures:
         shutdown()
         raise WorkerFailedError(failures, results)
-
-
-def check_rebuilt(name: str, results: dict[str, CallResult]) -> None:
-    """After a restart rebuilt ``name``: a failure to rebuild is a failure of the restart."""
-    if not results[name].ok:
-        raise RuntimeError(f"restart of worker {name!r} failed: {results[name].failure}")
