@@ -51,10 +51,10 @@ from pathlib import Path
 import torch
 import torch.utils.checkpoint
 
-from mutualrl.allocation.malloc import reuse_large_buffers
 from mutualrl.bench.results import write_run
 from mutualrl.config import load_config
 from mutualrl.grpo.advantages import EPS
+from mutualrl.malloc import reuse_large_buffers
 from mutualrl.policies.batch import collate
 from mutualrl.policies.generation.torch import cache_keyword
 from mutualrl.policies.model_cache import resolve_checkpoint
@@ -345,7 +345,7 @@ def main() -> None:
         "--malloc",
         choices=["reuse", "system"],
         default="reuse",
-        help="the allocator set-up of both sides (allocation/malloc.py)",
+        help="the allocator set-up of both sides (malloc.py)",
     )
     a = ap.parse_args()
     os.environ["MUTUALRL_MALLOC"] = a.malloc

@@ -36,9 +36,9 @@ from pathlib import Path
 
 import torch
 
-from mutualrl.allocation.malloc import reuse_large_buffers
 from mutualrl.config import GRPOConfig, PolicyConfig, TrainingConfig
 from mutualrl.grpo import group_advantages
+from mutualrl.malloc import reuse_large_buffers
 from mutualrl.policies.batch import TrainBatch
 from mutualrl.policies.policy import Policy
 from mutualrl.provenance import git_commit, machine_info

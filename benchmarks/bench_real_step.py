@@ -49,9 +49,9 @@ import msgspec
 import torch
 from bench_floor import Bare, _Verifier
 
-from mutualrl.allocation.malloc import reuse_large_buffers
 from mutualrl.bench.results import write_run
 from mutualrl.config import load_config
+from mutualrl.malloc import reuse_large_buffers
 from mutualrl.policies.model_cache import resolve_checkpoint
 from mutualrl.policies.precision import native_bf16
 from mutualrl.provenance import git_commit, machine_info
@@ -236,7 +236,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--profile", action="store_true", help="profile one step per model instead")
     a = ap.parse_args()
-    malloc = reuse_large_buffers()  # as `mutualrl train` sets it up (allocation/malloc.py)
+    malloc = reuse_large_buffers()  # as `mutualrl train` sets it up (malloc.py)
     torch.set_num_threads(a.threads)
     if a.profile:
         found = [profile(m, t) for t in a.tokens for m in a.models]

@@ -31,8 +31,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from mutualrl.allocation.malloc import reuse_large_buffers
 from mutualrl.config import config_from_dict, load_config, to_dict
+from mutualrl.malloc import reuse_large_buffers
 from mutualrl.provenance import git_commit, machine_info
 from mutualrl.run import train
 from mutualrl.run.metrics import read_metrics
@@ -119,7 +119,7 @@ def summarize(settings: list[tuple[str, dict]], rounds: list[dict[str, dict]]) -
 
 
 def main() -> None:
-    reuse_large_buffers()  # as every mutualrl process does (allocation/malloc.py)
+    reuse_large_buffers()  # as every mutualrl process does (malloc.py)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="configs/tiny.toml")
     ap.add_argument("--policies", default="2,4,8")

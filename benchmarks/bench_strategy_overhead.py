@@ -26,8 +26,8 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from mutualrl.allocation.malloc import reuse_large_buffers
 from mutualrl.config import load_config
+from mutualrl.malloc import reuse_large_buffers
 from mutualrl.provenance import git_commit, machine_info
 from mutualrl.run import train
 from mutualrl.run.metrics import read_metrics
@@ -108,7 +108,7 @@ def summarize(rounds: list[dict[str, dict]]) -> dict:
 
 
 def main() -> None:
-    reuse_large_buffers()  # as every mutualrl process does (allocation/malloc.py)
+    reuse_large_buffers()  # as every mutualrl process does (malloc.py)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="configs/tiny.toml")
     ap.add_argument("--steps", type=int, default=5)

@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gap-ms", type=float, default=10.0, help="length of the sleep and the loop")
     ap.add_argument("--json", type=Path, help="write the results here")
     a = ap.parse_args(argv)
-    # glibc's allocator defaults, as `mutualrl bench retokenize` runs (allocation/malloc.py)
+    # glibc's allocator defaults, as `mutualrl bench retokenize` runs (malloc.py)
     texts = load_corpus()
     d = PairData.build(
         Retokenizer(load_tokenizer(a.source), cache_size=0),

@@ -1,7 +1,7 @@
 """Bounded staleness past this machine: the real ``run_paced`` driving workers whose steps only
 wait.
 
-Each worker is an ``allocation.PhasedWorker`` whose ``produce`` (generation) and ``learn`` (the
+Each worker is an ``pacing.PhasedWorker`` whose ``produce`` (generation) and ``learn`` (the
 update) sleep for times drawn from a heavy-tailed distribution: a log-normal around the worker's
 own speed (workers differ, as heterogeneous policies do), and now and then a straggler step many
 times longer (a long-tailed generation, a slow node). Every worker publishes one record per step
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mutualrl.allocation import QueueChannel, VersionGate, run_paced
+from mutualrl.pacing import QueueChannel, VersionGate, run_paced
 from mutualrl.provenance import git_commit, machine_info
 
 ROOT = Path(__file__).resolve().parent.parent

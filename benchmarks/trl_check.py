@@ -67,7 +67,15 @@ def training_prompts(cfg, task, steps: int):
 
 
 def train_trl(cfg, policy, steps: int, out: Path) -> tuple[Path, float, list[dict]]:
-    """TRL's GRPOTrainer on the policy's checkpoint; its weights saved to ``out``."""
+    """TRL's GRPOTrainer on the policy's checkpoint; its weights saved to ``out``. A finished
+    training of the same config in ``out`` (weights and ``trained.json``) is taken as it is: a
+    later failure (an evaluation) costs no retraining."""
+    final, done = out / "final", out / "trained.json"
+    if done.exists() and final.exists():
+        info = json.loads(done.read_text())
+        if info["config"] == to_dict(cfg) and info["steps"] == steps:
+            print(f"  TRL's weights from {final} (trained before)", file=sys.stderr)
+            return final, info["wall_s"], info["logs"]
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM
@@ -133,7 +141,6 @@ def train_trl(cfg, policy, steps: int, out: Path) -> tuple[Path, float, list[dic
     t0 = time.perf_counter()
     trainer.train()
     wall = time.perf_counter() - t0
-    final = out / "final"
     trainer.model.save_pretrained(final)
     tokenizer.save_pretrained(final)
     logs = [
@@ -141,6 +148,8 @@ def train_trl(cfg, policy, steps: int, out: Path) -> tuple[Path, float, list[dic
         for r in trainer.state.log_history
         if "reward" in r
     ]
+    info = {"config": to_dict(cfg), "steps": steps, "wall_s": wall, "logs": logs}
+    done.write_text(json.dumps(info))
     return final, wall, logs
 
 
@@ -197,6 +206,12 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     runs = {int(s): Path(d) for s, _, d in (r.partition("=") for r in args.mutualrl_run)}
+    for seed, run in runs.items():  # before any training: a missing run loses nothing
+        if not (run / "policies" / args.policy).is_dir():
+            raise SystemExit(
+                f"--mutualrl-run {seed}={run}: no final weights of {args.policy!r} at "
+                f"{run / 'policies' / args.policy} (the run did not finish)"
+            )
     work = Path(args.work)
     seeds = []
     for seed in args.seeds:

@@ -407,7 +407,7 @@ def test_under_continue_a_run_every_policy_left_stops_with_their_failures(
     tmp_path, fast_run_builds, monkeypatch, capsys, staleness
 ):
     # before: the run went on with no policy, logged empty steps, evaluated NaN and said "done"
-    from mutualrl.allocation import WorkerFailedError
+    from mutualrl.workers import WorkerFailedError
 
     _breaking(monkeypatch, "raise", at_version=0, who=NAMES)
     out = tmp_path / f"all-{staleness}"
@@ -442,7 +442,7 @@ def test_under_continue_a_lock_step_policy_that_fails_is_said_and_kept(
 def test_under_stop_a_failed_policy_stops_the_run_with_its_traceback(
     tmp_path, fast_run_builds, monkeypatch
 ):
-    from mutualrl.allocation import WorkerFailedError
+    from mutualrl.workers import WorkerFailedError
 
     _breaking(monkeypatch, "raise")
     with pytest.raises(WorkerFailedError, match="the learner fell over"):

@@ -16,11 +16,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from mutualrl.allocation.calls import WorkerFailedError
 from mutualrl.config import ConfigError, load_config
 from mutualrl.policies.policy import Policy
 from mutualrl.run import train
 from mutualrl.run.metrics import read_metrics
+from mutualrl.workers.calls import WorkerFailedError
 from tests.workers import kill_one_worker_mid_run
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -96,7 +96,7 @@ def test_sigkill_then_resume_from_2_ranks_on_1_and_back(tmp_path):
     )
     members = kill_after_rows(train(out, *common, *ranks(2)), out, 3)
     assert len(members) >= 5  # the driver and four rank processes
-    # The rank processes lead process groups of their own (allocation.processes), which their
+    # The rank processes lead process groups of their own (workers.processes), which their
     # guards kill once the driver is gone: 0.1-1.2 s in five tries, 15 s allowed when busy.
     deadline = time.monotonic() + 15
     while [

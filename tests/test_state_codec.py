@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from mutualrl.allocation import PacedRecord
 from mutualrl.exchange import Rollout
 from mutualrl.exchange.codec import Delivery
+from mutualrl.pacing import PacedRecord
 from mutualrl.policies.samples import Sample
 from mutualrl.run import state_codec
 from mutualrl.run.state_codec import StateDecodeError, StateEncodeError, decode, encode

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from mutualrl.allocation import LocalExecutor, WorkerUnavailable, call_one
 from mutualrl.config import AllocationConfig, load_config
 from mutualrl.exchange.log import read_log
 from mutualrl.policies.worker import SequenceLogprobs
 from mutualrl.run import train
 from mutualrl.run.metrics import read_metrics
+from mutualrl.workers import LocalExecutor, WorkerUnavailable, call_one
 from tests.policies.draws import assert_same_up_to_a_rounding_flip
 
 TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.toml"

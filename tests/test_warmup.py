@@ -9,11 +9,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from mutualrl.allocation.calls import WorkerFailedError
 from mutualrl.config import load_config
 from mutualrl.run import train
 from mutualrl.run.metrics import read_metrics
 from mutualrl.run.warmup import cache_key
+from mutualrl.workers.calls import WorkerFailedError
 
 TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.toml"
 TIMING = ("time_s", "tokens_per_s", "step_time_s")

@@ -160,7 +160,7 @@ def _run_train(args) -> int:
 
 
 # Subcommands implemented by their layers: (command path, module, help, trains). A command that
-# trains gets the allocator set-up for large buffers (allocation/malloc.py); the others keep
+# trains gets the allocator set-up for large buffers (malloc.py); the others keep
 # glibc's arena per thread, which the Rust tokenizers' thread pool needs (one shared arena made
 # the WordPiece encode_batch 2.7x slower on 2 threads).
 _DELEGATED = [
@@ -278,9 +278,9 @@ def _sigint_held():
 
 def _prepare_command(args) -> None:
     if args.trains:
-        from mutualrl.allocation.malloc import reuse_large_buffers
+        from mutualrl.malloc import reuse_large_buffers
 
-        reuse_large_buffers()  # before torch starts its threads (allocation/malloc.py says why)
+        reuse_large_buffers()  # before torch starts its threads (malloc.py says why)
     # The command owns the display (rich progress); transformers' own bars (one per saved model)
     # would tear through it.
     from transformers.utils import logging as hf_logging

@@ -102,7 +102,7 @@ def test_verifier_threads_reach_the_runs_verifier_and_its_plan(tmp_path, fast_ru
 
 def test_ray_address_is_the_cluster_ray_joins(monkeypatch):
     ray = pytest.importorskip("ray")
-    from mutualrl.allocation.ray_executor import RayExecutor
+    from mutualrl.workers.ray_executor import RayExecutor
 
     joined = []
 

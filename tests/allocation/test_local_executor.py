@@ -8,13 +8,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from mutualrl.allocation import (
-    EXECUTORS,
-    AllocationConfig,
-    LocalExecutor,
-    WorkerFailedError,
-    make_executor,
-)
+from mutualrl.allocation import AllocationConfig
+from mutualrl.workers import EXECUTORS, LocalExecutor, WorkerFailedError, make_executor
 
 
 class Echo:

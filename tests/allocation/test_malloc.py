@@ -1,4 +1,4 @@
-"""The allocator set-up every mutualrl process applies at start-up (allocation/malloc.py)."""
+"""The allocator set-up every mutualrl process applies at start-up (malloc.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-CODE = "from mutualrl.allocation.malloc import reuse_large_buffers as r; print(r()); print(r())"
+CODE = "from mutualrl.malloc import reuse_large_buffers as r; print(r()); print(r())"
 
 
 def _mode(**env) -> list[str]:
@@ -30,7 +30,7 @@ def test_large_buffers_are_reused_unless_asked_for_the_system_allocator():
 
 
 def test_a_preloaded_caching_allocator_is_left_alone(monkeypatch):
-    import mutualrl.allocation.malloc as m
+    import mutualrl.malloc as m
 
     monkeypatch.setattr(m, "_state", {})
     monkeypatch.setenv("LD_PRELOAD", "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2")
@@ -39,7 +39,7 @@ def test_a_preloaded_caching_allocator_is_left_alone(monkeypatch):
 
 
 def test_only_the_commands_that_train_set_the_allocator_up_for_large_buffers():
-    # one arena slows the Rust tokenizers' thread pool (allocation/malloc.py): the retokenization
+    # one arena slows the Rust tokenizers' thread pool (malloc.py): the retokenization
     # benchmark, plan and exchange inspect keep glibc's defaults
     from mutualrl.cli import build_parser
 

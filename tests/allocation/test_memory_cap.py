@@ -14,15 +14,16 @@ import msgspec
 import pytest
 import torch
 
-from mutualrl.allocation import AllocationConfig, ProcessExecutor
+from mutualrl.allocation import AllocationConfig
 from mutualrl.allocation.placement import policy_memory_cap
 from mutualrl.allocation.planner import Assignment, GpuSlot
-from mutualrl.allocation.ranks import RankGroup
 from mutualrl.config import load_config
 from mutualrl.policies import device_memory
 from mutualrl.policies.device_memory import GIB, Capped
 from mutualrl.policies.policy import load_handles
 from mutualrl.run.build import plan_workers, policy_factories
+from mutualrl.workers import ProcessExecutor
+from mutualrl.workers.ranks import RankGroup
 
 
 @pytest.fixture(scope="module")

@@ -7,13 +7,7 @@ import time
 
 import pytest
 
-from mutualrl.allocation import (
-    PacedRecord,
-    VersionGate,
-    is_fresh,
-    run_paced,
-    starvation_report,
-)
+from mutualrl.pacing import PacedRecord, VersionGate, is_fresh, run_paced, starvation_report
 
 
 def test_is_fresh_bounds_age_but_not_records_from_the_future():
@@ -125,8 +119,8 @@ def test_stale_records_are_dropped_and_counted():
 
 
 def test_consumption_drops_records_older_than_the_bound():
-    from mutualrl.allocation.paced import _Run
-    from mutualrl.allocation.pacing import QueueChannel
+    from mutualrl.pacing.driver import _Run
+    from mutualrl.pacing.gate import QueueChannel
 
     gate = VersionGate(["a", "b"], max_staleness=1)
     run = _Run(["a", "b"], 10, gate, QueueChannel(["a", "b"]), 1.0)

@@ -9,14 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mutualrl.allocation import (
-    GpuSlot,
-    Inventory,
-    PlanError,
-    WorkerSpec,
-    largest_remainder,
-    plan,
-)
+from mutualrl.allocation import GpuSlot, Inventory, PlanError, WorkerSpec, largest_remainder, plan
 
 GIB = 1024**3
 

@@ -14,15 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from mutualrl.allocation import (
-    EXECUTORS,
-    AllocationConfig,
-    ProcessExecutor,
-    WorkerFailedError,
-    make_executor,
-)
+from mutualrl.allocation import AllocationConfig
 from mutualrl.allocation.planner import Assignment, GpuSlot
-from mutualrl.allocation.processes import worker_env
+from mutualrl.workers import EXECUTORS, ProcessExecutor, WorkerFailedError, make_executor
+from mutualrl.workers.processes import worker_env
 from tests.allocation.test_local_executor import (
     Boom,
     Closes,
@@ -267,7 +262,7 @@ def test_a_worker_killed_before_it_could_close_leaves_no_scratch_folder(tmp_path
     machine), and one killed at its call's timeout, cannot remove their scratch folders: the
     executor removes them once their processes are gone. The folder of a worker still running
     is kept, and one that closed in time removed its own."""
-    from mutualrl.allocation import processes
+    from mutualrl.workers import processes
 
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # the worker processes' TMPDIR
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))

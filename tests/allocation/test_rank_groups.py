@@ -14,15 +14,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from mutualrl.allocation import (
-    AllocationConfig,
-    LocalExecutor,
-    ProcessExecutor,
-    WorkerFailedError,
-    call_one,
-)
+from mutualrl.allocation import AllocationConfig
 from mutualrl.allocation.planner import Assignment, GpuSlot
-from mutualrl.allocation.ranks import (
+from mutualrl.workers import LocalExecutor, ProcessExecutor, WorkerFailedError, call_one
+from mutualrl.workers.ranks import (
     RANK_FAILURE_GRACE_S,
     ProcessGroupError,
     RankGroup,

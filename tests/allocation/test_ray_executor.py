@@ -105,7 +105,7 @@ def _plan(cpus: int = 2, gpus: int = 2):
 
 
 def _executor(**kw):
-    from mutualrl.allocation.ray_executor import RayExecutor
+    from mutualrl.workers.ray_executor import RayExecutor
 
     opts = (
         dict(executor="ray", gpu_resource="GPU_fake", placement_timeout_s=5.0, call_timeout_s=30.0)
@@ -159,7 +159,7 @@ def test_actors_in_placement_groups_call_results_failures_and_refs(cluster, tmp_
 
 
 def test_unplaceable_gangs_are_all_or_nothing_with_a_diagnostic(cluster):
-    from mutualrl.allocation.ray_executor import PlacementError
+    from mutualrl.workers.ray_executor import PlacementError
 
     Worker, Produce, Consume, Boom, Sleep = _classes()
     p = _plan(cpus=2, gpus=4)  # the plan believes in 4 GPUs; the cluster has 2 fake ones
@@ -217,7 +217,7 @@ def _rank_classes():
 def test_a_rank_group_is_one_actor_per_rank_in_one_process_group(cluster):
     import time
 
-    from mutualrl.allocation.ranks import RankGroup
+    from mutualrl.workers.ranks import RankGroup
 
     Member, Who, Total, DieOn = _rank_classes()
     spec = WorkerSpec(
@@ -299,7 +299,7 @@ def test_an_actor_killed_before_it_could_close_leaves_no_scratch_folder(cluster,
     folder. (Two actors: the test cluster has two CPUs.)"""
     from pathlib import Path
 
-    from mutualrl.allocation import ray_executor
+    from mutualrl.workers import ray_executor
 
     monkeypatch.setattr(ray_executor, "CLOSE_TIMEOUT_S", 1.0)
     HoldsScratch, ScratchPath, Snooze = _scratch_classes()

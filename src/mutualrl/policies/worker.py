@@ -2,7 +2,7 @@
 
 ``PolicyWorker`` is the interface a policy worker implements (``Policy`` does); each call below is
 a frozen dataclass of the request's arguments that applies itself to a worker. Every executor
-kind (local threads, Ray actors) takes the same call objects (``allocation.calls``), so the path
+kind (local threads, Ray actors) takes the same call objects (``workers.calls``), so the path
 of the data can be read from the call sites: ``call_live(executor, Generate(...))`` is
 ``PolicyWorker.generate`` on every live policy, wherever it runs.
 """

@@ -17,10 +17,9 @@ import msgspec
 import numpy as np
 import torch
 
-from mutualrl.allocation import make_executor, plan, resolve_inventory, worker_specs_from_config
+from mutualrl.allocation import plan, resolve_inventory, worker_specs_from_config
 from mutualrl.allocation.placement import policy_device, process_memory_cap
 from mutualrl.allocation.planner import Plan
-from mutualrl.allocation.ranks import RankGroup
 from mutualrl.config import AllocationConfig, ConfigError, RunConfig, to_dict
 from mutualrl.policies.checkpoints import check_checkpoints, check_policies
 from mutualrl.policies.device_memory import Capped
@@ -42,6 +41,8 @@ from mutualrl.run.tracking import check_trackers, make_writer
 from mutualrl.strategies import Strategy, build_strategy
 from mutualrl.tasks import GuardedVerifier, Task, build_task
 from mutualrl.tasks.rewards import WeightedReward, build_rewards
+from mutualrl.workers import make_executor
+from mutualrl.workers.ranks import RankGroup
 
 
 def seed_everything(seed: int) -> None:

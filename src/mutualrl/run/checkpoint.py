@@ -49,11 +49,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from mutualrl.allocation import call_each
 from mutualrl.config import ConfigError, to_dict
 from mutualrl.policies.worker import RestoreCheckpoint, SaveCheckpoint
 from mutualrl.run import state_codec
 from mutualrl.storage import disk_full, storage_error
+from mutualrl.workers import call_each
 
 if TYPE_CHECKING:
     from mutualrl.run.state import Run

@@ -1,7 +1,7 @@
 """Policies that left a run under ``allocation.on_failure = "continue"``: said, kept, never silent.
 
 Under ``continue`` a worker whose call fails is removed and the other policies go on
-(``allocation.calls``). The run says so once, on stderr, when it first sees a policy gone (which
+(``workers.calls``). The run says so once, on stderr, when it first sees a policy gone (which
 policy, at which step, the call and the error), appends the record with the worker's traceback
 to ``RUN_DIR/failures.jsonl``, and ``summary.json`` names it under ``failed``. A run left with no
 live policy has nothing to train: it stops with ``WorkerFailedError`` carrying every failure,
@@ -20,7 +20,7 @@ from typing import Protocol
 
 import msgspec
 
-from mutualrl.allocation.calls import Executor, WorkerFailedError, WorkerFailure
+from mutualrl.workers.calls import Executor, WorkerFailedError, WorkerFailure
 
 
 class RunMembers(Protocol):

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import torch
 
-from mutualrl.allocation import EXECUTORS
 from mutualrl.config import ConfigError, RunConfig
 from mutualrl.grpo import ADVANTAGE_ESTIMATORS, NORMALISERS, REWARD_SCALINGS
 from mutualrl.policies.generation import check_backends, check_engine_processes
 from mutualrl.policies.models import ARCHITECTURES
 from mutualrl.registry import Registry, RegistryError
 from mutualrl.tasks import TASKS
+from mutualrl.workers import EXECUTORS
 
 # What the device field takes, for the messages (policy_device places "cuda" on planned GPUs).
 DEVICES = '"cpu", "cuda" (each learner on its planned GPU) or "cuda:N"'

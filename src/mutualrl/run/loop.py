@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 import msgspec
 import numpy as np
 
-from mutualrl.allocation.calls import WorkerFailedError
 from mutualrl.config import RunConfig
 from mutualrl.policies.model_cache import resolve_policies
 from mutualrl.policies.precision import resolve_precision
@@ -45,6 +44,7 @@ from mutualrl.run.resume import open_checkpoint, resume_from
 from mutualrl.run.signals import RunInterrupted, StopRequests
 from mutualrl.run.state import Run
 from mutualrl.run.warmup import warm_start
+from mutualrl.workers.calls import WorkerFailedError
 
 
 def grpo_step(run: Run, step: int, names: list[str] | None = None) -> dict:

@@ -1,6 +1,6 @@
 """Each policy at its own pace: ``allocation.max_staleness = k >= 1``.
 
-Every policy runs its own step loop in a driver thread of its own (``allocation.run_paced``),
+Every policy runs its own step loop in a driver thread of its own (``pacing.run_paced``),
 with the same phases as the lock-step loop, for itself only:
 
     wait at the gate -> sample prompts -> generate -> verify -> publish (to the peers at once)
@@ -36,16 +36,8 @@ from typing import cast
 
 import numpy as np
 
-from mutualrl.allocation import (
-    PacedRecord,
-    QueueChannel,
-    StepWorker,
-    VersionGate,
-    WorkerFailedError,
-    WorkerUnavailable,
-    run_paced,
-)
 from mutualrl.config import ConfigError, RunConfig
+from mutualrl.pacing import PacedRecord, QueueChannel, StepWorker, VersionGate, run_paced
 from mutualrl.run.evaluation import evaluate
 from mutualrl.run.guards import GuardTripped
 from mutualrl.run.phases import (
@@ -63,6 +55,7 @@ from mutualrl.run.phases import (
 )
 from mutualrl.run.state import Run
 from mutualrl.strategies import STRATEGIES, StatefulStrategy, build_strategy
+from mutualrl.workers import WorkerFailedError, WorkerUnavailable
 
 # Calls a step makes on workers (generate, the strategy's, update), each bounded by
 # call_timeout_s: a step still running after this many of them is declared hung. Verification
@@ -267,7 +260,7 @@ class _Produced:
 
 
 class PolicyStepper:
-    """One policy's steps in a paced run (an ``allocation.PhasedWorker`` for ``run_paced``): the
+    """One policy's steps in a paced run (an ``pacing.PhasedWorker`` for ``run_paced``): the
     lock-step loop's phases, for this policy only, on a view of the run with its own strategy,
     its own-records subscription and its own phase clock."""
 

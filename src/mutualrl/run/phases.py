@@ -20,7 +20,6 @@ from typing import ParamSpec, TypeVar
 import numpy as np
 import torch
 
-from mutualrl.allocation import WorkerUnavailable, call_each, call_one
 from mutualrl.policies.samples import Sample
 from mutualrl.policies.worker import Generate, SequenceLogprobs, Update, UpdateAndGenerate
 from mutualrl.retokenize import Retokenizer
@@ -32,6 +31,7 @@ from mutualrl.strategies.base import ReceiverLogprobs, ReceiverSampler, TokenIds
 from mutualrl.strategies.common import own_advantages
 from mutualrl.tasks import Prompt
 from mutualrl.tasks.rewards import WeightedReward, mean_parts
+from mutualrl.workers import WorkerUnavailable, call_each, call_one
 
 
 def sample_prompts(run: Run, step: int):

@@ -30,10 +30,10 @@ from pathlib import Path
 
 import msgspec
 
-from mutualrl.allocation.calls import WorkerFailedError, WorkerFailure
 from mutualrl.config import AllocationConfig, RunConfig
 from mutualrl.run import checkpoint
 from mutualrl.run.departures import FILE
+from mutualrl.workers.calls import WorkerFailedError, WorkerFailure
 
 
 class Restart(msgspec.Struct, frozen=True, kw_only=True):

@@ -21,7 +21,6 @@ from typing import Any, Protocol, cast
 import numpy as np
 import torch
 
-from mutualrl.allocation import Executor, WorkerCall, call_each
 from mutualrl.config import RunConfig
 from mutualrl.exchange import ExperienceBus, Subscription
 from mutualrl.policies.policy import PolicyView, Sample
@@ -35,6 +34,7 @@ from mutualrl.run.signals import StopRequests
 from mutualrl.strategies import StatefulStrategy, Strategy
 from mutualrl.tasks import GuardedVerifier, Task
 from mutualrl.tasks.rewards import WeightedReward
+from mutualrl.workers import Executor, WorkerCall, call_each
 
 
 @dataclass
@@ -77,7 +77,7 @@ class Run:
     bus: ExperienceBus
     subscription: Subscription
     retokenizers: dict[str, Retokenizer]
-    executor: Executor  # where the policies' workers live (allocation.make_executor)
+    executor: Executor  # where the policies' workers live (workers.make_executor)
     # policies that left under on_failure = "continue" (run.departures)
     departures: Departures
     peer_logs: PeerLogPool | None = None

@@ -35,9 +35,9 @@ import msgspec
 import numpy as np
 import torch
 
-from mutualrl.allocation import PacedRecord
 from mutualrl.exchange.codec import Delivery, Envelope, RecordCodec, check_version
 from mutualrl.exchange.errors import ExchangeError
+from mutualrl.pacing import PacedRecord
 from mutualrl.policies.samples import Sample
 from mutualrl.tasks.base import Prompt
 

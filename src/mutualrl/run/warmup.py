@@ -32,7 +32,6 @@ import numpy as np
 import torch
 
 import mutualrl
-from mutualrl.allocation import call_each
 from mutualrl.config import RunConfig, to_dict
 from mutualrl.policies.batch import SFTExample
 from mutualrl.policies.worker import FreezeReference, Generate, LoadState, SaveState, SFTStep
@@ -48,6 +47,7 @@ from mutualrl.run.scenarios import (
     warm_plans,
 )
 from mutualrl.run.signals import RunInterrupted
+from mutualrl.workers import call_each
 
 if TYPE_CHECKING:
     from mutualrl.run.state import Run

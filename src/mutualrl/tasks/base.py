@@ -119,7 +119,7 @@ class GuardedVerifier:
     def seconds_in_calls(self, ident: int) -> float:
         """Seconds the thread ``ident`` has spent in this verifier's calls so far, its waits for
         its turn and the call in progress included. Each call is bounded by ``timeout_s``, so a
-        paced run's step time-out sets these seconds aside (``allocation.paced``)."""
+        paced run's step time-out sets these seconds aside (``pacing.driver``)."""
         with self._clock:
             spent, since = self._spent.get(ident, 0.0), self._since.get(ident)
             return spent if since is None else spent + time.monotonic() - since

@@ -152,7 +152,9 @@ class TorchBackend:
         if not s.stop_strings:
             return None
         if s.stop_strings not in self._stops:
-            self._stops[s.stop_strings] = StopStringCriteria(self.view.tokenizer, s.stop_strings)
+            self._stops[s.stop_strings] = StopStringCriteria(
+                self.view.tokenizer, list(s.stop_strings)
+            )
         return self._stops[s.stop_strings]
 
     def _to_samples(self, prompts, prompt_ids, groups, drawn: Drawn) -> list[Sample]:

@@ -10,5 +10,5 @@
 * ``worker``: ``ShardedPolicy``, one rank's side of a policy worker.
 
 Its state on disk is ``policies.dcp``'s (a one-rank policy reads it too). The processes and
-their process group are the executor's (``allocation.ranks``).
+their process group are the executor's (``workers.ranks``).
 """

@@ -1,6 +1,6 @@
 """One rank of a policy worker whose learner is sharded: ``ShardedPolicy``.
 
-The executor starts one per rank and sends every call to all of them (``allocation.ranks``);
+The executor starts one per rank and sends every call to all of them (``workers.ranks``);
 each implements the whole ``PolicyWorker`` protocol, and rank 0's answer is the worker's:
 
 * ``generate``: rank 0 samples from its copy of the weights (``mirror``) with the policy's
@@ -202,7 +202,7 @@ def build_rank(
     training: TrainingConfig | None,
     ctx,
 ) -> ShardedPolicy:
-    """A rank's worker, from the executor's ``RankContext`` (``allocation.ranks``): a picklable
+    """A rank's worker, from the executor's ``RankContext`` (``workers.ranks``): a picklable
     factory with ``functools.partial``."""
     return ShardedPolicy(
         cfg, grpo, seed, facts, ctx.rank, ctx.world_size, device, total_steps, training

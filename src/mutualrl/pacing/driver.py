@@ -28,8 +28,8 @@ from typing import Any, Literal, Protocol
 
 import msgspec
 
-from mutualrl.allocation.calls import WorkerFailure, failure_from_exception
-from mutualrl.allocation.pacing import Channel, PacedRecord, QueueChannel, VersionGate, is_fresh
+from mutualrl.pacing.gate import Channel, PacedRecord, QueueChannel, VersionGate, is_fresh
+from mutualrl.workers.calls import WorkerFailure, failure_from_exception
 
 
 class StepWorker(Protocol):

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from mutualrl.allocation.calls import Executor
-from mutualrl.allocation.executors import LocalExecutor
-from mutualrl.allocation.processes import ProcessExecutor
 from mutualrl.config import AllocationConfig
 from mutualrl.registry import Registry
+from mutualrl.workers.calls import Executor
+from mutualrl.workers.executors import LocalExecutor
+from mutualrl.workers.processes import ProcessExecutor
 
 EXECUTORS: Registry[Callable[[AllocationConfig], Executor]] = Registry("executor kind")
 
@@ -24,7 +24,7 @@ def make_executor(alloc: AllocationConfig) -> Executor:
 
 def _make_ray(alloc: AllocationConfig) -> Executor:
     try:
-        from mutualrl.allocation.ray_executor import RayExecutor
+        from mutualrl.workers.ray_executor import RayExecutor
     except ImportError as exc:
         raise ImportError(
             "executor 'ray' needs Ray: pip install 'mutualrl[ray]' "

@@ -7,7 +7,7 @@ them in a ``Roster``: the factories it started, the live workers and those remov
 inside calls. A call takes one course on every kind (``Roster.call``): its names are checked, it
 goes to the live workers only, a removed one's result says it is ``unavailable``, and then
 ``on_failure`` applies to the results (``calls.FailurePolicy``). A worker that is a rank group
-(``allocation.ranks``) gets one host per rank on the kinds that start processes, each built by its
+(``workers.ranks``) gets one host per rank on the kinds that start processes, each built by its
 ``RankFactory``, with the group's rendezvous port and an equal share of its planned threads.
 """
 
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
-from mutualrl.allocation.calls import (
+from mutualrl.workers.calls import (
     CallResult,
     FailurePolicy,
     WorkerCall,
@@ -28,7 +28,7 @@ from mutualrl.allocation.calls import (
     call_name,
     check_names,
 )
-from mutualrl.allocation.ranks import RankFactory, RankGroup
+from mutualrl.workers.ranks import RankFactory, RankGroup
 
 if TYPE_CHECKING:
     from mutualrl.config import AllocationConfig

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from mutualrl.allocation.calls import CallResult, WorkerFailure
+from mutualrl.workers.calls import CallResult, WorkerFailure
 
 # After a rank of a group fails, how long the group's other ranks may still report before the
 # group is killed: the rank whose death broke its peers' collectives may be seen after the errors

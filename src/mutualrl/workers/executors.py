@@ -1,8 +1,8 @@
 """The local executor: workers in this process, one thread each or one after another.
 
 Executors realise a plan: they build workers from factories and apply typed calls
-(``mutualrl.allocation.calls``) to them, all at once, each bounded by a timeout; failures and the
-``on_failure`` policy are described there. Kinds are a registry (``allocation.kinds``): ``local``
+(``mutualrl.workers.calls``) to them, all at once, each bounded by a timeout; failures and the
+``on_failure`` policy are described there. Kinds are a registry (``workers.kinds``): ``local``
 (this module, the default) and ``ray``.
 """
 
@@ -19,16 +19,16 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures import wait as wait_futures
 from typing import TYPE_CHECKING, Any
 
-from mutualrl.allocation.calls import (
+from mutualrl.config import AllocationConfig
+from mutualrl.workers.calls import (
     CallResult,
     WorkerCall,
     WorkerFailure,
     close_worker,
     failure_from_exception,
 )
-from mutualrl.allocation.replies import failure_result
-from mutualrl.allocation.roster import Roster, check_built
-from mutualrl.config import AllocationConfig
+from mutualrl.workers.replies import failure_result
+from mutualrl.workers.roster import Roster, check_built
 
 if TYPE_CHECKING:
     from mutualrl.allocation.planner import Plan

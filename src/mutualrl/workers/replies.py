@@ -19,8 +19,8 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from mutualrl.allocation.calls import CallResult, FailureKind, WorkerFailure
-from mutualrl.allocation.ranks import RANK_FAILURE_GRACE_S, merge_ranks
+from mutualrl.workers.calls import CallResult, FailureKind, WorkerFailure
+from mutualrl.workers.ranks import RANK_FAILURE_GRACE_S, merge_ranks
 
 
 def failure_result(

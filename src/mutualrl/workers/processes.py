@@ -1,7 +1,7 @@
 """The process executor: one process per worker on this machine (executor kind ``process``).
 
 Each worker is built inside a process of its own (started with ``spawn``), from the same
-picklable factory the Ray executor sends to its actors, and typed calls (``allocation.calls``)
+picklable factory the Ray executor sends to its actors, and typed calls (``workers.calls``)
 travel to it through a pipe. What a process of its own gives that the threads of
 ``LocalExecutor`` cannot:
 
@@ -20,7 +20,7 @@ travel to it through a pipe. What a process of its own gives that the threads of
 
 - **Rank groups.** A ``RankGroup`` factory (a policy whose learner is sharded over several
   ranks) gets one process per rank, each with the group's rendezvous and its own planned GPU in
-  its environment (``allocation.ranks``); calls go to every rank, rank 0 answers, and a rank that
+  its environment (``workers.ranks``); calls go to every rank, rank 0 answers, and a rank that
   fails ends the whole group as that worker's failure.
 
 Worker processes are not daemonic (a daemonic process may not start children, and vLLM's CPU
@@ -52,28 +52,28 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any
 
-from mutualrl.allocation.calls import (
+from mutualrl.config import AllocationConfig
+from mutualrl.malloc import reuse_large_buffers
+from mutualrl.workers.calls import (
     CallResult,
     WorkerCall,
     WorkerFailure,
     close_worker,
 )
-from mutualrl.allocation.ending import end_group, sweep_left_scratch
-from mutualrl.allocation.malloc import reuse_large_buffers
-from mutualrl.allocation.ranks import RankGroup, free_port, group_size, rank_env
-from mutualrl.allocation.replies import (
+from mutualrl.workers.ending import end_group, sweep_left_scratch
+from mutualrl.workers.ranks import RankGroup, free_port, group_size, rank_env
+from mutualrl.workers.replies import (
     RankReplies,
     failure_result,
     raised_failure,
     raised_status,
 )
-from mutualrl.allocation.roster import (
+from mutualrl.workers.roster import (
     Roster,
     check_built,
     check_rank_gpus,
     rank_threads,
 )
-from mutualrl.config import AllocationConfig
 
 if TYPE_CHECKING:
     from mutualrl.allocation.planner import Plan

@@ -9,7 +9,7 @@ Freshness: a record produced at version ``v`` is fresh for a consumer at version
 ``c - v <= max_staleness``; older records are dropped at consumption and counted, never silently.
 
 Every wait here has a timeout: the gate's waits are bounded, and the paced driver
-(``mutualrl.allocation.paced``) declares a step that exceeds its timeout hung.
+(``mutualrl.pacing.driver``) declares a step that exceeds its timeout hung.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ allows fractional GPU requests below 1, so colocated workers genuinely share a G
 has one, but with more than one GPU each actor gets a disjoint whole-GPU share; workers that must
 share several GPUs should be one object playing both roles.
 
-A rank group (``allocation.ranks.RankGroup``: a policy whose learner is sharded) is one actor per
+A rank group (``workers.ranks.RankGroup``: a policy whose learner is sharded) is one actor per
 rank in its gang's placement group, each holding one of the gang's GPUs on the node the plan put
 it (its bundle) and an equal share of its threads. The actors are placed first; rank 0's actor
 names the rendezvous (its node's address and a free port there); then every rank joins the
@@ -46,29 +46,29 @@ from ray.util.scheduling_strategies import (
     PlacementGroupSchedulingStrategy,
 )
 
-from mutualrl.allocation.calls import (
+from mutualrl.allocation.planner import Assignment, Plan
+from mutualrl.config import AllocationConfig
+from mutualrl.workers.calls import (
     CallResult,
     WorkerCall,
     WorkerFailure,
     call_fields,
     close_worker,
 )
-from mutualrl.allocation.ending import sweep_left_scratch
-from mutualrl.allocation.planner import Assignment, Plan
-from mutualrl.allocation.ranks import RankFactory, RankGroup, free_port, rank_env
-from mutualrl.allocation.replies import (
+from mutualrl.workers.ending import sweep_left_scratch
+from mutualrl.workers.ranks import RankFactory, RankGroup, free_port, rank_env
+from mutualrl.workers.replies import (
     RankReplies,
     failure_result,
     raised_failure,
     raised_status,
 )
-from mutualrl.allocation.roster import (
+from mutualrl.workers.roster import (
     Roster,
     check_built,
     check_rank_gpus,
     rank_threads,
 )
-from mutualrl.config import AllocationConfig
 
 # How long a shutdown waits for its workers to close before it kills them.
 CLOSE_TIMEOUT_S = 10.0
