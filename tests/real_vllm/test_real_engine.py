@@ -96,6 +96,26 @@ def test_behaviour_logprobs_are_the_trainers(full, temperature, top_k, top_p):
         torch.testing.assert_close(torch.tensor(s.logprobs), lp, atol=ATOL, rtol=0)
 
 
+def test_a_stop_string_ends_a_completion_at_the_token_that_completes_it(full):
+    """``grpo.stop_strings`` on the engine (vLLM's ``stop``): as in the torch sampler, the token
+    that completes the string is the completion's last, and it counts as ended."""
+    settings = SamplingSettings(8, 8, 1.0, stop_strings=("e",))
+    samples = full.backend.generate(
+        PROMPTS, [full.encode_prompt(p.text) for p in PROMPTS], settings
+    )
+    tok, stopped = full.tokenizer, 0
+    for s in samples:
+        text = tok.decode(s.completion_ids)
+        if s.finish_reason == "stop" and tok.eos_token_id not in s.completion_ids:
+            stopped += 1
+            assert "e" in text and "e" not in tok.decode(s.completion_ids[:-1]), text
+        else:
+            assert "e" not in tok.decode(s.completion_ids[:-1]), text
+    assert stopped >= 2  # a common letter in this vocabulary: some completions ended on it
+    for s, lp in zip(samples, trainer_logprobs(full, samples)):
+        torch.testing.assert_close(torch.tensor(s.logprobs), lp, atol=ATOL, rtol=0)
+
+
 def test_each_prompt_draws_its_own_noise(full):
     same = full.generate([PROMPTS[0], PROMPTS[0]], 4, 8, 1.0)
     assert [s.completion_ids for s in same[:4]] != [s.completion_ids for s in same[4:]]
