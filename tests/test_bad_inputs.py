@@ -54,6 +54,11 @@ BAD_SETTINGS = [
         ["policies.llama-mistral.architecture", "'nope'", "llama, mistral, qwen2"],
         id="architecture",
     ),
+    pytest.param(
+        ['policies.0.attn_implementation="flash"'],
+        ["policies.llama-mistral.attn_implementation", "'flash'", "eager", "sdpa"],
+        id="attn_implementation",
+    ),
     pytest.param(['task.name="nope"'], ["task.name", "'nope'", "pointer"], id="task-name"),
     pytest.param(['allocation.executor="nope"'], ["allocation.executor", "local"], id="executor"),
     pytest.param(

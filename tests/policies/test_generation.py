@@ -239,6 +239,31 @@ def test_an_empty_stop_string_is_refused():
         GRPOConfig(stop_strings=("",))
 
 
+def test_eager_attention_samples_and_trains_as_sdpa_does(tokenizer_handles):
+    """``policies.*.attn_implementation``: the kernel is transformers' choice of the same
+    attention, so the draws are the same tokens and the log-probs and loss agree in fp32."""
+    sdpa, eager = (
+        make_policy(tokenizer_handles),
+        make_policy(tokenizer_handles, attn_implementation="eager"),
+    )
+    assert eager.model.config._attn_implementation == "eager"
+    assert sdpa.model.config._attn_implementation == "sdpa"
+    a, b = sdpa.generate(PROMPTS, 4, 4, 0.7), eager.generate(PROMPTS, 4, 4, 0.7)
+    assert [s.completion_ids for s in a] == [s.completion_ids for s in b]
+    for x, y in zip(a, b):
+        torch.testing.assert_close(
+            torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-5, rtol=0
+        )
+    batch = TrainBatch(
+        sequences=tuple(
+            TrainSequence(s.prompt_ids, s.completion_ids, advantage=(-1.0) ** i)
+            for i, s in enumerate(a)
+        )
+    )
+    la, lb = sdpa.train_step(batch)["loss"], eager.train_step(batch)["loss"]
+    assert math.isclose(la, lb, rel_tol=1e-5, abs_tol=1e-6)
+
+
 # ---- the vLLM backend on a fake engine --------------------------------------------------------
 def with_fake(policy, **fake) -> FakeLLM:
     llm = FakeLLM(policy, **fake)

@@ -151,6 +151,11 @@ class PolicyConfig(ConfigStruct, frozen=True):
     # plan say which (policies.precision). A CPU without bf16 matrix instructions emulates bf16,
     # 10-25x slower than fp32: "auto" never chooses it there, and "bf16" warns before the run.
     dtype: Literal["auto", "fp32", "bf16"] = "auto"  # compute precision (see above)
+    # transformers' attention kernel for the learner and the torch sampler (its name, as TRL's
+    # model_init_kwargs pass it): "sdpa", "eager", "flash_attention_2", ...; None: transformers'
+    # choice (sdpa). On a CPU the sdpa flash-attention backward is a large share of a small
+    # model's update (docs/results/performance.md, the profile): "eager" may be faster there.
+    attn_implementation: str | None = None  # attention kernel (transformers' name); None: its own
     # Processes the learner runs as, one device each, its model sharded across them with FSDP2
     # (docs/guides/policies-across-gpus.md). 1: one process, unsharded, exactly as before.
     learner_ranks: int = 1  # learner processes (FSDP2 ranks); 1: unsharded

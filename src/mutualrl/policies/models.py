@@ -119,7 +119,10 @@ def build_model(p: PolicyConfig, facts: TokenizerFacts, seed: int) -> torch.nn.M
         # checked it, but a worker loads it later (and, in its own process, from disk again)
         verify_before_load(p.checkpoint)
         loaded = AutoModelForCausalLM.from_pretrained(
-            p.checkpoint, dtype=torch.float32, output_loading_info=True
+            p.checkpoint,
+            dtype=torch.float32,
+            output_loading_info=True,
+            attn_implementation=p.attn_implementation,
         )
         model, info = cast(tuple[torch.nn.Module, dict], loaded)
         if info["missing_keys"]:  # transformers would train them from a random start
@@ -131,7 +134,7 @@ def build_model(p: PolicyConfig, facts: TokenizerFacts, seed: int) -> torch.nn.M
     config = ARCHITECTURES.get(p.architecture)(p, facts)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return AutoModelForCausalLM.from_config(config)
+        return AutoModelForCausalLM.from_config(config, attn_implementation=p.attn_implementation)
 
 
 def empty_model(p: PolicyConfig, facts: TokenizerFacts) -> torch.nn.Module:

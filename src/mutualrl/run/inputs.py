@@ -38,6 +38,7 @@ def check_inputs(cfg: RunConfig, machine: bool = True) -> None:
     for p in cfg.policies:
         if p.checkpoint is None:  # a checkpoint's own config.json names its architecture
             registered(ARCHITECTURES, p.architecture, f"policies.{p.name}.architecture")
+        check_attention(p.attn_implementation, f"policies.{p.name}.attn_implementation")
     # What the config asks for first (two vLLM engines in one process is wrong everywhere), then
     # whether this install has the packages it names
     check_engine_processes(cfg.policies, cfg.allocation.executor)
@@ -52,6 +53,16 @@ def registered(registry: Registry, name: str, field: str) -> None:
         registry.get(name)
     except RegistryError as exc:
         raise ConfigError(f"{field}: {exc}") from None
+
+
+def check_attention(name: str | None, field: str) -> None:
+    """``name`` is an attention kernel transformers knows (its registry, and "eager"); whether
+    the machine has the kernel's package (flash-attn) is transformers' to say when it loads."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    known = sorted({"eager", *ALL_ATTENTION_FUNCTIONS.keys()})
+    if name is not None and name not in known:
+        raise ConfigError(f"{field}: unknown attention implementation {name!r}; known: {known}")
 
 
 def check_device(device: str) -> None:
