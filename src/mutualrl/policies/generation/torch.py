@@ -216,8 +216,9 @@ class Drawn:
         self.logps.append(torch.where(done, torch.zeros_like(lp), lp))
         self.lengths += ~done
         ended = done | (tok == self.eos)
-        if self.stops is not None:  # the tail is all it reads: the longest stop string's tokens
-            ended |= self.stops(torch.stack(self.tokens, 1), None).to(ended.device)
+        if self.stops is not None:  # it reads the tail only: at most a token per character
+            tail = torch.stack(self.tokens[-self.stops.maximum_token_len :], 1)
+            ended |= self.stops(tail, None).to(ended.device)
         self.finished = ended
         return bool(ended.all())
 
