@@ -66,20 +66,62 @@ def training_prompts(cfg, task, steps: int):
     ]
 
 
-def train_trl(cfg, policy, steps: int, out: Path) -> tuple[Path, float, list[dict]]:
-    """TRL's GRPOTrainer on the policy's checkpoint; its weights saved to ``out``. A finished
-    training of the same config in ``out`` (weights and ``trained.json``) is taken as it is: a
-    later failure (an evaluation) costs no retraining."""
+def trained_before(cfg, steps: int, out: Path) -> tuple[Path, float, list[dict]] | None:
+    """A finished TRL training of ``cfg`` for ``steps`` in ``out`` (its weights and
+    ``trained.json``), taken as it is, so a later failure (an evaluation) costs no retraining."""
     final, done = out / "final", out / "trained.json"
-    if done.exists() and final.exists():
-        info = json.loads(done.read_text())
-        if info["config"] == to_dict(cfg) and info["steps"] == steps:
-            print(f"  TRL's weights from {final} (trained before)", file=sys.stderr)
-            return final, info["wall_s"], info["logs"]
+    if not (done.exists() and final.exists()):
+        return None
+    info = json.loads(done.read_text())
+    # compared as written: JSON keeps a tuple field as a list
+    if info["config"] != json.loads(json.dumps(to_dict(cfg))) or info["steps"] != steps:
+        return None
+    print(f"  TRL's weights from {final} (trained before)", file=sys.stderr)
+    return final, info["wall_s"], info["logs"]
+
+
+def trl_args(cfg, policy, steps: int, out: Path):
+    """TRL's GRPOConfig for the run config's ``[grpo]`` settings TRL has a name for."""
+    import torch
+    from trl import GRPOConfig as TRLConfig
+
+    g = cfg.grpo
+    lr = policy.learning_rate if policy.learning_rate is not None else g.learning_rate
+    n = g.prompts_per_step * g.num_generations
+    return TRLConfig(
+        output_dir=str(out / "trainer"),
+        use_cpu=not torch.cuda.is_available(),
+        report_to="none",
+        per_device_train_batch_size=n,
+        num_generations=g.num_generations,
+        max_completion_length=g.max_completion_length,
+        temperature=g.temperature,
+        beta=g.beta,
+        epsilon=g.epsilon,
+        loss_type=g.loss_type,
+        scale_rewards=g.scale_rewards,
+        learning_rate=lr,
+        lr_scheduler_type="constant",
+        max_steps=steps,
+        shuffle_dataset=False,
+        logging_steps=1,
+        save_strategy="no",
+        dataloader_num_workers=0,
+        seed=cfg.seed,
+        bf16=policy.dtype == "bf16",  # what dtype = "auto" chose for a mutualrl run
+        disable_tqdm=False,
+    )
+
+
+def train_trl(cfg, policy, steps: int, out: Path) -> tuple[Path, float, list[dict]]:
+    """TRL's GRPOTrainer on the policy's checkpoint; its weights saved to ``out``, unless
+    ``out`` holds a finished training of the same config (``trained_before``)."""
+    final, done = out / "final", out / "trained.json"
+    if (before := trained_before(cfg, steps, out)) is not None:
+        return before
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM
-    from trl import GRPOConfig as TRLConfig
     from trl import GRPOTrainer
 
     from mutualrl.policies.prompting import chat_prompt
@@ -103,32 +145,7 @@ def train_trl(cfg, policy, steps: int, out: Path) -> tuple[Path, float, list[dic
         return [float(score(all_prompts[i], c)) for i, c in zip(index, completions)]
 
     all_prompts = prompts
-    g = cfg.grpo
-    lr = policy.learning_rate if policy.learning_rate is not None else g.learning_rate
-    n = g.prompts_per_step * g.num_generations
-    args = TRLConfig(
-        output_dir=str(out / "trainer"),
-        use_cpu=not torch.cuda.is_available(),
-        report_to="none",
-        per_device_train_batch_size=n,
-        num_generations=g.num_generations,
-        max_completion_length=g.max_completion_length,
-        temperature=g.temperature,
-        beta=g.beta,
-        epsilon=g.epsilon,
-        loss_type=g.loss_type,
-        scale_rewards=g.scale_rewards,
-        learning_rate=lr,
-        lr_scheduler_type="constant",
-        max_steps=steps,
-        shuffle_dataset=False,
-        logging_steps=1,
-        save_strategy="no",
-        dataloader_num_workers=0,
-        seed=cfg.seed,
-        bf16=policy.dtype == "bf16",  # what dtype = "auto" chose for a mutualrl run
-        disable_tqdm=False,
-    )
+    args = trl_args(cfg, policy, steps, out)
     model = AutoModelForCausalLM.from_pretrained(policy.checkpoint, dtype=torch.float32)
     data = Dataset.from_dict({"prompt": text, "index": list(range(len(prompts)))})
     trainer = GRPOTrainer(
