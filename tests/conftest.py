@@ -7,6 +7,8 @@ these handles and the retokenizer byte tables instead of rebuilding them per run
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 
@@ -86,6 +88,27 @@ def fast_run_builds(monkeypatch, tokenizer_handles, _profile_cache):
     before = torch.get_num_threads()
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def module_tmp(request, tmp_path_factory):
+    """``module_tmp(name)``: a new folder for a module-scoped fixture, as
+    ``tmp_path_factory.mktemp`` makes it, removed at the module's end when none of the module's
+    tests failed (a failed one's folders are kept to look into). pytest keeps a module fixture's
+    folders to the session's end: the suite's runs and checkpoints added up to more than a CI
+    machine's free disk."""
+    made = []
+    failed_before = request.session.testsfailed
+
+    def mktemp(name: str):
+        folder = tmp_path_factory.mktemp(name)
+        made.append(folder)
+        return folder
+
+    yield mktemp
+    if request.session.testsfailed == failed_before:
+        for folder in made:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

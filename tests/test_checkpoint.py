@@ -23,8 +23,8 @@ def tiny(out: Path, *sets: str):
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory, fast_run_builds_module) -> Path:
-    out = tmp_path_factory.mktemp("ckpt") / "run"
+def tiny_run(module_tmp, fast_run_builds_module) -> Path:
+    out = module_tmp("ckpt") / "run"
     train(tiny(out))
     return out
 

@@ -29,9 +29,9 @@ def tiny(out: Path, *sets: str):
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory, fast_run_builds_module) -> Path:
+def tiny_run(module_tmp, fast_run_builds_module) -> Path:
     """Two steps of SGT (a success buffer of records in its state), a checkpoint after each."""
-    out = tmp_path_factory.mktemp("safety") / "run"
+    out = module_tmp("safety") / "run"
     train(tiny(out))
     return out
 

@@ -120,12 +120,12 @@ def _names(strategies, seeds=SEEDS) -> set[str]:
 
 # ---- a real compare through the CLI ---------------------------------------------------------
 @pytest.fixture(scope="module")
-def real_report(tmp_path_factory, request) -> Path:
+def real_report(module_tmp, request) -> Path:
     try:  # reuse the session's tokenizers and THL tables across runs (tests/conftest.py)
         request.getfixturevalue("fast_run_builds_module")
     except pytest.FixtureLookupError:
         pass
-    out = tmp_path_factory.mktemp("compare") / "report"
+    out = module_tmp("compare") / "report"
     config, sets = _config()
     argv = [
         "compare",

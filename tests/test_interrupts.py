@@ -137,9 +137,9 @@ def test_run_interrupted_survives_pickling_across_processes(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def stopped_run(tmp_path_factory) -> Path:
+def stopped_run(module_tmp) -> Path:
     """A tiny run stopped by SIGTERM after a few steps, with a checkpoint per step."""
-    out = tmp_path_factory.mktemp("stopped") / "run"
+    out = module_tmp("stopped") / "run"
     proc = start(train_cmd(out, 10))
     wait_for(lambda: len(train_rows(out)) >= 3, proc)
     proc.send_signal(signal.SIGTERM)

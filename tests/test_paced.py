@@ -90,7 +90,7 @@ SLOW = "qwen-deepseek"
 
 
 @pytest.fixture(scope="module")
-def independent(tmp_path_factory, fast_run_builds_module):
+def independent(module_tmp, fast_run_builds_module):
     """The tiny run under ``none`` in lock-step and paced at k = 1 and 2 (five steps), with
     ``SLOW``'s updates 0.3 s longer, so that the other policy runs ahead when it may."""
     from mutualrl.policies.policy import Policy
@@ -102,7 +102,7 @@ def independent(tmp_path_factory, fast_run_builds_module):
             time.sleep(0.3)
         return update(self, batches)
 
-    root = tmp_path_factory.mktemp("paced")
+    root = module_tmp("paced")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(Policy, "update", slow)
         return {

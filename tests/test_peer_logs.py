@@ -30,10 +30,10 @@ class _Recorded:
 
 
 @pytest.fixture(scope="module")
-def recorded(tmp_path_factory, fast_run_builds_module):
+def recorded(module_tmp, fast_run_builds_module):
     from mutualrl.run import build
 
-    out = tmp_path_factory.mktemp("peer-log") / "recorded"
+    out = module_tmp("peer-log") / "recorded"
     with pytest.MonkeyPatch.context() as mp:
         original = build.build_task
         mp.setattr(build, "build_task", lambda cfg: _Recorded(original(cfg)))

@@ -53,9 +53,9 @@ def _mutualrl(args: list[str], paths: list[Path], cwd: Path) -> subprocess.Compl
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory) -> list[Path]:
+def installed(module_tmp) -> list[Path]:
     """Both plug-in packages, installed into a temporary site folder: the PYTHONPATH entries."""
-    site = tmp_path_factory.mktemp("site")
+    site = module_tmp("site")
     return [site, *(_dist_info(PLUGINS / name, site) for name in ("echo_plugin", "broken_plugin"))]
 
 

@@ -52,10 +52,10 @@ def _save(folder: Path, arch: str, tok, template: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
+def checkpoints(module_tmp):
     """Qwen2 and Llama folders on one SentencePiece tokenizer (loading a second real one costs
     seconds), each with its own family's chat template in its tokenizer_config."""
-    root = tmp_path_factory.mktemp("ckpt")
+    root = module_tmp("ckpt")
     tok = load_tokenizer("mistral-v1").tokenizer
     return {
         "qwen": _save(root / "qwen2-tiny", "qwen2", tok, "qwen2.5-instruct.jinja"),

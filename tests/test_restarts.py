@@ -60,9 +60,9 @@ def failures(out: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory, fast_run_builds_module) -> Path:
+def reference(module_tmp, fast_run_builds_module) -> Path:
     """The tiny run, four steps, uninterrupted, under ``stop``."""
-    out = tmp_path_factory.mktemp("restarts") / "reference"
+    out = module_tmp("restarts") / "reference"
     train(config(out))
     assert len([r for r in records(out) if r["phase"] == "train"]) == 4
     return out

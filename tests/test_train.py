@@ -32,8 +32,8 @@ def run_tiny(out: Path, *overrides: str):
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory, fast_run_builds_module):
-    out = tmp_path_factory.mktemp("tiny") / "run"
+def tiny_run(module_tmp, fast_run_builds_module):
+    out = module_tmp("tiny") / "run"
     return out, run_tiny(out)
 
 

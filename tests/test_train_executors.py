@@ -56,9 +56,9 @@ def assert_same(a: list[dict], b: list[dict]) -> None:
 
 
 @pytest.fixture(scope="module")
-def local_root(tmp_path_factory) -> Path:
+def local_root(module_tmp) -> Path:
     """The folder of the local runs: one run folder ``{strategy}-{mode}`` each."""
-    return tmp_path_factory.mktemp("executors")
+    return module_tmp("executors")
 
 
 @pytest.fixture(scope="module")

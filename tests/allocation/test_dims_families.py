@@ -55,13 +55,13 @@ def _configs():
 
 
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory):
+def folders(module_tmp):
     from transformers import AutoModelForCausalLM
 
     out = {}
     for name, (config, mlp) in _configs().items():
         torch.manual_seed(0)
-        folder = tmp_path_factory.mktemp(name)
+        folder = module_tmp(name)
         AutoModelForCausalLM.from_config(config).save_pretrained(folder)
         out[name] = (folder, mlp)
     return out

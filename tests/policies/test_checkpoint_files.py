@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def saved(tmp_path_factory) -> Path:
+def saved(module_tmp) -> Path:
     """A tiny random Llama on Mistral's 32k tokenizer, as save_pretrained writes it."""
     from transformers import AutoModelForCausalLM, LlamaConfig
 
@@ -40,7 +40,7 @@ def saved(tmp_path_factory) -> Path:
         tie_word_embeddings=True,
         eos_token_id=tok.eos_token_id,
     )
-    out = tmp_path_factory.mktemp("ckpt") / "good"
+    out = module_tmp("ckpt") / "good"
     AutoModelForCausalLM.from_config(cfg).save_pretrained(out)
     tok.save_pretrained(out)
     return out

@@ -128,7 +128,7 @@ def batch_for(p: Policy) -> TrainBatch:
 
 
 @pytest.fixture(scope="module")
-def pair(tokenizer_handles, tmp_path_factory):
+def pair(tokenizer_handles, module_tmp):
     """(one-rank Policy, executor holding the same policy on 2 ranks, a folder)."""
     handle = tokenizer_handles["mistral-v1"]
     torch.set_num_threads(1)
@@ -142,7 +142,7 @@ def pair(tokenizer_handles, tmp_path_factory):
             )
         }
     )
-    yield one, ex, tmp_path_factory.mktemp("sharded")
+    yield one, ex, module_tmp("sharded")
     ex.shutdown()
 
 

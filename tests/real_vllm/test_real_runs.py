@@ -83,9 +83,9 @@ def rows(out: Path, phase: str = "train") -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("vllm") / "reference"
-    run(command(out), tmp_path_factory.mktemp("tmp"))
+def reference(module_tmp) -> Path:
+    out = module_tmp("vllm") / "reference"
+    run(command(out), module_tmp("tmp"))
     assert len(rows(out)) == 4 and rows(out, "eval")
     return out
 

@@ -70,8 +70,8 @@ def untimed(record: dict) -> dict:
 
 # ---- (a) one policy alone: every strategy is plain GRPO -------------------------------------
 @pytest.fixture(scope="module")
-def solo_none(tmp_path_factory, fast_run_builds_module):
-    out = tmp_path_factory.mktemp("solo") / "none"
+def solo_none(module_tmp, fast_run_builds_module):
+    out = module_tmp("solo") / "none"
     train(tiny(out, "none", policies=1))
     return train_records(out)
 
@@ -110,9 +110,9 @@ POLICIES3 = ("llama-mistral", "qwen-deepseek", "mistral-third")
 
 
 @pytest.fixture(scope="module", params=NAMES)
-def three_policy_runs(request, tmp_path_factory, fast_run_builds_module):
+def three_policy_runs(request, module_tmp, fast_run_builds_module):
     name = request.param
-    base = tmp_path_factory.mktemp(f"three-{name}")
+    base = module_tmp(f"three-{name}")
     for i in (1, 2):
         train(tiny(base / f"run{i}", name, third=True))
     return name, train_records(base / "run1"), train_records(base / "run2")
@@ -164,7 +164,7 @@ def test_three_policies_log_their_strategy_metrics(three_policy_runs):
 
 # ---- (c) what a strategy hands a receiver fits that receiver ---------------------------------
 @pytest.fixture(scope="module", params=["prp", "sgt", "hacpo", "codistill", "hint"])
-def one_step(request, tmp_path_factory, fast_run_builds_module):
+def one_step(request, module_tmp, fast_run_builds_module):
     """One step of the loop, phase by phase; for sgt every other sample is made a success."""
     name = request.param
     params = {
@@ -174,9 +174,7 @@ def one_step(request, tmp_path_factory, fast_run_builds_module):
         "codistill": {},
         "hint": {},
     }
-    run = build_run(
-        tiny(tmp_path_factory.mktemp(f"step-{name}") / "run", name, strategies={name: params[name]})
-    )
+    run = build_run(tiny(module_tmp(f"step-{name}") / "run", name, strategies={name: params[name]}))
     try:
         prompts = sample_prompts(run, 0)
         samples, _ = generate(run, prompts)
