@@ -26,18 +26,7 @@ from mutualrl.run.folder import claim
 from mutualrl.run.guards import GuardTripped
 from mutualrl.run.metrics import read_metrics
 from mutualrl.run.paced import pace_summary, paced_train_loop
-from mutualrl.run.phases import (
-    build_batches,
-    check_guards,
-    generate,
-    log_pace,
-    log_step,
-    make_context,
-    publish,
-    sample_prompts,
-    update,
-    verify,
-)
+from mutualrl.run.phases import check_guards, learn, log_pace, log_step, produce
 from mutualrl.run.progress import RunProgress
 from mutualrl.run.restarts import Restarts, checkpoint_at_start
 from mutualrl.run.resume import open_checkpoint, resume_from
@@ -48,25 +37,17 @@ from mutualrl.workers.calls import WorkerFailedError
 
 
 def grpo_step(run: Run, step: int, names: list[str] | None = None) -> dict:
-    """One GRPO step of the named policies (default: every live one); its logged record."""
-    t0, clock = time.perf_counter(), run.step_phase
+    """One GRPO step of the named policies (default: every live one), its two halves
+    (``run.phases.produce`` and ``learn``) for all of them at once; its logged record."""
+    t0 = time.perf_counter()
     run.step_phases.clear()
     busy, versions = run.executor.busy_seconds(), dict(run.versions)
-    prompts = sample_prompts(run, step)
-    with clock("generate"):
-        samples, gen_time = generate(run, prompts, names, step)
-    with clock("verify"):
-        samples = verify(run, samples)
-    with clock("publish"):
-        publish(run, samples)
-    with clock("strategy"):  # with build_batches: routing, THL, buffers
-        ctx = make_context(run, step, prompts)
-        run.strategy.observe(ctx, samples)
-    stats = update(run, ctx, build_batches(run, ctx, samples))
+    made = produce(run, step, names)
+    ctx, stats = learn(run, made)
     busy = {n: v - busy.get(n, 0.0) for n, v in run.executor.busy_seconds().items()}
-    log_pace(run, ctx, samples, busy, versions)
+    log_pace(run, ctx, made.samples, busy, versions)
     # time_s minus the phases is prompt sampling and logging (a record cannot time its own write)
-    return log_step(run, step, samples, gen_time, stats, ctx, time.perf_counter() - t0)
+    return log_step(run, step, made.samples, made.gen_time, stats, ctx, time.perf_counter() - t0)
 
 
 def save_checkpoint(run: Run, step: int) -> None:

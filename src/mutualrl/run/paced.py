@@ -41,17 +41,13 @@ from mutualrl.pacing import PacedRecord, QueueChannel, StepWorker, VersionGate, 
 from mutualrl.run.evaluation import evaluate
 from mutualrl.run.guards import GuardTripped
 from mutualrl.run.phases import (
-    build_batches,
+    Produced,
     check_guards,
-    generate,
+    learn,
     log_pace,
-    make_context,
     policy_metrics,
-    publish,
+    produce,
     run_metrics,
-    sample_prompts,
-    update,
-    verify,
 )
 from mutualrl.run.state import Run
 from mutualrl.strategies import STRATEGIES, StatefulStrategy, build_strategy
@@ -248,10 +244,7 @@ class StepRows:
 
 @dataclasses.dataclass
 class _Produced:
-    step: int
-    prompts: list
-    samples: dict
-    gen_time: dict
+    made: Produced  # the step's first half, for this policy
     own: list  # the step's own records as the exchange delivered them
     t0: float  # when the step started (after the gate)
     busy0: float  # the worker's busy seconds then
@@ -277,41 +270,33 @@ class PolicyStepper:
         self.dropped_seen = pace.dropped[name]
 
     def produce(self, k: int) -> list:
-        run, name, clock = self.run, self.name, self.run.step_phase
+        run, name = self.run, self.name
         run.step_phases.clear()
         versions, wait = self.pace.gate.versions(), self.pace.gate.wait_s[name]
         lead = k - min((versions[n] for n in self.pace.live(run) if n != name), default=k)
         waited, self.wait_seen = wait - self.wait_seen, wait
         t0, busy0 = time.perf_counter(), run.executor.busy_seconds().get(name, 0.0)
-        prompts = sample_prompts(run, k)
-        with clock("generate"):
-            samples, gen_time = generate(run, prompts, [name], k)
-        if name not in samples:  # its worker failed and on_failure kept the run going
+        made = produce(run, k, [name])
+        if name not in made.samples:  # its worker failed and on_failure kept the run going
             raise WorkerUnavailable(f"policy {name!r}: generation at step {k} failed")
-        with clock("verify"):
-            samples = verify(run, samples)
-        with clock("publish"):
-            publish(run, samples)
-            own = run.subscription.drain_deliveries()
-        self.current = _Produced(k, prompts, samples, gen_time, own, t0, busy0, waited, lead)
+        own = run.subscription.drain_deliveries()
+        self.current = _Produced(made, own, t0, busy0, waited, lead)
         return [own]
 
     def learn(self, k: int, incoming: list[PacedRecord]) -> None:
-        run, name, cur, clock = self.run, self.name, self.current, self.run.step_phase
+        run, name, cur = self.run, self.name, self.current
         assert cur is not None, "run_paced calls learn after the step's produce"
         peers = [d for r in incoming for d in r.payload]
         self.pace.note(name, incoming, "consumed")
-        with clock("strategy"):
-            ctx = make_context(run, k, cur.prompts, experience=cur.own + peers)
-            run.strategy.observe(ctx, cur.samples)
         versions = {name: run.versions[name]}
-        stats = update(run, ctx, build_batches(run, ctx, cur.samples))
+        ctx, stats = learn(run, cur.made, experience=cur.own + peers)
         if name not in stats:
             raise WorkerUnavailable(f"policy {name!r}: its update at step {k} failed")
         busy = run.executor.busy_seconds().get(name, 0.0) - cur.busy0
-        log_pace(run, ctx, cur.samples, {name: busy}, versions)
+        samples = cur.made.samples
+        log_pace(run, ctx, samples, {name: busy}, versions)
         self._log_experience(ctx, k, incoming, cur)
-        part = policy_metrics(run, name, cur.samples[name], cur.gen_time[name], stats[name], ctx)
+        part = policy_metrics(run, name, samples[name], cur.made.gen_time[name], stats[name], ctx)
         part.update({f"policy/{name}/phase/{p}_time_s": v for p, v in run.step_phases.items()})
         self.current = None
         self.pace.rows.add(k, name, part)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import ParamSpec, TypeVar
 
 import numpy as np
@@ -235,6 +235,45 @@ def update(run: Run, ctx: StrategyContext, batches: dict[str, list]) -> dict[str
             if gen is not None:
                 run.prefetched[n] = Prefetched(nxt, r.value[2], stats[n]["async/generate_time_s"])
     return stats
+
+
+# ---- a step's two halves, as both schedulers run them ------------------------------------------
+@dataclass(frozen=True)
+class Produced:
+    """The first half of a step for the policies it acted for: the prompts, each policy's
+    verified samples (published to the exchange) and its generation seconds."""
+
+    step: int
+    prompts: list[Prompt]
+    samples: dict[str, list[Sample]]
+    gen_time: dict[str, float]
+
+
+def produce(run: Run, step: int, names: list[str] | None = None) -> Produced:
+    """sample prompts -> generate -> verify -> publish, for ``names`` (default: every live
+    policy). A policy whose generation failed (and that ``on_failure`` let go) has no samples."""
+    clock = run.step_phase
+    prompts = sample_prompts(run, step)
+    with clock("generate"):
+        samples, gen_time = generate(run, prompts, names, step)
+    with clock("verify"):
+        samples = verify(run, samples)
+    with clock("publish"):
+        publish(run, samples)
+    return Produced(step, prompts, samples, gen_time)
+
+
+def learn(
+    run: Run, made: Produced, experience: list | None = None
+) -> tuple[StrategyContext, dict[str, dict]]:
+    """strategy context -> observe -> build batches -> update, for the policies of ``made``;
+    the context (its metrics go into the step's record) and each policy's update stats.
+    ``experience``: the peer experience a paced run hands over (default: the run's
+    subscription)."""
+    with run.step_phase("strategy"):  # with build_batches: routing, THL, buffers
+        ctx = make_context(run, made.step, made.prompts, experience)
+        run.strategy.observe(ctx, made.samples)
+    return ctx, update(run, ctx, build_batches(run, ctx, made.samples))
 
 
 # ---- logging ----------------------------------------------------------------------------------
