@@ -26,6 +26,13 @@ differs a little) go to one JSON.
 
     python benchmarks/bench_real_step.py --rounds 3 --json benchmarks/results/real_step.json
 
+``--attention`` instead times ``all`` under two attention implementations, alternating:
+``sdpa`` (what transformers chooses when ``policies.*.attn_implementation`` is unset) and
+``eager`` (the run labelled ``attention``; the speed-ups are over ``all-sdpa``):
+
+    python benchmarks/bench_real_step.py --attention --rounds 3 \
+        --json benchmarks/results/real_step.json
+
 ``--profile`` instead profiles one ``all`` step of each model (after a warm-up step) with
 ``torch.profiler`` and writes where its time went, by phase and by operator (the run labelled
 ``profile``):
@@ -61,12 +68,17 @@ from mutualrl.run.loop import grpo_step
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = {"smollm2-135m-instruct": True, "gemma-3-270m": False}  # name: chat template
 BEFORE = dict(per_device_train_batch_size=8, logprob_chunk_size=128)  # the old config's
-VARIANTS = {  # name: (bf16, each prompt once, update shape; None: the config's)
-    "before": (False, False, BEFORE),
-    "bf16": (True, False, BEFORE),
-    "shared": (False, True, BEFORE),
-    "bf16+shared": (True, True, BEFORE),
-    "all": (True, True, None),
+# name: (bf16, each prompt once, update shape, attention; None: the config's)
+VARIANTS = {
+    "before": (False, False, BEFORE, None),
+    "bf16": (True, False, BEFORE, None),
+    "shared": (False, True, BEFORE, None),
+    "bf16+shared": (True, True, BEFORE, None),
+    "all": (True, True, None, None),
+}
+ATTENTION = {
+    "all-sdpa": (True, True, None, "sdpa"),
+    "all-eager": (True, True, None, "eager"),
 }
 PHASES = ("generate", "update", "step")
 
@@ -109,7 +121,7 @@ class State:
         learner.version = self.version
 
 
-def ours(policy, bf16: bool, shared: bool, shape: dict | None = None):
+def ours(policy, bf16: bool, shared: bool, shape: dict | None, attention: str | None):
     learner = policy.learner
     training = (
         learner.training if shape is None else msgspec.structs.replace(learner.training, **shape)
@@ -121,6 +133,8 @@ def ours(policy, bf16: bool, shared: bool, shape: dict | None = None):
         learner.logprobs.bf16 = bf16
         learner.logprobs.shared_prefix = shared
         policy.backend.share_prompts = shared
+        if attention is not None:  # the sampler's model is the learner's
+            learner.model.set_attn_implementation(attention)
         t0 = time.perf_counter()
         rec = grpo_step(run, at)
         times = {k: rec[f"phase/{k}_time_s"] for k in ("generate", "update")}
@@ -139,15 +153,18 @@ def bare(b: Bare):
     return step
 
 
-def bench(model: str, tokens: int, rounds: int) -> dict:
+def bench(model: str, tokens: int, rounds: int, variants: dict = VARIANTS) -> dict:
+    """The entries of ``variants`` (and ``bare-all`` beside ``VARIANTS``), alternating."""
+    floor = variants is VARIANTS
     with tempfile.TemporaryDirectory() as tmp:
         cfg = config(model, tokens, Path(tmp) / "run")
         run = build_run(cfg)
         run.verifier = _Verifier(run.verifier)  # bench_floor's reward, on both sides
         try:
             policy = run.executor.worker("p")
-            entries = {name: ours(policy, *levers) for name, levers in VARIANTS.items()}
-            entries["bare-all"] = bare(Bare(policy, cfg, bf16=True, shared=True))
+            entries = {name: ours(policy, *levers) for name, levers in variants.items()}
+            if floor:
+                entries["bare-all"] = bare(Bare(policy, cfg, bf16=True, shared=True))
             times: dict[str, list[dict]] = {name: [] for name in entries}
             seen: dict[str, list] = {name: [] for name in entries}
             state = None
@@ -170,17 +187,24 @@ def bench(model: str, tokens: int, rounds: int) -> dict:
         finally:
             run.close()
     med = {n: {k: statistics.median(t[k] for t in ts) for k in PHASES} for n, ts in times.items()}
-    base = med["before"]
-    return {
+    base_name = "before" if floor else "all-sdpa"
+    base = med[base_name]
+    out = {
         "model": model,
         "new_tokens": tokens,
         "median_s": med,
-        "speedup_over_before": {n: {k: base[k] / m[k] for k in PHASES} for n, m in med.items()},
-        "all_over_bare_all": {k: med["all"][k] / med["bare-all"][k] for k in PHASES},
+        f"speedup_over_{base_name}": {
+            n: {k: base[k] / m[k] for k in PHASES} for n, m in med.items()
+        },
         "completion_length": {n: [g[1] for g in got] for n, got in seen.items() if n != "bare-all"},
-        "loss_all_minus_bare_all": [a[0] - b[0] for a, b in zip(seen["all"], seen["bare-all"])],
         "per_round_s": times,
     }
+    if floor:
+        out["all_over_bare_all"] = {k: med["all"][k] / med["bare-all"][k] for k in PHASES}
+        out["loss_all_minus_bare_all"] = [
+            a[0] - b[0] for a, b in zip(seen["all"], seen["bare-all"])
+        ]
+    return out
 
 
 def profile(model: str, tokens: int, top: int = 12) -> dict:
@@ -235,6 +259,7 @@ def main() -> None:
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--profile", action="store_true", help="profile one step per model instead")
+    ap.add_argument("--attention", action="store_true", help="all under sdpa and eager instead")
     a = ap.parse_args()
     malloc = reuse_large_buffers()  # as `mutualrl train` sets it up (malloc.py)
     torch.set_num_threads(a.threads)
@@ -256,18 +281,19 @@ def main() -> None:
             for e in f["top_self_cpu"]:
                 print(f"  {e['op']:40s} {e['self_s']:7.2f} s {e['share']:6.1%} x{e['calls']}")
         return
-    results = [bench(m, t, a.rounds) for t in a.tokens for m in a.models]
+    variants = ATTENTION if a.attention else VARIANTS
+    results = [bench(m, t, a.rounds, variants) for t in a.tokens for m in a.models]
     record = {
         "benchmark": "real_step",
-        "label": "real-cpu",
+        "label": "attention" if a.attention else "real-cpu",
         "command": "python benchmarks/bench_real_step.py " + " ".join(sys.argv[1:]),
         "commit": git_commit(),
         "machine": machine_info(torch=torch.__version__),
         "native_bf16": native_bf16("cpu"),
         "malloc": malloc,
         "variants": {
-            n: {"bf16": b, "shared": sh, "update": u or "config"}
-            for n, (b, sh, u) in VARIANTS.items()
+            n: {"bf16": b, "shared": sh, "update": u or "config", "attention": at or "config"}
+            for n, (b, sh, u, at) in variants.items()
         },
         "settings": {k: v for k, v in vars(a).items() if k != "json"},
         "results": results,
@@ -279,8 +305,10 @@ def main() -> None:
                 {
                     "model": r["model"],
                     "new_tokens": r["new_tokens"],
-                    "speedup": r["speedup_over_before"]["all"],
-                    "all_over_bare_all": r["all_over_bare_all"],
+                    "speedup": r["speedup_over_all-sdpa"]["all-eager"]
+                    if a.attention
+                    else r["speedup_over_before"]["all"],
+                    "all_over_bare_all": r.get("all_over_bare_all"),
                 }
             )
         )
