@@ -72,7 +72,8 @@ def test_a_resume_reverifies_the_real_cache_and_trains_on_the_rebuilt_folder(con
         f"""
 seed = 0
 steps = 2
-save_steps = 1
+save_steps = 2   # one checkpoint of a real model and its optimizer (1.6 GB), to resume from
+save_total_limit = 1
 strategy = "none"
 output_dir = "{run}"
 torch_threads = 2
