@@ -26,12 +26,18 @@ differs a little) go to one JSON.
 
     python benchmarks/bench_real_step.py --rounds 3 --json benchmarks/results/real_step.json
 
-``--attention`` instead times ``all`` under two attention implementations, alternating:
-``sdpa`` (what transformers chooses when ``policies.*.attn_implementation`` is unset) and
-``eager`` (the run labelled ``attention``; the speed-ups are over ``all-sdpa``):
+``--attention kernels`` (or ``--attention`` alone) instead times ``all`` under two attention
+implementations, alternating: ``sdpa`` (what transformers chooses when
+``policies.*.attn_implementation`` is unset) and ``eager`` (the run labelled ``attention``; the
+speed-ups are over ``all-sdpa``).
+``--attention update`` times ``all-sdpa`` against ``all-eager-update``: the sampler under sdpa,
+the update under eager (``policies.*.train_attn_implementation``; the run labelled
+``attention-update``):
 
-    python benchmarks/bench_real_step.py --attention --rounds 3 \
+    python benchmarks/bench_real_step.py --attention kernels --rounds 3 \
         --json benchmarks/results/real_step.json
+    python benchmarks/bench_real_step.py --attention update --models smollm2-135m-instruct \
+        --rounds 3 --json benchmarks/results/real_step.json
 
 ``--profile`` instead profiles one ``all`` step of each model (after a warm-up step) with
 ``torch.profiler`` and writes where its time went, by phase and by operator (the run labelled
@@ -76,9 +82,15 @@ VARIANTS = {
     "bf16+shared": (True, True, BEFORE, None),
     "all": (True, True, None, None),
 }
-ATTENTION = {
-    "all-sdpa": (True, True, None, "sdpa"),
-    "all-eager": (True, True, None, "eager"),
+ATTENTION = {  # attention: (the model's kernel, the update's; None: the model's)
+    "kernels": {
+        "all-sdpa": (True, True, None, ("sdpa", None)),
+        "all-eager": (True, True, None, ("eager", None)),
+    },
+    "update": {
+        "all-sdpa": (True, True, None, ("sdpa", None)),
+        "all-eager-update": (True, True, None, ("sdpa", "eager")),
+    },
 }
 PHASES = ("generate", "update", "step")
 
@@ -121,7 +133,7 @@ class State:
         learner.version = self.version
 
 
-def ours(policy, bf16: bool, shared: bool, shape: dict | None, attention: str | None):
+def ours(policy, bf16: bool, shared: bool, shape: dict | None, attention: tuple | None):
     learner = policy.learner
     training = (
         learner.training if shape is None else msgspec.structs.replace(learner.training, **shape)
@@ -134,7 +146,10 @@ def ours(policy, bf16: bool, shared: bool, shape: dict | None, attention: str | 
         learner.logprobs.shared_prefix = shared
         policy.backend.share_prompts = shared
         if attention is not None:  # the sampler's model is the learner's
-            learner.model.set_attn_implementation(attention)
+            learner.model.set_attn_implementation(attention[0])
+            learner.cfg = msgspec.structs.replace(
+                learner.cfg, train_attn_implementation=attention[1]
+            )
         t0 = time.perf_counter()
         rec = grpo_step(run, at)
         times = {k: rec[f"phase/{k}_time_s"] for k in ("generate", "update")}
@@ -259,7 +274,13 @@ def main() -> None:
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--profile", action="store_true", help="profile one step per model instead")
-    ap.add_argument("--attention", action="store_true", help="all under sdpa and eager instead")
+    ap.add_argument(
+        "--attention",
+        nargs="?",
+        const="kernels",
+        choices=list(ATTENTION),
+        help="all under other attention kernels instead (alone: kernels)",
+    )
     a = ap.parse_args()
     malloc = reuse_large_buffers()  # as `mutualrl train` sets it up (malloc.py)
     torch.set_num_threads(a.threads)
@@ -281,11 +302,13 @@ def main() -> None:
             for e in f["top_self_cpu"]:
                 print(f"  {e['op']:40s} {e['self_s']:7.2f} s {e['share']:6.1%} x{e['calls']}")
         return
-    variants = ATTENTION if a.attention else VARIANTS
+    variants = ATTENTION[a.attention] if a.attention else VARIANTS
     results = [bench(m, t, a.rounds, variants) for t in a.tokens for m in a.models]
     record = {
         "benchmark": "real_step",
-        "label": "attention" if a.attention else "real-cpu",
+        "label": {None: "real-cpu", "kernels": "attention", "update": "attention-update"}[
+            a.attention
+        ],
         "command": "python benchmarks/bench_real_step.py " + " ".join(sys.argv[1:]),
         "commit": git_commit(),
         "machine": machine_info(torch=torch.__version__),
@@ -305,7 +328,7 @@ def main() -> None:
                 {
                     "model": r["model"],
                     "new_tokens": r["new_tokens"],
-                    "speedup": r["speedup_over_all-sdpa"]["all-eager"]
+                    "speedup": {n: r["speedup_over_all-sdpa"][n] for n in variants}
                     if a.attention
                     else r["speedup_over_before"]["all"],
                     "all_over_bare_all": r.get("all_over_bare_all"),

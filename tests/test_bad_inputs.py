@@ -59,6 +59,11 @@ BAD_SETTINGS = [
         ["policies.llama-mistral.attn_implementation", "'flash'", "eager", "sdpa"],
         id="attn_implementation",
     ),
+    pytest.param(
+        ['policies.0.train_attn_implementation="flash"'],
+        ["policies.llama-mistral.train_attn_implementation", "'flash'", "eager", "sdpa"],
+        id="train_attn_implementation",
+    ),
     pytest.param(['task.name="nope"'], ["task.name", "'nope'", "pointer"], id="task-name"),
     pytest.param(['allocation.executor="nope"'], ["allocation.executor", "local"], id="executor"),
     pytest.param(

@@ -264,6 +264,37 @@ def test_eager_attention_samples_and_trains_as_sdpa_does(tokenizer_handles):
     assert math.isclose(la, lb, rel_tol=1e-5, abs_tol=1e-6)
 
 
+def test_the_update_computes_with_its_own_attention_and_the_sampler_keeps_its_kernel(
+    tokenizer_handles,
+):
+    """``policies.*.train_attn_implementation``: the update's forward and backward run under
+    that kernel (seen from inside the model's attention), the sampler's kernel is the model's
+    again after it, and the loss and weights are those of a policy under that kernel alone."""
+    split = make_policy(tokenizer_handles, train_attn_implementation="eager")
+    eager = make_policy(tokenizer_handles, attn_implementation="eager")
+    seen: list[str] = []
+    attention = split.model.model.layers[0].self_attn
+    hook = attention.register_forward_pre_hook(
+        lambda module, args: seen.append(module.config._attn_implementation)
+    )
+    samples = split.generate(PROMPTS, 4, 4, 0.7)
+    assert set(seen) == {"sdpa"}
+    batch = TrainBatch(
+        sequences=tuple(
+            TrainSequence(s.prompt_ids, s.completion_ids, advantage=(-1.0) ** i)
+            for i, s in enumerate(samples)
+        )
+    )
+    seen.clear()
+    got = split.train_step(batch)["loss"]
+    hook.remove()
+    assert seen and set(seen) == {"eager"}
+    assert split.model.config._attn_implementation == "sdpa"
+    assert math.isclose(got, eager.train_step(batch)["loss"], rel_tol=1e-5, abs_tol=1e-6)
+    for a, b in zip(split.model.parameters(), eager.model.parameters()):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+
+
 # ---- the vLLM backend on a fake engine --------------------------------------------------------
 def with_fake(policy, **fake) -> FakeLLM:
     llm = FakeLLM(policy, **fake)

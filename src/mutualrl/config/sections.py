@@ -153,9 +153,15 @@ class PolicyConfig(ConfigStruct, frozen=True):
     dtype: Literal["auto", "fp32", "bf16"] = "auto"  # compute precision (see above)
     # transformers' attention kernel for the learner and the torch sampler (its name, as TRL's
     # model_init_kwargs pass it): "sdpa", "eager", "flash_attention_2", ...; None: transformers'
-    # choice (sdpa). On a CPU the sdpa flash-attention backward is a large share of a small
-    # model's update (docs/results/performance.md, the profile): "eager" may be faster there.
+    # choice (sdpa).
     attn_implementation: str | None = None  # attention kernel (transformers' name); None: its own
+    # The attention kernel of the training steps alone (GRPO updates and SFT steps: their forward
+    # and backward), when it should differ from the sampler's; None: attn_implementation. On a
+    # CPU, sdpa's flash-attention backward is a large share of a small model's update while sdpa
+    # decodes faster than eager: SmolLM2's update took 1.7x less time under "eager", its
+    # generation 1.3-1.5x more (bench_real_step.json, the run labelled attention). The sampler's
+    # log-probs then come from the other kernel (equal in fp32, within bf16's rounding in bf16).
+    train_attn_implementation: str | None = None  # the update's attention; None: as the sampler's
     # Processes the learner runs as, one device each, its model sharded across them with FSDP2
     # (docs/guides/policies-across-gpus.md). 1: one process, unsharded, exactly as before.
     learner_ranks: int = 1  # learner processes (FSDP2 ranks); 1: unsharded

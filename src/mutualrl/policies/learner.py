@@ -181,12 +181,28 @@ class Learner:
             for grp, lr in zip(self.optimizer.param_groups, saved):
                 grp["lr"] = lr
 
+    @contextlib.contextmanager
+    def update_attention(self):
+        """The training steps' attention kernel (``policies.*.train_attn_implementation``: GRPO
+        updates and SFT steps) inside the block, the model's own again after it (switching is a
+        config flag: well under 1 ms)."""
+        want = self.cfg.train_attn_implementation
+        before = getattr(self.model.config, "_attn_implementation", None)
+        if want is None or want == before:
+            yield
+            return
+        self.model.set_attn_implementation(want)
+        try:
+            yield
+        finally:
+            self.model.set_attn_implementation(before)
+
     def train_step(self, batch: TrainBatch, correct_mismatch: bool = False) -> dict[str, float]:
         """One update (``num_iterations`` optimizer steps) on a batch; NaN losses are skipped,
         counted. The schedule advances once per optimizer step at the policy's learning rate
         (not for a batch that sets its own). ``correct_mismatch``: the behaviour log-probs came
         from an inexact sampler (``generation.mismatch``)."""
-        with self.learning_rate(batch.learning_rate):
+        with self.learning_rate(batch.learning_rate), self.update_attention():
             self.model.train()
             stats, t0 = {}, time.perf_counter()
             grpo = (
@@ -213,7 +229,7 @@ class Learner:
         """A plain supervised step (warm start) at the optimizer's current learning rate, or at
         ``learning_rate`` for this step; the schedule does not advance."""
         self.model.train()
-        with self.learning_rate(learning_rate):
+        with self.learning_rate(learning_rate), self.update_attention():
             stats = self._optimizer_step(None, self.objective.sft_parts(examples), 1.0)
         return stats.get("sft_loss", stats["loss"])
 

@@ -39,6 +39,7 @@ def check_inputs(cfg: RunConfig, machine: bool = True) -> None:
         if p.checkpoint is None:  # a checkpoint's own config.json names its architecture
             registered(ARCHITECTURES, p.architecture, f"policies.{p.name}.architecture")
         check_attention(p.attn_implementation, f"policies.{p.name}.attn_implementation")
+        check_attention(p.train_attn_implementation, f"policies.{p.name}.train_attn_implementation")
     # What the config asks for first (two vLLM engines in one process is wrong everywhere), then
     # whether this install has the packages it names
     check_engine_processes(cfg.policies, cfg.allocation.executor)
