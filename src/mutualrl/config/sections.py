@@ -159,8 +159,9 @@ class PolicyConfig(ConfigStruct, frozen=True):
     # and backward), when it should differ from the sampler's; None: attn_implementation. On a
     # CPU, sdpa's flash-attention backward is a large share of a small model's update while sdpa
     # decodes faster than eager: SmolLM2's update took 1.7x less time under "eager", its
-    # generation 1.3-1.5x more (bench_real_step.json, the run labelled attention). The sampler's
-    # log-probs then come from the other kernel (equal in fp32, within bf16's rounding in bf16).
+    # generation 1.3-1.5x more (benchmarks/results/real_step.json, the runs labelled attention).
+    # The sampler's log-probs then come from the other kernel (equal in fp32, within bf16's
+    # rounding in bf16).
     train_attn_implementation: str | None = None  # the update's attention; None: as the sampler's
     # Processes the learner runs as, one device each, its model sharded across them with FSDP2
     # (docs/guides/policies-across-gpus.md). 1: one process, unsharded, exactly as before.

@@ -24,9 +24,12 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 from mutualrl.config import GRPOConfig, PolicyConfig, TrainingConfig
 from mutualrl.policies.batch import SFTExample, TrainBatch
@@ -187,15 +190,16 @@ class Learner:
         updates and SFT steps) inside the block, the model's own again after it (switching is a
         config flag: well under 1 ms)."""
         want = self.cfg.train_attn_implementation
-        before = getattr(self.model.config, "_attn_implementation", None)
+        model = cast("PreTrainedModel", self.model)  # a transformers model (or a PEFT one)
+        before = model.config._attn_implementation
         if want is None or want == before:
             yield
             return
-        self.model.set_attn_implementation(want)
+        model.set_attn_implementation(want)
         try:
             yield
         finally:
-            self.model.set_attn_implementation(before)
+            model.set_attn_implementation(before)
 
     def train_step(self, batch: TrainBatch, correct_mismatch: bool = False) -> dict[str, float]:
         """One update (``num_iterations`` optimizer steps) on a batch; NaN losses are skipped,
