@@ -14,7 +14,7 @@ import msgspec
 import pytest
 import torch
 
-from mutualrl.config import GenerationConfig, GRPOConfig, PolicyConfig
+from mutualrl.config import GenerationConfig, GRPOConfig, LoraConfig, PolicyConfig
 from mutualrl.grpo import selective_log_softmax
 from mutualrl.policies.batch import TrainBatch, TrainSequence, collate
 from mutualrl.policies.generation import SamplingSettings
@@ -109,8 +109,6 @@ def test_the_kv_cache_keyword_is_the_models_own_on_old_and_new_transformers(toke
     pol = make_policy(tokenizer_handles)
     new = "cache" if Version(transformers.__version__) >= Version("5.24") else "past_key_values"
     assert cache_keyword(pol.model) == pol.backend.cache_key == new
-    from mutualrl.config import LoraConfig
-
     assert cache_keyword(make_policy(tokenizer_handles, lora=LoraConfig(r=4, alpha=8)).model) == new
     settings = SamplingSettings(num_generations=2, max_new_tokens=4, temperature=0.7)
     ids = [pol.encode_prompt(p.text) for p in PROMPTS]
@@ -264,16 +262,18 @@ def test_eager_attention_samples_and_trains_as_sdpa_does(tokenizer_handles):
     assert math.isclose(la, lb, rel_tol=1e-5, abs_tol=1e-6)
 
 
+@pytest.mark.parametrize("lora", [None, LoraConfig(r=4, alpha=8)], ids=["full", "lora"])
 def test_the_update_computes_with_its_own_attention_and_the_sampler_keeps_its_kernel(
-    tokenizer_handles,
+    tokenizer_handles, lora
 ):
     """``policies.*.train_attn_implementation``: the update's forward and backward run under
     that kernel (seen from inside the model's attention), the sampler's kernel is the model's
-    again after it, and the loss and weights are those of a policy under that kernel alone."""
-    split = make_policy(tokenizer_handles, train_attn_implementation="eager")
-    eager = make_policy(tokenizer_handles, attn_implementation="eager")
+    again after it, and the loss and weights are those of a policy under that kernel alone;
+    a LoRA policy (a PEFT model) switches its base model's kernel the same way."""
+    split = make_policy(tokenizer_handles, train_attn_implementation="eager", lora=lora)
+    eager = make_policy(tokenizer_handles, attn_implementation="eager", lora=lora)
     seen: list[str] = []
-    attention = split.model.model.layers[0].self_attn
+    attention = next(m for n, m in split.model.named_modules() if n.endswith("layers.0.self_attn"))
     hook = attention.register_forward_pre_hook(
         lambda module, args: seen.append(module.config._attn_implementation)
     )

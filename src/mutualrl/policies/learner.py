@@ -28,9 +28,6 @@ from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
 
-if TYPE_CHECKING:
-    from transformers import PreTrainedModel
-
 from mutualrl.config import GRPOConfig, PolicyConfig, TrainingConfig
 from mutualrl.policies.batch import SFTExample, TrainBatch
 from mutualrl.policies.logprobs import LogProbs
@@ -44,6 +41,9 @@ from mutualrl.policies.update import (
     make_optimizer,
     prepare_model,
 )
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 # Seeded initialisation draws from torch's global RNG (forked, seeded per policy); learners built
 # concurrently in threads would interleave their draws, so building is serialised.
