@@ -131,8 +131,11 @@ class _Verifier:
 class Bare:
     """The same step in plain PyTorch, on copies of the policy's weights and generator."""
 
-    def __init__(self, policy, cfg, bf16: bool = False, shared: bool = False) -> None:
+    def __init__(
+        self, policy, cfg, bf16: bool = False, shared: bool = False, attn: str | None = None
+    ) -> None:
         self.bf16, self.shared = bf16, shared  # the levers: bf16 autocast, each prompt once
+        self.attn = attn  # the update's attention kernel (None: the model's, as in sampling)
         self.model = copy.deepcopy(policy.learner.model)
         self.generator = torch.Generator().set_state(policy.generator.get_state())
         self.tok, self.pad, self.g, self.t = policy.tokenizer, policy.pad_id, cfg.grpo, cfg.training
@@ -306,7 +309,14 @@ class Bare:
             for p, cp in zip(groups, completions)
         ]
         t2 = time.perf_counter()
-        got = self.update(ids, completions, rewards)
+        kernel = self.model.config._attn_implementation
+        if self.attn is not None:  # the update's kernel, the sampler's again after it
+            self.model.set_attn_implementation(self.attn)
+        try:
+            got = self.update(ids, completions, rewards)
+        finally:
+            if self.attn is not None:
+                self.model.set_attn_implementation(kernel)
         t3 = time.perf_counter()
         return {"generate": t1 - t0, "verify": t2 - t1, "update": t3 - t2, "step": t3 - t0}, got
 

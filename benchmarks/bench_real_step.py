@@ -74,12 +74,16 @@ from mutualrl.run.loop import grpo_step
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = {"smollm2-135m-instruct": True, "gemma-3-270m": False}  # name: chat template
 BEFORE = dict(per_device_train_batch_size=8, logprob_chunk_size=128)  # the old config's
-# name: (bf16, each prompt once, update shape, attention; None: the config's)
+# name: (bf16, each prompt once, update shape, attention; None: the config's). The attention
+# (the model's kernel, the update's; None: the model's): the four lever entries keep the model's
+# kernel (sdpa) in the update, as the config shipped before; ``all`` takes the config's update
+# kernel (``train_attn_implementation``: eager for SmolLM2)
+KEPT = (None, None)
 VARIANTS = {
-    "before": (False, False, BEFORE, None),
-    "bf16": (True, False, BEFORE, None),
-    "shared": (False, True, BEFORE, None),
-    "bf16+shared": (True, True, BEFORE, None),
+    "before": (False, False, BEFORE, KEPT),
+    "bf16": (True, False, BEFORE, KEPT),
+    "shared": (False, True, BEFORE, KEPT),
+    "bf16+shared": (True, True, BEFORE, KEPT),
     "all": (True, True, None, None),
 }
 ATTENTION = {  # attention: (the model's kernel, the update's; None: the model's)
@@ -95,8 +99,18 @@ ATTENTION = {  # attention: (the model's kernel, the update's; None: the model's
 PHASES = ("generate", "update", "step")
 
 
+def configured_attention(model: str) -> str | None:
+    """The update's attention kernel ``configs/real-cpu.toml`` gives this model."""
+    for p in load_config(ROOT / "configs" / "real-cpu.toml").policies:
+        if p.checkpoint == model:
+            return p.train_attn_implementation
+    return None
+
+
 def config(model: str, tokens: int, out: Path, more: tuple[str, ...] = ()):
     chat = "true" if MODELS[model] else "false"
+    attn = configured_attention(model)
+    update_attn = f', train_attn_implementation="{attn}"' if attn else ""
     return load_config(
         ROOT / "configs" / "real-cpu.toml",
         [
@@ -109,7 +123,7 @@ def config(model: str, tokens: int, out: Path, more: tuple[str, ...] = ()):
             "task.reward_weights=[]",
             f"grpo.max_completion_length={tokens}",
             f'policies=[{{name="p", checkpoint="{resolve_checkpoint(model)}", '
-            f'chat_template={chat}, dtype="fp32"}}]',
+            f'chat_template={chat}, dtype="fp32"{update_attn}}}]',
             *more,
         ],
     )
@@ -138,6 +152,7 @@ def ours(policy, bf16: bool, shared: bool, shape: dict | None, attention: tuple 
     training = (
         learner.training if shape is None else msgspec.structs.replace(learner.training, **shape)
     )
+    kernel, update_kernel = attention or (None, learner.cfg.train_attn_implementation)
 
     def step(run, at: int):
         # the update's settings of this entry, wherever the learner reads them
@@ -145,11 +160,9 @@ def ours(policy, bf16: bool, shared: bool, shape: dict | None, attention: tuple 
         learner.logprobs.bf16 = bf16
         learner.logprobs.shared_prefix = shared
         policy.backend.share_prompts = shared
-        if attention is not None:  # the sampler's model is the learner's
-            learner.model.set_attn_implementation(attention[0])
-            learner.cfg = msgspec.structs.replace(
-                learner.cfg, train_attn_implementation=attention[1]
-            )
+        if kernel is not None:  # the sampler's model is the learner's
+            learner.model.set_attn_implementation(kernel)
+        learner.cfg = msgspec.structs.replace(learner.cfg, train_attn_implementation=update_kernel)
         t0 = time.perf_counter()
         rec = grpo_step(run, at)
         times = {k: rec[f"phase/{k}_time_s"] for k in ("generate", "update")}
@@ -179,7 +192,8 @@ def bench(model: str, tokens: int, rounds: int, variants: dict = VARIANTS) -> di
             policy = run.executor.worker("p")
             entries = {name: ours(policy, *levers) for name, levers in variants.items()}
             if floor:
-                entries["bare-all"] = bare(Bare(policy, cfg, bf16=True, shared=True))
+                attn = configured_attention(model)  # the update's kernel, as ``all`` has it
+                entries["bare-all"] = bare(Bare(policy, cfg, bf16=True, shared=True, attn=attn))
             times: dict[str, list[dict]] = {name: [] for name in entries}
             seen: dict[str, list] = {name: [] for name in entries}
             state = None
@@ -234,7 +248,7 @@ def profile(model: str, tokens: int, top: int = 12) -> dict:
         run = build_run(config(model, tokens, Path(tmp) / "run", more))
         run.verifier = _Verifier(run.verifier)
         try:
-            step = ours(run.executor.worker("p"), True, True)
+            step = ours(run.executor.worker("p"), *VARIANTS["all"])
             step(run, 1)
             with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
                 times, _ = step(run, 2)
