@@ -52,6 +52,28 @@ def source_digest() -> str:
     return h.hexdigest()[:16]
 
 
+# The matrix instructions that decide what a CPU computes fastest (bf16 natively or not): hosts
+# of one cloud machine type differ in them, and timings taken on two of them do not compare.
+MATRIX_FLAGS = ("avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+
+
+def cpu_model() -> dict[str, object]:
+    """The CPU's model name and which of ``MATRIX_FLAGS`` it has, from ``/proc/cpuinfo``
+    (Linux); empty elsewhere."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    fields = dict(
+        (k.strip(), v.strip()) for k, _, v in (line.partition(":") for line in text.splitlines())
+    )
+    flags = set(fields.get("flags", "").split())
+    return {
+        "cpu_model": fields.get("model name", ""),
+        "cpu_matrix_flags": [f for f in MATRIX_FLAGS if f in flags],
+    }
+
+
 def machine_info(**versions: str | None) -> dict[str, object]:
     """Platform, processor, cores, load and Python, plus the library ``versions`` a benchmark names.
 
@@ -63,6 +85,7 @@ def machine_info(**versions: str | None) -> dict[str, object]:
         "platform": platform.platform(),
         "machine": platform.machine(),
         "processor": platform.processor(),
+        **cpu_model(),
         "cpu_count": os.cpu_count(),
         "loadavg": load,
         "python": sys.version.split()[0],
