@@ -144,3 +144,24 @@ def test_a_run_that_retokenizes_nothing_reports_an_unused_cache(tiny_run):
         json.loads((out / "summary.json").read_text())["retokenize_cache"]
         == summary.retokenize_cache
     )
+
+
+def test_a_prompt_prefix_changes_its_policys_prompt_alone(tmp_path, fast_run_builds):
+    """policies.*.prompt_prefix (few-shot examples): the policy reads it before each question,
+    while the experience it publishes names the task's question, as its peer's does."""
+    from mutualrl.exchange import read_log
+    from mutualrl.exchange.records import Rollout
+
+    out = tmp_path / "prefixed"
+    shots = "Examples first. "
+    run_tiny(out, 'strategy="prp"', f'policies.0.prompt_prefix="{shots}"', "steps=1")
+    rollouts = [d.record for d in read_log(out) if isinstance(d.record, Rollout)]
+    by_producer: dict[str, set] = {}
+    for r in rollouts:
+        assert not r.prompt.startswith(shots)
+        by_producer.setdefault(r.producer, set()).add((r.prompt_id, r.prompt))
+    assert set(by_producer) == set(POLICIES)
+    # the same questions under the same ids from both: peers find each other's groups
+    assert by_producer[POLICIES[0]] == by_producer[POLICIES[1]]
+    config = json.loads((out / "config.json").read_text())
+    assert [p["prompt_prefix"] for p in config["policies"]] == [shots, ""]

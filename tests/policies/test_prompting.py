@@ -57,6 +57,23 @@ def test_default_is_raw_text_bit_for_bit(handles):
     )
 
 
+def test_prompt_prefix_goes_before_the_question_in_either_rendering(handles):
+    shots = "Question: What is 1 + 1?\nAnswer: 2\n\n"
+    tok = handles["mistral-v1"].tokenizer
+    raw = view(handles, prompt_prefix=shots)
+    assert raw.encode_prompt("Question: What is 2 + 3?\nAnswer:") == (
+        tok.bos_token_id,
+        *tok(shots + "Question: What is 2 + 3?\nAnswer:", add_special_tokens=False)["input_ids"],
+    )
+    chat = view(handles, "deepseek-v3", chat_template=QWEN, prompt_prefix=shots)
+    plain = view(handles, "deepseek-v3", chat_template=QWEN)
+    # inside the user's turn, the template around it as without a prefix
+    assert chat.encode_prompt("What is 2 + 3?") == plain.encode_prompt(shots + "What is 2 + 3?")
+    assert chat.encode_prompt("What is 2 + 3?", " 5") == plain.encode_prompt(
+        shots + "What is 2 + 3?", " 5"
+    )
+
+
 def test_tokenizer_without_template_fails_naming_the_field(handles):
     with pytest.raises(
         ConfigError,

@@ -141,6 +141,12 @@ class PolicyConfig(ConfigStruct, frozen=True):
     # with the tokenizer's own chat template; a path names a Jinja template file to use instead.
     chat_template: bool | str = False  # how prompts are rendered (see above)
     system_prompt: str | None = None  # with a chat template: a system message first
+    # Text put before every question this policy reads, inside its own rendering (raw text, or
+    # the user's turn under a chat template): worked examples in the task's pattern for a base
+    # model (few-shot prompting), which it otherwise continues in its own way. Only this
+    # policy's prompt changes: the prompt's id, the verifier and what peers receive are the
+    # task's question alone, and under training.shared_prefix each group computes it once.
+    prompt_prefix: str = ""  # text before every question (few-shot examples); "": none
     generation: GenerationConfig = msgspec.field(
         default_factory=GenerationConfig
     )  # sampling backend

@@ -56,7 +56,8 @@ class PolicyView:
     def encode_prompt(self, text: str, prefill: str = "") -> tuple[int, ...]:
         """The policy's prompt for a question, and the start of its answer (``prefill``) when
         one is given: after the question in raw text, after the assistant turn's opening under
-        a chat template."""
+        a chat template. ``policies.*.prompt_prefix`` goes before the question in either."""
+        text = self.cfg.prompt_prefix + text
         if self.chat is not None:
             return self.chat.encode(text, prefill)
         ids = self.tokenizer(text + prefill, add_special_tokens=False)["input_ids"]
