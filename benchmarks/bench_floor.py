@@ -148,7 +148,9 @@ class Bare:
             betas=group["betas"],
             eps=group["eps"],
             weight_decay=group["weight_decay"],
+            fused=group["fused"],  # the run's kernel (training.optim)
         )
+        self.fused = group["fused"]
 
     def sync_from(self, policy) -> None:
         """Take the policy's weights, optimizer state and generator (outside the timing), so
@@ -156,6 +158,8 @@ class Bare:
         a sampled token after some steps and the two runs drift apart."""
         self.model.load_state_dict(policy.learner.model.state_dict())
         self.opt.load_state_dict(policy.learner.optimizer.state_dict())
+        for g in self.opt.param_groups:  # the loaded groups carry the policy's kernel flag
+            g["fused"] = self.fused
         self.generator.set_state(policy.generator.get_state())
 
     def precision(self):

@@ -2,22 +2,24 @@
 
 Each real model of ``configs/real-cpu.toml`` (SmolLM2-135M-Instruct through its chat template,
 Gemma 3 270M on raw prompts) is stepped alone (strategy ``none``) at the config's work: 4 prompts
-x 8 completions, ``dapo``, at 16 new tokens (the config's) and at 64. Six entries share each
+x 8 completions, ``dapo``, at 16 new tokens (the config's) and at 64. Seven entries share each
 round, in alternating order, every one from the same weights, optimizer state and sampler
 generator (restored untimed before each), on the same prompts:
 
 - ``before``: the config as it shipped before these levers: fp32, every row computing its prompt
   in the sampler and in the update, micro-batches of 8 rows, the LM head in chunks of 128
-  positions;
+  positions, AdamW's loop over tensors (``training.optim = "adamw_torch"``), sdpa attention;
 - ``bf16``: bf16 autocast over fp32 weights only (``policies.*.dtype = "bf16"``, what ``auto``
   chooses on a CPU with AVX512-BF16 or AMX);
 - ``shared``: each prompt computed once only (``training.shared_prefix``, the sampler's
   prefill), in fp32;
 - ``bf16+shared``: both levers, the old micro-batches;
 - ``all``: both levers and the config's new update shape (the whole batch in one pass, the LM
-  head in chunks of 512 positions): what ``configs/real-cpu.toml`` runs now;
-- ``bare-all``: ``bench_floor.Bare`` with both levers and the same update shape: the least work
-  that computes the step.
+  head in chunks of 512 positions), AdamW's fused kernel (``training.optim``'s default) and the
+  config's update attention (eager for SmolLM2): what ``configs/real-cpu.toml`` runs now;
+- ``all-adamw_torch``: ``all`` with AdamW's loop over tensors, what the fused kernel gains;
+- ``bare-all``: ``bench_floor.Bare`` with the levers of ``all`` and the same update shape: the
+  least work that computes the step.
 
 Generation and update are timed apart (the run's own ``phase/*_time_s``). Medians over the rounds
 (round 0 warms up, dropped), each entry's speed-up over ``before``, ``all`` over
@@ -73,7 +75,8 @@ from mutualrl.run.loop import grpo_step
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = {"smollm2-135m-instruct": True, "gemma-3-270m": False}  # name: chat template
-BEFORE = dict(per_device_train_batch_size=8, logprob_chunk_size=128)  # the old config's
+# the old config's update: micro-batches of 8, LM-head chunks of 128, AdamW's loop over tensors
+BEFORE = dict(per_device_train_batch_size=8, logprob_chunk_size=128, optim="adamw_torch")
 # name: (bf16, each prompt once, update shape, attention; None: the config's). The attention
 # (the model's kernel, the update's; None: the model's): the four lever entries keep the model's
 # kernel (sdpa) in the update, as the config shipped before; ``all`` takes the config's update
@@ -85,6 +88,7 @@ VARIANTS = {
     "shared": (False, True, BEFORE, KEPT),
     "bf16+shared": (True, True, BEFORE, KEPT),
     "all": (True, True, None, None),
+    "all-adamw_torch": (True, True, dict(optim="adamw_torch"), None),
 }
 ATTENTION = {  # attention: (the model's kernel, the update's; None: the model's)
     "kernels": {
@@ -157,6 +161,8 @@ def ours(policy, bf16: bool, shared: bool, shape: dict | None, attention: tuple 
     def step(run, at: int):
         # the update's settings of this entry, wherever the learner reads them
         learner.training = learner.logprobs.training = learner.objective.training = training
+        for group in learner.optimizer.param_groups:  # AdamW reads its kernel at each step
+            group["fused"] = True if training.optim == "adamw_torch_fused" else None
         learner.logprobs.bf16 = bf16
         learner.logprobs.shared_prefix = shared
         policy.backend.share_prompts = shared

@@ -85,6 +85,7 @@ def make_optimizer(
         [p for p in model.parameters() if p.requires_grad],
         lr=cfg.learning_rate or grpo.learning_rate,
         weight_decay=training.weight_decay,
+        fused=True if training.optim == "adamw_torch_fused" else None,  # None: torch's choice
     )
     if total_steps is None and training.lr_scheduler_type != "constant":
         raise ValueError(
