@@ -170,8 +170,9 @@ class TrainingConfig(ConfigStruct, frozen=True):
     # The optimizer, under transformers' names (TrainingArguments.optim, which TRL's GRPOConfig
     # inherits; "adamw_torch_fused" is its default from torch 2.8): torch's AdamW, its fused kernel
     # or its loop over parameters. The same update up to float rounding; the fused kernel reads
-    # each tensor once per step where the loop makes a pass per operation, 13x less time on Gemma
-    # 3's 262,144 x 640 embedding on a CPU (benchmarks/results/real_step.json, run optimizer).
+    # each tensor once per step where the loop makes a pass per operation: Gemma 3's update 1.2x
+    # faster on a CPU, SmolLM2's 1.2-1.5x (benchmarks/results/real_step.json, all against
+    # all-adamw_torch).
     optim: Literal["adamw_torch_fused", "adamw_torch"] = "adamw_torch_fused"  # AdamW's kernel
     # The logged entropy: computed at this many completion tokens per micro-batch, evenly spaced
     # over them (a pass over the whole (rows, T, V) log-softmax cost 12% of a small GRPO step on
