@@ -59,6 +59,7 @@ from mutualrl.policies.batch import collate
 from mutualrl.policies.generation.torch import cache_keyword
 from mutualrl.policies.model_cache import resolve_checkpoint
 from mutualrl.policies.sampling import sample_tokens
+from mutualrl.policies.update import adamw_fused
 from mutualrl.provenance import git_commit, machine_info
 from mutualrl.run.build import build_run
 from mutualrl.run.loop import grpo_step
@@ -148,9 +149,8 @@ class Bare:
             betas=group["betas"],
             eps=group["eps"],
             weight_decay=group["weight_decay"],
-            fused=group["fused"],  # the run's kernel (training.optim)
+            fused=adamw_fused(cfg.training.optim),  # the run's kernel
         )
-        self.fused = group["fused"]
 
     def sync_from(self, policy) -> None:
         """Take the policy's weights, optimizer state and generator (outside the timing), so
@@ -159,7 +159,7 @@ class Bare:
         self.model.load_state_dict(policy.learner.model.state_dict())
         self.opt.load_state_dict(policy.learner.optimizer.state_dict())
         for g in self.opt.param_groups:  # the loaded groups carry the policy's kernel flag
-            g["fused"] = self.fused
+            g["fused"] = adamw_fused(self.t.optim)
         self.generator.set_state(policy.generator.get_state())
 
     def precision(self):

@@ -69,6 +69,7 @@ from mutualrl.config import load_config
 from mutualrl.malloc import reuse_large_buffers
 from mutualrl.policies.model_cache import resolve_checkpoint
 from mutualrl.policies.precision import native_bf16
+from mutualrl.policies.update import adamw_fused
 from mutualrl.provenance import git_commit, machine_info
 from mutualrl.run.build import build_run
 from mutualrl.run.loop import grpo_step
@@ -162,7 +163,7 @@ def ours(policy, bf16: bool, shared: bool, shape: dict | None, attention: tuple 
         # the update's settings of this entry, wherever the learner reads them
         learner.training = learner.logprobs.training = learner.objective.training = training
         for group in learner.optimizer.param_groups:  # AdamW reads its kernel at each step
-            group["fused"] = True if training.optim == "adamw_torch_fused" else None
+            group["fused"] = adamw_fused(training.optim)
         learner.logprobs.bf16 = bf16
         learner.logprobs.shared_prefix = shared
         policy.backend.share_prompts = shared
@@ -198,7 +199,7 @@ def bench(model: str, tokens: int, rounds: int, variants: dict = VARIANTS) -> di
             policy = run.executor.worker("p")
             entries = {name: ours(policy, *levers) for name, levers in variants.items()}
             if floor:
-                attn = configured_attention(model)  # the update's kernel, as ``all`` has it
+                attn = cfg.policies[0].train_attn_implementation  # the update's, as ``all``'s
                 entries["bare-all"] = bare(Bare(policy, cfg, bf16=True, shared=True, attn=attn))
             times: dict[str, list[dict]] = {name: [] for name in entries}
             seen: dict[str, list] = {name: [] for name in entries}

@@ -68,6 +68,13 @@ class _Mean:
         return float(sum(v.double() * t for v, t in self.parts) / max(float(total), 1.0))
 
 
+def adamw_fused(optim: str) -> bool | None:
+    """torch AdamW's ``fused`` argument for ``training.optim``, as transformers' Trainer passes
+    it: True for "adamw_torch_fused", None (torch's choice: its loop over tensors on a CPU) for
+    "adamw_torch"."""
+    return True if optim == "adamw_torch_fused" else None
+
+
 def make_optimizer(
     model: torch.nn.Module,
     cfg: PolicyConfig,
@@ -85,7 +92,7 @@ def make_optimizer(
         [p for p in model.parameters() if p.requires_grad],
         lr=cfg.learning_rate or grpo.learning_rate,
         weight_decay=training.weight_decay,
-        fused=True if training.optim == "adamw_torch_fused" else None,  # None: torch's choice
+        fused=adamw_fused(training.optim),
     )
     if total_steps is None and training.lr_scheduler_type != "constant":
         raise ValueError(
