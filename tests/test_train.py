@@ -147,13 +147,31 @@ def test_a_run_that_retokenizes_nothing_reports_an_unused_cache(tiny_run):
 
 
 def test_a_prompt_prefix_changes_its_policys_prompt_alone(tmp_path, fast_run_builds):
-    """policies.*.prompt_prefix (few-shot examples): the policy reads it before each question,
-    while the experience it publishes names the task's question, as its peer's does."""
+    """policies.*.prompt_prefix (few-shot examples): the policy samples from the prefix and the
+    question, its peer from the question alone, while the experience both publish names the
+    task's question under the same ids."""
     from mutualrl.exchange import read_log
     from mutualrl.exchange.records import Rollout
+    from mutualrl.run.build import build_run
+    from mutualrl.run.phases import generate, sample_prompts
+
+    shots = "Examples first. "
+    cfg = load_config(
+        TINY, [f'output_dir="{tmp_path / "built"}"', f'policies.0.prompt_prefix="{shots}"']
+    )
+    run = build_run(cfg)
+    try:
+        samples, _ = generate(run, sample_prompts(run, 0))
+        for name, ss in samples.items():
+            tok = run.policies[name].tokenizer
+            for s in ss:
+                text = (shots if name == POLICIES[0] else "") + s.prompt.text
+                ids = tok(text, add_special_tokens=False)["input_ids"]
+                assert s.prompt_ids == (tok.bos_token_id, *ids), name
+    finally:
+        run.close()
 
     out = tmp_path / "prefixed"
-    shots = "Examples first. "
     run_tiny(out, 'strategy="prp"', f'policies.0.prompt_prefix="{shots}"', "steps=1")
     rollouts = [d.record for d in read_log(out) if isinstance(d.record, Rollout)]
     by_producer: dict[str, set] = {}

@@ -411,3 +411,23 @@ def test_our_documented_departures_differ_from_trl(case, tokenizer, tmp_path, mo
         )
     assert abs(stats["grpo_loss"] - trl_loss) > 100 * RTOL * abs(trl_loss)
     assert max(max_rel(a, b) for a, b in zip(*grads[0])) > 100 * RTOL
+
+
+@pytest.mark.parametrize("optim", [None, "adamw_torch", "adamw_torch_fused"])
+def test_our_optimizer_is_the_one_trls_trainer_builds(optim, tmp_path):
+    """``training.optim``: TRL's default and, for each name, the optimizer class and ``fused``
+    flag that transformers' Trainer (which GRPOTrainer is) builds from a GRPOConfig."""
+    from transformers import Trainer
+
+    from mutualrl.policies.update import make_optimizer
+
+    extra = {} if optim is None else {"optim": optim}
+    args = TRLConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", bf16=False, **extra)
+    ours = TrainingConfig() if optim is None else TrainingConfig(optim=optim)
+    assert ours.optim == str(getattr(args.optim, "value", args.optim))
+    cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(args)
+    optimizer, _ = make_optimizer(
+        torch.nn.Linear(2, 2), PolicyConfig(name="p"), GRPOConfig(), ours, None
+    )
+    assert type(optimizer) is cls
+    assert optimizer.defaults["fused"] == kwargs.get("fused")
