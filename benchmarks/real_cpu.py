@@ -26,6 +26,10 @@ labelled ``compare`` beside the single run (``real-cpu``): one file, one run per
     mutualrl compare --config configs/real-cpu.toml --strategies none,prp,xgrpo,sgt --seeds 2 \\
         --steps 12 --output-dir reports/compare-real-cpu
     python benchmarks/real_cpu.py --compare-dir reports/compare-real-cpu --json ...
+
+A tuning compare (``mutualrl compare --tune ...``) goes in under a label of its own
+(``--label tune``) with what each of its arms ran and the ``tuning.json`` it wrote: per strategy
+each setting's validation score and the one chosen.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import time
 from pathlib import Path
 
 from mutualrl.bench.results import write_run
+from mutualrl.compare.tuning import TUNING_FILE, VALIDATION
 from mutualrl.provenance import git_commit, machine_info
 from mutualrl.report.analysis import curve_of, heldout_changes
 from mutualrl.run.evaluation import read_heldout
@@ -109,20 +114,50 @@ def summarise_compare(folder: Path) -> dict:
         for row in rows.values():
             for key in ("start", "end", "change"):
                 row[f"{key}_mean"] = sum(row[key]) / len(row[key])
-    overrides = " ".join(f"--set {o}" for o in state["overrides"])
-    command = (
-        f"mutualrl compare --config {state['config_path']} --strategies "
-        f"{','.join(state['strategies'])} --seeds {state['seeds']} {overrides}"
-    )
-    return {
+    arms = state.get("arms") or {}
+    out = {
         "commit": state["commit"],
-        "command": command.strip(),
+        "command": compare_command(state),
         "strategies": state["strategies"],
         "seeds": state["seeds"],
         "overrides": state["overrides"],
         "by_strategy": table,
         "runs": runs,
     }
+    if arms:  # a tuning compare (or one run at the settings a tuning chose): what each arm ran
+        out["arms"] = arms
+    if (folder / TUNING_FILE).exists():
+        out["tuning"] = json.loads((folder / TUNING_FILE).read_text())
+    return out
+
+
+def compare_command(state: dict) -> str:
+    """The ``mutualrl compare`` command that made a compare, from its ``compare.json``: a tuning
+    compare's arms (``<strategy>@<i>``) as its ``--tune`` flags, a ``--tuned`` one's as that
+    flag (the tuning's folder is not recorded: ``TUNING_DIR``)."""
+    arms = state.get("arms") or {}
+    strategies = list(dict.fromkeys(a["strategy"] for a in arms.values())) or state["strategies"]
+    flags = [f"--set {o}" for o in state["overrides"]]
+    tuning = [a for a in arms.values() if VALIDATION in a["overrides"]]
+    if tuning:
+        first = [a["overrides"] for a in tuning if a["strategy"] == strategies[0]]
+        columns: dict[str, list[str]] = {}
+        for overrides in first:  # the settings in the order of their labels (@0, @1, ...)
+            for o in overrides:
+                if o != VALIDATION:
+                    key, _, value = o.partition("=")
+                    columns.setdefault(key, []).append(value)
+        flags += [f"--tune {k}={','.join(v)}" for k, v in columns.items()]
+    elif arms:
+        flags.append("--tuned TUNING_DIR")
+    return " ".join(
+        [
+            f"mutualrl compare --config {state['config_path']} --strategies",
+            ",".join(strategies),
+            f"--seeds {state['seeds']}",
+            *flags,
+        ]
+    )
 
 
 def summarise_steps(run_dir: Path) -> dict:
@@ -153,6 +188,11 @@ def main() -> int:
     ap.add_argument("--commit", help="with --run-dir: the commit the run was made at")
     ap.add_argument("--compare-dir", type=Path, help="summarise this finished compare instead")
     ap.add_argument(
+        "--label",
+        default="compare",
+        help="with --compare-dir: the run's label in the JSON (one run per label), e.g. tune",
+    )
+    ap.add_argument(
         "--backend-runs",
         nargs="+",
         metavar="NAME=DIR",
@@ -176,7 +216,7 @@ def main() -> int:
     if args.compare_dir is not None:
         machine = {**machine_info(), "loadavg": None}
         compare = summarise_compare(args.compare_dir)
-        record = {"benchmark": "real_cpu", "label": "compare", "machine": machine, **compare}
+        record = {"benchmark": "real_cpu", "label": args.label, "machine": machine, **compare}
         write_run(args.json, record)
         for strategy, rows in compare["by_strategy"].items():
             for name, row in rows.items():

@@ -354,6 +354,57 @@ def test_real_cpu_summarises_a_finished_compare_beside_the_single_run(tmp_path):
     assert sgt["end_mean"] == 0.625 and compare["by_strategy"]["none"]["p"]["end_mean"] == 0.1875
 
 
+def test_real_cpu_summarises_a_tuning_compare_under_its_own_label(tmp_path):
+    """--compare-dir --label tune: a tuning compare's arms, its tuning.json and the command that
+    made it (the arms as --tune flags), beside the runs already in the JSON."""
+    folder = tmp_path / "tune"
+    start = [1] * 20 + [0] * 60
+    ends = {"none@0": 10, "none@1": 30, "sgt@0": 40, "sgt@1": 20}
+    for label, correct in ends.items():
+        _finished_run(
+            folder / "runs" / f"{label}-seed0", start, [1] * correct + [0] * (80 - correct)
+        )
+    lrs = [("1e-5", "2.5e-6"), ("2e-5", "5e-6")]
+    arms = {
+        f"{st}@{i}": {
+            "strategy": st,
+            "overrides": [
+                'eval.split="validation"',
+                f"policies.0.learning_rate={a}",
+                f"policies.1.learning_rate={b}",
+            ],
+        }
+        for st in ("none", "sgt")
+        for i, (a, b) in enumerate(lrs)
+    }
+    state = {
+        "config_path": "configs/real-cpu.toml",
+        "overrides": ["steps=15"],
+        "strategies": list(arms),
+        "arms": arms,
+        "seeds": 1,
+        "commit": "abc",
+        "runs": {f"{a}-seed0": {"strategy": a, "seed": 0, "status": "done"} for a in arms},
+    }
+    (folder / "compare.json").write_text(json.dumps(state))
+    tuning = {"split": "validation", "strategies": {}, "chosen": {"none": {"label": "none@1"}}}
+    (folder / "tuning.json").write_text(json.dumps(tuning))
+    out = tmp_path / "real_cpu.json"
+    out.write_text(json.dumps({"runs": [{"label": "compare", "x": 1}]}))
+    got = _run(
+        "real_cpu.py", "--compare-dir", str(folder), "--label", "tune", "--json", str(out), out=out
+    )
+    assert [r["label"] for r in got["runs"]] == ["compare", "tune"]
+    tune = got["runs"][1]
+    assert tune["command"] == (
+        "mutualrl compare --config configs/real-cpu.toml --strategies none,sgt --seeds 1 "
+        "--set steps=15 --tune policies.0.learning_rate=1e-5,2e-5 "
+        "--tune policies.1.learning_rate=2.5e-6,5e-6"
+    )
+    assert tune["arms"] == arms and tune["tuning"] == tuning
+    assert tune["by_strategy"]["none@1"]["p"]["end"] == [0.375]
+
+
 def test_trl_check_trains_with_trl_and_scores_trl_and_a_mutualrl_run_by_one_evaluation(tmp_path):
     """benchmarks/trl_check.py on a tiny random Llama folder: TRL's GRPOTrainer trains it on the
     run's prompts, and the start, TRL's weights and a mutualrl `none` run of the same config are
