@@ -12,7 +12,12 @@ first and last quarter of the steps; with the wall time, the commit, the machine
     python benchmarks/real_cpu.py --run-dir runs/real-cpu --commit SHA --json ...   # a finished run
 
 ``--run-dir`` summarises a run made earlier (its wall time is the run's own, from summary.json;
-``--commit`` says what code made it, since a run folder does not record it).
+``--commit`` says what code made it, since a run folder does not record it). With ``--label``
+the run is another config's (a candidate of the recipe search): it is recorded with the
+``config.json`` it ran and ``--command``, under that label, e.g. in ``recipe_search.json``:
+
+    python benchmarks/real_cpu.py --run-dir DIR --commit SHA --label gemma-temperature-0.7 \\
+        --command "mutualrl train ..." --json benchmarks/results/recipe_search.json
 
 ``--backend-runs NAME=DIR ...`` puts finished runs of the config on other backends or executors
 side by side (run labelled ``backends``): per run its phases and, per step, its wall time and
@@ -70,6 +75,11 @@ def summarise(run_dir: Path) -> dict:
             for f in sorted(set(curve.families.tolist()))
         }
         policies[h.policy] = {
+            "split": curve.split,
+            # greedy pass@1 at each evaluation, {step: mean over the problems}
+            "pass@1_by_step": {
+                int(st): float(g.mean()) for st, g in zip(curve.steps, curve.greedy)
+            },
             "heldout_pass@1": {
                 "steps": list(h.steps),
                 "prompts": h.n_prompts,
@@ -189,9 +199,11 @@ def main() -> int:
     ap.add_argument("--compare-dir", type=Path, help="summarise this finished compare instead")
     ap.add_argument(
         "--label",
-        default="compare",
-        help="with --compare-dir: the run's label in the JSON (one run per label), e.g. tune",
+        help="with --compare-dir: the compare's label in the JSON (default compare; one run per "
+        "label), e.g. tune; with --run-dir: a run of another config than the shipped one (a "
+        "recipe candidate), recorded with its own config.json and --command",
     )
+    ap.add_argument("--command", help="with --run-dir --label: the command that made the run")
     ap.add_argument(
         "--backend-runs",
         nargs="+",
@@ -201,6 +213,8 @@ def main() -> int:
     )
     ap.add_argument("--command-of", nargs="*", default=[], metavar="NAME=COMMAND")
     args = ap.parse_args()
+    if args.label is not None and args.run_dir is None and args.compare_dir is None:
+        ap.error("--label: expected --run-dir or --compare-dir with it")
     if args.backend_runs:
         commands = dict(c.split("=", 1) for c in args.command_of)
         runs = {}
@@ -216,7 +230,8 @@ def main() -> int:
     if args.compare_dir is not None:
         machine = {**machine_info(), "loadavg": None}
         compare = summarise_compare(args.compare_dir)
-        record = {"benchmark": "real_cpu", "label": args.label, "machine": machine, **compare}
+        label = args.label or "compare"
+        record = {"benchmark": "real_cpu", "label": label, "machine": machine, **compare}
         write_run(args.json, record)
         for strategy, rows in compare["by_strategy"].items():
             for name, row in rows.items():
@@ -253,6 +268,14 @@ def main() -> int:
         "process_wall_s": wall,
         **summarise(run_dir),
     }
+    if args.label is not None:  # another run than the shipped config's: what it ran
+        result.update(
+            label=args.label,
+            command=args.command,
+            config=None,
+            config_text=None,
+            run_config=json.loads((run_dir / "config.json").read_text()),
+        )
     write_run(args.json, result)
     for name, p in result["policies"].items():
         h = p["heldout_pass@1"]

@@ -319,6 +319,34 @@ def test_real_cpu_summarises_a_finished_run(tmp_path):
     assert p["train_reward_last_quarter"] == 0.4
 
 
+def test_real_cpu_records_a_recipe_candidate_with_the_config_it_ran(tmp_path):
+    """--run-dir --label: a run of another config (a recipe candidate) is recorded with its own
+    config.json and command, its split and pass@1 at each evaluation, under its label."""
+    run = tmp_path / "run"
+    _finished_run(run, [1] * 10 + [0] * 30 + [0] * 40, [1] * 30 + [0] * 10 + [1] * 20 + [0] * 20)
+    (run / "config.json").write_text(json.dumps({"grpo": {"temperature": 0.7}}))
+    out = tmp_path / "recipe_search.json"
+    got = _run(
+        "real_cpu.py",
+        "--run-dir",
+        str(run),
+        "--commit",
+        "abc",
+        "--label",
+        "gemma-t07",
+        "--command",
+        "mutualrl train --set grpo.temperature=0.7",
+        "--json",
+        str(out),
+        out=out,
+    )
+    assert got["label"] == "gemma-t07" and got["commit"] == "abc"
+    assert got["command"] == "mutualrl train --set grpo.temperature=0.7"
+    assert got["run_config"] == {"grpo": {"temperature": 0.7}} and got["config_text"] is None
+    p = got["policies"]["p"]
+    assert p["split"] == "heldout" and p["pass@1_by_step"] == {"0": 0.125, "30": 0.625}
+
+
 def test_real_cpu_summarises_a_finished_compare_beside_the_single_run(tmp_path):
     """--compare-dir: every run of a compare, and per strategy and policy the seeds' held-out
     start, end and change, written as the run labelled `compare` beside the `real-cpu` run."""
