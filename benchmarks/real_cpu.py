@@ -14,10 +14,10 @@ first and last quarter of the steps; with the wall time, the commit, the machine
 ``--run-dir`` summarises a run made earlier (its wall time is the run's own, from summary.json;
 ``--commit`` says what code made it, since a run folder does not record it). With ``--label``
 the run is another config's (a candidate of the recipe search): it is recorded with the
-``config.json`` it ran and ``--command``, under that label, e.g. in ``recipe_search.json``:
+``config.json`` it ran and ``--command``, under that label beside the others:
 
     python benchmarks/real_cpu.py --run-dir DIR --commit SHA --label gemma-temperature-0.7 \\
-        --command "mutualrl train ..." --json benchmarks/results/recipe_search.json
+        --command "mutualrl train ..." --json benchmarks/results/real_cpu.json
 
 ``--backend-runs NAME=DIR ...`` puts finished runs of the config on other backends or executors
 side by side (run labelled ``backends``): per run its phases and, per step, its wall time and
@@ -215,29 +215,60 @@ def main() -> int:
     args = ap.parse_args()
     if args.label is not None and args.run_dir is None and args.compare_dir is None:
         ap.error("--label: expected --run-dir or --compare-dir with it")
+    if args.label is not None and args.run_dir is not None and not args.command:
+        ap.error("--run-dir --label: expected --command, the command that made the run")
     if args.backend_runs:
-        commands = dict(c.split("=", 1) for c in args.command_of)
-        runs = {}
-        for item in args.backend_runs:
-            name, folder = item.split("=", 1)
-            runs[name] = {"command": commands.get(name), **summarise_steps(Path(folder))}
-        machine = {**machine_info(), "loadavg": None}
-        record = {"benchmark": "real_cpu", "label": "backends", "commit": args.commit}
-        write_run(args.json, {**record, "machine": machine, "runs": runs})
-        for name, r in runs.items():
-            print(f"{name}: step {r['step_s']}, generate {r['generate_s']}")
-        return 0
-    if args.compare_dir is not None:
-        machine = {**machine_info(), "loadavg": None}
-        compare = summarise_compare(args.compare_dir)
-        label = args.label or "compare"
-        record = {"benchmark": "real_cpu", "label": label, "machine": machine, **compare}
-        write_run(args.json, record)
-        for strategy, rows in compare["by_strategy"].items():
-            for name, row in rows.items():
-                ends = ", ".join(f"{e:.3f}" for e in row["end"])
-                print(f"{strategy} {name}: {row['start_mean']:.3f} -> [{ends}]")
-        return 0
+        write_backends(args)
+    elif args.compare_dir is not None:
+        write_compare(args)
+    elif args.label is not None:
+        write_candidate(args)
+    else:
+        write_single(args)
+    return 0
+
+
+def write_backends(args) -> None:
+    commands = dict(c.split("=", 1) for c in args.command_of)
+    runs = {}
+    for item in args.backend_runs:
+        name, folder = item.split("=", 1)
+        runs[name] = {"command": commands.get(name), **summarise_steps(Path(folder))}
+    machine = {**machine_info(), "loadavg": None}
+    record = {"benchmark": "real_cpu", "label": "backends", "commit": args.commit}
+    write_run(args.json, {**record, "machine": machine, "runs": runs})
+    for name, r in runs.items():
+        print(f"{name}: step {r['step_s']}, generate {r['generate_s']}")
+
+
+def write_compare(args) -> None:
+    machine = {**machine_info(), "loadavg": None}
+    compare = summarise_compare(args.compare_dir)
+    label = args.label or "compare"
+    write_run(args.json, {"benchmark": "real_cpu", "label": label, "machine": machine, **compare})
+    for strategy, rows in compare["by_strategy"].items():
+        for name, row in rows.items():
+            ends = ", ".join(f"{e:.3f}" for e in row["end"])
+            print(f"{strategy} {name}: {row['start_mean']:.3f} -> [{ends}]")
+
+
+def write_candidate(args) -> None:
+    """A finished run of another config (a recipe candidate), with the config.json it ran."""
+    run_dir = args.run_dir
+    record = {
+        "benchmark": "real_cpu",
+        "label": args.label,
+        "commit": args.commit or "unknown",
+        "machine": {**machine_info(), "loadavg": None},
+        "command": args.command,
+        "run_config": json.loads((run_dir / "config.json").read_text()),
+        **summarise(run_dir),
+    }
+    _write_and_print(args.json, record)
+
+
+def write_single(args) -> None:
+    """The shipped config's run: trained here, or summarised from ``--run-dir``."""
     command = [
         "mutualrl",
         "train",
@@ -248,16 +279,15 @@ def main() -> int:
         "--no-progress",
         "--overwrite",
     ]
+    machine = machine_info()
     if args.run_dir is None:
         start = time.perf_counter()
         subprocess.run(command, cwd=ROOT, check=True)
         wall, run_dir, commit = time.perf_counter() - start, ROOT / args.output_dir, git_commit()
     else:
         wall, run_dir, commit = None, args.run_dir, args.commit or "unknown"
-    machine = machine_info()
-    if args.run_dir is not None:  # the load now says nothing of the load while the run ran
-        machine["loadavg"] = None
-    result = {
+        machine["loadavg"] = None  # the load now says nothing of the load while the run ran
+    record = {
         "benchmark": "real_cpu",
         "label": "real-cpu",
         "commit": commit,
@@ -268,19 +298,14 @@ def main() -> int:
         "process_wall_s": wall,
         **summarise(run_dir),
     }
-    if args.label is not None:  # another run than the shipped config's: what it ran
-        result.update(
-            label=args.label,
-            command=args.command,
-            config=None,
-            config_text=None,
-            run_config=json.loads((run_dir / "config.json").read_text()),
-        )
-    write_run(args.json, result)
-    for name, p in result["policies"].items():
+    _write_and_print(args.json, record)
+
+
+def _write_and_print(path: Path, record: dict) -> None:
+    write_run(path, record)
+    for name, p in record["policies"].items():
         h = p["heldout_pass@1"]
         print(f"{name}: {h['start']['mean']:.3f} -> {h['end']['mean']:.3f} ({h['verdict']})")
-    return 0
 
 
 if __name__ == "__main__":

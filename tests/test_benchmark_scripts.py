@@ -325,7 +325,7 @@ def test_real_cpu_records_a_recipe_candidate_with_the_config_it_ran(tmp_path):
     run = tmp_path / "run"
     _finished_run(run, [1] * 10 + [0] * 30 + [0] * 40, [1] * 30 + [0] * 10 + [1] * 20 + [0] * 20)
     (run / "config.json").write_text(json.dumps({"grpo": {"temperature": 0.7}}))
-    out = tmp_path / "recipe_search.json"
+    out = tmp_path / "real_cpu.json"
     got = _run(
         "real_cpu.py",
         "--run-dir",
@@ -342,7 +342,7 @@ def test_real_cpu_records_a_recipe_candidate_with_the_config_it_ran(tmp_path):
     )
     assert got["label"] == "gemma-t07" and got["commit"] == "abc"
     assert got["command"] == "mutualrl train --set grpo.temperature=0.7"
-    assert got["run_config"] == {"grpo": {"temperature": 0.7}} and got["config_text"] is None
+    assert got["run_config"] == {"grpo": {"temperature": 0.7}} and "config_text" not in got
     p = got["policies"]["p"]
     assert p["split"] == "heldout" and p["pass@1_by_step"] == {"0": 0.125, "30": 0.625}
 
