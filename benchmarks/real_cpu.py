@@ -23,10 +23,14 @@ the run is another config's (a candidate of the recipe search): it is recorded w
 side by side (run labelled ``backends``): per run its phases and, per step, its wall time and
 generation and update phases.
 
-``--compare-dir`` summarises a finished ``mutualrl compare`` of the same config (its command and
-commit come from its ``compare.json``): every run as above, and per strategy and policy the
-seeds' held-out start, end and change side by side. Written into ``real_cpu.json`` as the run
-labelled ``compare`` beside the single run (``real-cpu``): one file, one run per label.
+``--compare-dir`` summarises a ``mutualrl compare`` of the same config (its command and commit
+come from its ``compare.json``): every finished run as above, with its greedy result on every
+held-out problem at every evaluation (what ``real_compare.py`` draws the table and the curves
+from), and per strategy and policy the seeds' held-out start, end and change side by side.
+Written into ``real_cpu.json`` as the run labelled ``compare`` beside the single run
+(``real-cpu``): one file, one run per label. Runs not finished yet are listed as ``pending``; the
+runs already recorded under the label by the same compare command are kept, so a long compare
+can be recorded as it goes and finished in another folder (only finished runs count).
 
     mutualrl compare --config configs/real-cpu.toml --strategies none,prp,xgrpo,sgt --seeds 2 \\
         --steps 12 --output-dir reports/compare-real-cpu
@@ -99,16 +103,68 @@ def summarise(run_dir: Path) -> dict:
     }
 
 
-def summarise_compare(folder: Path) -> dict:
-    """A finished compare: each run summarised, and per strategy and policy its seeds' held-out
-    start, end and change (the runs of a seed start from the same weights and prompts)."""
+def summarise_compare(folder: Path, kept: dict | None = None) -> dict:
+    """A compare's finished runs: each summarised, with its greedy result on every problem at
+    every evaluation (``greedy_by_step``, one character per problem in the order of the seed's
+    ``problems``), and per strategy and policy its seeds' held-out start, end and change (the
+    runs of a seed start from the same weights and prompts). Runs not finished yet are listed
+    under ``pending``; ``kept`` (an earlier record of the same compare) adds its runs that this
+    folder does not hold, so a compare can be finished in another folder."""
     state = json.loads((folder / "compare.json").read_text())
-    runs = {}
+    runs, problems, pending = {}, {}, []
+    if kept is not None:
+        runs.update(kept["runs"])
+        problems.update(kept.get("problems_by_seed", {}))
     for name, info in state["runs"].items():
         if info.get("status") != "done":
-            raise SystemExit(f"{folder}: run {name} is {info.get('status')!r}, not done")
-        runs[name] = {"strategy": info["strategy"], "seed": info["seed"]}
-        runs[name].update(summarise(folder / "runs" / name))
+            if name not in runs:
+                pending.append(name)
+            continue
+        run_dir = folder / "runs" / name
+        runs[name] = {"strategy": info["strategy"], "seed": info["seed"], **summarise(run_dir)}
+        seed = str(info["seed"])
+        for policy, p in runs[name]["policies"].items():
+            ids, families, greedy = problem_results(run_dir, policy)
+            if problems.setdefault(seed, {"ids": ids, "families": families})["ids"] != ids:
+                raise SystemExit(
+                    f"{run_dir}: {policy}'s held-out problems differ from the other runs of "
+                    f"seed {seed}; expected the same problems for every run of a seed"
+                )
+            p["greedy_by_step"] = greedy
+    arms = state.get("arms") or {}
+    out = {
+        "commit": state["commit"],
+        "command": compare_command(state),
+        "strategies": state["strategies"],
+        "seeds": state["seeds"],
+        "overrides": state["overrides"],
+        "runs_done": len(runs),
+        "pending": sorted(pending),
+        "by_strategy": by_strategy(runs),
+        "problems_by_seed": dict(sorted(problems.items())),
+        "runs": dict(sorted(runs.items())),
+    }
+    if arms:  # a tuning compare (or one run at the settings a tuning chose): what each arm ran
+        out["arms"] = arms
+    if (folder / TUNING_FILE).exists():
+        out["tuning"] = json.loads((folder / TUNING_FILE).read_text())
+    return out
+
+
+def problem_results(run_dir: Path, policy: str) -> tuple[list[str], list[str], dict[str, str]]:
+    """A policy's held-out problems in one run (ids, families) and its greedy result on each at
+    every evaluation, ``{step: "0110..."}``."""
+    curve = curve_of(read_heldout(run_dir), policy)
+    assert curve is not None  # summarise found it
+    greedy = {
+        str(int(st)): "".join("1" if g else "0" for g in row)
+        for st, row in zip(curve.steps, curve.greedy)
+    }
+    return list(curve.prompt_ids), [str(f) for f in curve.families], greedy
+
+
+def by_strategy(runs: dict) -> dict:
+    """Per strategy and policy, the seeds' held-out start, end and change, and their means."""
     table: dict = {}
     for run in sorted(runs.values(), key=lambda r: (r["seed"], r["strategy"])):
         for policy, p in run["policies"].items():
@@ -124,21 +180,7 @@ def summarise_compare(folder: Path) -> dict:
         for row in rows.values():
             for key in ("start", "end", "change"):
                 row[f"{key}_mean"] = sum(row[key]) / len(row[key])
-    arms = state.get("arms") or {}
-    out = {
-        "commit": state["commit"],
-        "command": compare_command(state),
-        "strategies": state["strategies"],
-        "seeds": state["seeds"],
-        "overrides": state["overrides"],
-        "by_strategy": table,
-        "runs": runs,
-    }
-    if arms:  # a tuning compare (or one run at the settings a tuning chose): what each arm ran
-        out["arms"] = arms
-    if (folder / TUNING_FILE).exists():
-        out["tuning"] = json.loads((folder / TUNING_FILE).read_text())
-    return out
+    return dict(sorted(table.items()))
 
 
 def compare_command(state: dict) -> str:
@@ -243,13 +285,37 @@ def write_backends(args) -> None:
 
 def write_compare(args) -> None:
     machine = {**machine_info(), "loadavg": None}
-    compare = summarise_compare(args.compare_dir)
     label = args.label or "compare"
+    kept = earlier_record(args.json, label, args.compare_dir)
+    compare = summarise_compare(args.compare_dir, kept)
     write_run(args.json, {"benchmark": "real_cpu", "label": label, "machine": machine, **compare})
     for strategy, rows in compare["by_strategy"].items():
         for name, row in rows.items():
             ends = ", ".join(f"{e:.3f}" for e in row["end"])
             print(f"{strategy} {name}: {row['start_mean']:.3f} -> [{ends}]")
+    if compare["pending"]:
+        pending = ", ".join(compare["pending"])
+        print(f"{compare['runs_done']} runs done; not finished yet: {pending}")
+
+
+def earlier_record(path: Path, label: str, folder: Path) -> dict | None:
+    """The record already under ``label`` when it is of the same compare (the same command):
+    its runs are kept beside this folder's. Another compare under the label is an error."""
+    old = json.loads(path.read_text()) if path.exists() else {}
+    if old.get("label") == label:  # a file of this one run
+        record = old
+    else:
+        listed = old.get("runs") if isinstance(old.get("runs"), list) else []
+        record = next((r for r in listed if r.get("label") == label), None)
+    if record is None or "runs" not in record:
+        return None
+    command = compare_command(json.loads((folder / "compare.json").read_text()))
+    if record.get("command") != command:
+        raise SystemExit(
+            f"{path}: its run labelled {label!r} is another compare ({record.get('command')!r}); "
+            f"expected {command!r}: give another --label, or remove that run from the file"
+        )
+    return record
 
 
 def write_candidate(args) -> None:

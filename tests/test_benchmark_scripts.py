@@ -433,6 +433,94 @@ def test_real_cpu_summarises_a_tuning_compare_under_its_own_label(tmp_path):
     assert tune["by_strategy"]["none@1"]["p"]["end"] == [0.375]
 
 
+def _compare_folder(folder: Path, ends: dict, done: set, overrides=("steps=30",)) -> None:
+    """A compare of strategies x seeds whose runs in ``done`` are finished (held-out start 0.25,
+    end ``ends[(strategy, seed)] / 80``)."""
+    for (strategy, seed), correct in ends.items():
+        if (strategy, seed) in done:
+            _finished_run(
+                folder / "runs" / f"{strategy}-seed{seed}",
+                [1] * 20 + [0] * 60,
+                [1] * correct + [0] * (80 - correct),
+            )
+    state = {
+        "config_path": "configs/real-cpu.toml",
+        "overrides": list(overrides),
+        "strategies": sorted({st for st, _ in ends}),
+        "seeds": 1 + max(se for _, se in ends),
+        "commit": "abc",
+        "runs": {
+            f"{st}-seed{se}": {
+                "strategy": st,
+                "seed": se,
+                "status": "done" if (st, se) in done else "pending",
+            }
+            for st, se in ends
+        },
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "compare.json").write_text(json.dumps(state))
+
+
+def test_real_cpu_records_a_compare_as_it_goes_and_finishes_it_from_another_folder(tmp_path):
+    """--compare-dir on an unfinished compare: its finished runs with their per-problem results,
+    the rest pending; the same compare finished in another folder (a new machine) adds its runs
+    to the record, and real_compare.py draws the table from the record alone."""
+    ends = {("none", 0): 20, ("none", 1): 24, ("sgt", 0): 40, ("sgt", 1): 60}
+    out = tmp_path / "real_cpu.json"
+    out.write_text(json.dumps({"runs": [{"label": "real-cpu", "x": 1}]}))
+    first = tmp_path / "first"
+    _compare_folder(first, ends, {("none", 0), ("sgt", 0)})
+    got = _run("real_cpu.py", "--compare-dir", str(first), "--json", str(out), out=out)
+    rec = got["runs"][1]
+    assert rec["runs_done"] == 2 and rec["pending"] == ["none-seed1", "sgt-seed1"]
+    assert rec["problems_by_seed"]["0"]["ids"] == [f"q{i}" for i in range(80)]
+    assert rec["runs"]["sgt-seed0"]["policies"]["p"]["greedy_by_step"] == {
+        "0": "1" * 20 + "0" * 60,
+        "30": "1" * 40 + "0" * 40,
+    }
+    # the rest of it in a fresh folder: the first folder's runs are kept from the record
+    second = tmp_path / "second"
+    _compare_folder(second, ends, {("none", 1), ("sgt", 1)})
+    got = _run("real_cpu.py", "--compare-dir", str(second), "--json", str(out), out=out)
+    rec = got["runs"][1]
+    assert rec["runs_done"] == 4 and rec["pending"] == []
+    assert rec["by_strategy"]["sgt"]["p"]["end"] == [0.5, 0.75]
+    # another compare under the same label is refused, the file untouched
+    other = tmp_path / "other"
+    _compare_folder(other, ends, set(ends), overrides=("steps=12",))
+    before = out.read_text()
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "real_cpu.py"), "--compare-dir", str(other)]
+    done = subprocess.run([*cmd, "--json", str(out)], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode != 0 and "is another compare" in done.stderr
+    assert out.read_text() == before
+    # the table: sgt's paired difference to none over both seeds and the 80 problems
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "real_compare.py"), "--json", str(out)]
+    done = subprocess.run(
+        [*cmd, "--tuned", "compare", "--plots", str(tmp_path / "img")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    sgt = next(line for line in done.stdout.splitlines() if line.startswith("| `sgt`"))
+    assert "| 2 | 0.62 ± 0.18 | +0.35 [" in sgt
+    assert (tmp_path / "img" / "real-compare-p.png").stat().st_size > 0
+    # the shared default's compare beside it: sgt's tuned runs stand in for its default there
+    dflt = tmp_path / "dflt"
+    _compare_folder(dflt, {("none", 0): 30, ("none", 1): 30}, {("none", 0), ("none", 1)})
+    _run("real_cpu.py", "--compare-dir", str(dflt), "--label", "dflt", "--json", str(out), out=out)
+    done = subprocess.run(
+        [*cmd, "--tuned", "compare", "--default", "dflt", "--same-as-default", "sgt"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    table = done.stdout.split("(run 'dflt')")[1]
+    assert "| `sgt` | shared default (its tuned runs) | 2 | 0.62 ± 0.18 | +0.25 [" in table
+
+
 def test_trl_check_trains_with_trl_and_scores_trl_and_a_mutualrl_run_by_one_evaluation(tmp_path):
     """benchmarks/trl_check.py on a tiny random Llama folder: TRL's GRPOTrainer trains it on the
     run's prompts, and the start, TRL's weights and a mutualrl `none` run of the same config are
