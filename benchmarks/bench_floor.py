@@ -1,7 +1,7 @@
 """One mutualrl GRPO step against bare PyTorch doing the same work: how far from the floor we are.
 
 The mutualrl side is a real run (``run.build_run`` of a one-policy config, strategy ``none``, no
-warm start, no evaluation) stepped with ``run.loop.grpo_step``: generate through the executor,
+warm start, no evaluation) stepped with ``run.schedule.lock_step``: generate through the executor,
 verify, publish to the exchange, the strategy's batches, the update, the log record. Its phase
 times come from the run's own ``phase/*_time_s``.
 
@@ -62,8 +62,8 @@ from mutualrl.policies.sampling import sample_tokens
 from mutualrl.policies.update import adamw_fused
 from mutualrl.provenance import git_commit, machine_info
 from mutualrl.run.build import build_run
-from mutualrl.run.loop import grpo_step
 from mutualrl.run.phases import sample_prompts
+from mutualrl.run.schedule import lock_step
 
 ROOT = Path(__file__).resolve().parent.parent
 ARCH = {"mistral-v1": "llama", "deepseek-v3": "qwen2"}
@@ -327,7 +327,7 @@ class Bare:
 
 def ours(run, step: int) -> tuple[dict[str, float], tuple[float, float]]:
     t0 = time.perf_counter()
-    rec = grpo_step(run, step)
+    rec = lock_step(run, step)
     wall = time.perf_counter() - t0
     times = {k: rec.get(f"phase/{k}_time_s", 0.0) for k in ("generate", "verify", "update")}
     times["step"] = wall

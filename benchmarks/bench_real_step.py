@@ -72,7 +72,7 @@ from mutualrl.policies.precision import native_bf16
 from mutualrl.policies.update import adamw_fused
 from mutualrl.provenance import git_commit, machine_info
 from mutualrl.run.build import build_run
-from mutualrl.run.loop import grpo_step
+from mutualrl.run.schedule import lock_step
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = {"smollm2-135m-instruct": True, "gemma-3-270m": False}  # name: chat template
@@ -171,7 +171,7 @@ def ours(policy, bf16: bool, shared: bool, shape: dict | None, attention: tuple 
             learner.model.set_attn_implementation(kernel)
         learner.cfg = msgspec.structs.replace(learner.cfg, train_attn_implementation=update_kernel)
         t0 = time.perf_counter()
-        rec = grpo_step(run, at)
+        rec = lock_step(run, at)
         times = {k: rec[f"phase/{k}_time_s"] for k in ("generate", "update")}
         times["step"] = time.perf_counter() - t0
         return times, (rec["policy/p/loss"], rec["policy/p/completion_length"])

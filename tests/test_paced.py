@@ -337,7 +337,7 @@ def test_a_paced_step_that_verifies_past_its_calls_budget_is_not_declared_hung(
     # call_timeout_s = 1: a step is hung after 3 s of calls; each policy's 4 samples verify in
     # 3.6 s (0.9 s each, under verifier_timeout_s = 5), and the two policies take turns at the
     # verifier. Before, the watchdog counted that time and abandoned a healthy step.
-    import mutualrl.run.paced as paced_loop
+    from mutualrl.run.schedule import Paced
     from mutualrl.tasks import GuardedVerifier
 
     slow = threading.Event()
@@ -357,7 +357,7 @@ def test_a_paced_step_that_verifies_past_its_calls_budget_is_not_declared_hung(
         "__init__",
         lambda self, verifier, *a, **kw: init(self, Slow(verifier), *a, **kw),
     )
-    segment = paced_loop._segment
+    segment = Paced.segment
 
     def slowed(*args):  # the train steps only, not the warm start and evaluations around them
         slow.set()
@@ -366,7 +366,7 @@ def test_a_paced_step_that_verifies_past_its_calls_budget_is_not_declared_hung(
         finally:
             slow.clear()
 
-    monkeypatch.setattr(paced_loop, "_segment", slowed)
+    monkeypatch.setattr(Paced, "segment", slowed)
     out = tmp_path / "slow-verifier"
     summary = run_tiny(
         out,
@@ -451,30 +451,33 @@ def test_under_stop_a_failed_policy_stops_the_run_with_its_traceback(
     assert rows and len(rows) < 6  # what was finished is written
 
 
+@pytest.mark.parametrize("k", [0, 1])
 def test_a_stop_asked_for_in_the_segment_before_an_evaluation_keeps_that_evaluation(
-    tmp_path, monkeypatch, fast_run_builds
+    tmp_path, monkeypatch, fast_run_builds, k
 ):
-    """A signal during the last step before an evaluation step: the paced run evaluates there,
-    then checkpoints and stops, as lock-step does; before, it stopped first, and the resumed run
-    (which starts after that step) never evaluated it."""
+    """A signal during the last step before an evaluation step: the run evaluates there, then
+    checkpoints and stops, lock-step and paced alike (one scheduler: ``run.schedule``); before,
+    a paced run stopped first, and the resumed run (which starts after that step) never
+    evaluated it."""
     import json
     import signal
 
-    from mutualrl.run import paced
+    from mutualrl.run.schedule import LockStep, Paced
     from mutualrl.run.signals import RunInterrupted
     from tests.test_restarts import config
 
-    segment, asked = paced._segment, []
+    schedule = LockStep if k == 0 else Paced
+    segment, asked = schedule.segment, []
 
-    def stopped_in(run, steppers, end):
-        segment(run, steppers, end)
+    def stopped_in(self, end):
+        segment(self, end)
         if end == 2 and not asked:  # as if Ctrl-C came during the segment's last step
             asked.append(end)
-            run.stop.signum = signal.SIGINT
+            self.run.stop.signum = signal.SIGINT
 
-    monkeypatch.setattr(paced, "_segment", stopped_in)
+    monkeypatch.setattr(schedule, "segment", stopped_in)
     out = tmp_path / "run"
-    sets = ("eval.every=2", "save_steps=4", "allocation.max_staleness=1")
+    sets = ("eval.every=2", "save_steps=4", f"allocation.max_staleness={k}")
     with pytest.raises(RunInterrupted):
         train(config(out, *sets))
     train(config(out, *sets), resume=True)

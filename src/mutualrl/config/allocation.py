@@ -170,8 +170,8 @@ class AllocationConfig(ConfigStruct, frozen=True):
     # The rendezvous port of the first rank group (later ones count up from it). None: each
     # group's rank 0 listens on a port the OS picks as free.
     master_port: int | None = None  # rank groups' first rendezvous port; None: free ports
-    # Pacing (mutualrl.run.paced). 0: lock-step, every policy takes each step together (the
-    # synchronous loop, bit for bit). k >= 1: each policy runs its own step loop and may start
+    # Pacing (mutualrl.run.schedule). 0: lock-step, every policy takes each step together (one
+    # group behind the gate). k >= 1: each policy runs its own step loop and may start
     # step s once every live policy has completed s - k steps; peer experience is used as it
     # arrives and dropped (counted) when older than that bound. Evaluation and checkpoints
     # are the points where all policies meet.

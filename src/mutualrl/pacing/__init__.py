@@ -5,7 +5,7 @@
 * ``run_paced`` (``driver``): every worker's loop in a thread of its own behind the gate, a
   hung or failed one reported and left behind.
 
-``run.paced`` steps the policies of a training run with them.
+``run.schedule`` steps the policies of a training run with them, lock-step or paced.
 """
 
 from mutualrl.pacing.driver import PacedReport, PhasedWorker, StepWorker, run_paced

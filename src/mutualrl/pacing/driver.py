@@ -9,8 +9,10 @@ the stack where it hangs, and abandoned
 (its thread is daemonic; a late result is discarded). The failed worker leaves the gate so the
 others go on without its experience. Then ``on_failure``: ``stop`` ends the run cleanly (steps
 in flight finish and publish; everything so far is in the report), ``continue`` goes on without
-it. Restarting is the run's (``run.restarts``: back to the last checkpoint, every worker
-rebuilt), not the pacer's.
+it, ``raise`` stops as ``stop`` does and then raises the step's own exception in the calling
+thread (a lock-step run's one worker: its errors are the run's, whatever their type).
+Restarting is the run's (``run.restarts``: back to the last checkpoint, every worker rebuilt),
+not the pacer's.
 
 Accounting invariant (checked by ``PacedReport.balanced``): every delivery of a record to a
 recipient is either consumed, dropped as stale, or left undelivered when the run ended.
@@ -29,7 +31,7 @@ from typing import Any, Literal, Protocol
 import msgspec
 
 from mutualrl.pacing.gate import Channel, PacedRecord, QueueChannel, VersionGate, is_fresh
-from mutualrl.workers.calls import WorkerFailure, failure_from_exception
+from mutualrl.workers.calls import WorkerFailedError, WorkerFailure, failure_from_exception
 
 
 class StepWorker(Protocol):
@@ -106,6 +108,7 @@ class _Run:
         # taken when the run ends is counted undelivered.
         self.recipients = set(names)
         self.halt: Callable[[], bool] | None = None  # asked from outside to stop at a step boundary
+        self.errors: list[BaseException] = []  # what the failed steps raised, in order
         self.on_stale: Callable[[str, list[PacedRecord]], None] | None = None
 
     def owns(self, name: str, token: int) -> bool:
@@ -251,6 +254,7 @@ def _finished_or_failed(run: _Run, active: set[str], poll_s: float) -> list[Work
         active.discard(name)
         run.gate.remove(name)
         return []
+    run.errors.append(exc)
     return [failure_from_exception(name, "step", exc)]
 
 
@@ -261,7 +265,7 @@ def run_paced(
     channel: Channel | None = None,
     *,
     step_timeout_s: float,
-    on_failure: Literal["stop", "continue"] = "stop",
+    on_failure: Literal["stop", "continue", "raise"] = "stop",
     max_age: int | None = None,
     poll_s: float = 0.01,
     halt: Callable[[], bool] | None = None,
@@ -301,7 +305,12 @@ def run_paced(
                 run.stop.set()
     stopped = run.stop.is_set()
     _wind_down(run, active)
-    return _report(run, failures, stopped, time.monotonic() - t_start, keep_undelivered)
+    report = _report(run, failures, stopped, time.monotonic() - t_start, keep_undelivered)
+    if on_failure == "raise" and failures:
+        if run.errors:
+            raise run.errors[0]
+        raise WorkerFailedError(failures, {})  # a hung step: nothing was raised
+    return report
 
 
 def _wind_down(run: _Run, active: set[str]) -> None:

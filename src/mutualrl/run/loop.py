@@ -1,6 +1,7 @@
 """The whole job: build, warm start, the GRPO steps, evaluation, checkpoints, saving.
 
-One GRPO step, top to bottom (``run.phases``):
+One GRPO step, top to bottom (``run.phases``), scheduled lock-step or paced by
+``run.schedule``:
 
     sample prompts -> each policy generates -> verify -> publish experience
     -> the strategy routes and adapts peer experience -> each policy updates -> log
@@ -25,29 +26,15 @@ from mutualrl.run.evaluation import evaluate
 from mutualrl.run.folder import claim
 from mutualrl.run.guards import GuardTripped
 from mutualrl.run.metrics import read_metrics
-from mutualrl.run.paced import pace_summary, paced_train_loop
-from mutualrl.run.phases import check_guards, learn, log_pace, log_step, produce
+from mutualrl.run.paced import pace_summary
 from mutualrl.run.progress import RunProgress
 from mutualrl.run.restarts import Restarts, checkpoint_at_start
 from mutualrl.run.resume import open_checkpoint, resume_from
+from mutualrl.run.schedule import train_loop
 from mutualrl.run.signals import RunInterrupted, StopRequests
 from mutualrl.run.state import Run
 from mutualrl.run.warmup import warm_start
 from mutualrl.workers.calls import WorkerFailedError
-
-
-def grpo_step(run: Run, step: int, names: list[str] | None = None) -> dict:
-    """One GRPO step of the named policies (default: every live one), its two halves
-    (``run.phases.produce`` and ``learn``) for all of them at once; its logged record."""
-    t0 = time.perf_counter()
-    run.step_phases.clear()
-    busy, versions = run.executor.busy_seconds(), dict(run.versions)
-    made = produce(run, step, names)
-    ctx, stats = learn(run, made)
-    busy = {n: v - busy.get(n, 0.0) for n, v in run.executor.busy_seconds().items()}
-    log_pace(run, ctx, made.samples, busy, versions)
-    # time_s minus the phases is prompt sampling and logging (a record cannot time its own write)
-    return log_step(run, step, made.samples, made.gen_time, stats, ctx, time.perf_counter() - t0)
 
 
 def save_checkpoint(run: Run, step: int) -> None:
@@ -55,29 +42,6 @@ def save_checkpoint(run: Run, step: int) -> None:
     if run.cfg.save_steps and step % run.cfg.save_steps == 0:
         with run.timed("save"):
             checkpoint.save(run, step)
-
-
-def train_loop(run: Run, start: int = 0) -> None:
-    """Lock-step: every live policy takes each step together; or, with
-    ``allocation.max_staleness >= 1``, each at its own pace (``run.paced``)."""
-    if run.pace is not None:
-        paced_train_loop(run, save_checkpoint, stop_here)
-        return
-    run.progress.start_phase("train", run.cfg.steps, completed=start)
-    for step in range(start, run.cfg.steps):
-        with run.timed("train"):
-            record = grpo_step(run, step)
-        run.departures.check(run, step + 1, "train")
-        check_guards(run, record)
-        if run.cfg.eval.every and (step + 1) % run.cfg.eval.every == 0 and step + 1 < run.cfg.steps:
-            evaluate(run, step + 1)
-        save_checkpoint(run, step + 1)
-        run.progress.advance(
-            " | ".join(f"{n} r={np.mean(h[-5:]):.2f}" for n, h in run.history.items())
-        )
-        if run.stop.requested:
-            stop_here(run, step + 1)
-    run.progress.finish_phase(f"{run.cfg.steps} steps done")
 
 
 def stop_here(run: Run, step: int) -> None:
@@ -213,7 +177,7 @@ def _train_built(run: Run, opened, t0: float) -> RunSummary:
         else:
             start = resume_from(run, *opened)
         try:
-            train_loop(run, start)
+            train_loop(run, start, save_checkpoint, stop_here)
         except GuardTripped as exc:  # its record is written; checkpoint what was trained, stop
             checkpoint.save(run, exc.step + 1)
             save_policies(run)

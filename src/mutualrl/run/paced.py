@@ -1,7 +1,7 @@
-"""Each policy at its own pace: ``allocation.max_staleness = k >= 1``.
+"""A paced run's own state: ``allocation.max_staleness = k >= 1``, each policy at its own pace.
 
-Every policy runs its own step loop in a driver thread of its own (``pacing.run_paced``),
-with the same phases as the lock-step loop, for itself only:
+Each policy is a member of the version gate of its own (``run.schedule.PolicyStepper``, driven
+by ``pacing.run_paced``), taking the same phases as a lock-step run, for itself only:
 
     wait at the gate -> sample prompts -> generate -> verify -> publish (to the peers at once)
     -> take the experience that has arrived -> strategy -> update -> its part of the step's row
@@ -19,16 +19,15 @@ Each policy has a strategy object of its own (built from the run's config), whic
 samples and its own experience; a strategy that needs every policy's samples of the same step
 says so when it registers (``needs_lock_step``) and is refused (``check_paced``).
 
-Evaluation and checkpoints are where all policies meet: the policies' loops run in segments up
-to the next such step. A checkpoint holds each policy's own step and version, the gate, the
-records in flight, each policy's strategy state and the rows not yet complete, so a resumed run
+Evaluation and checkpoints are where all policies meet (``run.schedule.train_loop``). A
+checkpoint holds each policy's own step and version, the gate, the records in flight, each
+policy's strategy state and the rows not yet complete (``Pace.state_dict``), so a resumed run
 loses and replays nothing (``Pace.ledger`` says which producer steps each receiver consumed,
-dropped or still has queued). ``k = 0`` is the lock-step loop (``run.loop``), bit for bit.
+dropped or still has queued).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from collections import defaultdict
@@ -37,26 +36,11 @@ from typing import cast
 import numpy as np
 
 from mutualrl.config import ConfigError, RunConfig
-from mutualrl.pacing import PacedRecord, QueueChannel, StepWorker, VersionGate, run_paced
-from mutualrl.run.evaluation import evaluate
+from mutualrl.pacing import PacedRecord, QueueChannel, VersionGate
 from mutualrl.run.guards import GuardTripped
-from mutualrl.run.phases import (
-    Produced,
-    check_guards,
-    learn,
-    log_pace,
-    policy_metrics,
-    produce,
-    run_metrics,
-)
+from mutualrl.run.phases import check_guards, run_metrics
 from mutualrl.run.state import Run
 from mutualrl.strategies import STRATEGIES, StatefulStrategy, build_strategy
-from mutualrl.workers import WorkerFailedError, WorkerUnavailable
-
-# Calls a step makes on workers (generate, the strategy's, update), each bounded by
-# call_timeout_s: a step still running after this many of them is declared hung. Verification
-# is bounded on its own (task.verifier_timeout_s per call) and set aside (verification_seconds).
-CALLS_PER_STEP = 3
 
 
 def verification_seconds(run: Run, ident: int) -> float:
@@ -240,164 +224,6 @@ class StepRows:
     def load_state_dict(self, state: dict) -> None:
         self.next = int(state["next"])
         self.parts = defaultdict(dict, {int(k): dict(v) for k, v in state["parts"].items()})
-
-
-@dataclasses.dataclass
-class _Produced:
-    made: Produced  # the step's first half, for this policy
-    own: list  # the step's own records as the exchange delivered them
-    t0: float  # when the step started (after the gate)
-    busy0: float  # the worker's busy seconds then
-    waited: float  # seconds it waited at the gate before the step
-    lead: int  # steps ahead of the slowest live peer when it started
-
-
-class PolicyStepper:
-    """One policy's steps in a paced run (an ``pacing.PhasedWorker`` for ``run_paced``): the
-    lock-step loop's phases, for this policy only, on a view of the run with its own strategy,
-    its own-records subscription and its own phase clock."""
-
-    def __init__(self, run: Run, name: str, pace: Pace) -> None:
-        self.name, self.pace = name, pace
-        self.run = dataclasses.replace(
-            run,
-            strategy=pace.strategies[name],
-            subscription=pace.own[name],
-            step_phases=defaultdict(float),
-        )
-        self.current: _Produced | None = None
-        self.wait_seen = pace.gate.wait_s[name]
-        self.dropped_seen = pace.dropped[name]
-
-    def produce(self, k: int) -> list:
-        run, name = self.run, self.name
-        run.step_phases.clear()
-        versions, wait = self.pace.gate.versions(), self.pace.gate.wait_s[name]
-        lead = k - min((versions[n] for n in self.pace.live(run) if n != name), default=k)
-        waited, self.wait_seen = wait - self.wait_seen, wait
-        t0, busy0 = time.perf_counter(), run.executor.busy_seconds().get(name, 0.0)
-        made = produce(run, k, [name])
-        if name not in made.samples:  # its worker failed and on_failure kept the run going
-            raise WorkerUnavailable(f"policy {name!r}: generation at step {k} failed")
-        own = run.subscription.drain_deliveries()
-        self.current = _Produced(made, own, t0, busy0, waited, lead)
-        return [own]
-
-    def learn(self, k: int, incoming: list[PacedRecord]) -> None:
-        run, name, cur = self.run, self.name, self.current
-        assert cur is not None, "run_paced calls learn after the step's produce"
-        peers = [d for r in incoming for d in r.payload]
-        self.pace.note(name, incoming, "consumed")
-        versions = {name: run.versions[name]}
-        ctx, stats = learn(run, cur.made, experience=cur.own + peers)
-        if name not in stats:
-            raise WorkerUnavailable(f"policy {name!r}: its update at step {k} failed")
-        busy = run.executor.busy_seconds().get(name, 0.0) - cur.busy0
-        samples = cur.made.samples
-        log_pace(run, ctx, samples, {name: busy}, versions)
-        self._log_experience(ctx, k, incoming, cur)
-        part = policy_metrics(run, name, samples[name], cur.made.gen_time[name], stats[name], ctx)
-        part.update({f"policy/{name}/phase/{p}_time_s": v for p, v in run.step_phases.items()})
-        self.current = None
-        self.pace.rows.add(k, name, part)
-
-    def _log_experience(self, ctx, k: int, incoming: list[PacedRecord], cur: _Produced) -> None:
-        """The pace of this step: how far ahead it started, how long it waited at the gate, its
-        wall time with that wait, how old the peer experience it used was (in the producers'
-        steps) and how many peer records it dropped as stale since its last step."""
-        name = self.name
-        lags = [k - (r.version - 1) for r in incoming]
-        with self.pace.lock:
-            dropped, self.dropped_seen = (
-                self.pace.dropped[name] - self.dropped_seen,
-                self.pace.dropped[name],
-            )
-        ctx.log(name, "pace/lead", cur.lead)
-        ctx.log(name, "pace/gate_wait_time_s", cur.waited)
-        ctx.log(name, "pace/step_wall_time_s", cur.waited + time.perf_counter() - cur.t0)
-        ctx.log(name, "pace/experience_records", len(incoming))
-        ctx.log(name, "pace/experience_lag_mean", float(np.mean(lags)) if lags else 0.0)
-        ctx.log(name, "pace/experience_lag_max", max(lags, default=0))
-        ctx.log(name, "pace/stale_dropped", dropped)
-
-    def dropped(self, records: list[PacedRecord]) -> None:
-        self.pace.note(self.name, records, "dropped")
-        with self.pace.lock:
-            self.pace.dropped[self.name] += len(records)
-
-
-# ---- the loop ------------------------------------------------------------------------------------
-def sync_points(cfg: RunConfig, start: int) -> int:
-    """The next step after ``start`` where all policies meet: an evaluation, a checkpoint, the
-    end."""
-    for step in range(start + 1, cfg.steps + 1):
-        if (cfg.eval.every and step % cfg.eval.every == 0) or (
-            cfg.save_steps and step % cfg.save_steps == 0
-        ):
-            return step
-    return cfg.steps
-
-
-def paced_train_loop(run: Run, save_checkpoint, stop_here) -> None:
-    """Every live policy at its own pace, segment by segment between the steps where all meet
-    (``save_checkpoint(run, step)`` and ``stop_here(run, step)`` are the lock-step loop's)."""
-    pace, cfg = _pace_of(run), run.cfg
-    run.subscription.close()  # the lock-step loop's; each policy here has its own
-    run.progress.start_phase("train", cfg.steps, completed=pace.rows.next)
-    steppers = {n: PolicyStepper(run, n, pace) for n in run.policies}
-    while True:
-        live = pace.live(run)
-        begin = min((pace.gate.version(n) for n in live), default=cfg.steps)
-        if begin >= cfg.steps:
-            break
-        end = sync_points(cfg, begin)
-        with run.timed("train"):
-            _segment(run, {n: steppers[n] for n in live}, end)
-        if pace.tripped is not None:  # its record is written; the run checkpoints and stops
-            raise pace.tripped
-        reached = all(pace.gate.version(n) >= end for n in pace.live(run))
-        # every policy is at end: its evaluation, then its checkpoint (a stop asked for during
-        # the segment comes after both, as in lock-step: the resumed run starts after end)
-        if reached and cfg.eval.every and end % cfg.eval.every == 0 and end < cfg.steps:
-            evaluate(run, end)
-        if run.stop.requested or not reached:
-            if reached:  # its checkpoint first, which stop_here names
-                save_checkpoint(run, end)
-            stop_here(run, pace.rows.next)
-        save_checkpoint(run, end)
-    run.progress.finish_phase(f"{cfg.steps} steps done")
-
-
-def _pace_of(run: Run) -> Pace:
-    """The paced run's ``Pace``, which ``run.build`` made (``Run.pace`` names only what the run
-    itself uses of it)."""
-    return cast(Pace, run.pace)
-
-
-def _segment(run: Run, steppers: dict[str, PolicyStepper], end: int) -> None:
-    """The policies' loops up to step ``end``; a failure under ``on_failure = "stop"`` raises."""
-    pace, alloc = _pace_of(run), run.cfg.allocation
-    # the last segment's end closed the gate and its finished loops left it: open it again
-    pace.gate.reopen(steppers)
-    report = run_paced(
-        # PolicySteppers are PhasedWorkers, which run_paced takes too (its docstring); its
-        # annotation names only StepWorker
-        cast("dict[str, StepWorker]", steppers),
-        end,
-        pace.gate,
-        pace.channel,
-        step_timeout_s=CALLS_PER_STEP * alloc.call_timeout_s,
-        on_failure="continue" if alloc.on_failure == "continue" else "stop",
-        halt=lambda: run.stop.requested or pace.tripped is not None,
-        keep_undelivered=True,
-        on_stale=lambda consumer, records: steppers[consumer].dropped(records),
-        set_aside=lambda ident: verification_seconds(run, ident),
-    )
-    pace.failed.update(f.worker for f in report.failures)
-    pace.rows.flush()
-    if report.stopped and report.failures:
-        raise WorkerFailedError(list(report.failures), {})
-    run.departures.check(run, end, "train", report.failures, pace.failed)
 
 
 def pace_summary(rows: list[dict], names: list[str]) -> dict[str, dict[str, float | None]]:

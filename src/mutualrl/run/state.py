@@ -47,7 +47,7 @@ class Prefetched:
 
 
 class PacedState(Protocol):
-    """What the run and the lock-step loop use of a paced run's own state: ``run.paced.Pace``,
+    """What the run and its scheduler use of a paced run's own state: ``run.paced.Pace``,
     whose module imports this one (so it is named here by what it offers)."""
 
     def books(self) -> dict[str, dict[str, dict[str, list[list[int]]]]]: ...
