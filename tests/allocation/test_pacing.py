@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+import traceback
 
 import pytest
 
@@ -148,6 +149,24 @@ def test_a_raising_worker_stops_the_run_cleanly_with_its_traceback():
     assert f.kind == "raised" and "bad failed at step 3" in f.message and "in step" in f.traceback
     assert report.steps_completed["bad"] == 3 and report.steps_completed["a"] < 50
     _assert_accounted(report)
+
+
+def test_under_raise_a_raising_worker_s_own_exception_reaches_the_caller():
+    """``on_failure = "raise"`` (a lock-step run's one member): the others wind down as under
+    ``stop``, then the step's own exception is raised in the calling thread, as it was raised."""
+    gate = VersionGate(["a", "bad"], max_staleness=0)
+    seen: list = []
+    bad = Raises("bad", 0.002, gate, seen, at=2)
+    with pytest.raises(ValueError, match="bad failed at step 2") as caught:
+        run_paced(
+            {"a": Sleeper("a", 0.002, gate, seen), "bad": bad},
+            50,
+            gate,
+            step_timeout_s=1.0,
+            on_failure="raise",
+        )
+    assert any(frame.name == "step" for frame in traceback.extract_tb(caught.value.__traceback__))
+    assert gate.version("bad") == 2 and gate.version("a") <= 3
 
 
 def test_a_hung_worker_does_not_deadlock_the_others_under_continue():
