@@ -146,11 +146,12 @@ def markdown(record: dict, by: dict, policies: list[str], title: str) -> str:
 
 def plot(by: dict, policy: str, path: Path, title: str) -> None:
     """Held-out pass@1 against the step: per regime the mean over seeds and a min-max band."""
+    import matplotlib
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(8, 4.5), dpi=120, layout="constrained")
     ax = fig.subplots()
-    cmap = __import__("matplotlib").colormaps["tab10"]
+    cmap = matplotlib.colormaps["tab10"]
     for i, (strategy, (_, seeds)) in enumerate(by.items()):
         curves = [
             {int(s): v for s, v in run["policies"][policy]["pass@1_by_step"].items()}

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from abc import ABC, abstractmethod
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any, cast
@@ -63,7 +64,7 @@ class _Started:
     extra: Any = None  # what a paced step keeps between its halves (``_PacedStart``)
 
 
-class Stepper:
+class Stepper(ABC):
     """A ``pacing.PhasedWorker``: one step of a group of policies (``names``; None: every live
     one), ``produce`` then ``learn``. The subclasses say who the group is, where its peers'
     experience comes from and how its part of the step's record is written."""
@@ -105,8 +106,9 @@ class Stepper:
         """The peer experience ``learn`` uses (None: what the run's subscription holds)."""
         return None
 
+    @abstractmethod
     def _record(self, k: int, cur: _Started, ctx: StrategyContext, stats, incoming) -> None:
-        raise NotImplementedError
+        """Write the group's part of step ``k``'s record (and its per-step checks)."""
 
 
 class LockStepper(Stepper):
