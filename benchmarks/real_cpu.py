@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -111,15 +112,26 @@ def summarise_compare(folder: Path, kept: dict | None = None) -> dict:
     under ``pending``; ``kept`` (an earlier record of the same compare) adds its runs that this
     folder does not hold, so a compare can be finished in another folder."""
     state = json.loads((folder / "compare.json").read_text())
-    runs, problems, pending = {}, {}, []
+    runs, problems, pending = {}, {}, set()
+    seeds = {info["seed"] for info in state["runs"].values()}
+    parts = [compare_command(state)]
     if kept is not None:
         runs.update(kept["runs"])
         problems.update(kept.get("problems_by_seed", {}))
+        pending.update(kept.get("pending", []))
+        seeds.update(kept.get("seed_list", range(kept["seeds"])))
+        parts = list(dict.fromkeys([*kept.get("parts", [kept["command"]]), *parts]))
+        state = {
+            **state,
+            "strategies": sorted({*kept["strategies"], *state["strategies"]}),
+            **({"arms": {**kept["arms"], **state.get("arms", {})}} if "arms" in kept else {}),
+        }
     for name, info in state["runs"].items():
         if info.get("status") != "done":
             if name not in runs:
-                pending.append(name)
+                pending.add(name)
             continue
+        pending.discard(name)
         run_dir = folder / "runs" / name
         runs[name] = {"strategy": info["strategy"], "seed": info["seed"], **summarise(run_dir)}
         seed = str(info["seed"])
@@ -134,12 +146,16 @@ def summarise_compare(folder: Path, kept: dict | None = None) -> dict:
     arms = state.get("arms") or {}
     out = {
         "commit": state["commit"],
-        "command": compare_command(state),
+        # the comparison as a whole (every seed and regime recorded so far) and the compares that
+        # ran its parts (--first-seed, --strategies: in other folders or on other machines)
+        "command": compare_command(state, sorted(seeds)),
+        "parts": parts,
         "strategies": state["strategies"],
-        "seeds": state["seeds"],
+        "seeds": len(seeds),
+        "seed_list": sorted(seeds),
         "overrides": state["overrides"],
         "runs_done": len(runs),
-        "pending": sorted(pending),
+        "pending": sorted(pending - set(runs)),
         "by_strategy": by_strategy(runs),
         "problems_by_seed": dict(sorted(problems.items())),
         "runs": dict(sorted(runs.items())),
@@ -183,12 +199,20 @@ def by_strategy(runs: dict) -> dict:
     return dict(sorted(table.items()))
 
 
-def compare_command(state: dict) -> str:
+def compare_command(state: dict, seeds: list[int] | None = None) -> str:
     """The ``mutualrl compare`` command that made a compare, from its ``compare.json``: a tuning
     compare's arms (``<strategy>@<i>``) as its ``--tune`` flags, a ``--tuned`` one's as that
-    flag (the tuning's folder is not recorded: ``TUNING_DIR``)."""
+    flag (the tuning's folder is not recorded: ``TUNING_DIR``). ``seeds``: the command that
+    runs these seeds instead of the compare's own."""
+    first = state.get("first_seed", 0)
+    if seeds is None:
+        seeds = list(range(first, first + state["seeds"]))
+    if seeds != list(range(seeds[0], seeds[0] + len(seeds))):
+        raise SystemExit(f"seeds {seeds}: expected consecutive seeds (one --first-seed range)")
+    seed_flags = [f"--seeds {len(seeds)}"] + ([f"--first-seed {seeds[0]}"] if seeds[0] else [])
     arms = state.get("arms") or {}
-    strategies = list(dict.fromkeys(a["strategy"] for a in arms.values())) or state["strategies"]
+    strategies = list(dict.fromkeys(a["strategy"] for _, a in sorted(arms.items())))
+    strategies = strategies or state["strategies"]
     flags = [f"--set {o}" for o in state["overrides"]]
     tuning = [a for a in arms.values() if VALIDATION in a["overrides"]]
     if tuning:
@@ -206,7 +230,7 @@ def compare_command(state: dict) -> str:
         [
             f"mutualrl compare --config {state['config_path']} --strategies",
             ",".join(strategies),
-            f"--seeds {state['seeds']}",
+            *seed_flags,
             *flags,
         ]
     )
@@ -310,12 +334,18 @@ def earlier_record(path: Path, label: str, folder: Path) -> dict | None:
     if record is None or "runs" not in record:
         return None
     command = compare_command(json.loads((folder / "compare.json").read_text()))
-    if record.get("command") != command:
+    if _without_seeds(record.get("command") or "") != _without_seeds(command):
         raise SystemExit(
             f"{path}: its run labelled {label!r} is another compare ({record.get('command')!r}); "
             f"expected {command!r}: give another --label, or remove that run from the file"
         )
     return record
+
+
+def _without_seeds(command: str) -> str:
+    """A compare command less the regimes and seeds it ran: the parts of one comparison (the
+    same config, overrides and tuning) differ only there."""
+    return re.sub(r" --strategies \S+ --seeds \d+( --first-seed \d+)?", "", command)
 
 
 def write_candidate(args) -> None:

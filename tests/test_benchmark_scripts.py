@@ -433,7 +433,9 @@ def test_real_cpu_summarises_a_tuning_compare_under_its_own_label(tmp_path):
     assert tune["by_strategy"]["none@1"]["p"]["end"] == [0.375]
 
 
-def _compare_folder(folder: Path, ends: dict, done: set, overrides=("steps=30",)) -> None:
+def _compare_folder(
+    folder: Path, ends: dict, done: set, overrides=("steps=30",), first_seed: int = 0
+) -> None:
     """A compare of strategies x seeds whose runs in ``done`` are finished (held-out start 0.25,
     end ``ends[(strategy, seed)] / 80``)."""
     for (strategy, seed), correct in ends.items():
@@ -447,7 +449,8 @@ def _compare_folder(folder: Path, ends: dict, done: set, overrides=("steps=30",)
         "config_path": "configs/real-cpu.toml",
         "overrides": list(overrides),
         "strategies": sorted({st for st, _ in ends}),
-        "seeds": 1 + max(se for _, se in ends),
+        "seeds": 1 + max(se for _, se in ends) - first_seed,
+        **({"first_seed": first_seed} if first_seed else {}),
         "commit": "abc",
         "runs": {
             f"{st}-seed{se}": {
@@ -519,6 +522,34 @@ def test_real_cpu_records_a_compare_as_it_goes_and_finishes_it_from_another_fold
     assert done.returncode == 0, done.stderr[-3000:]
     table = done.stdout.split("(run 'dflt')")[1]
     assert "| `sgt` | shared default (its tuned runs) | 2 | 0.62 ± 0.18 | +0.25 [" in table
+
+
+def test_real_cpu_merges_the_parts_of_a_comparison_run_one_seed_after_another(tmp_path):
+    """A comparison run in parts (--seeds 1, then --seeds 2 --first-seed 1 in another folder)
+    is recorded as one: the whole command, the parts' commands, every seed's runs."""
+    out = tmp_path / "real_cpu.json"
+    first = tmp_path / "first"
+    _compare_folder(first, {("none", 0): 20, ("sgt", 0): 40}, {("none", 0), ("sgt", 0)})
+    _run("real_cpu.py", "--compare-dir", str(first), "--json", str(out), out=out)
+    rest = {(st, se): 30 for st in ("none", "sgt") for se in (1, 2)}
+    second = tmp_path / "second"
+    _compare_folder(second, rest, {("none", 1), ("sgt", 1)}, first_seed=1)
+    got = _run("real_cpu.py", "--compare-dir", str(second), "--json", str(out), out=out)
+    head = "mutualrl compare --config configs/real-cpu.toml --strategies none,sgt"
+    assert got["command"] == f"{head} --seeds 3 --set steps=30"
+    assert got["parts"] == [
+        f"{head} --seeds 1 --set steps=30",
+        f"{head} --seeds 2 --first-seed 1 --set steps=30",
+    ]
+    assert got["seed_list"] == [0, 1, 2] and got["runs_done"] == 4
+    assert got["pending"] == ["none-seed2", "sgt-seed2"]
+    assert got["by_strategy"]["sgt"]["p"]["seeds"] == [0, 1]
+    # a third part runs one more regime on seed 0: the comparison grows by that regime
+    third = tmp_path / "third"
+    _compare_folder(third, {("hint", 0): 50}, {("hint", 0)})
+    got = _run("real_cpu.py", "--compare-dir", str(third), "--json", str(out), out=out)
+    assert got["command"] == f"{head[:-8]}hint,none,sgt --seeds 3 --set steps=30"
+    assert got["strategies"] == ["hint", "none", "sgt"] and got["runs_done"] == 5
 
 
 def test_trl_check_trains_with_trl_and_scores_trl_and_a_mutualrl_run_by_one_evaluation(tmp_path):

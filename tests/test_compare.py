@@ -309,6 +309,24 @@ def test_an_interrupted_compare_records_where_it_stopped_and_resumes_there(tmp_p
     assert trainer.calls == ["none-seed1", "none-seed2"]
 
 
+def test_first_seed_runs_the_later_seeds_of_a_comparison_and_resumes_as_that_part(tmp_path):
+    """--first-seed K: seeds K..K+N-1 (the rest of a comparison whose first seeds ran
+    elsewhere); --resume continues that part, and the same folder refuses another part."""
+    config, sets = _config()
+    out = tmp_path / "report"
+    trainer = Counting()
+    compare(config, ["none"], 2, out, overrides=sets, train_fn=trainer, first_seed=1)
+    assert trainer.calls == ["none-seed1", "none-seed2"]
+    assert json.loads((out / "runs" / "none-seed2" / "config.json").read_text())["seed"] == 2
+    assert read_state(out)["first_seed"] == 1
+    compare(config, ["none"], 2, out, overrides=sets, resume=True, train_fn=trainer, first_seed=1)
+    assert trainer.calls == ["none-seed1", "none-seed2"]  # both finished: nothing runs again
+    with pytest.raises(ConfigError, match="first_seed"):
+        compare(config, ["none"], 2, out, overrides=sets, resume=True, train_fn=trainer)
+    with pytest.raises(ConfigError, match="--first-seed must be >= 0"):
+        compare(config, ["none"], 1, tmp_path / "x", overrides=sets, first_seed=-1)
+
+
 def test_a_different_compare_in_the_same_directory_is_refused(fake_report):
     out, _ = fake_report
     config, sets = _config()

@@ -94,6 +94,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="number of seeds; seed s (0..N-1) replaces the config's seed (default 3)",
     )
     parser.add_argument(
+        "--first-seed",
+        type=int,
+        default=0,
+        help="the first seed: the compare runs seeds K..K+N-1 (default 0), so a comparison "
+        "can be finished in parts, e.g. --seeds 2 --first-seed 1 after seed 0 ran elsewhere",
+    )
+    parser.add_argument(
         "--output-dir", help="report directory (default reports/compare-<config name>)"
     )
     parser.add_argument(
@@ -173,6 +180,7 @@ def run(args: argparse.Namespace) -> int:
                 progress=progress,
                 jobs=args.jobs,
                 arms=arms,
+                first_seed=args.first_seed,
             )
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -251,12 +259,14 @@ def plan_runs(
     out: Path,
     overrides: Sequence[str],
     arms: Sequence[Arm] | None = None,
+    first_seed: int = 0,
 ) -> list[PlannedRun]:
     """Load and validate every run's config and strategy parameters before anything runs.
 
     Seed-major order, so an interrupted compare has whole seeds (every strategy) done first.
     ``arms``: the compare's columns when they are not plain strategies (``compare.tuning``):
     each run is named by its arm's label and gets the arm's overrides after the compare's.
+    ``first_seed``: the seeds are ``first_seed .. first_seed + seeds - 1``.
     """
     from mutualrl.config import load_config
     from mutualrl.run.inputs import check_inputs
@@ -270,12 +280,14 @@ def plan_runs(
         )
     if seeds < 1:
         raise ConfigError(f"--seeds must be >= 1, got {seeds}")
+    if first_seed < 0:
+        raise ConfigError(f"--first-seed must be >= 0, got {first_seed}")
     # One warm-start cache per compare (unless the config names one): the runs of a seed then
     # start from the very same warm-started policies, and the warm start is paid once per seed.
     if load_config(config_path, overrides).warmup.cache_dir is None:
         overrides = [*overrides, f"warmup.cache_dir={_toml_str(str(out / WARMSTART_DIR))}"]
     runs = []
-    for seed in range(seeds):
+    for seed in range(first_seed, first_seed + seeds):
         for arm in arms or plain_arms(strategies):
             strategy = arm.label
             run_dir = out / "runs" / run_name(strategy, seed)
@@ -294,7 +306,7 @@ def plan_runs(
                     f"output_dir={_toml_str(str(run_dir))}",
                 ],
             )
-            if seed == 0:
+            if seed == first_seed:
                 build_strategy(cfg)  # bad [strategies.<name>] parameters fail here, first
                 check_scenario(cfg)  # and a scenario that cannot plan the warm start
                 check_inputs(cfg)  # registry names, the device, backend packages
@@ -385,6 +397,7 @@ def compare(
     train_fn: Callable | None = None,
     jobs: int = 1,
     arms: Sequence[Arm] | None = None,
+    first_seed: int = 0,
 ) -> Path:
     """Run every strategy x seed (skipping finished ones on ``resume``) and write the report.
 
@@ -392,20 +405,23 @@ def compare(
     ``train_fn(cfg, progress) -> RunSummary`` defaults to ``mutualrl.run.train`` (with
     ``jobs`` > 1 it must be picklable: a module-level function). ``jobs``: runs at a time, in
     worker processes. ``arms``: columns other than the plain strategies (``compare.tuning``).
+    ``first_seed``: run seeds ``first_seed .. first_seed + seeds - 1``.
     """
     from mutualrl.report import write_report
 
     if jobs < 1:
         raise ConfigError(f"--jobs must be >= 1, got {jobs}")
     out = Path(output_dir)
-    runs = plan_runs(config_path, strategies, seeds, out, overrides, arms)
+    runs = plan_runs(config_path, strategies, seeds, out, overrides, arms, first_seed)
     runs = _with_packaged_models(runs)  # converted once, here, before any run's process
     with claim(out, what="compare"):  # one compare writes a folder at a time
         state = _run_all(
             out,
             runs,
             open_state(
-                out, _new_state(config_path, strategies, seeds, overrides, runs, arms), resume
+                out,
+                _new_state(config_path, strategies, seeds, overrides, runs, arms, first_seed),
+                resume,
             ),
             progress,
             train_fn,

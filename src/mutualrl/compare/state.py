@@ -18,7 +18,15 @@ from mutualrl.provenance import git_commit
 STATE_FILE = "compare.json"
 STATE_VERSION = 1
 # What must match for --resume to continue a compare rather than start a different one.
-_RESUME_KEYS = ("strategies", "seeds", "config_path", "overrides", "config_digest", "arms")
+_RESUME_KEYS = (
+    "strategies",
+    "seeds",
+    "first_seed",
+    "config_path",
+    "overrides",
+    "config_digest",
+    "arms",
+)
 
 
 def config_digest(config_path: str | Path, overrides: Sequence[str]) -> str:
@@ -44,7 +52,9 @@ def write_state(out: Path, state: dict[str, Any]) -> None:
     os.replace(tmp, out / STATE_FILE)  # atomic: an interrupt never leaves half a state file
 
 
-def _new_state(config_path, strategies, seeds, overrides, runs, arms=None) -> dict[str, Any]:
+def _new_state(
+    config_path, strategies, seeds, overrides, runs, arms=None, first_seed=0
+) -> dict[str, Any]:
     recorded = arms_state(arms) if arms else None
     return {
         "version": STATE_VERSION,
@@ -54,6 +64,8 @@ def _new_state(config_path, strategies, seeds, overrides, runs, arms=None) -> di
         "strategies": [a.label for a in arms] if arms else list(strategies),
         **({"arms": recorded} if recorded else {}),
         "seeds": seeds,
+        # recorded only when not 0, so a compare started before the flag existed resumes
+        **({"first_seed": first_seed} if first_seed else {}),
         "commit": git_commit(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "runs": {
