@@ -43,8 +43,7 @@ FORMATTED_OVER_MODULES: dict[str, int] = {}
 FORMATTED_OVER_FUNCTIONS = {
     "bench/floor.py _results()": 78,
     "bench/retokenize.py _bench_ours()": 77,
-    "retokenize/numba_loops.py folded_walk()": 68,
-    "retokenize/wordpiece.py _walk()": 64,
+    "retokenize/wordpiece_loops.py folded_walk()": 68,
     "run/experience.py publish_step()": 66,
     "run/warmup.py supervised_warm_start()": 72,
 }

@@ -23,8 +23,7 @@ from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
-from mutualrl.retokenize import kernels
-from mutualrl.retokenize.align import BatchAlignment, align_batch
+from mutualrl.retokenize.align import BatchAlignment, align_batch, align_flat
 from mutualrl.retokenize.encoding import (
     EncodingCache,
     batch_ends,
@@ -136,20 +135,8 @@ def floor_results(d):
         s_ends, s_sizes, lps, s_res = _sender(sprof, texts, datas, src_ids, src_lps)
         if not (s_sizes.all() and t_sizes.all()):
             raise ValueError("floor_results: expected tokens on both sides of every text")
-        walked = kernels.align(s_ends, s_sizes, t_ends, t_sizes, totals)
-        if walked is None:  # the numpy passes (small batches, MUTUALRL_KERNELS=numpy)
-            # every text has ends on both sides (checked above): the batch aligns them all
-            batch = cast(
-                BatchAlignment,
-                align_batch(
-                    split_ends(s_ends, s_sizes), split_ends(t_ends, t_sizes), totals.tolist()
-                ),
-            )
-        else:
-            s_off, t_off = np.cumsum(s_sizes) - s_sizes, np.cumsum(t_sizes) - t_sizes
-            batch = BatchAlignment(
-                list(range(n)), walked[0], walked[1], s_off, t_off, None, None, walked[2]
-            )
+        # every text has ends on both sides (checked above): the batch aligns them all
+        batch = cast(BatchAlignment, align_flat(s_ends, s_sizes, t_ends, t_sizes, totals))
         return _results(prof, texts, totals, batch, t_flat, t_sizes, t_res, s_sizes, lps, s_res)
 
     return run

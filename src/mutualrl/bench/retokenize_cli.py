@@ -92,8 +92,6 @@ def _machine() -> dict:
     import numpy
     import tokenizers
 
-    from mutualrl.retokenize import kernels
-
     try:
         numba = importlib.metadata.version("numba")
     except importlib.metadata.PackageNotFoundError:
@@ -102,7 +100,6 @@ def _machine() -> dict:
         numpy=numpy.__version__,
         tokenizers=tokenizers.__version__,
         numba=numba,
-        kernels=kernels.mode(),
     )
 
 

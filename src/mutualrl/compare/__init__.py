@@ -112,6 +112,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--steps", type=int, help="GRPO steps per run (overrides steps)")
     add_tuning_arguments(parser)
+    _add_running_arguments(parser)
+
+
+def _add_running_arguments(parser: argparse.ArgumentParser) -> None:
+    """How the compare runs: resumed, its report rebuilt, runs at a time, progress."""
     parser.add_argument(
         "--resume",
         action="store_true",

@@ -24,8 +24,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mutualrl.retokenize import kernels
-
 _EMPTY = np.zeros(0, dtype=np.int64)
 
 
@@ -256,8 +254,7 @@ class BatchAlignment:
     ``local`` is int64 of shape (6, G): the ``AlignmentGroups`` fields in that order, in per-text
     coordinates; text ``full[j]`` owns columns ``split[j-1]:split[j]`` (``split[-1] == G``).
     ``src_offset`` / ``tgt_offset`` give where each text starts in the concatenated ends.
-    ``src_all`` / ``tgt_all`` are those ends shifted to batch coordinates (numpy pass), or None
-    when the compiled kernel aligned the batch and gave ``stats`` with it (``statistics``).
+    ``src_all`` / ``tgt_all`` are those ends shifted to batch coordinates.
     """
 
     full: list[int]
@@ -265,9 +262,8 @@ class BatchAlignment:
     split: np.ndarray
     src_offset: np.ndarray
     tgt_offset: np.ndarray
-    src_all: np.ndarray | None
-    tgt_all: np.ndarray | None
-    stats: np.ndarray | None = None
+    src_all: np.ndarray
+    tgt_all: np.ndarray
 
     def groups(self) -> list[AlignmentGroups]:
         """Each text's groups, in the order of ``full``: one (6, g) column view of ``local`` per
@@ -281,8 +277,6 @@ class BatchAlignment:
         tokens); the largest group's source tokens, target tokens and bytes; the distinct token
         ends of the source and of the target. Every text must have at least one group (as the
         retokenizer's ends, whose last end is the text's length on both sides, always do)."""
-        if self.stats is not None:
-            return self.stats
         local, split = self.local, self.split
         n_groups = np.diff(split, prepend=0)
         gstart = split - n_groups
@@ -313,11 +307,7 @@ def align_batch(
     src_ends: list[np.ndarray], tgt_ends: list[np.ndarray], totals: list[int]
 ) -> BatchAlignment | None:
     """One alignment over the concatenated ends of the texts with both sides non-empty (None:
-    no such text); see ``align_many``. Where the compiled loops run (``kernels``: by default a
-    batch of at least ``kernels.MIN_TOKENS`` tokens) each text is walked once, two pointers over
-    its two sides' ends, and its statistics are counted on the way; otherwise, and for ends
-    outside the contract (non-decreasing, the last end the text's length), in numpy passes over
-    the whole batch. Both give the same groups and statistics."""
+    no such text); see ``align_many``: numpy passes over the whole batch."""
     n = len(totals)
     s_sizes = np.fromiter(map(len, src_ends), dtype=np.int64, count=n)
     t_sizes = np.fromiter(map(len, tgt_ends), dtype=np.int64, count=n)
@@ -367,10 +357,6 @@ def _align_laid(
 ) -> BatchAlignment:
     """The alignment of the texts ``full``, every one with ends on both sides laid end to end."""
     s_start, t_start = np.cumsum(s_sizes) - s_sizes, np.cumsum(t_sizes) - t_sizes
-    walked = kernels.align(s_all, s_sizes, t_all, t_sizes, tot)
-    if walked is not None:
-        local, split, stats = walked
-        return BatchAlignment(full, local, split, s_start, t_start, None, None, stats)
     byte_off = np.cumsum(tot + 1) - (tot + 1)
     s_all = s_all + np.repeat(byte_off, s_sizes)  # batch coordinates (the inputs are kept)
     t_all = t_all + np.repeat(byte_off, t_sizes)

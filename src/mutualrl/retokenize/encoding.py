@@ -17,7 +17,6 @@ from collections import OrderedDict
 
 import numpy as np
 
-from mutualrl.retokenize import kernels
 from mutualrl.retokenize.encoded import Encoded, EncodedList
 from mutualrl.retokenize.normalize import normalizer_changes
 from mutualrl.retokenize.profile import TokenizerProfile
@@ -140,14 +139,8 @@ def spelled_ends(
     Returns ``spells`` (N,) bool: ``profile.text_bytes(ids_i) == datas[i]``; and ``ends``, aligned
     with ``flat``: each token's byte end within its own text (``cumsum(piece_len[ids_i])``),
     read-only.
-    With the compiled kernels (``kernels.available``) this is one loop over the tokens and their
-    bytes, stopping at a text's first wrong byte.
     """
     n = sizes.size
-    walked = kernels.spelled_ends(flat, sizes, profile.piece_len, *profile.piece_table(), datas)
-    if walked is not None:
-        walked[1].flags.writeable = False
-        return walked
     lens = profile.piece_len[flat]
     ends, text_bytes = batch_ends(lens, sizes)
     ends.flags.writeable = False

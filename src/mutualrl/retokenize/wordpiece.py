@@ -32,8 +32,11 @@ and random texts of tricky characters. Ids that are not its own encoding but wal
 of a word into pieces) get exact ends too, where the encoding path could only borrow the
 encoding's ends and report a source mismatch.
 
-The walk is a compiled loop where the kernels run (``kernels``), else the Python loop
-``_walk``; both give the same arrays.
+The fold and the walk are each one loop over the batch, compiled by numba (``wordpiece_loops``,
+imported on the first WordPiece batch of a process: about 0.8 s, once). Measured against the
+whole-batch numpy passes they replaced, they are 6 to 10 times faster at every batch size, from
+an exchange step's 32 short completions to the benchmark corpus
+(``benchmarks/results/kernels.json``), so they are the one implementation.
 """
 
 from __future__ import annotations
@@ -44,10 +47,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from mutualrl.retokenize import kernels
 from mutualrl.retokenize.normalize import TABLE_SIZE
 from mutualrl.retokenize.profile import TokenizerProfile
-from mutualrl.retokenize.spans import settle_batch_ends
 
 UNSEEN, KEEP, ALONE, SPACE, REMOVED, COMPLEX = range(6)
 # Normalisers whose output for a text is each character's output in turn, up to the canonical
@@ -85,7 +86,7 @@ class FoldTable:
         self._lock = threading.Lock()
 
     def arrays(self) -> tuple:
-        """The current arrays as ``numba_loops.fold_texts`` takes them, with the class codes."""
+        """The current arrays as ``wordpiece_loops.fold_texts`` takes them, with the class codes."""
         t = self.tables
         return (t.cls, t.off, t.count, t.chars, t.n_folded, KEEP, ALONE, SPACE, COMPLEX)
 
@@ -147,17 +148,6 @@ def fold_table(profile: TokenizerProfile) -> FoldTable | None:
     return table
 
 
-def _utf8_len(cps: np.ndarray) -> np.ndarray:
-    return 1 + (cps >= 0x80).astype(np.int64) + (cps >= 0x800) + (cps >= 0x10000)
-
-
-def _segment_sums(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """Sums of consecutive segments of ``values``, ``counts[i]`` values each (empty ones 0)."""
-    cum = np.concatenate(([0], np.cumsum(values)))
-    stops = np.cumsum(counts)
-    return cum[stops] - cum[stops - counts]
-
-
 def folded_ends(
     profile: TokenizerProfile,
     flat: np.ndarray,
@@ -172,16 +162,20 @@ def folded_ends(
     table = fold_table(profile)
     if table is None:
         return None
+    if flat.size and (flat.min() < 0 or flat.max() >= profile.piece_len.size):
+        raise IndexError(
+            f"ids: expected ids in [0, {profile.piece_len.size}) for tokenizer "
+            f"{profile.handle.name!r}, got {int(flat.min())}..{int(flat.max())}"
+        )
+    from mutualrl.retokenize import wordpiece_loops as loops  # numba: on first use
+
     n = len(texts)
     cps = np.frombuffer("".join(texts).encode("utf-32-le"), dtype=np.uint32)
     n_chars = np.fromiter(map(len, texts), dtype=np.int64, count=n)
     n_bytes = np.fromiter(map(len, datas), dtype=np.int64, count=n)
-    done = kernels.fold_texts(cps, n_chars, table, flat.size)
-    folded, f_off, word_start, byte_start, byte_end, complex_ = (
-        done if done is not None else _fold(table, cps, n_chars, n_bytes)
-    )
+    folded, f_off, word_start, byte_start, byte_end, complex_ = _fold(loops, table, cps, n_chars)
     buf, piece_start = profile.piece_table()
-    args = (
+    spells, ends = loops.folded_walk(
         flat,
         sizes,
         folded,
@@ -197,111 +191,21 @@ def folded_ends(
         profile.continuing,
         profile.unk_id,
     )
-    walked = kernels.folded_walk(*args)
-    spells, ends = walked if walked is not None else _walk(*args)
     ends.flags.writeable = False
     return spells, ends
 
 
-def _fold(table: FoldTable, cps: np.ndarray, n_chars: np.ndarray, n_bytes: np.ndarray):
-    """The texts folded, in numpy passes (the reference for ``numba_loops.fold_texts``): (the
-    folded bytes, where each text starts in them (N + 1), word starts (one per folded byte and
-    a last 1), the start and the end in its own text's bytes of each folded byte's character,
-    texts holding a ``COMPLEX`` character)."""
-    t = table.learn(cps)
-    idx = np.minimum(cps, TABLE_SIZE - 1)
-    cls = t.cls[idx]
-    keep = (cls == KEEP) | (cls == ALONE)
-    kidx = idx[keep]
-    count = t.count[kidx]  # folded characters per kept character
-    first = np.cumsum(count) - count
-    chars = t.chars[np.repeat(t.off[kidx] - first, count) + np.arange(int(count.sum()))]
-    folded = np.frombuffer(
-        chars.astype("<u4").tobytes().decode("utf-32-le").encode("utf-8"), dtype=np.uint8
-    )
-    k_bytes = _segment_sums(_utf8_len(chars), count)  # folded bytes per kept character
-    kept_per_text = _segment_sums(keep.astype(np.int64), n_chars)
-    f_off = np.zeros(n_chars.size + 1, dtype=np.int64)
-    np.cumsum(_segment_sums(k_bytes, kept_per_text), out=f_off[1:])
-    c_len = _utf8_len(cps)
-    c_end = np.cumsum(c_len) - np.repeat(np.cumsum(n_bytes) - n_bytes, n_chars)
-    byte_start = np.repeat((c_end - c_len)[keep], k_bytes)
-    byte_end = np.repeat(c_end[keep], k_bytes)
-    # Word starts, at a kept character's first folded byte: its text's first kept character,
-    # one after whitespace, an ALONE character and the one after it.
-    spaces = np.cumsum(cls == SPACE)[keep]
-    alone = cls[keep] == ALONE
-    start = alone.copy()
-    start[(np.cumsum(kept_per_text) - kept_per_text)[kept_per_text > 0]] = True
-    start[1:] |= (spaces[1:] != spaces[:-1]) | alone[:-1]
-    word_start = np.zeros(folded.size + 1, dtype=np.uint8)
-    word_start[np.cumsum(k_bytes) - k_bytes] = start
-    word_start[-1] = 1
-    complex_ = _segment_sums((cls == COMPLEX).astype(np.int64), n_chars) > 0
-    return folded, f_off, word_start, byte_start, byte_end, complex_
-
-
-def _walk(
-    flat,
-    sizes,
-    folded,
-    f_off,
-    word_start,
-    byte_start,
-    byte_end,
-    n_bytes,
-    complex_,
-    piece_len,
-    buf,
-    piece_start,
-    continuing,
-    unk,
-):
-    """The walk of ``folded_ends`` in numpy passes (the reference for
-    ``numba_loops.folded_walk``). The ids' words (a token without ``##`` starts one) must be the
-    text's words in number and in bytes, an ``[UNK]`` a word alone, and every other piece equal
-    to the folded bytes under it; then each token's span (the characters its folded bytes came
-    from) gives its end (``spans.settle_batch_ends``)."""
-    n_tok = flat.size
-    ok = ~complex_
-    w_pos = np.flatnonzero(word_start[:-1])  # where each of the text's words starts
-    if not w_pos.size:  # no text has a word: only texts without ids walk
-        return ok & (sizes == 0), np.zeros(n_tok, dtype=np.int64)
-    w_len = np.diff(np.append(w_pos, folded.size))
-    w_first = np.searchsorted(w_pos, f_off)  # each text's first word
-    lens = piece_len[flat]
-    unk_tok = flat == unk
-    opens = ~continuing[flat] | unk_tok  # a token that starts a word
-    has = sizes > 0
-    ok[has] &= opens[(np.cumsum(sizes) - sizes)[has]]
-    ok &= _segment_sums((lens == 0) & ~unk_tok, sizes) == 0
-    per_text = _segment_sums(opens, sizes)
-    ok &= np.diff(w_first) == per_text
-    # Each token's word, and the first token of its word (garbage in a failed text, unused).
-    word = np.repeat(w_first[:-1] - (np.cumsum(per_text) - per_text), sizes) + np.cumsum(opens) - 1
-    live = np.repeat(ok, sizes)
-    word = np.where(live, word, 0)
-    opener = np.maximum.accumulate(np.where(opens, np.arange(n_tok), 0))
-    size = np.where(unk_tok, w_len[word], lens)  # an [UNK] takes its whole word
-    in_word = np.bincount(word[live], minlength=w_pos.size)
-    filled = np.bincount(word[live], weights=size[live], minlength=w_pos.size)
-    bad = (filled != w_len)[word] | (unk_tok & (in_word[word] != 1))
-    # Where each token starts: its word's start plus the tokens before it in the word.
-    before = np.cumsum(size) - size
-    pos = w_pos[word] + before - before[opener]
-    piece = live & ~unk_tok & ~bad & (pos >= 0) & (pos + lens <= folded.size)
-    k_lens = np.where(piece, lens, 0)
-    first = np.cumsum(k_lens) - k_lens
-    total = int(k_lens.sum())
-    got = buf[np.repeat(piece_start[flat] - first, k_lens) + np.arange(total)]
-    want = folded[np.repeat(pos - first, k_lens) + np.arange(total)]
-    wrong = np.concatenate(([0], np.cumsum(got != want)))
-    bad |= (wrong[first + k_lens] - wrong[first]) > 0
-    ok &= _segment_sums(bad, sizes) == 0
-    top, live = folded.size - 1, np.repeat(ok, sizes)
-    # A failed text's spans are 0: its garbage must not carry into the next text's running max.
-    span_start = np.where(live, byte_start[np.clip(pos, 0, top)], 0)
-    span_end = np.where(live, byte_end[np.clip(pos + size - 1, 0, top)], 0)
-    ends = settle_batch_ends(span_start, span_end, lens, sizes, n_bytes)
-    ends[~live] = 0
-    return ok, ends
+def _fold(loops, table: FoldTable, cps: np.ndarray, n_chars: np.ndarray):
+    """The texts folded (``wordpiece_loops.fold_texts``'s arrays after its status), the table
+    first taught the characters met for the first time, the arrays made large enough."""
+    cap = 4 * cps.size  # enough unless many characters fold to several (Hangul: 9 bytes)
+    while True:
+        arrays = table.arrays()
+        status, *done = loops.fold_texts(cps, n_chars, cap, *arrays)
+        if status == 0:
+            return done
+        if status == 1:
+            table.learn(cps)
+        else:
+            n_folded = arrays[4]
+            cap = int(n_folded[np.minimum(cps, n_folded.size - 1)].sum())

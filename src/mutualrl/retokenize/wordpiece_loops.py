@@ -1,7 +1,13 @@
-"""The loops behind ``kernels``, compiled by numba (imported only when a kernel is first used).
+"""The WordPiece walk's two loops, compiled by numba (imported on a WordPiece batch's first use,
+cached on disk, run without the GIL); see ``wordpiece``.
 
-Each is the numba twin of a numpy pass of the batch path and gives the same arrays; see
-``kernels`` for when they run and ``tests/retokenize/test_kernels.py`` for the comparison.
+``fold_texts`` folds the texts. ``folded_walk`` walks the ids (``flat``, ``sizes`` per text)
+along them: a text holding a COMPLEX character does not walk, nor do ids whose words are not the
+text's words in number and in bytes (an ``[UNK]`` a whole word, every other piece equal to the
+folded bytes under it, the first of a word without ``##``, the others with it). A token ends
+where the character of its last folded byte ends in the text; tokens out of one character share
+out its bytes, and the ends are made non-decreasing with the last ones pinned to the text's end
+(``encoding.pin_last``). A text that does not walk gets ends of 0.
 """
 
 from __future__ import annotations
@@ -10,133 +16,6 @@ import numba
 import numpy as np
 
 _jit = numba.njit(cache=True, nogil=True)
-
-
-@_jit
-def spelled(flat, sizes, piece_len, buf, start, data, off):
-    """(spells per text, byte end of each token in its text): ``encoding.spelled_ends``. Text
-    ``i`` is ``data[off[i]:off[i+1]]``; id ``t``'s piece is
-    ``buf[start[t]:start[t]+piece_len[t]]``."""
-    n = sizes.size
-    ends = np.empty(flat.size, np.int64)
-    spells = np.empty(n, np.bool_)
-    k = 0
-    for i in range(n):
-        base = off[i]
-        want = off[i + 1] - base
-        pos = 0
-        ok = True
-        for _ in range(sizes[i]):
-            t = flat[k]
-            length = piece_len[t]
-            if ok:
-                ok = pos + length <= want and _same(buf, start[t], data, base + pos, length)
-            pos += length
-            ends[k] = pos
-            k += 1
-        spells[i] = ok and pos == want
-    return spells, ends
-
-
-@_jit
-def _same(a, i, b, j, length):
-    for k in range(length):
-        if a[i + k] != b[j + k]:
-            return False
-    return True
-
-
-@_jit
-def _ordered(ends, lo, size, total):
-    """Non-decreasing from >= 0 with the last end == ``total``: the aligner's contract."""
-    prev = 0
-    for j in range(lo, lo + size):
-        if ends[j] < prev:
-            return False
-        prev = ends[j]
-    return prev == total
-
-
-@_jit
-def _distinct(ends, lo, hi):
-    """Distinct values of a non-decreasing run ``ends[lo:hi]`` (``hi > lo``)."""
-    u = 1
-    for j in range(lo + 1, hi):
-        if ends[j] != ends[j - 1]:
-            u += 1
-    return u
-
-
-@_jit
-def align(s_all, s_sizes, t_all, t_sizes, totals):
-    """(ok, local (6, G), split (n,), stats (9, n)): ``align.align_batch`` and
-    ``BatchAlignment.statistics``; ok False (and empty arrays) when some text breaks the
-    contract (``_ordered``)."""
-    n = totals.size
-    cap, s_lo, t_lo = 0, 0, 0
-    for i in range(n):  # within the contract, a group has >= 1 token on each side
-        if not (
-            _ordered(s_all, s_lo, s_sizes[i], totals[i])
-            and _ordered(t_all, t_lo, t_sizes[i], totals[i])
-        ):
-            return (
-                False,
-                np.empty((6, 0), np.int64),
-                np.empty(0, np.int64),
-                np.empty((9, 0), np.int64),
-            )
-        cap += min(s_sizes[i], t_sizes[i])
-        s_lo += s_sizes[i]
-        t_lo += t_sizes[i]
-    local = np.empty((6, cap), np.int64)
-    split = np.empty(n, np.int64)
-    stats = np.zeros((9, n), np.int64)
-    g, s_lo, t_lo = 0, 0, 0
-    for i in range(n):
-        s_hi, t_hi = s_lo + s_sizes[i], t_lo + t_sizes[i]
-        g = _walk(s_all, s_lo, s_hi, t_all, t_lo, t_hi, local, g, stats[:, i])
-        split[i] = g
-        stats[7, i] = _distinct(s_all, s_lo, s_hi)
-        stats[8, i] = _distinct(t_all, t_lo, t_hi)
-        s_lo, t_lo = s_hi, t_hi
-    return True, local[:, :g], split, stats
-
-
-@_jit
-def _walk(s_all, s_lo, s_hi, t_all, t_lo, t_hi, local, g, stats):
-    """One text's groups into ``local`` from column ``g`` on, two pointers over its two sides'
-    ends; its counts into ``stats[0:7]``. Returns the next free column."""
-    si, ti = s_lo, t_lo
-    ps, pt, pb = 0, 0, 0
-    g0 = g
-    while si < s_hi and ti < t_hi:
-        a, b = s_all[si], t_all[ti]
-        if a < b:
-            si += 1
-        elif b < a:
-            ti += 1
-        else:  # a common boundary: the group takes every token ending at it on each side
-            while si < s_hi and s_all[si] == a:
-                si += 1
-            while ti < t_hi and t_all[ti] == a:
-                ti += 1
-            es, et = si - s_lo, ti - t_lo
-            local[0, g], local[1, g], local[2, g] = ps, es, pt
-            local[3, g], local[4, g], local[5, g] = et, pb, a
-            ns, nt = es - ps, et - pt
-            if ns == 1 and nt == 1:
-                stats[1] += 1
-            elif ns == 1 and nt > 1:
-                stats[2] += 1
-            elif ns > 1 and nt == 1:
-                stats[3] += 1
-            stats[4] = max(stats[4], ns)
-            stats[5] = max(stats[5], nt)
-            stats[6] = max(stats[6], a - pb)
-            ps, pt, pb = es, et, a
-            g += 1
-    stats[0] = g - g0
-    return g
 
 
 @_jit
@@ -156,7 +35,7 @@ def folded_walk(
     continuing,
     unk,
 ):
-    """(spells per text, byte end of each token in its text): ``wordpiece._walk``."""
+    """(spells per text, byte end of each token in its text): the module docstring's walk."""
     n = sizes.size
     ends = np.zeros(flat.size, np.int64)
     spells = np.zeros(n, np.bool_)
@@ -233,7 +112,7 @@ def fold_texts(
     space_cls,
     complex_cls,
 ):
-    """``wordpiece._fold`` in one pass over the code points: (status, folded bytes, where each
+    """The texts folded, in one pass over their code points: (status, folded bytes, where each
     text starts in them, word starts (one more than the bytes), the start and the end in its
     text's bytes of each folded byte's character, texts holding a COMPLEX character), the arrays
     made for at most ``cap`` folded bytes. ``status``: 0 done, 1 a code point not in the table
@@ -300,3 +179,11 @@ def _put_utf8(out, j, cp):
     out[j + 2] = 0x80 | ((cp >> 6) & 0x3F)
     out[j + 3] = 0x80 | (cp & 0x3F)
     return j + 4
+
+
+@_jit
+def _same(a, i, b, j, length):
+    for k in range(length):
+        if a[i + k] != b[j + k]:
+            return False
+    return True
