@@ -98,7 +98,7 @@ def test_a_batch_with_empty_sides_between_its_texts_aligns_each_text_as_alone():
 def test_batch_spelling_check_and_ends_equal_the_per_text_ones(name):
     """``spelled_ends`` over a whole batch equals ``text_bytes(ids) == data`` and the per-text
     cumsum of piece lengths, including texts whose ids do not spell them and empty ones."""
-    from mutualrl.retokenize.encoding import spelled_ends
+    from mutualrl.retokenize.encoded import spelled_ends
     from mutualrl.retokenize.loaders import load_tokenizer
     from mutualrl.retokenize.retokenizer import Retokenizer
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mutualrl.retokenize.align import align_batch, align_ends, align_flat
-from mutualrl.retokenize.encoding import spelled_ends
+from mutualrl.retokenize.encoded import spelled_ends
 
 
 def _ends(draw, total: int, pinned: bool) -> np.ndarray:

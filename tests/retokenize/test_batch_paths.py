@@ -8,17 +8,15 @@ import numpy as np
 import pytest
 
 from mutualrl.bench.retokenize import load_corpus
-from mutualrl.retokenize import assembly
-from mutualrl.retokenize.encoding import (
+from mutualrl.retokenize import align, assembly
+from mutualrl.retokenize.encoded import (
     EncodedList,
-    EncodingCache,
     encode_from,
     encode_from_batch,
-    encode_texts,
     ends_from_offsets,
     offset_ends_batch,
-    utf8,
 )
+from mutualrl.retokenize.encoding import EncodingCache, encode_texts, utf8
 from mutualrl.retokenize.sources import SourceList, read_sources
 
 from .helpers import NAMES
@@ -225,9 +223,9 @@ def test_a_plain_batch_is_assembled_whole_from_its_laid_arrays(monkeypatch, hand
     ids = [np.array(sprof.continuation.encode(t, add_special_tokens=False).ids) for t in texts]
     lps = [-np.linspace(0.1, 2.0, i.size) for i in ids]
     seen = {"flat": 0, "one": 0}
-    flat, one = assembly.align_flat, assembly._edit_text
+    flat, one = align.align_flat, assembly._edit_text
     monkeypatch.setattr(
-        assembly,
+        align,
         "align_flat",
         lambda *a: seen.__setitem__("flat", seen["flat"] + 1) or flat(*a),
     )

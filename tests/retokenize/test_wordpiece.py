@@ -13,7 +13,8 @@ import pytest
 
 from mutualrl.bench.retokenize import load_corpus
 from mutualrl.retokenize import wordpiece
-from mutualrl.retokenize.encoding import offset_ends_batch, rust_encode, utf8
+from mutualrl.retokenize.encoded import offset_ends_batch
+from mutualrl.retokenize.encoding import rust_encode, utf8
 
 TRICKY = [
     *"aAbZ ,.-'\t\n\x00\x0bé É中国한ΣΑς\u0301\u0308İﬁ½—✓×−\u2028\u3000ا्ाท😀",

@@ -24,18 +24,15 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 
 from mutualrl.retokenize.align import BatchAlignment, align_batch, align_flat
-from mutualrl.retokenize.encoding import (
-    EncodingCache,
+from mutualrl.retokenize.encoded import (
     batch_ends,
     encode_from,
     encodes_without_offsets,
     laid_ids,
     offset_ends_batch,
-    rust_encode,
-    rust_threads,
     spelled_ends,
-    utf8,
 )
+from mutualrl.retokenize.encoding import EncodingCache, rust_encode, rust_threads, utf8
 from mutualrl.retokenize.normalize import normalizer_changes
 from mutualrl.retokenize.residuals import AlignmentResiduals, byte_edit_distances
 from mutualrl.retokenize.retokenizer import _trajectory

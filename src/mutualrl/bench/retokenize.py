@@ -56,7 +56,8 @@ from mutualrl.bench import baselines
 from mutualrl.bench.floor import floor, floor_results
 from mutualrl.provenance import time_alternating, time_calls, time_turns
 from mutualrl.retokenize.align import align_ends, align_many
-from mutualrl.retokenize.encoding import encode_texts, encodes_without_offsets, rust_encode, utf8
+from mutualrl.retokenize.encoded import encodes_without_offsets
+from mutualrl.retokenize.encoding import encode_texts, rust_encode, utf8
 from mutualrl.retokenize.loaders import TokenizerHandle, load_tokenizer
 from mutualrl.retokenize.residuals import aggregate_residuals
 from mutualrl.retokenize.retokenizer import Retokenizer

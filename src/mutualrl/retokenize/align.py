@@ -247,6 +247,37 @@ def align_many(
     return out  # type: ignore[return-value]
 
 
+def align_sides(
+    sources, targets, totals: list[int]
+) -> tuple[BatchAlignment | None, list[tuple[int, AlignmentGroups]]]:
+    """The groups of a batch's texts from each side's encodings (anything with ``.ends`` per
+    text): the batch alignment of the texts with tokens on both sides, from their arrays laid
+    end to end where both sides' whole-batch passes kept them (``encoded.EncodedList``,
+    ``sources.SourceList``: ``ends`` and ``sizes``); and ``(k, groups)`` of every other text,
+    aligned alone (a text with a side without tokens, and the one text of a batch of one,
+    which skips the batch bookkeeping)."""
+    n = len(totals)
+    if n == 1:
+        return None, [(0, align_ends(sources[0].ends, targets[0].ends, totals[0]))]
+    if getattr(sources, "ends", None) is not None and getattr(targets, "ends", None) is not None:
+        batch = align_flat(
+            sources.ends,
+            sources.sizes,
+            targets.ends,
+            targets.sizes,
+            np.fromiter(totals, dtype=np.int64, count=n),
+        )
+    else:
+        batch = align_batch([s.ends for s in sources], [t.ends for t in targets], totals)
+    aligned = set(batch.full) if batch is not None else set()
+    alone = [
+        (k, align_ends(sources[k].ends, targets[k].ends, totals[k]))
+        for k in range(n)
+        if k not in aligned
+    ]
+    return batch, alone
+
+
 @dataclass(frozen=True)
 class BatchAlignment:
     """The groups of the texts ``full`` (both sides non-empty) of a batch, end to end.
@@ -332,7 +363,7 @@ def align_flat(
     totals: np.ndarray,
 ) -> BatchAlignment | None:
     """``align_batch`` of ends already laid end to end, as a batch's two sides come from their
-    whole-batch passes (``encoding.EncodedList``, ``sources.SourceList``): each side's ends in
+    whole-batch passes (``encoded.EncodedList``, ``sources.SourceList``): each side's ends in
     per-text coordinates concatenated, ``*_sizes`` ends per text. Nothing is concatenated again;
     the arrays are read, never written."""
     keep = (s_sizes > 0) & (t_sizes > 0)

@@ -27,13 +27,11 @@ import numpy as np
 from mutualrl.retokenize.align import (
     AlignmentGroups,
     BatchAlignment,
-    align_batch,
-    align_ends,
-    align_flat,
+    align_sides,
     byte_iou,
     common_boundaries,
 )
-from mutualrl.retokenize.encoding import Encoded
+from mutualrl.retokenize.encoded import Encoded
 from mutualrl.retokenize.profile import TokenizerProfile
 from mutualrl.retokenize.residuals import ResidualRows
 from mutualrl.retokenize.sources import _NO_TOKENS, Source
@@ -75,11 +73,9 @@ def assemble(
     n = len(totals)
     if sources is None:
         out, todo = Assembled.blank(n), [(k, AlignmentGroups.empty()) for k in range(n)]
-    elif n == 1:  # one text: skip the batch bookkeeping
-        out = Assembled.blank(1)
-        todo = [(0, align_ends(sources[0].ends, targets[0].ends, totals[0]))]
     else:
-        out, todo = _from_batch(prof, max_length, targets, sources, totals, flags)
+        batch, alone = align_sides(sources, targets, totals)
+        out, todo = _from_batch(prof, max_length, targets, sources, totals, flags, batch, alone)
     for k, groups in todo:
         source = sources[k] if sources is not None else None
         _edit_text(prof, max_length, targets[k], source, groups, totals[k], flags[k], out, k)
@@ -93,14 +89,14 @@ def _from_batch(
     sources: Sequence[Source],
     totals: list[int],
     flags: list[bool],
+    batch: BatchAlignment | None,
+    alone: list[tuple[int, AlignmentGroups]],
 ) -> tuple[Assembled, list[tuple[int, AlignmentGroups]]]:
     """The batch's results as far as its alignment gives them, and the texts left to edit per
-    text, each with its groups as aligned."""
+    text, each with its groups as aligned (``alone``: the texts outside the batch alignment)."""
     n = len(totals)
-    batch = _align(sources, targets, totals)
-    if batch is None:  # no text with tokens on both sides
-        todo = [(k, align_ends(sources[k].ends, targets[k].ends, totals[k])) for k in range(n)]
-        return Assembled.blank(n), todo
+    if batch is None:  # no text aligned with the batch
+        return Assembled.blank(n), alone
     full = batch.full
     part, plain = _batch_part(prof, batch, targets, sources, totals)
     eos = prof.eos_id is not None
@@ -113,27 +109,7 @@ def _from_batch(
         return part, todo
     out = Assembled.blank(n)
     out.place(part, full)
-    aligned = set(full)  # the others have a side without tokens: not in the batch alignment
-    todo += [
-        (k, align_ends(sources[k].ends, targets[k].ends, totals[k]))
-        for k in range(n)
-        if k not in aligned
-    ]
-    return out, todo
-
-
-def _align(sources, targets, totals: list[int]) -> BatchAlignment | None:
-    """The batch alignment of both sides: from their arrays laid end to end where both sides'
-    whole-batch passes kept them (``SourceList``, ``EncodedList``), else from each text's ends."""
-    if getattr(sources, "ends", None) is not None and getattr(targets, "ends", None) is not None:
-        return align_flat(
-            sources.ends,
-            sources.sizes,
-            targets.ends,
-            targets.sizes,
-            np.fromiter(totals, dtype=np.int64, count=len(totals)),
-        )
-    return align_batch([src.ends for src in sources], [t.ends for t in targets], totals)
+    return out, todo + alone
 
 
 def _batch_part(

@@ -2,7 +2,7 @@
 and each kept token's byte end in the text (``read_sources``), for ``Retokenizer`` to align.
 
 Byte ends come from the ids themselves where they spell the text: a lossless tokenizer's byte
-tables (``encoding.spelled_ends``), WordPiece's walk along the folded text
+tables (``encoded.spelled_ends``), WordPiece's walk along the folded text
 (``wordpiece.folded_ends``). Otherwise from the sender's own encoding of the text, exact when
 the ids are that encoding and clipped to the text (a source mismatch) when they are not.
 """
@@ -14,13 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mutualrl.retokenize.encoding import (
-    Encoded,
-    EncodingCache,
-    encode_texts,
-    pin_last,
-    spelled_ends,
-)
+from mutualrl.retokenize.encoded import Encoded, pin_last, spelled_ends
+from mutualrl.retokenize.encoding import EncodingCache, encode_texts
 from mutualrl.retokenize.inputs import check_id_range, id_arrays, logprob_batch
 from mutualrl.retokenize.profile import TokenizerProfile
 from mutualrl.retokenize.residuals import byte_edit_distance

@@ -26,7 +26,7 @@ each character the first time a batch holds it (``FoldTable``, kept on the profi
 
 A text holding a ``COMPLEX`` character, or whose ids do not walk, takes the encoding path as
 before (``sources.read_sources``). For ids that are the tokenizer's own encoding of the text the
-walk gives the ends its offsets give (``encoding.ends_from_offsets``, tokens inside one
+walk gives the ends its offsets give (``encoded.ends_from_offsets``, tokens inside one
 character sharing out its bytes as there); the tests compare the two over the benchmark corpus
 and random texts of tricky characters. Ids that are not its own encoding but walk (another split
 of a word into pieces) get exact ends too, where the encoding path could only borrow the

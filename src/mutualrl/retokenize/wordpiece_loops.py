@@ -7,7 +7,7 @@ text's words in number and in bytes (an ``[UNK]`` a whole word, every other piec
 folded bytes under it, the first of a word without ``##``, the others with it). A token ends
 where the character of its last folded byte ends in the text; tokens out of one character share
 out its bytes, and the ends are made non-decreasing with the last ones pinned to the text's end
-(``encoding.pin_last``). A text that does not walk gets ends of 0.
+(``encoded.pin_last``). A text that does not walk gets ends of 0.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def folded_walk(
             for k in range(lo + 1, hi):  # non-decreasing, as ``np.maximum.accumulate``
                 ends[k] = max(ends[k], ends[k - 1])
             last = ends[hi - 1]
-            for k in range(lo, hi):  # ``encoding.pin_last``
+            for k in range(lo, hi):  # ``encoded.pin_last``
                 if ends[k] == last:
                     ends[k] = n_bytes[i]
         lo = hi
