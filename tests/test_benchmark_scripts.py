@@ -43,6 +43,26 @@ def test_bench_floor_steps_both_sides_to_the_same_loss(tmp_path):
     assert got["max_abs_diff"]["loss"] < 1e-5 and got["max_abs_diff"]["grad_norm"] < 1e-5
 
 
+def test_bench_lock_step_calls_times_one_config_scheduled_both_ways(tmp_path):
+    """The same run's steps driven as one lock-step group and as one member per policy at
+    staleness 0: both reach every segment's end, and the record holds both and their ratio."""
+    out = tmp_path / "calls.json"
+    got = _run(
+        "bench_lock_step_calls.py",
+        "--config",
+        "configs/tiny.toml",
+        "--segments",
+        "1",
+        "--segment-steps",
+        "1",
+        "--json",
+        str(out),
+        out=out,
+    )
+    assert set(got["s_per_step"]) == {"batched", "per-policy"}
+    assert got["per_policy_over_batched"]["median"] > 0
+
+
 def test_bench_floor_steps_a_checkpoint_and_keeps_the_other_runs_of_its_file(tmp_path):
     """--checkpoint: a from_pretrained folder (a tiny Llama saved here, with a real tokenizer)
     steps on both sides to the same loss; the run replaces only its own label in a file of
