@@ -354,8 +354,9 @@ def _encode_not_lossless(
     spells = None
     if encodes_without_offsets(profile):  # WordPiece without offsets: its ids walked
         flat, sizes = laid_ids(id_lists)
-        walked, ends = folded_ends(profile, flat, sizes, texts, datas)
-        spells = walked.tolist()
+        walked = folded_ends(profile, flat, sizes, texts, datas)
+        assert walked is not None  # encodes_without_offsets: the profile has a fold table
+        spells, ends = walked[0].tolist(), walked[1]
     else:
         flat, ends, sizes = offset_ends_batch(profile, encs, texts, datas, id_lists)
     flat.flags.writeable = ends.flags.writeable = False
